@@ -1,0 +1,38 @@
+#pragma once
+// A Cell is one run of an experiment matrix: the unit the runner launches and the
+// registry records. Produced by experiments/ (expand), consumed by runner/ and cli/.
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/json.hpp"
+
+namespace lar::experiments {
+
+struct Cell {
+  std::string experiment;   // spec name
+  std::string id;           // human id from axis values, e.g. "gdn.muon.hybrid.lr3e-4.s0"
+  std::string hash;         // SHA-256 (64 hex) of canonical_dump(config)
+  std::vector<std::pair<std::string, json>> axes;  // axis name → value, in axis order
+  json config;              // fully resolved run config (with schema defaults)
+  std::string role = "main";            // main | exploratory
+  std::optional<std::string> baseline;  // id of the matched-baseline cell, if any
+  json reference;           // published values for this cell ({"metric": value, ...}) or null
+
+  std::string short_hash() const { return hash.substr(0, 12); }
+  // The content of the run directory's config.json (docs/protocol.md).
+  json run_config_json() const;
+};
+
+struct Plan {
+  std::string experiment;
+  std::string scale;                   // "" when the spec has no scales
+  std::filesystem::path spec_path;
+  std::vector<Cell> cells;
+  std::vector<std::string> warnings;   // e.g. an exclude that matched nothing (file:line:col)
+  json meta;                           // spec-level extras: description, reference source/metrics
+};
+
+}  // namespace lar::experiments

@@ -1,0 +1,39 @@
+#pragma once
+// Where training batches come from: token shards (LM) or synthetic tasks generated from
+// the seed. The trainer sees only this interface. See SPEC §6.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/json.hpp"
+
+namespace lar::data {
+
+struct Batch {
+  int batch = 0, seq_len = 0;
+  std::vector<int32_t> inputs;     // batch·seq_len token ids
+  std::vector<int32_t> targets;    // next tokens, batch·seq_len
+  std::vector<float> loss_mask;    // 1 where the loss counts (all 1 for LM; query positions for tasks)
+};
+
+class Dataset {
+ public:
+  virtual ~Dataset() = default;
+  virtual Batch next_train() = 0;                 // advances the data position
+  virtual Batch val_batch(int index, int seq_len) = 0;  // deterministic held-out batch
+  virtual int vocab_needed() const = 0;            // smallest vocab that covers the data
+  virtual std::string slice_id() const = 0;        // identifies data + split (matched baselines)
+  // Position in the data stream and RNG state, for checkpoints; restore continues exactly.
+  virtual lar::json state() const = 0;
+  virtual void restore(const lar::json& state) = 0;
+  // Task metrics from the model's argmax predictions on a val batch (e.g. {"acc": 0.97});
+  // empty for LM.
+  virtual lar::json score(const Batch& batch, const std::vector<int32_t>& predictions) const = 0;
+};
+
+// Build the dataset a run config asks for (config with schema defaults applied).
+// Throws lar::UserError for a bad data section (missing path, vocab too small, …).
+std::unique_ptr<Dataset> make_dataset(const lar::json& config);
+
+}  // namespace lar::data
