@@ -36,3 +36,9 @@ struct Plan {
 };
 
 }  // namespace lar::experiments
+
+namespace lar::experiments {
+// Parse, validate and expand a spec file at a scale ("" = the spec's default_scale).
+// Throws lar::UserError naming file:line:col on any problem; writes nothing.
+Plan load_plan(const std::filesystem::path& spec, const std::string& scale);
+}  // namespace lar::experiments
