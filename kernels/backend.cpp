@@ -1,0 +1,155 @@
+#include "kernels/backend.hpp"
+
+#include <algorithm>
+#include <map>
+#include <thread>
+
+#include "core/error.hpp"
+
+namespace lar::kernels {
+
+std::size_t dtype_size(DType t) {
+  switch (t) {
+    case DType::f32: return 4;
+    case DType::f64: return 8;
+    case DType::i32: return 4;
+  }
+  return 0;
+}
+
+std::string to_string(DType t) {
+  switch (t) {
+    case DType::f32: return "f32";
+    case DType::f64: return "f64";
+    case DType::i32: return "i32";
+  }
+  return "?";
+}
+
+Tensor::Tensor(void* d, DType t, std::initializer_list<int64_t> shape)
+    : Tensor(d, t, std::vector<int64_t>(shape)) {}
+
+Tensor::Tensor(void* d, DType t, const std::vector<int64_t>& shape) : data(d), dtype(t) {
+  if (shape.size() > 4) throw RuntimeError("Tensor: more than 4 dims");
+  ndim = static_cast<int>(shape.size());
+  for (int i = 0; i < ndim; ++i) dims[i] = shape[i];
+}
+
+int64_t Tensor::numel() const {
+  int64_t n = 1;
+  for (int i = 0; i < ndim; ++i) n *= dims[i];
+  return n;
+}
+
+std::string Tensor::shape_str() const {
+  std::string s = "[";
+  for (int i = 0; i < ndim; ++i) s += (i ? "," : "") + std::to_string(dims[i]);
+  return s + "]";
+}
+
+Tensor Tensor::view(std::initializer_list<int64_t> shape) const {
+  Tensor t(data, dtype, shape);
+  if (t.numel() != numel())
+    throw RuntimeError("Tensor::view: " + shape_str() + " cannot become " + t.shape_str());
+  return t;
+}
+
+Tensor Tensor::slice0(int64_t begin, int64_t count) const {
+  if (ndim == 0 || begin < 0 || begin + count > dims[0])
+    throw RuntimeError("Tensor::slice0 out of range on " + shape_str());
+  Tensor t = *this;
+  t.dims[0] = count;
+  int64_t row = numel() / dims[0];
+  t.data = static_cast<char*>(data) + begin * row * dtype_size(dtype);
+  return t;
+}
+
+// ---- Arena ----
+
+Arena::~Arena() {
+  for (auto& b : blocks_) be_.free_bytes(b.ptr);
+}
+
+void* Arena::take(std::size_t bytes) {
+  bytes = (bytes + 63) / 64 * 64;  // every tensor 64-byte aligned
+  if (blocks_.empty() || used_ + bytes > blocks_.back().size) {
+    // Overflow: open a new block (old ones stay valid until reset, which coalesces).
+    if (!blocks_.empty()) full_blocks_used_ += used_;
+    std::size_t size = std::max<std::size_t>(bytes, blocks_.empty() ? (1u << 20) : blocks_.back().size * 2);
+    blocks_.push_back({be_.alloc_bytes(size), size});
+    used_ = 0;
+  }
+  void* p = static_cast<char*>(blocks_.back().ptr) + used_;
+  used_ += bytes;
+  total_used_ = full_blocks_used_ + used_;
+  peak_ = std::max(peak_, total_used_);
+  return p;
+}
+
+Tensor Arena::alloc(DType t, std::initializer_list<int64_t> shape) {
+  return alloc(t, std::vector<int64_t>(shape));
+}
+
+Tensor Arena::alloc(DType t, const std::vector<int64_t>& shape) {
+  Tensor x(nullptr, t, shape);
+  x.data = take(std::max<std::size_t>(x.bytes(), 1));
+  return x;
+}
+
+Tensor Arena::zeros(DType t, std::initializer_list<int64_t> shape) {
+  Tensor x = alloc(t, shape);
+  be_.zero(x);
+  return x;
+}
+
+void Arena::release(Mark m) {
+  if (m.block == blocks_.size() && m.offset <= used_) {
+    used_ = m.offset;
+    total_used_ = full_blocks_used_ + used_;
+  }
+}
+
+void Arena::reset() {
+  if (blocks_.size() > 1) {
+    // Coalesce into one block that holds the peak, so the next steps never overflow.
+    for (auto& b : blocks_) be_.free_bytes(b.ptr);
+    blocks_.clear();
+    std::size_t size = peak_ + peak_ / 8;
+    blocks_.push_back({be_.alloc_bytes(size), size});
+  }
+  used_ = 0;
+  full_blocks_used_ = 0;
+  total_used_ = 0;
+}
+
+// ---- registry ----
+
+namespace {
+std::map<std::string, BackendFactory>& registry() {
+  static std::map<std::string, BackendFactory> r;
+  return r;
+}
+}  // namespace
+
+BackendRegistration::BackendRegistration(const std::string& name, BackendFactory factory) {
+  registry()[name] = std::move(factory);
+}
+
+bool backend_available(const std::string& name) { return registry().count(name) > 0; }
+
+std::unique_ptr<Backend> make_backend(const std::string& kind, int threads, DType dtype) {
+  std::string k = kind;
+  if (k == "auto") k = backend_available("cuda") ? "cuda" : "cpu";
+  auto it = registry().find(k);
+  if (it == registry().end())
+    throw UserError("backend '" + kind + "' is not available in this build (available: " +
+                    [] {
+                      std::string s;
+                      for (auto& [n, f] : registry()) s += (s.empty() ? "" : ", ") + n;
+                      return s;
+                    }() + ")");
+  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return it->second(threads, dtype);
+}
+
+}  // namespace lar::kernels

@@ -1,0 +1,194 @@
+#pragma once
+// The backend interface: every tensor operation the model performs goes through a
+// `Backend`, so a CUDA backend plugs in later without touching model code.
+//
+//   kernels/backend.hpp   this interface, Tensor (a non-owning view) and Arena
+//   kernels/cpu/          CpuBackend<T>: the numerical reference, T = float (training)
+//                         or double (finite-difference gradient checks in tests)
+//   kernels/cpu/linear/   CPU kernels of the linear mixers (their own interface)
+//   kernels/cuda/         the CUDA backend
+//
+// Conventions, for every op below:
+// - Tensors are row-major and contiguous. Shapes are written [B,T,H,D]; a "2-D view" of
+//   a tensor is [numel/last, last].
+// - Floating tensors have the backend's dtype (`Backend::dtype()`); ids are i32.
+// - Weight matrices are stored [out_features, in_features] (PyTorch's nn.Linear), so a
+//   projection is  y = x·Wᵀ  = gemm(x, false, W, true, y).
+// - "accumulate" outputs (dx += …, dW += …) are noted per op. Parameter gradients are
+//   always accumulated, so one zeroing of the flat gradient buffer per step suffices.
+// - Ops are deterministic: the same inputs give the same bits for a fixed thread count
+//   (fixed partitioning, reductions in a fixed order, no atomics).
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace lar::kernels {
+
+enum class DType : uint8_t { f32, f64, i32 };
+std::size_t dtype_size(DType t);
+std::string to_string(DType t);
+
+enum class Device : uint8_t { cpu, cuda };
+
+// A non-owning view of device memory: pointer + shape + dtype (up to 4 dims).
+struct Tensor {
+  void* data = nullptr;
+  DType dtype = DType::f32;
+  int ndim = 0;
+  std::array<int64_t, 4> dims{0, 0, 0, 0};
+
+  Tensor() = default;
+  Tensor(void* d, DType t, std::initializer_list<int64_t> shape);
+  Tensor(void* d, DType t, const std::vector<int64_t>& shape);
+
+  bool empty() const { return data == nullptr; }
+  int64_t size(int i) const { return dims[i < 0 ? ndim + i : i]; }
+  int64_t numel() const;
+  std::size_t bytes() const { return numel() * dtype_size(dtype); }
+  int64_t last() const { return ndim ? dims[ndim - 1] : 1; }
+  int64_t rows() const { return ndim ? numel() / last() : 1; }  // of the 2-D view
+  std::vector<int64_t> shape() const { return {dims.begin(), dims.begin() + ndim}; }
+  std::string shape_str() const;  // "[2,16,64]"
+
+  template <class T> T* ptr() const { return static_cast<T*>(data); }
+  // Same memory, another shape of the same numel (throws on mismatch).
+  Tensor view(std::initializer_list<int64_t> shape) const;
+  // Rows [begin, begin+count) along dim 0.
+  Tensor slice0(int64_t begin, int64_t count) const;
+};
+
+class Backend;
+
+// Bump allocator for activations and scratch. Tensors stay valid until `reset()` (or
+// `release(mark)` below them). After a step that overflowed the first block, `reset()`
+// coalesces into one block of the peak size, so steady-state steps never allocate.
+class Arena {
+ public:
+  explicit Arena(Backend& be) : be_(be) {}
+  ~Arena();
+  Arena(const Arena&) = delete;
+  Arena& operator=(const Arena&) = delete;
+
+  Tensor alloc(DType t, std::initializer_list<int64_t> shape);
+  Tensor alloc(DType t, const std::vector<int64_t>& shape);
+  Tensor zeros(DType t, std::initializer_list<int64_t> shape);  // alloc + backend zero
+
+  struct Mark { std::size_t block = 0, offset = 0; };
+  Mark mark() const { return {blocks_.size(), used_}; }
+  void release(Mark m);   // free everything allocated after m (same block only; else no-op)
+  void reset();           // free everything
+  std::size_t peak_bytes() const { return peak_; }
+  Backend& backend() const { return be_; }
+
+ private:
+  void* take(std::size_t bytes);
+  struct Block { void* ptr = nullptr; std::size_t size = 0; };
+  Backend& be_;
+  std::vector<Block> blocks_;  // the last one is the current block
+  std::size_t used_ = 0;       // bytes used in the current block
+  std::size_t total_used_ = 0, peak_ = 0, full_blocks_used_ = 0;
+};
+
+// Every tensor op the model needs. Abstract: CpuBackend<T> (kernels/cpu/cpu_backend.hpp)
+// and the CUDA backend implement it.
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual Device device() const = 0;
+  virtual DType dtype() const = 0;       // floating dtype of activations, params, grads
+  virtual std::string name() const = 0;  // "cpu-f32 (2 threads)"
+  virtual int threads() const { return 1; }
+
+  // ---- memory ----
+  virtual void* alloc_bytes(std::size_t bytes) = 0;  // aligned to 64 bytes
+  virtual void free_bytes(void* p) = 0;
+  virtual void upload(const void* host, const Tensor& dst) = 0;  // dst.bytes() bytes
+  virtual void download(const Tensor& src, void* host) = 0;
+  virtual void zero(const Tensor& t) = 0;
+  virtual void fill(const Tensor& t, double value) = 0;
+  virtual void copy(const Tensor& src, const Tensor& dst) = 0;  // same numel and dtype
+
+  // ---- dense algebra ----
+  // C = alpha·op(A)·op(B) + beta·C on the 2-D views. op(X) = Xᵀ when the flag is set.
+  // A: [M,K] (or [K,M] when ta), B: [K,N] (or [N,K] when tb), C: [M,N].
+  virtual void gemm(const Tensor& A, bool ta, const Tensor& B, bool tb, const Tensor& C,
+                    double alpha = 1.0, double beta = 0.0) = 0;
+  // Batched: A [nb,M,K], B [nb,K,N], C [nb,M,N] (with the same transposes per batch).
+  virtual void gemm_batched(const Tensor& A, bool ta, const Tensor& B, bool tb, const Tensor& C,
+                            int64_t batches, double alpha = 1.0, double beta = 0.0) = 0;
+  // y += alpha·x (the residual add when alpha = 1).
+  virtual void axpy(double alpha, const Tensor& x, const Tensor& y) = 0;
+  // Σ x² over the whole tensor, in double (grad norms). Deterministic order.
+  virtual double sum_squares(const Tensor& x) = 0;
+  // True when every element is finite.
+  virtual bool all_finite(const Tensor& x) = 0;
+
+  // ---- embedding ----
+  // out[n,:] = table[ids[n],:]. ids: i32 [N], table [V,d], out [N,d].
+  virtual void embedding_fwd(const Tensor& ids, const Tensor& table, const Tensor& out) = 0;
+  // dtable[ids[n],:] += dout[n,:] (accumulate).
+  virtual void embedding_bwd(const Tensor& ids, const Tensor& dout, const Tensor& dtable) = 0;
+
+  // ---- RMSNorm over the last dim ----
+  // y = x · rstd · w, rstd[n] = 1/sqrt(mean(x²) + eps). x,y [N,d], w [d], rstd [N].
+  virtual void rmsnorm_fwd(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& rstd,
+                           double eps) = 0;
+  // dx += ∂L/∂x (accumulate: the residual stream's gradient), dw += ∂L/∂w (accumulate).
+  virtual void rmsnorm_bwd(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
+                           const Tensor& dx, const Tensor& dw) = 0;
+
+  // ---- SwiGLU ----
+  // gu [N,2F] = [gate | up] (one GEMM with the contiguous W_gate;W_up), h [N,F] = silu(gate)·up.
+  virtual void swiglu_fwd(const Tensor& gu, const Tensor& h) = 0;
+  // dgu [N,2F] = [dgate | dup] (overwrite).
+  virtual void swiglu_bwd(const Tensor& gu, const Tensor& dh, const Tensor& dgu) = 0;
+
+  // ---- RoPE (rotate-half convention, pairs (i, i+D/2)) ----
+  // In place on x [B,T,H,D]; position of token t is pos0 + t; θ_i = base^(−2i/D).
+  virtual void rope_fwd(const Tensor& x, double base, int64_t pos0 = 0) = 0;
+  // The transpose (rotation by −θ), in place on the gradient.
+  virtual void rope_bwd(const Tensor& dx, double base, int64_t pos0 = 0) = 0;
+
+  // ---- causal softmax attention (GQA, optional sliding window) ----
+  // q [B,T,Hq,D], k [B,S,Hkv,D], v [B,S,Hkv,Dv], o [B,T,Hq,Dv], lse [B,Hq,T] (log-sum-exp
+  // of each row, saved for backward). Hq % Hkv == 0; query head h uses kv head h/(Hq/Hkv).
+  // Query t sits at absolute position t + (S − T) (so S > T is a KV cache) and sees keys
+  // j ≤ pos with pos − j < window (window ≤ 0: unlimited). scale multiplies q·k.
+  virtual void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                             const Tensor& lse, double scale, int64_t window) = 0;
+  // dq, dk, dv overwritten.
+  virtual void attention_bwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                             const Tensor& lse, const Tensor& dout, const Tensor& dq,
+                             const Tensor& dk, const Tensor& dv, double scale, int64_t window) = 0;
+
+  // ---- cross-entropy with a loss mask ----
+  // logits [N,V], targets i32 [N], mask [N] (weights; 0 = ignored). losses[n] =
+  // mask[n]·(logsumexp(logits[n]) − logits[n,targets[n]]), and argmax[n] (i32; optional,
+  // pass an empty tensor to skip). Returns Σ losses.
+  virtual double cross_entropy_fwd(const Tensor& logits, const Tensor& targets, const Tensor& mask,
+                                   const Tensor& losses, const Tensor& argmax) = 0;
+  // dlogits = grad_scale·mask[n]·(softmax(logits[n]) − onehot(targets[n])) (overwrite;
+  // dlogits may alias logits).
+  virtual void cross_entropy_bwd(const Tensor& logits, const Tensor& targets, const Tensor& mask,
+                                 double grad_scale, const Tensor& dlogits) = 0;
+};
+
+// Backends register themselves by name ("cpu" in kernels/cpu/, "cuda" in kernels/cuda/):
+//   static lar::kernels::BackendRegistration reg{"cuda", [](int threads, DType t) {...}};
+using BackendFactory = std::function<std::unique_ptr<Backend>(int threads, DType dtype)>;
+struct BackendRegistration {
+  BackendRegistration(const std::string& name, BackendFactory factory);
+};
+bool backend_available(const std::string& name);
+
+// The backend a run config asks for: kind "cpu" | "cuda" | "auto" (cuda when registered,
+// else cpu); threads 0 = all cores. Throws lar::UserError for a backend this build
+// does not have.
+std::unique_ptr<Backend> make_backend(const std::string& kind, int threads, DType dtype = DType::f32);
+
+}  // namespace lar::kernels

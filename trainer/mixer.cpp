@@ -1,0 +1,76 @@
+#include "trainer/mixer.hpp"
+
+#include <map>
+
+#include "core/error.hpp"
+
+namespace lar::trainer {
+
+namespace {
+std::map<std::string, MixerFactory>& registry() {
+  static std::map<std::string, MixerFactory> r;
+  return r;
+}
+}  // namespace
+
+MixerRegistration::MixerRegistration(const std::string& kind, MixerFactory factory) {
+  registry()[kind] = std::move(factory);
+}
+
+bool mixer_registered(const std::string& kind) { return registry().count(kind) > 0; }
+
+std::vector<std::string> registered_mixers() {
+  std::vector<std::string> out;
+  for (const auto& [k, f] : registry()) out.push_back(k);
+  return out;
+}
+
+std::unique_ptr<Mixer> make_mixer(const MixerConfig& cfg) {
+  auto it = registry().find(cfg.kind);
+  if (it == registry().end()) {
+    std::string all;
+    for (const auto& k : registered_mixers()) all += (all.empty() ? "" : ", ") + k;
+    throw UserError("model.architecture: mixer '" + cfg.kind + "' (layer " + std::to_string(cfg.layer) +
+                    ") is not implemented in this build (available: " + all + ")");
+  }
+  return it->second(cfg);
+}
+
+std::vector<std::string> layer_kinds(const json& model) {
+  const int n = model.at("n_layers").get<int>();
+  const std::string arch = model.at("architecture").get<std::string>();
+  const std::string stack = model.at("stack").get<std::string>();
+  const int ratio = model.at("hybrid_ratio").get<int>();
+  std::vector<std::string> kinds;
+  for (int l = 0; l < n; ++l) {
+    bool softmax = arch == "softmax" || stack == "dense" ||
+                   (stack == "hybrid" && l % (ratio + 1) == ratio);
+    kinds.push_back(softmax ? "softmax" : arch);
+  }
+  return kinds;
+}
+
+MixerConfig mixer_config(const json& model, int layer) {
+  MixerConfig c;
+  c.model = model;
+  auto kinds = layer_kinds(model);
+  c.kind = kinds.at(layer);
+  c.layer = layer;
+  c.n_layers = static_cast<int>(kinds.size());
+  int linear = 0;
+  for (int l = 0; l < layer; ++l) linear += kinds[l] != "softmax";
+  c.linear_index = c.kind == "softmax" ? -1 : linear;
+  c.d_model = model.at("d_model").get<int>();
+  c.n_heads = model.at("n_heads").get<int>();
+  c.n_kv_heads = model.at("n_kv_heads").get<int>();
+  if (c.n_kv_heads <= 0) c.n_kv_heads = c.n_heads;
+  c.head_dim = model.at("head_dim").get<int>();
+  if (c.head_dim <= 0) c.head_dim = c.d_model / c.n_heads;
+  c.value_dim = model.at("value_dim").get<int>();
+  if (c.value_dim <= 0) c.value_dim = c.head_dim;
+  c.init_std = model.at("init_std").get<double>();
+  c.routing = model.at("routing").get<std::string>();
+  return c;
+}
+
+}  // namespace lar::trainer
