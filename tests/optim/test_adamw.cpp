@@ -9,6 +9,7 @@
 
 #include "core/error.hpp"
 #include "trainer/optim/optimizer.hpp"
+#include "trainer/optim/param_views.hpp"
 
 using namespace lar;
 using namespace lar::optim;
@@ -242,4 +243,37 @@ TEST(OptimizerState, LoadRejectsMismatchedOrCorruptState) {
   Optimizer d(muon, table, 4);
   EXPECT_THROW(d.load_state(blob.substr(0, blob.size() - 1)), RuntimeError);
   EXPECT_THROW(d.load_state("not a state"), RuntimeError);
+}
+
+TEST(ParamViews, TrainerTableMapsShapesAndKinds) {
+  std::vector<trainer::ParamInfo> table(3);
+  table[0].name = "embed";
+  table[0].offset = 0;
+  table[0].numel = 12;
+  table[0].shape = {4, 3};
+  table[0].kind = trainer::ParamKind::embedding;
+  table[1].name = "layers.0.mixer.wq";
+  table[1].offset = 12;
+  table[1].numel = 6;
+  table[1].shape = {2, 3};
+  table[1].kind = trainer::ParamKind::matrix_hidden;
+  table[2].name = "layers.0.norm1";
+  table[2].offset = 18;
+  table[2].numel = 3;
+  table[2].shape = {3};
+  table[2].kind = trainer::ParamKind::norm;
+  const std::vector<ParamView> v = param_views(table);
+  ASSERT_EQ(v.size(), 3u);
+  EXPECT_EQ(v[0].kind, ParamKind::embedding);
+  EXPECT_EQ(v[1].name, "layers.0.mixer.wq");
+  EXPECT_EQ(v[1].offset, 12u);
+  EXPECT_EQ(v[1].rows, 2);
+  EXPECT_EQ(v[1].cols, 3);
+  EXPECT_EQ(v[2].rows, 1);
+  EXPECT_EQ(v[2].cols, 3);
+  EXPECT_EQ(v[2].kind, ParamKind::norm);
+  table[2].numel = 4;  // inconsistent with shape {3}? 1-D uses numel, so it stays valid
+  EXPECT_EQ(param_views(table)[2].cols, 4);
+  table[1].numel = 7;  // 7 is not 2 × k
+  EXPECT_THROW(param_views(table), RuntimeError);
 }
