@@ -1,0 +1,655 @@
+// The CUDA backend's kernels (fp32 storage, fp32 math, double where the CPU reference
+// reduces in double). Written to be obviously right first: one warp per attention row,
+// one block per normalisation row, no atomics so every result is bit-reproducible.
+// The tensor-core bf16 paths that make it fast build on this and are checked against it.
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+#include "kernels/cuda/cuda_backend.hpp"
+#include "kernels/cuda/cuda_check.hpp"
+
+namespace lar::kernels::cuda {
+
+namespace {
+
+constexpr int kWarp = 32;
+constexpr int kMaxHeadDim = 256;                 // per-lane register arrays below
+constexpr int kPerLane = kMaxHeadDim / kWarp;
+constexpr int kReduceBlocks = 256;
+
+__device__ inline float warp_sum(float v) {
+  for (int o = kWarp / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ inline double warp_sum_d(double v) {
+  for (int o = kWarp / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ inline float warp_max(float v) {
+  for (int o = kWarp / 2; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Block-wide sum in double; every thread gets the result. blockDim.x multiple of 32.
+__device__ double block_sum_d(double v) {
+  __shared__ double part[32];
+  v = warp_sum_d(v);
+  int lane = threadIdx.x % kWarp, w = threadIdx.x / kWarp;
+  __syncthreads();
+  if (lane == 0) part[w] = v;
+  __syncthreads();
+  int nw = blockDim.x / kWarp;
+  double r = 0;
+  for (int i = 0; i < nw; ++i) r += part[i];  // fixed order: deterministic
+  return r;
+}
+
+__device__ float block_max(float v) {
+  __shared__ float part[32];
+  v = warp_max(v);
+  int lane = threadIdx.x % kWarp, w = threadIdx.x / kWarp;
+  __syncthreads();
+  if (lane == 0) part[w] = v;
+  __syncthreads();
+  int nw = blockDim.x / kWarp;
+  float r = -INFINITY;
+  for (int i = 0; i < nw; ++i) r = fmaxf(r, part[i]);
+  return r;
+}
+
+int blocks_for(int64_t n, int threads) {
+  int64_t b = (n + threads - 1) / threads;
+  return static_cast<int>(b < 65535 * 16 ? b : 65535 * 16);
+}
+
+// ---------------------------------------------------------------- elementwise
+__global__ void fill_kernel(float* x, int64_t n, float v) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    x[i] = v;
+}
+
+__global__ void axpy_kernel(float alpha, const float* x, float* y, int64_t n) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    y[i] += alpha * x[i];
+}
+
+// Per-block partial sums of x² (double), then one block adds the partials in order.
+__global__ void sum_squares_partial(const float* x, int64_t n, double* partial) {
+  double acc = 0;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    acc += static_cast<double>(x[i]) * x[i];
+  double s = block_sum_d(acc);
+  if (threadIdx.x == 0) partial[blockIdx.x] = s;
+}
+
+__global__ void nonfinite_partial(const float* x, int64_t n, double* partial) {
+  double acc = 0;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    acc += isfinite(x[i]) ? 0.0 : 1.0;
+  double s = block_sum_d(acc);
+  if (threadIdx.x == 0) partial[blockIdx.x] = s;
+}
+
+__global__ void sum_partials(const double* partial, int n, double* out) {
+  if (threadIdx.x == 0 && blockIdx.x == 0) {
+    double s = 0;
+    for (int i = 0; i < n; ++i) s += partial[i];
+    *out = s;
+  }
+}
+
+// ---------------------------------------------------------------- embedding
+__global__ void embedding_fwd_kernel(const int* ids, const float* table, float* out, int64_t n, int64_t d) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n * d; i += (int64_t)gridDim.x * blockDim.x) {
+    int64_t row = i / d, col = i % d;
+    out[i] = table[static_cast<int64_t>(ids[row]) * d + col];
+  }
+}
+
+// One thread per column walks the tokens in order: deterministic without atomics.
+__global__ void embedding_bwd_kernel(const int* ids, const float* dout, float* dtable, int64_t n, int64_t d) {
+  int64_t col = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (col >= d) return;
+  for (int64_t r = 0; r < n; ++r) dtable[static_cast<int64_t>(ids[r]) * d + col] += dout[r * d + col];
+}
+
+// ---------------------------------------------------------------- RMSNorm
+__global__ void rmsnorm_fwd_kernel(const float* x, const float* w, float* y, float* rstd, int64_t d, float eps) {
+  int64_t row = blockIdx.x;
+  const float* xr = x + row * d;
+  double ss = 0;
+  for (int64_t i = threadIdx.x; i < d; i += blockDim.x) ss += static_cast<double>(xr[i]) * xr[i];
+  ss = block_sum_d(ss);
+  float r = static_cast<float>(1.0 / sqrt(ss / d + eps));
+  if (threadIdx.x == 0) rstd[row] = r;
+  for (int64_t i = threadIdx.x; i < d; i += blockDim.x) y[row * d + i] = xr[i] * r * w[i];
+}
+
+// dx += r·g − x·r³·(g·x)/d with g = dy·w.
+__global__ void rmsnorm_bwd_dx_kernel(const float* x, const float* w, const float* rstd, const float* dy,
+                                      float* dx, int64_t d) {
+  int64_t row = blockIdx.x;
+  const float* xr = x + row * d;
+  const float* dyr = dy + row * d;
+  double gx = 0;
+  for (int64_t i = threadIdx.x; i < d; i += blockDim.x) gx += static_cast<double>(dyr[i]) * w[i] * xr[i];
+  gx = block_sum_d(gx);
+  float r = rstd[row];
+  float c = static_cast<float>(gx / d) * r * r * r;
+  for (int64_t i = threadIdx.x; i < d; i += blockDim.x) dx[row * d + i] += r * dyr[i] * w[i] - xr[i] * c;
+}
+
+// dw[i] += Σ_rows dy·x·r, one thread per column, rows in order.
+__global__ void rmsnorm_bwd_dw_kernel(const float* x, const float* rstd, const float* dy, float* dw, int64_t n,
+                                      int64_t d) {
+  int64_t col = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (col >= d) return;
+  double acc = 0;
+  for (int64_t r = 0; r < n; ++r) acc += static_cast<double>(dy[r * d + col]) * x[r * d + col] * rstd[r];
+  dw[col] += static_cast<float>(acc);
+}
+
+// ---------------------------------------------------------------- SwiGLU
+__device__ inline float sigmoidf_(float z) { return 1.f / (1.f + expf(-z)); }
+
+__global__ void swiglu_fwd_kernel(const float* gu, float* h, int64_t n, int64_t f) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n * f; i += (int64_t)gridDim.x * blockDim.x) {
+    int64_t row = i / f, col = i % f;
+    float g = gu[row * 2 * f + col], u = gu[row * 2 * f + f + col];
+    h[i] = g * sigmoidf_(g) * u;
+  }
+}
+
+__global__ void swiglu_bwd_kernel(const float* gu, const float* dh, float* dgu, int64_t n, int64_t f) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n * f; i += (int64_t)gridDim.x * blockDim.x) {
+    int64_t row = i / f, col = i % f;
+    float g = gu[row * 2 * f + col], u = gu[row * 2 * f + f + col];
+    float s = sigmoidf_(g);
+    float d = dh[i];
+    dgu[row * 2 * f + col] = d * u * s * (1.f + g * (1.f - s));
+    dgu[row * 2 * f + f + col] = d * g * s;
+  }
+}
+
+// ---------------------------------------------------------------- RoPE (rotate-half)
+__global__ void rope_kernel(float* x, int64_t B, int64_t T, int64_t H, int64_t D, double base, int64_t pos0,
+                            double sign) {
+  int64_t half = D / 2;
+  int64_t n = B * T * H * half;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    int64_t p = i % half;
+    int64_t row = i / half;            // (b, t, h)
+    int64_t t = (row / H) % T;
+    double theta = pow(base, -2.0 * p / D);
+    double ang = sign * (pos0 + t) * theta;
+    float c = static_cast<float>(cos(ang)), s = static_cast<float>(sin(ang));
+    float* xr = x + row * D;
+    float a = xr[p], b = xr[p + half];
+    xr[p] = a * c - b * s;
+    xr[p + half] = b * c + a * s;
+  }
+}
+
+// ---------------------------------------------------------------- attention
+struct AttnShape {
+  int64_t B, T, S, Hq, Hkv, D, Dv;
+  float scale;
+  int64_t window;
+};
+
+__device__ inline int64_t first_key(int64_t pos, int64_t window) {
+  return window > 0 ? (pos - window + 1 > 0 ? pos - window + 1 : 0) : 0;
+}
+
+// One warp per (b, t, h): online softmax over the visible keys.
+__global__ void attention_fwd_kernel(const float* q, const float* k, const float* v, float* o, float* lse,
+                                     AttnShape s) {
+  int64_t warp = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / kWarp;
+  int lane = threadIdx.x % kWarp;
+  if (warp >= s.B * s.T * s.Hq) return;
+  int64_t h = warp % s.Hq, t = (warp / s.Hq) % s.T, b = warp / (s.Hq * s.T);
+  int64_t hk = h / (s.Hq / s.Hkv);
+  int64_t pos = t + (s.S - s.T);
+  const float* qr = q + ((b * s.T + t) * s.Hq + h) * s.D;
+  float qv[kPerLane], acc[kPerLane];
+  for (int i = 0; i < kPerLane; ++i) {
+    int64_t d = lane + i * kWarp;
+    qv[i] = d < s.D ? qr[d] : 0.f;
+    acc[i] = 0.f;
+  }
+  float m = -INFINITY, l = 0.f;
+  for (int64_t j = first_key(pos, s.window); j <= pos; ++j) {
+    const float* kr = k + ((b * s.S + j) * s.Hkv + hk) * s.D;
+    const float* vr = v + ((b * s.S + j) * s.Hkv + hk) * s.Dv;
+    float part = 0.f;
+    for (int i = 0; i < kPerLane; ++i) {
+      int64_t d = lane + i * kWarp;
+      if (d < s.D) part += qv[i] * kr[d];
+    }
+    float sc = warp_sum(part) * s.scale;
+    float m_new = fmaxf(m, sc);
+    float corr = expf(m - m_new), p = expf(sc - m_new);
+    l = l * corr + p;
+    for (int i = 0; i < kPerLane; ++i) {
+      int64_t d = lane + i * kWarp;
+      acc[i] = acc[i] * corr + (d < s.Dv ? p * vr[d] : 0.f);
+    }
+    m = m_new;
+  }
+  float* orow = o + ((b * s.T + t) * s.Hq + h) * s.Dv;
+  for (int i = 0; i < kPerLane; ++i) {
+    int64_t d = lane + i * kWarp;
+    if (d < s.Dv) orow[d] = acc[i] / l;
+  }
+  if (lane == 0) lse[(b * s.Hq + h) * s.T + t] = m + logf(l);
+}
+
+// delta[b,h,t] = dO·O of the row.
+__global__ void attention_delta_kernel(const float* o, const float* dout, float* delta, AttnShape s) {
+  int64_t warp = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / kWarp;
+  int lane = threadIdx.x % kWarp;
+  if (warp >= s.B * s.T * s.Hq) return;
+  int64_t h = warp % s.Hq, t = (warp / s.Hq) % s.T, b = warp / (s.Hq * s.T);
+  const float* orow = o + ((b * s.T + t) * s.Hq + h) * s.Dv;
+  const float* drow = dout + ((b * s.T + t) * s.Hq + h) * s.Dv;
+  float part = 0.f;
+  for (int64_t d = lane; d < s.Dv; d += kWarp) part += orow[d] * drow[d];
+  part = warp_sum(part);
+  if (lane == 0) delta[(b * s.Hq + h) * s.T + t] = part;
+}
+
+__device__ inline float row_dot(const float* a, const float* b, int64_t n, int lane) {
+  float part = 0.f;
+  for (int64_t d = lane; d < n; d += kWarp) part += a[d] * b[d];
+  return warp_sum(part);
+}
+
+// dq: one warp per query row, over its visible keys.
+__global__ void attention_dq_kernel(const float* q, const float* k, const float* v, const float* lse,
+                                    const float* delta, const float* dout, float* dq, AttnShape s) {
+  int64_t warp = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / kWarp;
+  int lane = threadIdx.x % kWarp;
+  if (warp >= s.B * s.T * s.Hq) return;
+  int64_t h = warp % s.Hq, t = (warp / s.Hq) % s.T, b = warp / (s.Hq * s.T);
+  int64_t hk = h / (s.Hq / s.Hkv);
+  int64_t pos = t + (s.S - s.T);
+  const float* qr = q + ((b * s.T + t) * s.Hq + h) * s.D;
+  const float* dor = dout + ((b * s.T + t) * s.Hq + h) * s.Dv;
+  float L = lse[(b * s.Hq + h) * s.T + t], dl = delta[(b * s.Hq + h) * s.T + t];
+  float acc[kPerLane];
+  for (int i = 0; i < kPerLane; ++i) acc[i] = 0.f;
+  for (int64_t j = first_key(pos, s.window); j <= pos; ++j) {
+    const float* kr = k + ((b * s.S + j) * s.Hkv + hk) * s.D;
+    const float* vr = v + ((b * s.S + j) * s.Hkv + hk) * s.Dv;
+    float p = expf(row_dot(qr, kr, s.D, lane) * s.scale - L);
+    float ds = p * (row_dot(dor, vr, s.Dv, lane) - dl);
+    for (int i = 0; i < kPerLane; ++i) {
+      int64_t d = lane + i * kWarp;
+      if (d < s.D) acc[i] += ds * kr[d];
+    }
+  }
+  float* dqr = dq + ((b * s.T + t) * s.Hq + h) * s.D;
+  for (int i = 0; i < kPerLane; ++i) {
+    int64_t d = lane + i * kWarp;
+    if (d < s.D) dqr[d] = acc[i] * s.scale;
+  }
+}
+
+// dk, dv: one warp per key row (b, j, kv head), over every query head of its group and
+// every query that sees it — the sum runs in a fixed order, so no atomics are needed.
+__global__ void attention_dkv_kernel(const float* q, const float* k, const float* v, const float* lse,
+                                     const float* delta, const float* dout, float* dk, float* dv, AttnShape s) {
+  int64_t warp = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / kWarp;
+  int lane = threadIdx.x % kWarp;
+  if (warp >= s.B * s.S * s.Hkv) return;
+  int64_t hk = warp % s.Hkv, j = (warp / s.Hkv) % s.S, b = warp / (s.Hkv * s.S);
+  int64_t group = s.Hq / s.Hkv;
+  const float* kr = k + ((b * s.S + j) * s.Hkv + hk) * s.D;
+  const float* vr = v + ((b * s.S + j) * s.Hkv + hk) * s.Dv;
+  float ak[kPerLane], av[kPerLane];
+  for (int i = 0; i < kPerLane; ++i) ak[i] = av[i] = 0.f;
+  int64_t offset = s.S - s.T;
+  // Queries that see key j: pos = t + offset ≥ j and pos − j < window.
+  int64_t t_lo = j - offset > 0 ? j - offset : 0;
+  int64_t t_hi = s.T - 1;
+  if (s.window > 0 && j + s.window - 1 - offset < t_hi) t_hi = j + s.window - 1 - offset;
+  for (int64_t g = 0; g < group; ++g) {
+    int64_t h = hk * group + g;
+    for (int64_t t = t_lo; t <= t_hi; ++t) {
+      const float* qr = q + ((b * s.T + t) * s.Hq + h) * s.D;
+      const float* dor = dout + ((b * s.T + t) * s.Hq + h) * s.Dv;
+      float p = expf(row_dot(qr, kr, s.D, lane) * s.scale - lse[(b * s.Hq + h) * s.T + t]);
+      float ds = p * (row_dot(dor, vr, s.Dv, lane) - delta[(b * s.Hq + h) * s.T + t]);
+      for (int i = 0; i < kPerLane; ++i) {
+        int64_t d = lane + i * kWarp;
+        if (d < s.D) ak[i] += ds * qr[d];
+        if (d < s.Dv) av[i] += p * dor[d];
+      }
+    }
+  }
+  float* dkr = dk + ((b * s.S + j) * s.Hkv + hk) * s.D;
+  float* dvr = dv + ((b * s.S + j) * s.Hkv + hk) * s.Dv;
+  for (int i = 0; i < kPerLane; ++i) {
+    int64_t d = lane + i * kWarp;
+    if (d < s.D) dkr[d] = ak[i] * s.scale;
+    if (d < s.Dv) dvr[d] = av[i];
+  }
+}
+
+// ---------------------------------------------------------------- cross-entropy
+__global__ void ce_fwd_kernel(const float* logits, const int* targets, const float* mask, float* losses,
+                              int* argmax, int64_t V) {
+  int64_t row = blockIdx.x;
+  const float* lr = logits + row * V;
+  float m = -INFINITY;
+  int64_t best = 0;
+  for (int64_t i = threadIdx.x; i < V; i += blockDim.x)
+    if (lr[i] > m) m = lr[i], best = i;
+  float gmax = block_max(m);
+  __shared__ long long best_idx;
+  if (threadIdx.x == 0) best_idx = V;
+  __syncthreads();
+  // The first index holding the maximum, as the CPU reference picks it.
+  if (m == gmax) atomicMin(&best_idx, static_cast<long long>(best));
+  __syncthreads();
+  double se = 0;
+  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) se += exp(static_cast<double>(lr[i] - gmax));
+  se = block_sum_d(se);
+  if (threadIdx.x == 0) {
+    double lse = gmax + log(se);
+    losses[row] = static_cast<float>(mask[row] * (lse - lr[targets[row]]));
+    if (argmax) argmax[row] = static_cast<int>(best_idx);
+  }
+}
+
+__global__ void ce_bwd_kernel(const float* logits, const int* targets, const float* mask, float grad_scale,
+                              float* dlogits, int64_t V) {
+  int64_t row = blockIdx.x;
+  const float* lr = logits + row * V;
+  float m = -INFINITY;
+  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) m = fmaxf(m, lr[i]);
+  float gmax = block_max(m);
+  double se = 0;
+  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) se += exp(static_cast<double>(lr[i] - gmax));
+  se = block_sum_d(se);
+  __syncthreads();  // every read of the row is done before dlogits (which may alias) is written
+  float w = grad_scale * mask[row];
+  int tgt = targets[row];
+  float inv = static_cast<float>(1.0 / se);
+  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
+    float p = expf(lr[i] - gmax) * inv;
+    dlogits[row * V + i] = w * (p - (i == tgt ? 1.f : 0.f));
+  }
+}
+
+void require_f32(const Tensor& t, const char* what) {
+  if (t.dtype != DType::f32) throw RuntimeError(std::string("cuda backend: ") + what + " must be f32");
+}
+
+}  // namespace
+
+// ================================================================== CudaBackend
+
+int cuda_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+CudaBackend::CudaBackend(int device) {
+  LAR_CUDA_CHECK(cudaSetDevice(device));
+  cudaDeviceProp prop{};
+  LAR_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  name_ = std::string("cuda-f32 (") + prop.name + ")";
+  LAR_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  LAR_CUBLAS_CHECK(cublasCreate(&cublas_));
+  LAR_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
+  // Plain fp32 (no TF32) so that this path is the GPU's fp32 reference.
+  LAR_CUBLAS_CHECK(cublasSetMathMode(cublas_, CUBLAS_PEDANTIC_MATH));
+}
+
+CudaBackend::~CudaBackend() {
+  if (scratch_) cudaFree(scratch_);
+  if (cublas_) cublasDestroy(cublas_);
+  if (stream_) cudaStreamDestroy(stream_);
+}
+
+void CudaBackend::synchronize() { LAR_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+double* CudaBackend::scratch_doubles(std::size_t n) {
+  if (n > scratch_n_) {
+    if (scratch_) LAR_CUDA_CHECK(cudaFree(scratch_));
+    LAR_CUDA_CHECK(cudaMalloc(&scratch_, n * sizeof(double)));
+    scratch_n_ = n;
+  }
+  return scratch_;
+}
+
+void* CudaBackend::alloc_bytes(std::size_t bytes) {
+  void* p = nullptr;
+  LAR_CUDA_CHECK(cudaMalloc(&p, bytes ? bytes : 64));
+  return p;
+}
+
+void CudaBackend::free_bytes(void* p) {
+  if (p) {
+    synchronize();
+    LAR_CUDA_CHECK(cudaFree(p));
+  }
+}
+
+void CudaBackend::upload(const void* host, const Tensor& dst) {
+  LAR_CUDA_CHECK(cudaMemcpyAsync(dst.data, host, dst.bytes(), cudaMemcpyHostToDevice, stream_));
+  synchronize();
+}
+
+void CudaBackend::download(const Tensor& src, void* host) {
+  LAR_CUDA_CHECK(cudaMemcpyAsync(host, src.data, src.bytes(), cudaMemcpyDeviceToHost, stream_));
+  synchronize();
+}
+
+void CudaBackend::zero(const Tensor& t) { LAR_CUDA_CHECK(cudaMemsetAsync(t.data, 0, t.bytes(), stream_)); }
+
+void CudaBackend::fill(const Tensor& t, double value) {
+  require_f32(t, "fill");
+  fill_kernel<<<blocks_for(t.numel(), 256), 256, 0, stream_>>>(t.ptr<float>(), t.numel(), static_cast<float>(value));
+  LAR_CUDA_LAUNCHED();
+}
+
+void CudaBackend::copy(const Tensor& src, const Tensor& dst) {
+  if (src.numel() != dst.numel() || src.dtype != dst.dtype)
+    throw RuntimeError("cuda copy: " + src.shape_str() + " → " + dst.shape_str());
+  LAR_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, src.bytes(), cudaMemcpyDeviceToDevice, stream_));
+}
+
+// Row-major C[M,N] = op(A)·op(B) is column-major Cᵀ = op(B)ᵀ·op(A)ᵀ: swap the operands.
+void CudaBackend::gemm(const Tensor& A, bool ta, const Tensor& B, bool tb, const Tensor& C, double alpha,
+                       double beta) {
+  gemm_batched(A, ta, B, tb, C, 1, alpha, beta);
+}
+
+void CudaBackend::gemm_batched(const Tensor& A, bool ta, const Tensor& B, bool tb, const Tensor& C,
+                               int64_t batches, double alpha, double beta) {
+  require_f32(A, "gemm A");
+  require_f32(B, "gemm B");
+  require_f32(C, "gemm C");
+  int64_t M = C.rows() / batches, N = C.last();
+  int64_t K = ta ? A.rows() / batches : A.last();
+  int64_t a_rows = A.rows() / batches, b_rows = B.rows() / batches;
+  if ((ta ? A.last() : a_rows) != M || (tb ? b_rows : B.last()) != N || (tb ? B.last() : b_rows) != K)
+    throw RuntimeError("cuda gemm: shapes " + A.shape_str() + (ta ? "ᵀ" : "") + " · " + B.shape_str() +
+                       (tb ? "ᵀ" : "") + " → " + C.shape_str() + " do not match");
+  float fa = static_cast<float>(alpha), fb = static_cast<float>(beta);
+  int lda = static_cast<int>(A.last()), ldb = static_cast<int>(B.last()), ldc = static_cast<int>(N);
+  LAR_CUBLAS_CHECK(cublasSgemmStridedBatched(
+      cublas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(N),
+      static_cast<int>(M), static_cast<int>(K), &fa, B.ptr<float>(), ldb, b_rows * B.last(), A.ptr<float>(),
+      lda, a_rows * A.last(), &fb, C.ptr<float>(), ldc, M * N, static_cast<int>(batches)));
+}
+
+void CudaBackend::axpy(double alpha, const Tensor& x, const Tensor& y) {
+  axpy_kernel<<<blocks_for(x.numel(), 256), 256, 0, stream_>>>(static_cast<float>(alpha), x.ptr<float>(),
+                                                              y.ptr<float>(), x.numel());
+  LAR_CUDA_LAUNCHED();
+}
+
+double CudaBackend::sum_squares(const Tensor& x) {
+  double* partial = scratch_doubles(kReduceBlocks + 1);
+  sum_squares_partial<<<kReduceBlocks, 256, 0, stream_>>>(x.ptr<float>(), x.numel(), partial);
+  LAR_CUDA_LAUNCHED();
+  sum_partials<<<1, 32, 0, stream_>>>(partial, kReduceBlocks, partial + kReduceBlocks);
+  LAR_CUDA_LAUNCHED();
+  double out = 0;
+  LAR_CUDA_CHECK(cudaMemcpyAsync(&out, partial + kReduceBlocks, sizeof(double), cudaMemcpyDeviceToHost, stream_));
+  synchronize();
+  return out;
+}
+
+bool CudaBackend::all_finite(const Tensor& x) {
+  double* partial = scratch_doubles(kReduceBlocks + 1);
+  nonfinite_partial<<<kReduceBlocks, 256, 0, stream_>>>(x.ptr<float>(), x.numel(), partial);
+  LAR_CUDA_LAUNCHED();
+  sum_partials<<<1, 32, 0, stream_>>>(partial, kReduceBlocks, partial + kReduceBlocks);
+  LAR_CUDA_LAUNCHED();
+  double out = 0;
+  LAR_CUDA_CHECK(cudaMemcpyAsync(&out, partial + kReduceBlocks, sizeof(double), cudaMemcpyDeviceToHost, stream_));
+  synchronize();
+  return out == 0;
+}
+
+void CudaBackend::embedding_fwd(const Tensor& ids, const Tensor& table, const Tensor& out) {
+  int64_t n = ids.numel(), d = table.last();
+  embedding_fwd_kernel<<<blocks_for(n * d, 256), 256, 0, stream_>>>(ids.ptr<int>(), table.ptr<float>(),
+                                                                    out.ptr<float>(), n, d);
+  LAR_CUDA_LAUNCHED();
+}
+
+void CudaBackend::embedding_bwd(const Tensor& ids, const Tensor& dout, const Tensor& dtable) {
+  int64_t n = ids.numel(), d = dtable.last();
+  embedding_bwd_kernel<<<blocks_for(d, 128), 128, 0, stream_>>>(ids.ptr<int>(), dout.ptr<float>(),
+                                                                dtable.ptr<float>(), n, d);
+  LAR_CUDA_LAUNCHED();
+}
+
+void CudaBackend::rmsnorm_fwd(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& rstd, double eps) {
+  int64_t n = x.rows(), d = x.last();
+  rmsnorm_fwd_kernel<<<static_cast<unsigned>(n), 256, 0, stream_>>>(x.ptr<float>(), w.ptr<float>(), y.ptr<float>(),
+                                                                    rstd.ptr<float>(), d, static_cast<float>(eps));
+  LAR_CUDA_LAUNCHED();
+}
+
+void CudaBackend::rmsnorm_bwd(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
+                              const Tensor& dx, const Tensor& dw) {
+  int64_t n = x.rows(), d = x.last();
+  rmsnorm_bwd_dx_kernel<<<static_cast<unsigned>(n), 256, 0, stream_>>>(x.ptr<float>(), w.ptr<float>(),
+                                                                       rstd.ptr<float>(), dy.ptr<float>(),
+                                                                       dx.ptr<float>(), d);
+  LAR_CUDA_LAUNCHED();
+  rmsnorm_bwd_dw_kernel<<<blocks_for(d, 128), 128, 0, stream_>>>(x.ptr<float>(), rstd.ptr<float>(),
+                                                                 dy.ptr<float>(), dw.ptr<float>(), n, d);
+  LAR_CUDA_LAUNCHED();
+}
+
+void CudaBackend::swiglu_fwd(const Tensor& gu, const Tensor& h) {
+  int64_t n = h.rows(), f = h.last();
+  swiglu_fwd_kernel<<<blocks_for(n * f, 256), 256, 0, stream_>>>(gu.ptr<float>(), h.ptr<float>(), n, f);
+  LAR_CUDA_LAUNCHED();
+}
+
+void CudaBackend::swiglu_bwd(const Tensor& gu, const Tensor& dh, const Tensor& dgu) {
+  int64_t n = dh.rows(), f = dh.last();
+  swiglu_bwd_kernel<<<blocks_for(n * f, 256), 256, 0, stream_>>>(gu.ptr<float>(), dh.ptr<float>(),
+                                                                 dgu.ptr<float>(), n, f);
+  LAR_CUDA_LAUNCHED();
+}
+
+void CudaBackend::rope_fwd(const Tensor& x, double base, int64_t pos0) {
+  rope_kernel<<<blocks_for(x.numel() / 2, 256), 256, 0, stream_>>>(x.ptr<float>(), x.size(0), x.size(1), x.size(2),
+                                                                   x.size(3), base, pos0, 1.0);
+  LAR_CUDA_LAUNCHED();
+}
+
+void CudaBackend::rope_bwd(const Tensor& dx, double base, int64_t pos0) {
+  rope_kernel<<<blocks_for(dx.numel() / 2, 256), 256, 0, stream_>>>(dx.ptr<float>(), dx.size(0), dx.size(1),
+                                                                    dx.size(2), dx.size(3), base, pos0, -1.0);
+  LAR_CUDA_LAUNCHED();
+}
+
+static AttnShape attn_shape(const Tensor& q, const Tensor& k, const Tensor& v, double scale, int64_t window) {
+  AttnShape s{q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), v.size(3),
+              static_cast<float>(scale), window};
+  if (s.D > kMaxHeadDim || s.Dv > kMaxHeadDim)
+    throw RuntimeError("cuda attention: head dim > " + std::to_string(kMaxHeadDim));
+  if (s.Hq % s.Hkv != 0) throw RuntimeError("cuda attention: Hq % Hkv != 0");
+  return s;
+}
+
+void CudaBackend::attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                                const Tensor& lse, double scale, int64_t window) {
+  AttnShape s = attn_shape(q, k, v, scale, window);
+  int64_t warps = s.B * s.T * s.Hq;
+  attention_fwd_kernel<<<blocks_for(warps * kWarp, 256), 256, 0, stream_>>>(
+      q.ptr<float>(), k.ptr<float>(), v.ptr<float>(), o.ptr<float>(), lse.ptr<float>(), s);
+  LAR_CUDA_LAUNCHED();
+}
+
+void CudaBackend::attention_bwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                                const Tensor& lse, const Tensor& dout, const Tensor& dq, const Tensor& dk,
+                                const Tensor& dv, double scale, int64_t window) {
+  AttnShape s = attn_shape(q, k, v, scale, window);
+  float* delta = nullptr;
+  LAR_CUDA_CHECK(cudaMallocAsync(&delta, sizeof(float) * s.B * s.Hq * s.T, stream_));
+  int64_t qwarps = s.B * s.T * s.Hq, kwarps = s.B * s.S * s.Hkv;
+  attention_delta_kernel<<<blocks_for(qwarps * kWarp, 256), 256, 0, stream_>>>(o.ptr<float>(), dout.ptr<float>(),
+                                                                               delta, s);
+  LAR_CUDA_LAUNCHED();
+  attention_dq_kernel<<<blocks_for(qwarps * kWarp, 256), 256, 0, stream_>>>(
+      q.ptr<float>(), k.ptr<float>(), v.ptr<float>(), lse.ptr<float>(), delta, dout.ptr<float>(), dq.ptr<float>(), s);
+  LAR_CUDA_LAUNCHED();
+  attention_dkv_kernel<<<blocks_for(kwarps * kWarp, 256), 256, 0, stream_>>>(
+      q.ptr<float>(), k.ptr<float>(), v.ptr<float>(), lse.ptr<float>(), delta, dout.ptr<float>(), dk.ptr<float>(),
+      dv.ptr<float>(), s);
+  LAR_CUDA_LAUNCHED();
+  LAR_CUDA_CHECK(cudaFreeAsync(delta, stream_));
+}
+
+double CudaBackend::cross_entropy_fwd(const Tensor& logits, const Tensor& targets, const Tensor& mask,
+                                      const Tensor& losses, const Tensor& argmax) {
+  int64_t n = logits.rows(), V = logits.last();
+  ce_fwd_kernel<<<static_cast<unsigned>(n), 256, 0, stream_>>>(logits.ptr<float>(), targets.ptr<int>(),
+                                                               mask.ptr<float>(), losses.ptr<float>(),
+                                                               argmax.empty() ? nullptr : argmax.ptr<int>(), V);
+  LAR_CUDA_LAUNCHED();
+  // The sum in a fixed order on the host (N floats is small next to N·V logits).
+  std::vector<float> host(static_cast<std::size_t>(n));
+  download(losses, host.data());
+  double total = 0;
+  for (float l : host) total += l;
+  return total;
+}
+
+void CudaBackend::cross_entropy_bwd(const Tensor& logits, const Tensor& targets, const Tensor& mask,
+                                    double grad_scale, const Tensor& dlogits) {
+  int64_t n = logits.rows(), V = logits.last();
+  ce_bwd_kernel<<<static_cast<unsigned>(n), 256, 0, stream_>>>(logits.ptr<float>(), targets.ptr<int>(),
+                                                               mask.ptr<float>(), static_cast<float>(grad_scale),
+                                                               dlogits.ptr<float>(), V);
+  LAR_CUDA_LAUNCHED();
+}
+
+// Registered as "cuda" only when a device is present, so `backend: auto` falls back to
+// the CPU on a machine without a GPU.
+static BackendRegistration reg{"cuda", [](int, DType dtype) -> std::unique_ptr<Backend> {
+                                 if (dtype != DType::f32)
+                                   throw RuntimeError("the cuda backend runs in f32 storage; asked for " +
+                                                      to_string(dtype));
+                                 if (cuda_device_count() == 0)
+                                   throw RuntimeError("the cuda backend found no CUDA device");
+                                 return std::make_unique<CudaBackend>(0);
+                               }};
+
+}  // namespace lar::kernels::cuda

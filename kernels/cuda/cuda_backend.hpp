@@ -1,0 +1,72 @@
+#pragma once
+// The CUDA backend, first stage: every Backend op on the GPU in fp32 storage, cuBLAS
+// GEMMs with fp32 accumulation (pedantic fp32 by default so results track the CPU
+// reference to ~1e-6; TF32/bf16 tensor-core paths come with the bf16 activation work,
+// see docs/perf.md). Deterministic: no atomics; every reduction has a fixed order.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include "kernels/backend.hpp"
+
+namespace lar::kernels::cuda {
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device = 0);
+  ~CudaBackend() override;
+  Device device() const override { return Device::cuda; }
+  DType dtype() const override { return DType::f32; }
+  std::string name() const override { return name_; }
+
+  void* alloc_bytes(std::size_t bytes) override;
+  void free_bytes(void* p) override;
+  void upload(const void* host, const Tensor& dst) override;
+  void download(const Tensor& src, void* host) override;
+  void zero(const Tensor& t) override;
+  void fill(const Tensor& t, double value) override;
+  void copy(const Tensor& src, const Tensor& dst) override;
+
+  void gemm(const Tensor& A, bool ta, const Tensor& B, bool tb, const Tensor& C, double alpha,
+            double beta) override;
+  void gemm_batched(const Tensor& A, bool ta, const Tensor& B, bool tb, const Tensor& C, int64_t batches,
+                    double alpha, double beta) override;
+  void axpy(double alpha, const Tensor& x, const Tensor& y) override;
+  double sum_squares(const Tensor& x) override;
+  bool all_finite(const Tensor& x) override;
+
+  void embedding_fwd(const Tensor& ids, const Tensor& table, const Tensor& out) override;
+  void embedding_bwd(const Tensor& ids, const Tensor& dout, const Tensor& dtable) override;
+  void rmsnorm_fwd(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& rstd,
+                   double eps) override;
+  void rmsnorm_bwd(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
+                   const Tensor& dx, const Tensor& dw) override;
+  void swiglu_fwd(const Tensor& gu, const Tensor& h) override;
+  void swiglu_bwd(const Tensor& gu, const Tensor& dh, const Tensor& dgu) override;
+  void rope_fwd(const Tensor& x, double base, int64_t pos0) override;
+  void rope_bwd(const Tensor& dx, double base, int64_t pos0) override;
+  void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                     const Tensor& lse, double scale, int64_t window) override;
+  void attention_bwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                     const Tensor& lse, const Tensor& dout, const Tensor& dq, const Tensor& dk,
+                     const Tensor& dv, double scale, int64_t window) override;
+  double cross_entropy_fwd(const Tensor& logits, const Tensor& targets, const Tensor& mask,
+                           const Tensor& losses, const Tensor& argmax) override;
+  void cross_entropy_bwd(const Tensor& logits, const Tensor& targets, const Tensor& mask,
+                         double grad_scale, const Tensor& dlogits) override;
+
+  cudaStream_t stream() const { return stream_; }
+  void synchronize();
+
+ private:
+  double* scratch_doubles(std::size_t n);  // device scratch for reductions
+  std::string name_;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  double* scratch_ = nullptr;
+  std::size_t scratch_n_ = 0;
+};
+
+// Number of CUDA devices visible to this process (0 when no driver / no device).
+int cuda_device_count();
+
+}  // namespace lar::kernels::cuda

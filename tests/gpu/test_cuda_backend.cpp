@@ -1,0 +1,209 @@
+// Every CUDA backend op against the CPU reference (fp64) on fresh random inputs, at
+// several shapes: relative RMS error ≤ 1e-5 on the fp32 paths.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "kernels/backend.hpp"
+
+using namespace lar::kernels;
+
+namespace {
+
+struct Pair {
+  std::unique_ptr<Backend> gpu = make_backend("cuda", 1, DType::f32);
+  std::unique_ptr<Backend> cpu = make_backend("cpu", 1, DType::f64);
+  Arena ga{*gpu}, ca{*cpu};
+  std::mt19937_64 rng{std::random_device{}()};
+
+  // The same random values on both backends (never zeros).
+  std::pair<Tensor, Tensor> randn(std::vector<int64_t> shape, double scale = 1.0) {
+    Tensor g = ga.alloc(DType::f32, shape), c = ca.alloc(DType::f64, shape);
+    std::normal_distribution<double> nd(0.0, scale);
+    std::vector<float> hf(g.numel());
+    std::vector<double> hd(g.numel());
+    for (size_t i = 0; i < hf.size(); ++i) hf[i] = static_cast<float>(nd(rng)), hd[i] = hf[i];
+    gpu->upload(hf.data(), g);
+    cpu->upload(hd.data(), c);
+    return {g, c};
+  }
+  std::pair<Tensor, Tensor> ids(std::vector<int64_t> shape, int vocab) {
+    Tensor g = ga.alloc(DType::i32, shape), c = ca.alloc(DType::i32, shape);
+    std::vector<int32_t> h(g.numel());
+    std::uniform_int_distribution<int> ud(0, vocab - 1);
+    for (auto& x : h) x = ud(rng);
+    gpu->upload(h.data(), g);
+    cpu->upload(h.data(), c);
+    return {g, c};
+  }
+  std::pair<Tensor, Tensor> zeros(std::vector<int64_t> shape) {
+    Tensor g = ga.alloc(DType::f32, shape), c = ca.alloc(DType::f64, shape);
+    gpu->zero(g);
+    cpu->zero(c);
+    return {g, c};
+  }
+  // Output buffers poisoned with NaN: an element the kernel forgot to write fails.
+  std::pair<Tensor, Tensor> poisoned(std::vector<int64_t> shape) {
+    Tensor g = ga.alloc(DType::f32, shape), c = ca.alloc(DType::f64, shape);
+    gpu->fill(g, NAN);
+    cpu->zero(c);
+    return {g, c};
+  }
+  double rel_rms(const std::pair<Tensor, Tensor>& t) {
+    std::vector<float> g(t.first.numel());
+    std::vector<double> c(t.second.numel());
+    gpu->download(t.first, g.data());
+    cpu->download(t.second, c.data());
+    double num = 0, den = 0;
+    for (size_t i = 0; i < g.size(); ++i) {
+      if (!std::isfinite(g[i])) return INFINITY;
+      num += (g[i] - c[i]) * (g[i] - c[i]);
+      den += c[i] * c[i];
+    }
+    return std::sqrt(num / std::max(den, 1e-300));
+  }
+};
+
+constexpr double kTol = 1e-5;
+
+}  // namespace
+
+TEST(CudaBackend, Gemm) {
+  Pair p;
+  for (auto [M, N, K] : {std::tuple{7, 5, 3}, {64, 96, 128}, {257, 129, 65}})
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        auto A = p.randn(ta ? std::vector<int64_t>{K, M} : std::vector<int64_t>{M, K});
+        auto B = p.randn(tb ? std::vector<int64_t>{N, K} : std::vector<int64_t>{K, N});
+        auto C = p.randn({M, N});
+        p.gpu->gemm(A.first, ta, B.first, tb, C.first, 0.5, 1.0);
+        p.cpu->gemm(A.second, ta, B.second, tb, C.second, 0.5, 1.0);
+        EXPECT_LT(p.rel_rms(C), kTol) << M << "x" << N << "x" << K << " ta=" << ta << " tb=" << tb;
+      }
+}
+
+TEST(CudaBackend, GemmBatched) {
+  Pair p;
+  auto A = p.randn({3, 16, 24}), B = p.randn({3, 32, 24}), C = p.poisoned({3, 16, 32});
+  p.gpu->gemm_batched(A.first, false, B.first, true, C.first, 3);
+  p.cpu->gemm_batched(A.second, false, B.second, true, C.second, 3);
+  EXPECT_LT(p.rel_rms(C), kTol);
+}
+
+TEST(CudaBackend, ReductionsAndAxpy) {
+  Pair p;
+  auto x = p.randn({1000, 37}), y = p.randn({1000, 37});
+  p.gpu->axpy(-0.3, x.first, y.first);
+  p.cpu->axpy(-0.3, x.second, y.second);
+  EXPECT_LT(p.rel_rms(y), kTol);
+  double g = p.gpu->sum_squares(x.first), c = p.cpu->sum_squares(x.second);
+  EXPECT_NEAR(g / c, 1.0, 1e-9);
+  EXPECT_EQ(p.gpu->sum_squares(x.first), g) << "sum_squares must be bit-reproducible";
+  EXPECT_TRUE(p.gpu->all_finite(x.first));
+  float nan = NAN;
+  p.gpu->upload(&nan, x.first.slice0(500, 1).view({37}).slice0(3, 1));
+  EXPECT_FALSE(p.gpu->all_finite(x.first));
+}
+
+TEST(CudaBackend, Embedding) {
+  Pair p;
+  auto table = p.randn({50, 48});
+  auto ids = p.ids({4, 33}, 50);
+  auto out = p.poisoned({132, 48});
+  p.gpu->embedding_fwd(ids.first, table.first, out.first);
+  p.cpu->embedding_fwd(ids.second, table.second, out.second);
+  EXPECT_LT(p.rel_rms(out), kTol);
+  auto dout = p.randn({132, 48});
+  auto dtable = p.randn({50, 48});
+  p.gpu->embedding_bwd(ids.first, dout.first, dtable.first);
+  p.cpu->embedding_bwd(ids.second, dout.second, dtable.second);
+  EXPECT_LT(p.rel_rms(dtable), kTol);
+}
+
+TEST(CudaBackend, RmsNorm) {
+  Pair p;
+  for (int64_t d : {64, 1000, 1024}) {
+    auto x = p.randn({37, d}), w = p.randn({d}), y = p.poisoned({37, d}), r = p.poisoned({37});
+    p.gpu->rmsnorm_fwd(x.first, w.first, y.first, r.first, 1e-6);
+    p.cpu->rmsnorm_fwd(x.second, w.second, y.second, r.second, 1e-6);
+    EXPECT_LT(p.rel_rms(y), kTol) << d;
+    EXPECT_LT(p.rel_rms(r), kTol) << d;
+    auto dy = p.randn({37, d}), dx = p.randn({37, d}), dw = p.randn({d});
+    p.gpu->rmsnorm_bwd(x.first, w.first, r.first, dy.first, dx.first, dw.first);
+    p.cpu->rmsnorm_bwd(x.second, w.second, r.second, dy.second, dx.second, dw.second);
+    EXPECT_LT(p.rel_rms(dx), kTol) << d;
+    EXPECT_LT(p.rel_rms(dw), kTol) << d;
+  }
+}
+
+TEST(CudaBackend, SwiGLU) {
+  Pair p;
+  auto gu = p.randn({29, 2 * 88}), h = p.poisoned({29, 88});
+  p.gpu->swiglu_fwd(gu.first, h.first);
+  p.cpu->swiglu_fwd(gu.second, h.second);
+  EXPECT_LT(p.rel_rms(h), kTol);
+  auto dh = p.randn({29, 88}), dgu = p.poisoned({29, 2 * 88});
+  p.gpu->swiglu_bwd(gu.first, dh.first, dgu.first);
+  p.cpu->swiglu_bwd(gu.second, dh.second, dgu.second);
+  EXPECT_LT(p.rel_rms(dgu), kTol);
+}
+
+TEST(CudaBackend, Rope) {
+  Pair p;
+  auto x = p.randn({2, 77, 3, 64});
+  p.gpu->rope_fwd(x.first, 5e5, 11);
+  p.cpu->rope_fwd(x.second, 5e5, 11);
+  EXPECT_LT(p.rel_rms(x), kTol);
+  p.gpu->rope_bwd(x.first, 5e5, 11);
+  p.cpu->rope_bwd(x.second, 5e5, 11);
+  EXPECT_LT(p.rel_rms(x), kTol);
+}
+
+TEST(CudaBackend, AttentionGqaWindowKvCache) {
+  Pair p;
+  struct Case { int64_t B, T, S, Hq, Hkv, D, Dv, window; };
+  for (Case c : {Case{2, 65, 65, 4, 2, 64, 64, 0}, Case{1, 100, 100, 4, 1, 32, 48, 17},
+                 Case{2, 9, 40, 2, 2, 128, 128, 0}}) {
+    auto q = p.randn({c.B, c.T, c.Hq, c.D}), k = p.randn({c.B, c.S, c.Hkv, c.D});
+    auto v = p.randn({c.B, c.S, c.Hkv, c.Dv});
+    auto o = p.poisoned({c.B, c.T, c.Hq, c.Dv}), lse = p.poisoned({c.B, c.Hq, c.T});
+    double scale = 1.0 / std::sqrt(static_cast<double>(c.D));
+    p.gpu->attention_fwd(q.first, k.first, v.first, o.first, lse.first, scale, c.window);
+    p.cpu->attention_fwd(q.second, k.second, v.second, o.second, lse.second, scale, c.window);
+    EXPECT_LT(p.rel_rms(o), kTol) << c.T << " " << c.window;
+    EXPECT_LT(p.rel_rms(lse), kTol);
+    auto dout = p.randn({c.B, c.T, c.Hq, c.Dv});
+    auto dq = p.poisoned({c.B, c.T, c.Hq, c.D}), dk = p.poisoned({c.B, c.S, c.Hkv, c.D});
+    auto dv = p.poisoned({c.B, c.S, c.Hkv, c.Dv});
+    p.gpu->attention_bwd(q.first, k.first, v.first, o.first, lse.first, dout.first, dq.first, dk.first, dv.first,
+                         scale, c.window);
+    p.cpu->attention_bwd(q.second, k.second, v.second, o.second, lse.second, dout.second, dq.second, dk.second,
+                         dv.second, scale, c.window);
+    EXPECT_LT(p.rel_rms(dq), kTol);
+    EXPECT_LT(p.rel_rms(dk), kTol);
+    EXPECT_LT(p.rel_rms(dv), kTol);
+  }
+}
+
+TEST(CudaBackend, CrossEntropy) {
+  Pair p;
+  int64_t N = 45, V = 3001;
+  auto logits = p.randn({N, V}, 3.0);
+  auto tg = p.ids({N}, static_cast<int>(V));
+  auto mask = p.randn({N});
+  auto losses = p.poisoned({N});
+  Tensor ag = p.ga.alloc(DType::i32, {N}), ac = p.ca.alloc(DType::i32, {N});
+  double g = p.gpu->cross_entropy_fwd(logits.first, tg.first, mask.first, losses.first, ag);
+  double c = p.cpu->cross_entropy_fwd(logits.second, tg.second, mask.second, losses.second, ac);
+  EXPECT_NEAR(g, c, 1e-5 * std::abs(c) + 1e-6);
+  EXPECT_LT(p.rel_rms(losses), kTol);
+  std::vector<int32_t> hg(N), hc(N);
+  p.gpu->download(ag, hg.data());
+  p.cpu->download(ac, hc.data());
+  EXPECT_EQ(hg, hc);
+  auto dl = p.poisoned({N, V});
+  p.gpu->cross_entropy_bwd(logits.first, tg.first, mask.first, 0.25, dl.first);
+  p.cpu->cross_entropy_bwd(logits.second, tg.second, mask.second, 0.25, dl.second);
+  EXPECT_LT(p.rel_rms(dl), kTol);
+}
