@@ -1,0 +1,409 @@
+#include "registry/report/render.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <set>
+#include <sstream>
+
+#include "core/error.hpp"
+
+namespace lar::report {
+
+namespace {
+
+std::string axis_text(const json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); }
+
+std::string num(double v, int decimals) { return fmt::format("{:.{}f}", v, decimals); }
+std::string signed_num(double v, int decimals) {
+  std::string s = fmt::format("{:+.{}f}", v, decimals);
+  return s;
+}
+
+std::string title_line(const Report& r) {
+  std::string t = r.title.empty() ? r.experiment : r.title;
+  std::string src;
+  if (r.source.is_object()) {
+    if (r.source.contains("arxiv")) src += "arXiv " + axis_text(r.source["arxiv"]);
+    if (r.source.contains("table")) src += (src.empty() ? "" : ", ") + axis_text(r.source["table"]);
+    if (r.source.contains("page")) src += (src.empty() ? "" : ", ") + std::string("p. ") + axis_text(r.source["page"]);
+  }
+  return t + (src.empty() ? "" : " (" + src + ")") + " — " + r.experiment +
+         (r.scale.empty() ? "" : ", scale " + r.scale);
+}
+
+std::vector<std::string> axis_names(const Report& r) {
+  std::vector<std::string> names;
+  for (const auto& row : r.rows)
+    for (const auto& [a, v] : row.axes)
+      if (std::find(names.begin(), names.end(), a) == names.end()) names.push_back(a);
+  return names;
+}
+
+std::string axis_value(const Row& row, const std::string& axis) {
+  for (const auto& [a, v] : row.axes)
+    if (a == axis) return axis_text(v);
+  return "";
+}
+
+const MetricValue& value_of(const Row& row, const std::string& m) {
+  static const MetricValue empty;
+  auto it = row.ours.find(m);
+  return it == row.ours.end() ? empty : it->second;
+}
+
+std::string published_text(const Row& row, const std::string& m, int dec) {
+  auto it = row.published.find(m);
+  return it == row.published.end() ? "—" : num(it->second, dec);
+}
+
+std::string published_delta_text(const Row& row, const std::string& m, int dec) {
+  auto it = row.deltas.find(m);
+  if (it == row.deltas.end() || !it->second.published) return "—";
+  return signed_num(*it->second.published, dec);
+}
+
+std::string csv_field(const std::string& s) {
+  if (s.find_first_of(",\"\n") == std::string::npos) return s;
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"') out += '"';
+    out += c;
+  }
+  return out + "\"";
+}
+
+std::string latex_escape(const std::string& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    if (c == '_' || c == '%' || c == '&' || c == '#' || c == '$' || c == '{' || c == '}') {
+      out += '\\';
+      out += c;
+    } else if (s.compare(i, 2, "±") == 0) {
+      out += "$\\pm$";
+      ++i;
+    } else if (s.compare(i, 3, "—") == 0) {
+      out += "---";
+      i += 2;
+    } else if (s.compare(i, 2, "Δ") == 0) {
+      out += "$\\Delta$";
+      i += 1;
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+// Metrics shown with a Δ column (every metric but the normalised throughput).
+std::vector<std::string> delta_metrics(const Report& r) {
+  std::vector<std::string> out;
+  if (!r.has_deltas()) return out;
+  for (const auto& m : r.metrics)
+    if (m != "rel_throughput_pct") out.push_back(m);
+  return out;
+}
+
+std::vector<std::string> footnotes(const Report& r) {
+  std::vector<std::string> out;
+  if (r.throughput_reference)
+    out.push_back("rel_throughput_pct: our tokens/s relative to " + *r.throughput_reference + " = 100 (as in the paper).");
+  std::set<std::string> proxies;
+  for (const auto& row : r.rows)
+    for (const auto& [m, v] : row.ours)
+      if (v.proxy) proxies.insert(v.proxy_note);
+  for (const auto& p : proxies) out.push_back("proxy: " + p + ".");
+  if (r.has_deltas())
+    out.push_back("Δ = row − its matched baseline (same config except the compared axis); "
+                  "± is the standard error with Welch's p when both sides have ≥ 2 seeds.");
+  out.push_back("(n=k): mean ± sample std over k seeds; (1 seed): single run, no significance claim.");
+  return out;
+}
+
+json opt(const std::optional<double>& v) { return v ? json(*v) : json(); }
+
+}  // namespace
+
+std::string format_value(const MetricValue& v, int decimals) {
+  if (v.stats.n == 0) return "—";
+  if (v.stats.n == 1) return num(v.stats.mean, decimals) + " (1 seed)";
+  return num(v.stats.mean, decimals) + " ± " + num(v.stats.std, decimals) + " (n=" + std::to_string(v.stats.n) + ")";
+}
+
+std::string format_delta(const Delta& d, int decimals) {
+  if (!d.matched) return "unmatched";
+  if (!d.ours) return "—";
+  std::string s = signed_num(*d.ours, decimals);
+  if (d.test) {
+    s += " ± " + num(d.test->se, decimals) + " (p=" + fmt::format("{:.3g}", d.test->p) + ")";
+  } else {
+    s += " (n=" + std::to_string(d.n) + " vs " + std::to_string(d.n_baseline) + ")";
+  }
+  return s;
+}
+
+std::string table_markdown(const Report& r) {
+  std::ostringstream os;
+  os << "### " << title_line(r) << "\n\n";
+  const auto axes = axis_names(r);
+  std::vector<std::string> head = axes;
+  for (const auto& m : r.metrics) {
+    head.push_back(m + " (ours)");
+    head.push_back(m + " (paper)");
+  }
+  for (const auto& m : delta_metrics(r)) {
+      head.push_back("Δ " + m + " (ours)");
+      head.push_back("Δ " + m + " (paper)");
+    }
+  head.push_back("status");
+  os << "|";
+  for (const auto& h : head) os << " " << h << " |";
+  os << "\n|";
+  for (size_t i = 0; i < head.size(); ++i) os << (i < axes.size() || i + 1 == head.size() ? "---|" : "---:|");
+  os << "\n";
+  for (const auto& row : r.rows) {
+    os << "|";
+    for (const auto& a : axes) os << " " << axis_value(row, a) << " |";
+    for (const auto& m : r.metrics)
+      os << " " << format_value(value_of(row, m), r.decimals.at(m)) << " | " << published_text(row, m, r.decimals.at(m)) << " |";
+    for (const auto& m : delta_metrics(r)) {
+        auto d = row.deltas.find(m);
+        os << " " << (d == row.deltas.end() ? "—" : format_delta(d->second, r.decimals.at(m))) << " | "
+           << published_delta_text(row, m, r.decimals.at(m)) << " |";
+      }
+    os << " " << row.status << (row.role == "main" ? "" : " (" + row.role + ")") << " |\n";
+  }
+  os << "\n";
+  for (const auto& f : footnotes(r)) os << "- " << f << "\n";
+  return os.str();
+}
+
+std::string table_latex(const Report& r) {
+  std::ostringstream os;
+  const auto axes = axis_names(r);
+  const size_t groups = r.metrics.size() + delta_metrics(r).size();
+  os << "% " << title_line(r) << "\n";
+  os << "% generated by `lar table`; runs:";
+  for (const auto& row : r.rows)
+    for (const auto& [m, v] : row.ours)
+      if (m == r.metrics.front())
+        for (const auto& id : v.run_ids) os << " " << id;
+  os << "\n";
+  os << "\\begin{table}[t]\n\\centering\n\\small\n";
+  os << "\\caption{" << latex_escape(title_line(r)) << ". Ours beside the published value.}\n";
+  os << "\\begin{tabular}{" << std::string(axes.size(), 'l') << std::string(2 * groups, 'r') << "l}\n\\toprule\n";
+  // Two header lines: the metric over its ours/paper pair, then the pair.
+  for (const auto& a : axes) os << latex_escape(a) << " & ";
+  std::vector<std::string> names;
+  for (const auto& m : r.metrics) names.push_back(m);
+  for (const auto& m : delta_metrics(r)) names.push_back("Δ " + m);
+  for (const auto& n : names) os << "\\multicolumn{2}{c}{" << latex_escape(n) << "} & ";
+  os << "status \\\\\n";
+  for (size_t g = 0; g < names.size(); ++g) {
+    const size_t first = axes.size() + 2 * g + 1;
+    os << "\\cmidrule(lr){" << first << "-" << first + 1 << "}";
+  }
+  os << "\n";
+  for (size_t i = 0; i < axes.size(); ++i) os << " & ";
+  for (size_t g = 0; g < names.size(); ++g) os << "ours & paper & ";
+  os << "\\\\\n\\midrule\n";
+  for (const auto& row : r.rows) {
+    for (const auto& a : axes) os << latex_escape(axis_value(row, a)) << " & ";
+    for (const auto& m : r.metrics)
+      os << latex_escape(format_value(value_of(row, m), r.decimals.at(m))) << " & "
+         << latex_escape(published_text(row, m, r.decimals.at(m))) << " & ";
+    for (const auto& m : delta_metrics(r)) {
+        auto d = row.deltas.find(m);
+        os << latex_escape(d == row.deltas.end() ? "—" : format_delta(d->second, r.decimals.at(m))) << " & "
+           << latex_escape(published_delta_text(row, m, r.decimals.at(m))) << " & ";
+      }
+    os << latex_escape(row.status) << " \\\\\n";
+  }
+  os << "\\bottomrule\n\\end{tabular}\n";
+  for (const auto& f : footnotes(r)) os << "% " << f << "\n";
+  os << "\\end{table}\n";
+  return os.str();
+}
+
+std::string table_csv(const Report& r) {
+  std::ostringstream os;
+  const auto axes = axis_names(r);
+  std::vector<std::string> head = {"row"};
+  for (const auto& a : axes) head.push_back(a);
+  head.insert(head.end(), {"role", "status"});
+  for (const auto& m : r.metrics)
+    for (const char* suffix : {"_mean", "_std", "_n", "_paper"}) head.push_back(m + suffix);
+  for (const auto& m : delta_metrics(r))
+      for (const char* suffix : {"_delta", "_delta_se", "_delta_p", "_delta_paper"}) head.push_back(m + suffix);
+  head.push_back("run_ids");
+  for (size_t i = 0; i < head.size(); ++i) os << (i ? "," : "") << csv_field(head[i]);
+  os << "\n";
+  auto full = [](double v) { return json(v).dump(); };  // shortest round-trip text
+  for (const auto& row : r.rows) {
+    std::vector<std::string> f = {row.id};
+    for (const auto& a : axes) f.push_back(axis_value(row, a));
+    f.push_back(row.role);
+    f.push_back(row.status);
+    std::set<std::string> runs;
+    for (const auto& m : r.metrics) {
+      const MetricValue& v = value_of(row, m);
+      runs.insert(v.run_ids.begin(), v.run_ids.end());
+      f.push_back(v.stats.n ? full(v.stats.mean) : "");
+      f.push_back(v.stats.n >= 2 ? full(v.stats.std) : "");
+      f.push_back(std::to_string(v.stats.n));
+      auto p = row.published.find(m);
+      f.push_back(p == row.published.end() ? "" : full(p->second));
+    }
+    for (const auto& m : delta_metrics(r)) {
+        auto it = row.deltas.find(m);
+        const Delta* d = it == row.deltas.end() ? nullptr : &it->second;
+        f.push_back(d && d->ours ? full(*d->ours) : "");
+        f.push_back(d && d->se ? full(*d->se) : "");
+        f.push_back(d && d->test ? full(d->test->p) : "");
+        f.push_back(d && d->published ? full(*d->published) : "");
+      }
+    std::string ids;
+    for (const auto& id : runs) ids += (ids.empty() ? "" : " ") + id;
+    f.push_back(ids);
+    for (size_t i = 0; i < f.size(); ++i) os << (i ? "," : "") << csv_field(f[i]);
+    os << "\n";
+  }
+  return os.str();
+}
+
+json table_json(const Report& r) {
+  json j;
+  j["experiment"] = r.experiment;
+  j["scale"] = r.scale;
+  j["title"] = r.title;
+  j["source"] = r.source;
+  j["metrics"] = r.metrics;
+  j["throughput_reference"] = r.throughput_reference ? json(*r.throughput_reference) : json();
+  j["rows"] = json::array();
+  for (const auto& row : r.rows) {
+    json jr;
+    jr["id"] = row.id;
+    jr["axes"] = json::object();
+    for (const auto& [a, v] : row.axes) jr["axes"][a] = v;
+    jr["role"] = row.role;
+    jr["status"] = row.status;
+    jr["cells"] = row.cell_ids;
+    jr["baseline"] = row.baseline_row ? json(*row.baseline_row) : json();
+    jr["ours"] = json::object();
+    for (const auto& m : r.metrics) {
+      const MetricValue& v = value_of(row, m);
+      json jm = {{"n", v.stats.n}, {"values", v.values}, {"run_ids", v.run_ids}, {"proxy", v.proxy}};
+      jm["mean"] = v.stats.n ? json(v.stats.mean) : json();
+      jm["std"] = v.stats.n >= 2 ? json(v.stats.std) : json();
+      jr["ours"][m] = jm;
+    }
+    jr["published"] = json::object();
+    for (const auto& [m, v] : row.published) jr["published"][m] = v;
+    jr["deltas"] = json::object();
+    for (const auto& [m, d] : row.deltas) {
+      json jd = {{"matched", d.matched}, {"ours", opt(d.ours)}, {"se", opt(d.se)}, {"published", opt(d.published)},
+                 {"n", d.n}, {"n_baseline", d.n_baseline}};
+      jd["mismatch"] = d.matched ? json() : json(d.mismatch);
+      if (d.test) jd["welch"] = {{"t", d.test->t}, {"df", d.test->df}, {"p", d.test->p}};
+      jr["deltas"][m] = jd;
+    }
+    jr["notes"] = row.notes;
+    j["rows"].push_back(jr);
+  }
+  return j;
+}
+
+json audit_json(const Report& r) {
+  json j = table_json(r);
+  j["runs"] = json::array();
+  for (const auto& v : r.runs)
+    j["runs"].push_back({{"run_id", v.run_id}, {"cell", v.cell_id}, {"included", v.included},
+                         {"reason_code", v.code.empty() ? json() : json(v.code)}, {"reason", v.reason}});
+  j["agreement"] = json::array();
+  for (const auto& a : r.agreement) j["agreement"].push_back({{"metric", a.metric}, {"n", a.n}, {"spearman", opt(a.spearman)}});
+  j["sign_agreement"] = json::array();
+  for (const auto& s : r.signs) j["sign_agreement"].push_back({{"metric", s.metric}, {"n", s.n}, {"agree", s.agree}});
+  j["known_issues"] = json::array();
+  for (const auto& k : r.known_issues) j["known_issues"].push_back({{"where", k.where}, {"text", k.text}});
+  const auto failed = r.failed_main_rows();
+  j["failed_main_rows"] = failed;
+  j["pass"] = failed.empty();
+  return j;
+}
+
+std::string audit_markdown(const Report& r) {
+  std::ostringstream os;
+  os << "## Audit: " << title_line(r) << "\n\n";
+  os << "### Cells\n\n| row | role | status | included runs | excluded runs | notes |\n|---|---|---|---|---|---|\n";
+  std::map<std::string, std::vector<const RunVerdict*>> by_cell;
+  for (const auto& v : r.runs) by_cell[v.cell_id].push_back(&v);
+  for (const auto& row : r.rows) {
+    std::string inc, exc;
+    for (const auto& cid : row.cell_ids)
+      for (const RunVerdict* v : by_cell[cid]) {
+        if (v->included) inc += (inc.empty() ? "" : ", ") + v->run_id;
+        else exc += (exc.empty() ? "" : "; ") + v->run_id + ": " + v->reason;
+      }
+    std::string notes;
+    for (const auto& n : row.notes) notes += (notes.empty() ? "" : "; ") + n;
+    os << "| " << row.id << " | " << row.role << " | " << row.status << " | " << (inc.empty() ? "—" : inc) << " | "
+       << (exc.empty() ? "—" : exc) << " | " << (notes.empty() ? "—" : notes) << " |\n";
+  }
+  std::vector<const RunVerdict*> stray;
+  for (const auto& v : r.runs)
+    if (v.code == reason::not_in_plan) stray.push_back(&v);
+  if (!stray.empty()) {
+    os << "\nRuns of " << r.experiment << " outside this table:\n";
+    for (const auto* v : stray) os << "- " << v->run_id << ": " << v->reason << "\n";
+  }
+
+  os << "\n### Agreement with the paper\n\n";
+  bool any = false;
+  for (const auto& a : r.agreement) {
+    if (a.n == 0) continue;
+    any = true;
+    os << "- " << a.metric << ": Spearman ρ = " << (a.spearman ? fmt::format("{:.3f}", *a.spearman) : std::string("n/a"))
+       << " over " << a.n << " main rows\n";
+  }
+  for (const auto& s : r.signs) {
+    if (s.n == 0) continue;
+    any = true;
+    os << "- Δ " << s.metric << ": sign agrees in " << s.agree << " of " << s.n << " matched deltas\n";
+  }
+  if (!any) os << "- no row has both our value and a published one yet\n";
+
+  if (!r.known_issues.empty()) {
+    os << "\n### The paper's own inconsistencies\n\n";
+    for (const auto& k : r.known_issues) os << "- " << k.where << ": " << k.text << "\n";
+  }
+
+  const auto failed = r.failed_main_rows();
+  int main_rows = 0;
+  for (const auto& row : r.rows) main_rows += row.role == "main";
+  os << "\n### Verdict\n\n";
+  if (failed.empty()) {
+    os << "PASS: all " << main_rows << " main rows have an included run for every seed and matched baselines.\n";
+  } else {
+    os << "FAIL: " << failed.size() << " of " << main_rows << " main rows fail:";
+    for (const auto& f : failed) os << " " << f;
+    os << "\n";
+  }
+  return os.str();
+}
+
+std::string render_table(const Report& r, const std::string& format) {
+  if (format == "md" || format == "markdown") return table_markdown(r);
+  if (format == "latex" || format == "tex") return table_latex(r);
+  if (format == "csv") return table_csv(r);
+  if (format == "json") return table_json(r).dump(2) + "\n";
+  throw UserError("unknown table format '" + format + "' (choices: md, latex, csv, json)");
+}
+
+std::string render_audit(const Report& r, const std::string& format) {
+  if (format == "md" || format == "markdown") return audit_markdown(r);
+  if (format == "json") return audit_json(r).dump(2) + "\n";
+  throw UserError("unknown audit format '" + format + "' (choices: md, json)");
+}
+
+}  // namespace lar::report
