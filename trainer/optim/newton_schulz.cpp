@@ -20,15 +20,31 @@ void gemm(bool ta, bool tb, int m, int n, int k, double alpha, const double* a, 
   cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n,
               k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
+// Upper triangle of C = alpha·A·Aᵀ + beta·C (A is n × k): half the work of a GEMM.
+void syrk(int n, int k, double alpha, const float* a, int lda, double beta, float* c, int ldc) {
+  cblas_ssyrk(CblasRowMajor, CblasUpper, CblasNoTrans, n, k, static_cast<float>(alpha), a, lda,
+              static_cast<float>(beta), c, ldc);
+}
+void syrk(int n, int k, double alpha, const double* a, int lda, double beta, double* c, int ldc) {
+  cblas_dsyrk(CblasRowMajor, CblasUpper, CblasNoTrans, n, k, alpha, a, lda, beta, c, ldc);
+}
+// Copy the upper triangle of the n × n matrix c into its lower triangle.
+template <typename T>
+void mirror_upper(T* c, int n) {
+  for (int i = 1; i < n; ++i)
+    for (int j = 0; j < i; ++j) c[static_cast<std::size_t>(i) * n + j] = c[static_cast<std::size_t>(j) * n + i];
+}
 
-// One quintic step on the wide r × c matrix x (r ≤ c) into out.
-// work holds A (r×r) and B (r×r).
+// One quintic step on the wide r × c matrix x (r ≤ c) into out; A and B are r × r.
+// A = X Xᵀ and B = b·A + c·A² = b·A + c·A·Aᵀ are symmetric, so both come from SYRK.
 template <typename T>
 void iterate(const T* x, T* out, int r, int c, const std::array<double, 3>& abc, T* A, T* B) {
   const auto [a, b, cc] = abc;
-  gemm(false, true, r, r, c, 1.0, x, c, x, c, 0.0, A, r);  // A = X Xᵀ
+  syrk(r, c, 1.0, x, c, 0.0, A, r);  // A = X Xᵀ (upper)
+  mirror_upper(A, r);
   std::memcpy(B, A, sizeof(T) * static_cast<std::size_t>(r) * r);
-  gemm(false, false, r, r, r, cc, A, r, A, r, b, B, r);  // B = b·A + c·A·A
+  syrk(r, r, cc, A, r, b, B, r);  // B = b·A + c·A·Aᵀ (upper)
+  mirror_upper(B, r);
   std::memcpy(out, x, sizeof(T) * static_cast<std::size_t>(r) * c);
   gemm(false, false, r, c, r, 1.0, B, r, x, c, a, out, c);  // X' = a·X + B·X
 }

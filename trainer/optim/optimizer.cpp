@@ -203,10 +203,10 @@ void Optimizer::adamw_update(const ParamView& p, const Slot& s, float* params, c
   const float inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
   const float eps = static_cast<float>(cfg_.eps);
   const float decay = static_cast<float>(1.0 - lr * s.wd);
-  float* w = params + p.offset;
-  const float* g = grads + p.offset;
-  float* m = m_.data() + s.m_off;
-  float* v = v_.data() + s.v_off;
+  float* __restrict w = params + p.offset;
+  const float* __restrict g = grads + p.offset;
+  float* __restrict m = m_.data() + s.m_off;
+  float* __restrict v = v_.data() + s.v_off;
   for (std::size_t i = 0; i < p.size(); ++i) {
     m[i] = b1 * m[i] + (1.0f - b1) * g[i];
     v[i] = b2 * v[i] + (1.0f - b2) * g[i] * g[i];
