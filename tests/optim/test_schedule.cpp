@@ -102,3 +102,13 @@ TEST(Schedule, ConfigFromJsonAndErrors) {
   }
   EXPECT_THROW(Schedule(cfg(ScheduleName::wsd, 0, 0.2, 0), 0.001, 0), UserError);
 }
+
+TEST(Schedule, FromRunConfigUsesOptimizerLrAsPeak) {
+  const json config = {{"optimizer", {{"lr", 0.004}}},
+                       {"schedule", {{"name", "wsd"}, {"warmup_steps", 2}, {"decay_fraction", 0.5}}}};
+  const Schedule s = Schedule::from_json(config, 10);
+  EXPECT_DOUBLE_EQ(s.peak_lr(), 0.004);
+  EXPECT_DOUBLE_EQ(s.lr(0), 0.002);
+  EXPECT_EQ(*s.stable_end_step(), 5);
+  EXPECT_DOUBLE_EQ(s.lr(9), 0.0);
+}

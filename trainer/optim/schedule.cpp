@@ -45,6 +45,11 @@ Schedule::Schedule(ScheduleConfig config, double peak_lr, std::int64_t total_ste
   }
 }
 
+Schedule Schedule::from_json(const json& run_config, std::int64_t total_steps) {
+  const json full = with_defaults(run_config);
+  return Schedule(ScheduleConfig::from_json(full), full.at("optimizer").at("lr").get<double>(), total_steps);
+}
+
 double Schedule::lr(std::int64_t step) const {
   // s = 1-based count of the update being taken, clamped to [1, S].
   const std::int64_t s = std::clamp<std::int64_t>(step + 1, 1, total_);

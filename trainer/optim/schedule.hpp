@@ -35,6 +35,9 @@ class Schedule {
  public:
   // peak_lr = optimizer.lr; total_steps = S ≥ 1. Throws UserError when min_lr > peak_lr.
   Schedule(ScheduleConfig config, double peak_lr, std::int64_t total_steps);
+  // schedule.* and optimizer.lr of a run config; total_steps as resolved by the trainer
+  // (budget.steps, or budget.tokens / (batch_size·seq_len)).
+  static Schedule from_json(const json& run_config, std::int64_t total_steps);
 
   double lr(std::int64_t step) const;      // lr of the update with 0-based index `step`
   double factor(std::int64_t step) const;  // lr(step) / peak (what Optimizer::step takes)
