@@ -1,0 +1,729 @@
+// The linear-attention mixer layer (SPEC §2) around the recurrences of kernels/cpu/linear:
+//   q,k,v = projections of the normed input x
+//   optional short causal depthwise conv (width model.conv_size) + SiLU on q, k, v
+//   delta rules (deltanet, gdn, kda, gdn2): q, k L2-normalised per head; scale 1/sqrt(dk)
+//   gates (per token, per head):
+//     gla       g = logsigmoid(W₂W₁x + b₂)/16                  per key channel, rank gate_rank
+//     deltanet  β = σ(w_βᵀx)
+//     gdn       β; g = −exp(A_log)·softplus(w_aᵀx + dt_bias)   scalar
+//     kda       β; g = −exp(A_log)·softplus(W₂W₁x + dt_bias)   per key channel
+//     gdn2      g as kda; b = σ(W_b x) per key channel; w = σ(W_w x) per value channel
+//   o → per-head RMSNorm (weight [dv] shared by the heads) × SiLU(W_g x) → W_o.
+// Initialisation and the choices above are documented in docs/architectures.md.
+//
+// CPU backend only (f32 for training, f64 for the gradient checks): the elementwise parts
+// are host loops, projections go through Backend::gemm, the per-(batch, head) recurrences
+// run in parallel over the backend's threads (each one single-threaded, so deterministic).
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/error.hpp"
+#include "kernels/cpu/linear/mixers.hpp"
+#include "trainer/mixer.hpp"
+
+namespace lar::trainer::mixers {
+
+namespace {
+
+namespace lk = lar::kernels::cpu::linear;
+using kernels::DType;
+using kernels::Tensor;
+
+template <class T>
+inline T sigmoid(T x) {
+  return T(1) / (T(1) + std::exp(-x));
+}
+template <class T>
+inline T softplus(T x) {
+  return x > T(20) ? x : std::log1p(std::exp(x));
+}
+template <class T>
+inline T silu(T x) {
+  return x * sigmoid(x);
+}
+template <class T>
+inline T silu_grad(T x) {
+  T s = sigmoid(x);
+  return s * (T(1) + x * (T(1) - s));
+}
+
+template <class T>
+DType dtype_of() {
+  return sizeof(T) == 4 ? DType::f32 : DType::f64;
+}
+template <class T>
+Tensor tv(std::vector<T>& v, std::initializer_list<int64_t> shape) {
+  return Tensor(v.data(), dtype_of<T>(), shape);
+}
+
+constexpr double kNormEps = 1e-5;  // output RMSNorm
+constexpr double kL2Eps = 1e-6;    // q/k L2 normalisation: x / sqrt(Σx² + eps)
+
+// Shapes and switches of one layer, resolved from the MixerConfig.
+struct Dims {
+  lk::Mixer mixer;
+  int d = 0, H = 0, dk = 0, dv = 0, Cq = 0, Cv = 0, W = 0, rank = 0, chunk = 64;
+  bool conv = true, l2 = false;
+};
+
+// Parameter indices (into the bound vectors), -1 when the mixer has no such parameter.
+struct Slots {
+  int wq = -1, wk = -1, wv = -1, cq = -1, ck = -1, cv = -1;
+  int g1 = -1, g2 = -1, gb = -1;   // low-rank gate W₁ [r,d], W₂ [Cq,r], bias (gla)
+  int wbeta = -1, wa = -1, A_log = -1, dt_bias = -1;
+  int werase = -1, wwrite = -1;    // gdn2
+  int onorm = -1, wgate = -1, wo = -1;
+};
+
+// Decode state: recurrent S per (batch, head) and the conv tails of q, k, v.
+template <class T>
+struct LinearState : MixerState {
+  std::vector<T> S;                   // [B,H,dv,dk]
+  std::vector<T> tail_q, tail_k, tail_v;  // [B, W−1, C]
+};
+
+// Everything computed by a forward that the backward needs (host buffers, reused).
+template <class T>
+struct Cache {
+  int B = 0, T_ = 0;
+  std::vector<T> x;                      // [N,d] the layer input
+  std::vector<T> pq, pk, pv;             // projections before the conv [N,C]
+  std::vector<T> aq, ak, av;             // after conv + SiLU (= p without conv)
+  std::vector<T> rq, rk;                 // 1/‖a‖ per (token, head) for L2 norm [N,H]
+  std::vector<T> hq, hk, hv;             // per-(b,h) kernel inputs [B,H,T,·]
+  std::vector<T> hg, hbeta, hb, hw;      // per-(b,h) gates
+  std::vector<T> gpre, h1;               // gate pre-activations [N,Cq] or [N,H]; low rank [N,r]
+  std::vector<T> beta_pre, b_pre, w_pre; // [N,H], [N,Cq], [N,Cv]
+  std::vector<T> bounds;                 // chunk start states [B,H,nc,dv,dk]
+  std::vector<T> o, rstd, on, og, ypre;  // [N,Cv], [N·H], [N,Cv], [N,Cv], [N,Cv]
+};
+
+template <class T>
+class Impl {
+ public:
+  Impl(const Dims& dm, const Slots& sl, const std::vector<Tensor>& p, const std::vector<Tensor>& g)
+      : dm_(dm), sl_(sl), P_(p), G_(g) {}
+
+  // x [B,T,d] → y [B,T,d]. With st (decode) the conv tails and states are carried and
+  // updated; without, they start at zero and the cache for backward is filled.
+  void forward(kernels::Backend& be, const T* x, T* y, int B, int len, LinearState<T>* st) {
+    Cache<T>& c = c_;
+    const Dims& d = dm_;
+    const int N = B * len;
+    c.B = B;
+    c.T_ = len;
+    c.x.assign(x, x + (size_t)N * d.d);
+    Tensor X = tv(c.x, {N, d.d});
+    // projections
+    c.pq.resize((size_t)N * d.Cq);
+    c.pk.resize((size_t)N * d.Cq);
+    c.pv.resize((size_t)N * d.Cv);
+    be.gemm(X, false, P_[sl_.wq], true, tv(c.pq, {N, d.Cq}));
+    be.gemm(X, false, P_[sl_.wk], true, tv(c.pk, {N, d.Cq}));
+    be.gemm(X, false, P_[sl_.wv], true, tv(c.pv, {N, d.Cv}));
+    conv_fwd(c.pq, c.aq, sl_.cq, d.Cq, B, len, st ? &st->tail_q : nullptr);
+    conv_fwd(c.pk, c.ak, sl_.ck, d.Cq, B, len, st ? &st->tail_k : nullptr);
+    conv_fwd(c.pv, c.av, sl_.cv, d.Cv, B, len, st ? &st->tail_v : nullptr);
+    // gates
+    gates_fwd(be, X, N);
+    // gather per (b,h), L2-normalising q, k for the delta rules
+    gather(B, len);
+    // the recurrence
+    const int nc = lk::num_chunks(len, d.chunk);
+    const size_t ss = (size_t)d.dv * d.dk;
+    c.o.resize((size_t)N * d.Cv);
+    if (!st) c.bounds.resize((size_t)B * d.H * nc * ss);
+    std::vector<T> ho((size_t)B * d.H * len * d.dv);
+    const T scale = T(1) / std::sqrt(T(d.dk));
+#pragma omp parallel for schedule(static) num_threads(be.threads())
+    for (int bh = 0; bh < B * d.H; ++bh) {
+      auto in = inputs(bh, len, scale);
+      T* o = &ho[(size_t)bh * len * d.dv];
+      if (st) {
+        T* S = &st->S[(size_t)bh * ss];
+        lk::mixer_forward(d.mixer, in, lk::Form::recurrent, d.chunk, S, o, S);
+      } else {
+        lk::mixer_forward(d.mixer, in, lk::Form::chunk, d.chunk, (const T*)nullptr, o, (T*)nullptr,
+                          &c.bounds[(size_t)bh * nc * ss]);
+      }
+    }
+    for (int b = 0; b < B; ++b)
+      for (int h = 0; h < d.H; ++h)
+        for (int t = 0; t < len; ++t)
+          std::copy_n(&ho[(((size_t)b * d.H + h) * len + t) * d.dv], d.dv,
+                      &c.o[((size_t)b * len + t) * d.Cv + (size_t)h * d.dv]);
+    // output: per-head RMSNorm × SiLU(W_g x) → W_o
+    c.on.resize(c.o.size());
+    c.rstd.resize((size_t)N * d.H);
+    be.rmsnorm_fwd(tv(c.o, {N * d.H, d.dv}), P_[sl_.onorm], tv(c.on, {N * d.H, d.dv}),
+                   tv(c.rstd, {N * d.H}), kNormEps);
+    c.og.resize(c.o.size());
+    be.gemm(X, false, P_[sl_.wgate], true, tv(c.og, {N, d.Cv}));
+    c.ypre.resize(c.o.size());
+    for (size_t i = 0; i < c.ypre.size(); ++i) c.ypre[i] = c.on[i] * silu(c.og[i]);
+    be.gemm(tv(c.ypre, {N, d.Cv}), false, P_[sl_.wo], true, Tensor(y, dtype_of<T>(), {N, d.d}));
+  }
+
+  // dy [B,T,d] → dx (overwritten); parameter gradients accumulated.
+  void backward(kernels::Backend& be, const T* dy_, T* dx_) {
+    Cache<T>& c = c_;
+    const Dims& d = dm_;
+    const int B = c.B, len = c.T_, N = B * len;
+    Tensor X = tv(c.x, {N, d.d});
+    Tensor dY(const_cast<T*>(dy_), dtype_of<T>(), {N, d.d});
+    Tensor dX(dx_, dtype_of<T>(), {N, d.d});
+    // y = ypre W_oᵀ
+    be.gemm(dY, true, tv(c.ypre, {N, d.Cv}), false, G_[sl_.wo], 1.0, 1.0);
+    std::vector<T> dypre((size_t)N * d.Cv);
+    be.gemm(dY, false, P_[sl_.wo], false, tv(dypre, {N, d.Cv}));
+    // ypre = on ⊙ silu(og)
+    std::vector<T> don(dypre.size()), dog(dypre.size());
+    for (size_t i = 0; i < dypre.size(); ++i) {
+      don[i] = dypre[i] * silu(c.og[i]);
+      dog[i] = dypre[i] * c.on[i] * silu_grad(c.og[i]);
+    }
+    be.gemm(tv(dog, {N, d.Cv}), true, X, false, G_[sl_.wgate], 1.0, 1.0);
+    be.gemm(tv(dog, {N, d.Cv}), false, P_[sl_.wgate], false, dX, 1.0, 0.0);  // dx overwritten
+    std::vector<T> dO(dypre.size(), T(0));
+    be.rmsnorm_bwd(tv(c.o, {N * d.H, d.dv}), P_[sl_.onorm], tv(c.rstd, {N * d.H}),
+                   tv(don, {N * d.H, d.dv}), tv(dO, {N * d.H, d.dv}), G_[sl_.onorm]);
+    // the recurrence, per (b,h)
+    const int nc = lk::num_chunks(len, d.chunk);
+    const size_t ss = (size_t)d.dv * d.dk, nk = (size_t)len * d.dk, nv = (size_t)len * d.dv;
+    const size_t BH = (size_t)B * d.H;
+    std::vector<T> hdo(BH * nv), dq(BH * nk), dk(BH * nk), dv(BH * nv);
+    std::vector<T> dg(c.hg.size()), dbeta(c.hbeta.size()), db(c.hb.size()), dw(c.hw.size());
+    for (int b = 0; b < B; ++b)
+      for (int h = 0; h < d.H; ++h)
+        for (int t = 0; t < len; ++t)
+          std::copy_n(&dO[((size_t)b * len + t) * d.Cv + (size_t)h * d.dv], d.dv,
+                      &hdo[(((size_t)b * d.H + h) * len + t) * d.dv]);
+    const size_t gstride = c.hg.size() / BH;
+    const T scale = T(1) / std::sqrt(T(d.dk));
+#pragma omp parallel for schedule(static) num_threads(be.threads())
+    for (int bh = 0; bh < (int)BH; ++bh) {
+      auto in = inputs(bh, len, scale);
+      lk::MixerGrads<T> gr;
+      gr.dq = &dq[bh * nk];
+      gr.dk = &dk[bh * nk];
+      gr.dv = &dv[bh * nv];
+      if (!dg.empty()) gr.dg = &dg[bh * gstride];
+      if (!dbeta.empty()) gr.dbeta = &dbeta[(size_t)bh * len];
+      if (!db.empty()) gr.db = &db[bh * nk];
+      if (!dw.empty()) gr.dw = &dw[bh * nv];
+      lk::mixer_backward(d.mixer, in, lk::Form::chunk, d.chunk, (const T*)nullptr,
+                         &hdo[bh * nv], (const T*)nullptr, gr, &c.bounds[(size_t)bh * nc * ss]);
+    }
+    // scatter back to [N, C] and undo the L2 normalisation
+    std::vector<T> daq((size_t)N * d.Cq), dak((size_t)N * d.Cq), dav((size_t)N * d.Cv);
+    for (int b = 0; b < B; ++b)
+      for (int h = 0; h < d.H; ++h)
+        for (int t = 0; t < len; ++t) {
+          const size_t hi = ((size_t)b * d.H + h) * len + t, n = (size_t)b * len + t;
+          l2_bwd(&dq[hi * d.dk], &c.hq[hi * d.dk], c.rq[n * d.H + h], &daq[n * d.Cq + h * d.dk]);
+          l2_bwd(&dk[hi * d.dk], &c.hk[hi * d.dk], c.rk[n * d.H + h], &dak[n * d.Cq + h * d.dk]);
+          std::copy_n(&dv[hi * d.dv], d.dv, &dav[n * d.Cv + h * d.dv]);
+        }
+    gates_bwd(be, X, dX, N, dg, dbeta, db, dw);
+    // conv + SiLU, then the projections
+    std::vector<T> dp;
+    conv_bwd(c.pq, c.aq, daq, dp, sl_.cq, d.Cq, B, len);
+    proj_bwd(be, X, dX, dp, sl_.wq, N, d.Cq);
+    conv_bwd(c.pk, c.ak, dak, dp, sl_.ck, d.Cq, B, len);
+    proj_bwd(be, X, dX, dp, sl_.wk, N, d.Cq);
+    conv_bwd(c.pv, c.av, dav, dp, sl_.cv, d.Cv, B, len);
+    proj_bwd(be, X, dX, dp, sl_.wv, N, d.Cv);
+  }
+
+  std::unique_ptr<LinearState<T>> make_state(int B) const {
+    auto s = std::make_unique<LinearState<T>>();
+    s->S.assign((size_t)B * dm_.H * dm_.dv * dm_.dk, T(0));
+    const int w1 = std::max(dm_.W - 1, 0);
+    s->tail_q.assign((size_t)B * w1 * dm_.Cq, T(0));
+    s->tail_k.assign((size_t)B * w1 * dm_.Cq, T(0));
+    s->tail_v.assign((size_t)B * w1 * dm_.Cv, T(0));
+    return s;
+  }
+
+ private:
+  const T* par(int slot) const { return P_[slot].template ptr<T>(); }
+  T* grad(int slot) const { return G_[slot].template ptr<T>(); }
+
+  lk::MixerInputs<T> inputs(int bh, int len, T scale) const {
+    const Cache<T>& c = c_;
+    const size_t BH = (size_t)c.B * dm_.H;
+    lk::MixerInputs<T> in;
+    in.len = len;
+    in.dk = dm_.dk;
+    in.dv = dm_.dv;
+    in.q = &c.hq[(size_t)bh * len * dm_.dk];
+    in.k = &c.hk[(size_t)bh * len * dm_.dk];
+    in.v = &c.hv[(size_t)bh * len * dm_.dv];
+    if (!c.hg.empty()) in.g = &c.hg[(size_t)bh * (c.hg.size() / BH)];
+    if (!c.hbeta.empty()) in.beta = &c.hbeta[(size_t)bh * len];
+    if (!c.hb.empty()) in.b = &c.hb[(size_t)bh * len * dm_.dk];
+    if (!c.hw.empty()) in.w = &c.hw[(size_t)bh * len * dm_.dv];
+    in.scale = scale;
+    return in;
+  }
+
+  // a[t,c] = silu(Σ_i w[c,i] p[t−W+1+i, c]) per sequence; p before t=0 comes from the tail.
+  void conv_fwd(const std::vector<T>& p, std::vector<T>& a, int slot, int C, int B, int len,
+                std::vector<T>* tail) {
+    a.resize(p.size());
+    if (!dm_.conv) {
+      a = p;
+      return;
+    }
+    const int W = dm_.W;
+    const T* w = par(slot);
+    for (int b = 0; b < B; ++b) {
+      const T* pb = &p[(size_t)b * len * C];
+      T* ab = &a[(size_t)b * len * C];
+      const T* tb = tail ? &(*tail)[(size_t)b * (W - 1) * C] : nullptr;
+      for (int t = 0; t < len; ++t)
+        for (int ch = 0; ch < C; ++ch) {
+          T s = 0;
+          for (int i = 0; i < W; ++i) {
+            int src = t - W + 1 + i;
+            T x = src >= 0 ? pb[(size_t)src * C + ch]
+                           : (tb ? tb[(size_t)(W - 1 + src) * C + ch] : T(0));
+            s += w[(size_t)ch * W + i] * x;
+          }
+          ab[(size_t)t * C + ch] = silu(s);
+        }
+      if (tail) {  // keep the last W−1 inputs
+        std::vector<T> ext((size_t)(W - 1 + len) * C);
+        std::copy_n(tb, (size_t)(W - 1) * C, ext.begin());
+        std::copy_n(pb, (size_t)len * C, ext.begin() + (size_t)(W - 1) * C);
+        std::copy_n(ext.end() - (std::ptrdiff_t)(W - 1) * C, (size_t)(W - 1) * C,
+                    &(*tail)[(size_t)b * (W - 1) * C]);
+      }
+    }
+  }
+
+  // From da (gradient on the conv output) to dp (on its input), accumulating dw.
+  void conv_bwd(const std::vector<T>& p, const std::vector<T>& a, const std::vector<T>& da,
+                std::vector<T>& dp, int slot, int C, int B, int len) {
+    if (!dm_.conv) {
+      dp = da;
+      return;
+    }
+    const int W = dm_.W;
+    const T* w = par(slot);
+    T* dw = grad(slot);
+    dp.assign(p.size(), T(0));
+    std::vector<T> du(p.size());
+    for (int b = 0; b < B; ++b) {
+      const T* pb = &p[(size_t)b * len * C];
+      for (int t = 0; t < len; ++t)
+        for (int ch = 0; ch < C; ++ch) {
+          // recompute the pre-activation s (cheap) for silu'
+          T s = 0;
+          for (int i = 0; i < W; ++i) {
+            int src = t - W + 1 + i;
+            if (src >= 0) s += w[(size_t)ch * W + i] * pb[(size_t)src * C + ch];
+          }
+          du[((size_t)b * len + t) * C + ch] = da[((size_t)b * len + t) * C + ch] * silu_grad(s);
+        }
+    }
+    for (int b = 0; b < B; ++b) {
+      const T* pb = &p[(size_t)b * len * C];
+      const T* dub = &du[(size_t)b * len * C];
+      T* dpb = &dp[(size_t)b * len * C];
+      for (int t = 0; t < len; ++t)
+        for (int ch = 0; ch < C; ++ch) {
+          const T g = dub[(size_t)t * C + ch];
+          for (int i = 0; i < W; ++i) {
+            int src = t - W + 1 + i;
+            if (src < 0) continue;
+            dw[(size_t)ch * W + i] += g * pb[(size_t)src * C + ch];
+            dpb[(size_t)src * C + ch] += g * w[(size_t)ch * W + i];
+          }
+        }
+    }
+  }
+
+  // p = x Wᵀ: dW += dpᵀ x, dx += dp W.
+  void proj_bwd(kernels::Backend& be, const Tensor& X, const Tensor& dX, std::vector<T>& dp,
+                int slot, int N, int C) {
+    be.gemm(tv(dp, {N, C}), true, X, false, G_[slot], 1.0, 1.0);
+    be.gemm(tv(dp, {N, C}), false, P_[slot], false, dX, 1.0, 1.0);
+  }
+
+  // Low-rank gate f = (x W₁ᵀ) W₂ᵀ, into c.gpre ([N, Cq]); h1 cached.
+  void lowrank_fwd(kernels::Backend& be, const Tensor& X, int N) {
+    Cache<T>& c = c_;
+    c.h1.resize((size_t)N * dm_.rank);
+    c.gpre.resize((size_t)N * dm_.Cq);
+    be.gemm(X, false, P_[sl_.g1], true, tv(c.h1, {N, dm_.rank}));
+    be.gemm(tv(c.h1, {N, dm_.rank}), false, P_[sl_.g2], true, tv(c.gpre, {N, dm_.Cq}));
+  }
+  void lowrank_bwd(kernels::Backend& be, const Tensor& X, const Tensor& dX, std::vector<T>& df,
+                   int N) {
+    Cache<T>& c = c_;
+    std::vector<T> dh1((size_t)N * dm_.rank);
+    be.gemm(tv(df, {N, dm_.Cq}), true, tv(c.h1, {N, dm_.rank}), false, G_[sl_.g2], 1.0, 1.0);
+    be.gemm(tv(df, {N, dm_.Cq}), false, P_[sl_.g2], false, tv(dh1, {N, dm_.rank}));
+    be.gemm(tv(dh1, {N, dm_.rank}), true, X, false, G_[sl_.g1], 1.0, 1.0);
+    be.gemm(tv(dh1, {N, dm_.rank}), false, P_[sl_.g1], false, dX, 1.0, 1.0);
+  }
+
+  // Gate pre-activations (cached); the activated gates are written by gather().
+  void gates_fwd(kernels::Backend& be, const Tensor& X, int N) {
+    Cache<T>& c = c_;
+    const Dims& d = dm_;
+    switch (d.mixer) {
+      case lk::Mixer::gla:
+      case lk::Mixer::kda:
+      case lk::Mixer::gdn2: lowrank_fwd(be, X, N); break;
+      case lk::Mixer::gdn:
+        c.gpre.resize((size_t)N * d.H);
+        be.gemm(X, false, P_[sl_.wa], true, tv(c.gpre, {N, d.H}));
+        break;
+      default: c.gpre.clear();
+    }
+    if (lk::uses_beta(d.mixer)) {
+      c.beta_pre.resize((size_t)N * d.H);
+      be.gemm(X, false, P_[sl_.wbeta], true, tv(c.beta_pre, {N, d.H}));
+    }
+    if (d.mixer == lk::Mixer::gdn2) {
+      c.b_pre.resize((size_t)N * d.Cq);
+      c.w_pre.resize((size_t)N * d.Cv);
+      be.gemm(X, false, P_[sl_.werase], true, tv(c.b_pre, {N, d.Cq}));
+      be.gemm(X, false, P_[sl_.wwrite], true, tv(c.w_pre, {N, d.Cv}));
+    }
+  }
+
+  // log-gate value of channel ch (key channel, or head for scalar) at token n, and its
+  // derivative with respect to the pre-activation, the bias and A_log.
+  T gate_value(int n, int ch) const {
+    const Cache<T>& c = c_;
+    const int h = dm_.mixer == lk::Mixer::gdn ? ch : ch / dm_.dk;
+    const int C = dm_.mixer == lk::Mixer::gdn ? dm_.H : dm_.Cq;
+    const T f = c.gpre[(size_t)n * C + ch];
+    if (dm_.mixer == lk::Mixer::gla) return -softplus(-(f + par(sl_.gb)[ch])) / T(16);
+    return -std::exp(par(sl_.A_log)[h]) * softplus(f + par(sl_.dt_bias)[ch]);
+  }
+
+  void gather(int B, int len) {
+    Cache<T>& c = c_;
+    const Dims& d = dm_;
+    const int N = B * len;
+    const size_t BH = (size_t)B * d.H;
+    c.hq.resize(BH * len * d.dk);
+    c.hk.resize(BH * len * d.dk);
+    c.hv.resize(BH * len * d.dv);
+    c.rq.assign((size_t)N * d.H, T(1));
+    c.rk.assign((size_t)N * d.H, T(1));
+    const lk::GateKind gk = lk::gate_kind(d.mixer);
+    c.hg.resize(gk == lk::GateKind::none ? 0 : BH * len * (gk == lk::GateKind::scalar ? 1 : d.dk));
+    c.hbeta.resize(lk::uses_beta(d.mixer) ? BH * len : 0);
+    c.hb.resize(d.mixer == lk::Mixer::gdn2 ? BH * len * d.dk : 0);
+    c.hw.resize(d.mixer == lk::Mixer::gdn2 ? BH * len * d.dv : 0);
+    for (int b = 0; b < B; ++b)
+      for (int h = 0; h < d.H; ++h)
+        for (int t = 0; t < len; ++t) {
+          const size_t hi = ((size_t)b * d.H + h) * len + t, n = (size_t)b * len + t;
+          const T* aq = &c.aq[n * d.Cq + h * d.dk];
+          const T* ak = &c.ak[n * d.Cq + h * d.dk];
+          if (d.l2) {
+            T sq = 0, sk = 0;
+            for (int i = 0; i < d.dk; ++i) {
+              sq += aq[i] * aq[i];
+              sk += ak[i] * ak[i];
+            }
+            c.rq[n * d.H + h] = T(1) / std::sqrt(sq + T(kL2Eps));
+            c.rk[n * d.H + h] = T(1) / std::sqrt(sk + T(kL2Eps));
+          }
+          for (int i = 0; i < d.dk; ++i) {
+            c.hq[hi * d.dk + i] = aq[i] * c.rq[n * d.H + h];
+            c.hk[hi * d.dk + i] = ak[i] * c.rk[n * d.H + h];
+          }
+          std::copy_n(&c.av[n * d.Cv + h * d.dv], d.dv, &c.hv[hi * d.dv]);
+          if (gk == lk::GateKind::scalar) c.hg[hi] = gate_value((int)n, h);
+          if (gk == lk::GateKind::channel)
+            for (int i = 0; i < d.dk; ++i) c.hg[hi * d.dk + i] = gate_value((int)n, h * d.dk + i);
+          if (!c.hbeta.empty()) c.hbeta[hi] = sigmoid(c.beta_pre[n * d.H + h]);
+          if (!c.hb.empty())
+            for (int i = 0; i < d.dk; ++i)
+              c.hb[hi * d.dk + i] = sigmoid(c.b_pre[n * d.Cq + h * d.dk + i]);
+          if (!c.hw.empty())
+            for (int i = 0; i < d.dv; ++i)
+              c.hw[hi * d.dv + i] = sigmoid(c.w_pre[n * d.Cv + h * d.dv + i]);
+        }
+  }
+
+  // y = a·r (r = 1/sqrt(Σa²+eps)): da = r (dy − y (y·dy)). Identity when not normalised.
+  void l2_bwd(const T* dy, const T* y, T r, T* da) const {
+    if (!dm_.l2) {
+      std::copy_n(dy, dm_.dk, da);
+      return;
+    }
+    T dot = 0;
+    for (int i = 0; i < dm_.dk; ++i) dot += y[i] * dy[i];
+    for (int i = 0; i < dm_.dk; ++i) da[i] = r * (dy[i] - y[i] * dot);
+  }
+
+  void gates_bwd(kernels::Backend& be, const Tensor& X, const Tensor& dX, int N,
+                 const std::vector<T>& dg, const std::vector<T>& dbeta, const std::vector<T>& db,
+                 const std::vector<T>& dw) {
+    Cache<T>& c = c_;
+    const Dims& d = dm_;
+    const int B = c.B, len = c.T_;
+    const lk::GateKind gk = lk::gate_kind(d.mixer);
+    if (gk != lk::GateKind::none) {
+      const int C = gk == lk::GateKind::scalar ? d.H : d.Cq;
+      std::vector<T> df((size_t)N * C);
+      for (int b = 0; b < B; ++b)
+        for (int h = 0; h < d.H; ++h)
+          for (int t = 0; t < len; ++t) {
+            const size_t hi = ((size_t)b * d.H + h) * len + t, n = (size_t)b * len + t;
+            const int nch = gk == lk::GateKind::scalar ? 1 : d.dk;
+            for (int i = 0; i < nch; ++i) {
+              const int ch = gk == lk::GateKind::scalar ? h : h * d.dk + i;
+              const T gval = c.hg[hi * nch + i], dgv = dg[hi * nch + i];
+              const T f = c.gpre[n * C + ch];
+              T dfv;
+              if (d.mixer == lk::Mixer::gla) {
+                // g = logsigmoid(f + b)/16: dg/df = σ(−(f + b))/16
+                dfv = dgv * sigmoid(-(f + par(sl_.gb)[ch])) / T(16);
+                grad(sl_.gb)[ch] += dfv;
+              } else {
+                // g = −exp(A_log)·softplus(f + dt_bias)
+                const T A = std::exp(par(sl_.A_log)[h]);
+                dfv = -dgv * A * sigmoid(f + par(sl_.dt_bias)[ch]);
+                grad(sl_.dt_bias)[ch] += dfv;
+                grad(sl_.A_log)[h] += dgv * gval;
+              }
+              df[n * C + ch] = dfv;
+            }
+          }
+      if (d.mixer == lk::Mixer::gdn) {
+        be.gemm(tv(df, {N, d.H}), true, X, false, G_[sl_.wa], 1.0, 1.0);
+        be.gemm(tv(df, {N, d.H}), false, P_[sl_.wa], false, dX, 1.0, 1.0);
+      } else {
+        lowrank_bwd(be, X, dX, df, N);
+      }
+    }
+    if (!dbeta.empty()) {
+      std::vector<T> dpre((size_t)N * d.H);
+      for (int b = 0; b < B; ++b)
+        for (int h = 0; h < d.H; ++h)
+          for (int t = 0; t < len; ++t) {
+            const size_t hi = ((size_t)b * d.H + h) * len + t, n = (size_t)b * len + t;
+            const T s = c.hbeta[hi];
+            dpre[n * d.H + h] = dbeta[hi] * s * (T(1) - s);
+          }
+      be.gemm(tv(dpre, {N, d.H}), true, X, false, G_[sl_.wbeta], 1.0, 1.0);
+      be.gemm(tv(dpre, {N, d.H}), false, P_[sl_.wbeta], false, dX, 1.0, 1.0);
+    }
+    if (!db.empty()) {
+      std::vector<T> dbp((size_t)N * d.Cq), dwp((size_t)N * d.Cv);
+      for (int b = 0; b < B; ++b)
+        for (int h = 0; h < d.H; ++h)
+          for (int t = 0; t < len; ++t) {
+            const size_t hi = ((size_t)b * d.H + h) * len + t, n = (size_t)b * len + t;
+            for (int i = 0; i < d.dk; ++i) {
+              const T s = c.hb[hi * d.dk + i];
+              dbp[n * d.Cq + h * d.dk + i] = db[hi * d.dk + i] * s * (T(1) - s);
+            }
+            for (int i = 0; i < d.dv; ++i) {
+              const T s = c.hw[hi * d.dv + i];
+              dwp[n * d.Cv + h * d.dv + i] = dw[hi * d.dv + i] * s * (T(1) - s);
+            }
+          }
+      be.gemm(tv(dbp, {N, d.Cq}), true, X, false, G_[sl_.werase], 1.0, 1.0);
+      be.gemm(tv(dbp, {N, d.Cq}), false, P_[sl_.werase], false, dX, 1.0, 1.0);
+      be.gemm(tv(dwp, {N, d.Cv}), true, X, false, G_[sl_.wwrite], 1.0, 1.0);
+      be.gemm(tv(dwp, {N, d.Cv}), false, P_[sl_.wwrite], false, dX, 1.0, 1.0);
+    }
+  }
+
+  Dims dm_;
+  Slots sl_;
+  std::vector<Tensor> P_, G_;
+  Cache<T> c_;
+};
+
+// softplus⁻¹(y) = log(expm1(y)): dt_bias is initialised uniform between softplus⁻¹(1e-3)
+// and softplus⁻¹(1e-1), which makes dt = softplus(dt_bias) (almost exactly) log-uniform
+// in [1e-3, 1e-1] as in Mamba-2 / fla.
+double softplus_inv(double y) { return std::log(std::expm1(y)); }
+
+class LinearMixer final : public Mixer {
+ public:
+  explicit LinearMixer(const MixerConfig& cfg) : cfg_(cfg) {
+    auto m = lk::parse_mixer(cfg.kind);
+    if (!m) throw UserError("linear mixer: unknown architecture '" + cfg.kind + "'");
+    dm_.mixer = *m;
+    dm_.d = cfg.d_model;
+    dm_.H = cfg.n_heads;
+    dm_.dk = cfg.head_dim;
+    dm_.dv = cfg.value_dim;
+    dm_.Cq = dm_.H * dm_.dk;
+    dm_.Cv = dm_.H * dm_.dv;
+    const json& mo = cfg.model;
+    dm_.conv = mo.value("short_conv", true);
+    dm_.W = mo.value("conv_size", 4);
+    dm_.rank = mo.value("gate_rank", 16);
+    dm_.chunk = mo.value("chunk_size", 64);
+    dm_.l2 = lk::is_delta_rule(dm_.mixer);
+    if (dm_.conv && dm_.W < 1)
+      throw UserError("model.conv_size: must be ≥ 1, got " + std::to_string(dm_.W));
+    if (dm_.chunk < 1)
+      throw UserError("model.chunk_size: must be ≥ 1, got " + std::to_string(dm_.chunk));
+    if (dm_.rank < 1)
+      throw UserError("model.gate_rank: must be ≥ 1, got " + std::to_string(dm_.rank));
+    if (cfg.routing != "none")
+      throw UserError("model.routing: '" + cfg.routing +
+                      "' is not implemented for linear mixers in this build (use none)");
+    if (mo.contains("ccq") && mo["ccq"].value("enabled", false))
+      throw UserError("model.ccq.enabled: CCQ is not implemented in this build");
+    build_specs();
+  }
+
+  std::string kind() const override { return cfg_.kind; }
+  std::vector<ParamSpec> params() const override { return specs_; }
+  void bind(std::vector<Tensor> params, std::vector<Tensor> grads) override {
+    if (params.size() != specs_.size() || grads.size() != specs_.size())
+      throw RuntimeError("linear mixer: bind() got " + std::to_string(params.size()) +
+                         " tensors for " + std::to_string(specs_.size()) + " parameters");
+    params_ = std::move(params);
+    grads_ = std::move(grads);
+    f32_.reset();
+    f64_.reset();
+  }
+
+  void forward(ForwardContext& ctx, const Tensor& x, const Tensor& y, Routing&) override {
+    check_cpu(ctx.be);
+    const int B = (int)x.size(0), len = (int)x.size(1);
+    if (ctx.be.dtype() == DType::f32)
+      impl<float>().forward(ctx.be, x.ptr<float>(), y.ptr<float>(), B, len, nullptr);
+    else
+      impl<double>().forward(ctx.be, x.ptr<double>(), y.ptr<double>(), B, len, nullptr);
+  }
+  void backward(ForwardContext& ctx, const Tensor& dy, const Tensor& dx, Routing&) override {
+    check_cpu(ctx.be);
+    if (ctx.be.dtype() == DType::f32)
+      impl<float>().backward(ctx.be, dy.ptr<float>(), dx.ptr<float>());
+    else
+      impl<double>().backward(ctx.be, dy.ptr<double>(), dx.ptr<double>());
+  }
+
+  std::unique_ptr<MixerState> init_state(kernels::Backend& be, int batch, int) const override {
+    check_cpu(be);
+    if (be.dtype() == DType::f32)
+      return const_cast<LinearMixer*>(this)->impl<float>().make_state(batch);
+    return const_cast<LinearMixer*>(this)->impl<double>().make_state(batch);
+  }
+  void step(ForwardContext& ctx, const Tensor& x, const Tensor& y, MixerState& state,
+            Routing&) override {
+    check_cpu(ctx.be);
+    const int B = (int)x.size(0);
+    if (ctx.be.dtype() == DType::f32) {
+      auto* st = dynamic_cast<LinearState<float>*>(&state);
+      if (!st) throw RuntimeError("linear mixer: step() with a foreign state");
+      impl<float>().forward(ctx.be, x.ptr<float>(), y.ptr<float>(), B, 1, st);
+    } else {
+      auto* st = dynamic_cast<LinearState<double>*>(&state);
+      if (!st) throw RuntimeError("linear mixer: step() with a foreign state");
+      impl<double>().forward(ctx.be, x.ptr<double>(), y.ptr<double>(), B, 1, st);
+    }
+  }
+
+ private:
+  static void check_cpu(const kernels::Backend& be) {
+    if (be.device() != kernels::Device::cpu)
+      throw UserError("linear mixers run on the cpu backend only in this build (backend: " +
+                      be.name() + ")");
+  }
+
+  template <class T>
+  Impl<T>& impl() {
+    if (params_.empty()) throw RuntimeError("linear mixer: used before bind()");
+    if constexpr (sizeof(T) == 4) {
+      if (!f32_) f32_ = std::make_unique<Impl<float>>(dm_, sl_, params_, grads_);
+      return *f32_;
+    } else {
+      if (!f64_) f64_ = std::make_unique<Impl<double>>(dm_, sl_, params_, grads_);
+      return *f64_;
+    }
+  }
+
+  int add(ParamSpec s) {
+    specs_.push_back(std::move(s));
+    return (int)specs_.size() - 1;
+  }
+
+  void build_specs() {
+    const Dims& d = dm_;
+    const double sd = cfg_.init_std;
+    auto mat = [&](const char* name, int64_t rows, int64_t cols) {
+      return add({name, {rows, cols}, ParamKind::matrix_hidden, InitRule::Normal(sd)});
+    };
+    sl_.wq = mat("wq", d.Cq, d.d);
+    sl_.wk = mat("wk", d.Cq, d.d);
+    sl_.wv = mat("wv", d.Cv, d.d);
+    if (d.conv) {
+      // PyTorch's Conv1d default for a depthwise conv: U(±1/sqrt(width)).
+      const double bound = 1.0 / std::sqrt((double)d.W);
+      auto conv = [&](const char* name, int64_t C) {
+        return add({name, {C, d.W}, ParamKind::scalar, InitRule::Uniform(-bound, bound)});
+      };
+      sl_.cq = conv("conv_q", d.Cq);
+      sl_.ck = conv("conv_k", d.Cq);
+      sl_.cv = conv("conv_v", d.Cv);
+    }
+    const lk::Mixer m = d.mixer;
+    if (m == lk::Mixer::gla || m == lk::Mixer::kda || m == lk::Mixer::gdn2) {
+      sl_.g1 = mat("gate_w1", d.rank, d.d);
+      sl_.g2 = mat("gate_w2", d.Cq, d.rank);
+    }
+    if (m == lk::Mixer::gla)
+      sl_.gb = add({"gate_bias", {d.Cq}, ParamKind::bias, InitRule::Constant(0.0)});
+    if (lk::uses_beta(m)) sl_.wbeta = mat("w_beta", d.H, d.d);
+    if (m == lk::Mixer::gdn) sl_.wa = mat("w_a", d.H, d.d);
+    if (m == lk::Mixer::gdn || m == lk::Mixer::kda || m == lk::Mixer::gdn2) {
+      sl_.A_log = add({"A_log", {d.H}, ParamKind::scalar, InitRule::Uniform(0.0, std::log(16.0))});
+      const int64_t n = m == lk::Mixer::gdn ? d.H : d.Cq;
+      sl_.dt_bias = add({"dt_bias", {n}, ParamKind::scalar,
+                         InitRule::Uniform(softplus_inv(1e-3), softplus_inv(1e-1))});
+    }
+    if (m == lk::Mixer::gdn2) {
+      sl_.werase = mat("w_erase", d.Cq, d.d);
+      sl_.wwrite = mat("w_write", d.Cv, d.d);
+    }
+    sl_.onorm = add({"o_norm", {d.dv}, ParamKind::norm, InitRule::Constant(1.0)});
+    sl_.wgate = mat("w_gate", d.Cv, d.d);
+    sl_.wo = mat("wo", d.d, d.Cv);
+  }
+
+  MixerConfig cfg_;
+  Dims dm_;
+  Slots sl_;
+  std::vector<ParamSpec> specs_;
+  std::vector<Tensor> params_, grads_;
+  std::unique_ptr<Impl<float>> f32_;
+  std::unique_ptr<Impl<double>> f64_;
+};
+
+MixerFactory factory() {
+  return [](const MixerConfig& c) { return std::make_unique<LinearMixer>(c); };
+}
+
+const MixerRegistration reg_linear{"linear", factory()};
+const MixerRegistration reg_gla{"gla", factory()};
+const MixerRegistration reg_deltanet{"deltanet", factory()};
+const MixerRegistration reg_gdn{"gdn", factory()};
+const MixerRegistration reg_kda{"kda", factory()};
+const MixerRegistration reg_gdn2{"gdn2", factory()};
+
+}  // namespace
+
+}  // namespace lar::trainer::mixers
