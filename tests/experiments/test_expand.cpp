@@ -1,0 +1,327 @@
+// Expansion semantics of experiment specs (docs/specs.md): grid, conditional axes, zip,
+// exclude/include, extends, scales, roles, baselines, reference values, ids, hashes.
+#include <algorithm>
+
+#include "core/config_schema.hpp"
+#include "core/hash.hpp"
+#include "experiments/ids.hpp"
+#include "spec_fixture.hpp"
+
+using namespace lar;
+using namespace lar::experiments;
+using lar::experiments::testing::ids;
+using lar::experiments::testing::SpecDir;
+using V = std::vector<std::string>;
+
+namespace {
+
+const Cell& cell(const Plan& p, const std::string& id) {
+  for (const auto& c : p.cells)
+    if (c.id == id) return c;
+  throw std::runtime_error("no cell " + id);
+}
+
+const char* kTable2 = R"(name: laa-table2
+description: "LAA Table 2"
+base:
+  model: {n_layers: 20, d_model: 1024, n_heads: 16}
+  optimizer: {weight_decay: 0.1}
+matrix:
+  architecture: [softmax, deltanet, gdn, kda, gdn2]
+  optimizer: [adamw, muon]
+  stack: {by: architecture, softmax: [dense], default: [hybrid, pure]}
+  lr: {by: optimizer, adamw: [1.0e-3], muon: [3.0e-4]}
+  seed: [0]
+exclude:
+  - {architecture: kda, stack: pure}
+include:
+  - {architecture: gdn, optimizer: adamw, stack: pure, lr: 3.0e-3}
+scales:
+  smoke: {base: {model: {n_layers: 2, d_model: 64}, budget: {steps: 60}}}
+  paper: {base: {model: {n_layers: 20}}, matrix: {seed: [0, 1]}}
+default_scale: smoke
+)";
+
+}  // namespace
+
+TEST(Expand, GridCounts) {
+  SpecDir d;
+  Plan p = d.load("name: g\nmatrix:\n  lr: [1e-3, 3e-4, 1e-4]\n  seed: [0, 1]\n  warmup: [0, 100]\n");
+  EXPECT_EQ(p.cells.size(), 12u);
+  EXPECT_EQ(p.experiment, "g");
+  EXPECT_EQ(p.scale, "");
+  EXPECT_EQ(p.cells.front().id, "lr1e-3.s0.warmup0");
+  EXPECT_EQ(p.cells.back().id, "lr1e-4.s1.warmup100");
+  EXPECT_EQ(p.cells[1].config["schedule"]["warmup_steps"], 100);
+  EXPECT_EQ(p.cells[1].config["optimizer"]["lr"], 1e-3);
+  // Axis order and values are kept per cell.
+  ASSERT_EQ(p.cells[1].axes.size(), 3u);
+  EXPECT_EQ(p.cells[1].axes[0].first, "lr");
+  EXPECT_EQ(p.cells[1].axes[2].second, 100);
+  EXPECT_EQ(p.meta["axes"], json::array({"lr", "seed", "warmup"}));
+}
+
+TEST(Expand, NoMatrixIsOneBaseCell) {
+  SpecDir d;
+  Plan p = d.load("name: one\nbase: {budget: {steps: 5}}\n");
+  ASSERT_EQ(ids(p), V{"base"});
+  EXPECT_EQ(p.cells[0].config["budget"]["steps"], 5);
+  EXPECT_TRUE(p.cells[0].axes.empty());
+}
+
+TEST(Expand, Table2ConditionalAxesExcludeInclude) {
+  SpecDir d;
+  Plan p = d.load(kTable2);
+  EXPECT_EQ(p.scale, "smoke");
+  // softmax: 2 optimizers × dense; 4 linear × 2 optimizers × 2 stacks; − kda pure (2); + 1 include
+  EXPECT_EQ(p.cells.size(), 2u + 16u - 2u + 1u);
+  EXPECT_EQ(p.cells[0].id, "softmax.adamw.dense.lr1e-3.s0");
+  EXPECT_EQ(p.cells[1].id, "softmax.muon.dense.lr3e-4.s0");
+  EXPECT_EQ(p.cells.back().id, "gdn.adamw.pure.lr3e-3.s0");
+  EXPECT_EQ(cell(p, "gdn.muon.hybrid.lr3e-4.s0").config["optimizer"]["lr"], 3e-4);
+  EXPECT_EQ(cell(p, "gdn.muon.hybrid.lr3e-4.s0").config["model"]["stack"], "hybrid");
+  for (const auto& c : p.cells) EXPECT_EQ(c.id.find("kda.adamw.pure"), std::string::npos) << c.id;
+  // Scale overrides base; base overrides defaults; defaults fill the rest.
+  const Cell& c = p.cells[0];
+  EXPECT_EQ(c.config["model"]["n_layers"], 2);
+  EXPECT_EQ(c.config["model"]["d_model"], 64);
+  EXPECT_EQ(c.config["model"]["n_heads"], 16);
+  EXPECT_EQ(c.config["budget"]["steps"], 60);
+  EXPECT_EQ(c.config["optimizer"]["beta1"], 0.9);
+  EXPECT_TRUE(p.warnings.empty());
+  EXPECT_EQ(p.meta["description"], "LAA Table 2");
+  EXPECT_EQ(p.meta["scales"], json::array({"smoke", "paper"}));
+}
+
+TEST(Expand, ScaleOverridesMatrixAxes) {
+  SpecDir d;
+  Plan p = d.load(kTable2, "paper");
+  EXPECT_EQ(p.scale, "paper");
+  EXPECT_EQ(p.cells.size(), 2 * (2u + 16u - 2u) + 2u);  // seeds [0, 1] (include too)
+  EXPECT_EQ(p.cells[0].config["model"]["n_layers"], 20);
+  EXPECT_EQ(p.cells[0].config["model"]["d_model"], 1024);
+  EXPECT_EQ(p.cells[1].id, "softmax.adamw.dense.lr1e-3.s1");
+}
+
+TEST(Expand, ConditionalValuesFollowTheirAxis) {
+  SpecDir d;
+  Plan p = d.load(R"(name: c
+matrix:
+  optimizer: [adamw, muon, normuon]
+  lr: {by: optimizer, adamw: [1e-3, 2e-3], default: [3e-4]}
+)");
+  EXPECT_EQ(ids(p), (V{"adamw.lr1e-3", "adamw.lr2e-3", "muon.lr3e-4", "normuon.lr3e-4"}));
+}
+
+TEST(Expand, ZipAdvancesTogether) {
+  SpecDir d;
+  Plan p = d.load(R"(name: z
+matrix:
+  lr: [1e-3, 3e-4, 1e-4]
+  seed: [0, 1]
+  schedule.warmup_steps: [100, 200, 300]
+zip: [[lr, schedule.warmup_steps]]
+)");
+  EXPECT_EQ(ids(p), (V{"lr1e-3.s0.warmup_steps100", "lr1e-3.s1.warmup_steps100", "lr3e-4.s0.warmup_steps200",
+                       "lr3e-4.s1.warmup_steps200", "lr1e-4.s0.warmup_steps300", "lr1e-4.s1.warmup_steps300"}));
+  EXPECT_EQ(p.cells[2].config["schedule"]["warmup_steps"], 200);
+}
+
+TEST(Expand, ZipWithConditionalLists) {
+  SpecDir d;
+  Plan p = d.load(R"(name: z
+matrix:
+  optimizer: [adamw, muon]
+  lr: {by: optimizer, adamw: [1e-3, 2e-3], muon: [3e-4]}
+  warmup: {by: optimizer, adamw: [10, 20], muon: [30]}
+zip: [[lr, warmup]]
+)");
+  EXPECT_EQ(ids(p), (V{"adamw.lr1e-3.warmup10", "adamw.lr2e-3.warmup20", "muon.lr3e-4.warmup30"}));
+}
+
+TEST(Expand, ExcludeAndIncludeWithOverrides) {
+  SpecDir d;
+  Plan p = d.load(R"(name: e
+matrix:
+  lr: [1e-3, 3e-4]
+  seed: [0, 1, 2]
+exclude:
+  - {lr: 3e-4, seed: [1, 2]}
+include:
+  - {lr: 1e-2, seed: 0}
+  - {lr: 1e-3, model.n_layers: 4}
+)");
+  EXPECT_EQ(ids(p), (V{"lr1e-3.s0", "lr1e-3.s1", "lr1e-3.s2", "lr3e-4.s0", "lr0.01.s0", "lr1e-3.s0.n_layers4",
+                       "lr1e-3.s1.n_layers4", "lr1e-3.s2.n_layers4"}));
+  EXPECT_EQ(cell(p, "lr1e-3.s1.n_layers4").config["model"]["n_layers"], 4);
+  EXPECT_EQ(cell(p, "lr0.01.s0").config["optimizer"]["lr"], 0.01);
+}
+
+TEST(Expand, ExcludeMatchingNothingWarns) {
+  SpecDir d;
+  Plan p = d.load("name: w\nmatrix:\n  seed: [0, 1]\nexclude:\n  - {seed: 5}\n");
+  EXPECT_EQ(p.cells.size(), 2u);
+  ASSERT_EQ(p.warnings.size(), 1u);
+  EXPECT_EQ(d.strip(p.warnings[0]), "spec.yaml:5:5: warning: exclude[0] matches no cell");
+}
+
+TEST(Expand, ExtendsDeepMergesMapsAndReplacesLists) {
+  SpecDir d;
+  d.write("common/base.yaml", R"(name: parent
+description: from the parent
+base:
+  model: {n_layers: 4, d_model: 128}
+  optimizer: {lr: 1e-3, ns_coefficients: [1, 2, 3]}
+matrix:
+  seed: [0, 1, 2]
+  lr: [1e-3, 1e-4]
+)");
+  auto spec = d.write("sub/child.yaml", R"(extends: ../common/base.yaml
+name: child
+base:
+  model: {d_model: 256}
+  optimizer: {ns_coefficients: [4, 5]}
+matrix:
+  seed: [7]
+)");
+  Plan p = load_plan(spec, "");
+  EXPECT_EQ(p.experiment, "child");
+  EXPECT_EQ(p.meta["description"], "from the parent");
+  EXPECT_EQ(ids(p), (V{"s7.lr1e-3", "s7.lr1e-4"}));  // lists replace; axis keeps its place
+  const json& c = p.cells[0].config;
+  EXPECT_EQ(c["model"]["n_layers"], 4);    // kept from the parent (maps merge)
+  EXPECT_EQ(c["model"]["d_model"], 256);   // overridden
+  EXPECT_EQ(c["optimizer"]["ns_coefficients"], json::array({4.0, 5.0}));  // replaced, not merged
+}
+
+TEST(Expand, ExtendsChains) {
+  SpecDir d;
+  d.write("a.yaml", "name: a\nbase: {model: {n_layers: 3}}\n");
+  d.write("b.yaml", "extends: a.yaml\nbase: {model: {d_model: 96}}\n");
+  auto spec = d.write("c.yaml", "extends: b.yaml\nname: c\n");
+  Plan p = load_plan(spec, "");
+  EXPECT_EQ(p.cells[0].config["model"]["n_layers"], 3);
+  EXPECT_EQ(p.cells[0].config["model"]["d_model"], 96);
+}
+
+TEST(Expand, RolesLaterRulesWin) {
+  SpecDir d;
+  Plan p = d.load(R"(name: r
+matrix:
+  architecture: [gdn]
+  stack: [hybrid]
+  routing: [none, cler, clvr]
+roles:
+  - {match: {routing: [cler, clvr]}, role: exploratory}
+  - {match: {routing: clvr}, role: main}
+)");
+  EXPECT_EQ(cell(p, "gdn.hybrid.none").role, "main");
+  EXPECT_EQ(cell(p, "gdn.hybrid.cler").role, "exploratory");
+  EXPECT_EQ(cell(p, "gdn.hybrid.clvr").role, "main");
+}
+
+TEST(Expand, BaselinesLinkToTheReplacedCell) {
+  SpecDir d;
+  Plan p = d.load(R"(name: b
+matrix:
+  architecture: [gdn, deltanet]
+  stack: [hybrid]
+  routing: [none, cler, clvr]
+baselines:
+  - {match: {routing: [cler, clvr]}, baseline: {routing: none}}
+)");
+  EXPECT_EQ(cell(p, "gdn.hybrid.cler").baseline, "gdn.hybrid.none");
+  EXPECT_EQ(cell(p, "deltanet.hybrid.clvr").baseline, "deltanet.hybrid.none");
+  EXPECT_FALSE(cell(p, "gdn.hybrid.none").baseline.has_value());
+  json rc = cell(p, "gdn.hybrid.cler").run_config_json();
+  EXPECT_EQ(rc["baseline"], "gdn.hybrid.none");
+  EXPECT_EQ(rc["cell_id"], "gdn.hybrid.cler");
+  EXPECT_EQ(rc["experiment"], "b");
+  EXPECT_EQ(rc["axes"], json({{"architecture", "gdn"}, {"stack", "hybrid"}, {"routing", "cler"}}));
+  EXPECT_EQ(rc["role"], "main");
+  EXPECT_EQ(rc["hash"], cell(p, "gdn.hybrid.cler").hash);
+  EXPECT_EQ(rc["config"]["model"]["routing"], "cler");
+  EXPECT_TRUE(cell(p, "gdn.hybrid.none").run_config_json()["baseline"].is_null());
+}
+
+TEST(Expand, ReferenceValuesAttachToMatchingCells) {
+  SpecDir d;
+  Plan p = d.load(R"(name: ref
+matrix:
+  architecture: [softmax, gdn]
+  stack: {by: architecture, softmax: [dense], default: [hybrid]}
+  seed: [0, 1]
+reference:
+  source: {paper: laa, table: "Table 2", page: 12}
+  metrics: [saturation_loss, final_loss]
+  rows:
+    - {match: {architecture: softmax, stack: dense}, values: [2.587, 2.413]}
+    - {match: {architecture: gdn}, values: [2.464, null]}
+    - {match: {architecture: kda}, values: [1, 2]}
+)");
+  EXPECT_EQ(cell(p, "softmax.dense.s1").reference, json({{"saturation_loss", 2.587}, {"final_loss", 2.413}}));
+  EXPECT_EQ(cell(p, "gdn.hybrid.s0").reference["saturation_loss"], 2.464);
+  EXPECT_TRUE(cell(p, "gdn.hybrid.s0").reference["final_loss"].is_null());
+  EXPECT_EQ(p.meta["reference"]["metrics"], json::array({"saturation_loss", "final_loss"}));
+  EXPECT_EQ(p.meta["reference"]["source"]["page"], 12);
+  ASSERT_EQ(p.warnings.size(), 1u);
+  EXPECT_EQ(d.strip(p.warnings[0]), "spec.yaml:12:7: warning: reference.rows[2] matches no cell");
+}
+
+TEST(Ids, NumberFormatting) {
+  EXPECT_EQ(id_number(3e-4), "3e-4");
+  EXPECT_EQ(id_number(0.0003), "3e-4");
+  EXPECT_EQ(id_number(1e-3), "1e-3");
+  EXPECT_EQ(id_number(0.01), "0.01");
+  EXPECT_EQ(id_number(2.5), "2.5");
+  EXPECT_EQ(id_number(1000.0), "1e3");
+  EXPECT_EQ(id_number(1.5e-4), "1.5e-4");
+  EXPECT_EQ(id_part("seed", "seed", 3), "s3");
+  EXPECT_EQ(id_part("ccq", "model.ccq.enabled", true), "ccq");
+  EXPECT_EQ(id_part("ccq", "model.ccq.enabled", false), "noccq");
+  EXPECT_EQ(id_part("data.path", "data.path", "a b/c"), "a_b_c");
+  EXPECT_EQ(id_part("eval.lengths", "eval.lengths", json::array({1024, 2048})), "lengths1024-2048");
+}
+
+// ---------------------------------------------------------------- hashing
+
+TEST(Hash, GoldenCanonicalDump) {
+  // A fixed config literal: its canonical text and SHA-256 must never change (hashes
+  // identify runs across machines and versions).
+  json cfg = json::parse(R"({"seed": 0, "optimizer": {"name": "muon", "lr": 0.0003}, "model": {"architecture": "gdn", "n_layers": 2}})");
+  EXPECT_EQ(canonical_dump(cfg),
+            R"({"model":{"architecture":"gdn","n_layers":2},"optimizer":{"lr":0.0003,"name":"muon"},"seed":0})");
+  EXPECT_EQ(sha256_hex(canonical_dump(cfg)), "067ca58f8c0ebd89f60752c75fb1396b7c504b9cd6ef52a02cd05a56a60145fb");
+}
+
+TEST(Hash, CellHashIsSha256OfCanonicalConfig) {
+  SpecDir d;
+  Plan p = d.load(kTable2);
+  for (const auto& c : p.cells) {
+    EXPECT_EQ(c.hash, sha256_hex(canonical_dump(c.config))) << c.id;
+    EXPECT_EQ(c.config, with_defaults(c.config)) << c.id;
+    EXPECT_TRUE(validate_config(c.config).empty()) << c.id;
+    EXPECT_EQ(c.short_hash(), c.hash.substr(0, 12));
+  }
+}
+
+TEST(Hash, KeyOrderAndNumberSpellingDoNotMatter) {
+  SpecDir d;
+  Plan a = d.load("name: h\nbase:\n  model: {n_layers: 2, d_model: 64}\n  optimizer: {lr: 3e-4, weight_decay: 0}\n");
+  Plan b = d.load("name: h\nbase:\n  optimizer: {weight_decay: 0.0, lr: 0.0003}\n  model: {d_model: 64.0, n_layers: 2}\n");
+  Plan c = d.load("name: h\nbase:\n  optimizer: {lr: 3.0e-4, weight_decay: 0.0e0}\n  model: {d_model: 64, n_layers: +2}\n");
+  EXPECT_EQ(a.cells[0].hash, b.cells[0].hash);
+  EXPECT_EQ(a.cells[0].hash, c.cells[0].hash);
+  Plan e = d.load("name: h\nbase:\n  optimizer: {lr: 3.1e-4, weight_decay: 0}\n  model: {n_layers: 2, d_model: 64}\n");
+  EXPECT_NE(a.cells[0].hash, e.cells[0].hash);
+  // The same config reached through an axis or through base hashes the same.
+  Plan f = d.load("name: h\nbase:\n  model: {n_layers: 2, d_model: 64}\n  optimizer: {weight_decay: 0}\nmatrix:\n  lr: [3e-4]\n");
+  EXPECT_EQ(a.cells[0].hash, f.cells[0].hash);
+}
+
+TEST(Hash, ExperimentNameAndIdAreNotPartOfTheHash) {
+  SpecDir d;
+  Plan a = d.load("name: one\nmatrix:\n  seed: [1]\n");
+  Plan b = d.load("name: two\nbase: {seed: 1}\n");
+  EXPECT_EQ(a.cells[0].hash, b.cells[0].hash);
+}
