@@ -1,0 +1,70 @@
+#pragma once
+// The CPU reference backend: T = float for training, T = double for finite-difference
+// gradient checks. GEMMs through OpenBLAS (kept single-threaded; we split the output
+// across our own OpenMP threads so one thread pool owns the cores), everything else in
+// plain loops over a fixed partition of rows. Deterministic for a fixed thread count.
+#include "kernels/backend.hpp"
+
+namespace lar::kernels::cpu {
+
+template <class T>
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(int threads);
+  Device device() const override { return Device::cpu; }
+  DType dtype() const override;
+  std::string name() const override;
+  int threads() const override { return threads_; }
+
+  void* alloc_bytes(std::size_t bytes) override;
+  void free_bytes(void* p) override;
+  void upload(const void* host, const Tensor& dst) override;
+  void download(const Tensor& src, void* host) override;
+  void zero(const Tensor& t) override;
+  void fill(const Tensor& t, double value) override;
+  void copy(const Tensor& src, const Tensor& dst) override;
+
+  void gemm(const Tensor& A, bool ta, const Tensor& B, bool tb, const Tensor& C, double alpha = 1.0,
+            double beta = 0.0) override;
+  void gemm_batched(const Tensor& A, bool ta, const Tensor& B, bool tb, const Tensor& C, int64_t batches,
+                    double alpha = 1.0, double beta = 0.0) override;
+  void axpy(double alpha, const Tensor& x, const Tensor& y) override;
+  double sum_squares(const Tensor& x) override;
+  bool all_finite(const Tensor& x) override;
+
+  void embedding_fwd(const Tensor& ids, const Tensor& table, const Tensor& out) override;
+  void embedding_bwd(const Tensor& ids, const Tensor& dout, const Tensor& dtable) override;
+  void rmsnorm_fwd(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& rstd,
+                   double eps) override;
+  void rmsnorm_bwd(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
+                   const Tensor& dx, const Tensor& dw) override;
+  void swiglu_fwd(const Tensor& gu, const Tensor& h) override;
+  void swiglu_bwd(const Tensor& gu, const Tensor& dh, const Tensor& dgu) override;
+  void rope_fwd(const Tensor& x, double base, int64_t pos0 = 0) override;
+  void rope_bwd(const Tensor& dx, double base, int64_t pos0 = 0) override;
+  void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                     const Tensor& lse, double scale, int64_t window) override;
+  void attention_bwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                     const Tensor& lse, const Tensor& dout, const Tensor& dq, const Tensor& dk,
+                     const Tensor& dv, double scale, int64_t window) override;
+  double cross_entropy_fwd(const Tensor& logits, const Tensor& targets, const Tensor& mask,
+                           const Tensor& losses, const Tensor& argmax) override;
+  void cross_entropy_bwd(const Tensor& logits, const Tensor& targets, const Tensor& mask,
+                         double grad_scale, const Tensor& dlogits) override;
+
+  // Seconds spent inside gemm()/gemm_batched() since construction (lar bench train).
+  double gemm_seconds() const { return gemm_seconds_; }
+
+ private:
+  void rope(const Tensor& x, double base, int64_t pos0, double sign);
+  int threads_;
+  double gemm_seconds_ = 0;
+};
+
+// Single-threaded strided GEMM on raw pointers (row-major), for kernels that run inside
+// their own parallel loop: C[M,N] = alpha·op(A)·op(B) + beta·C.
+template <class T>
+void gemm_raw(bool ta, bool tb, int M, int N, int K, T alpha, const T* A, int lda, const T* B, int ldb,
+              T beta, T* C, int ldc);
+
+}  // namespace lar::kernels::cpu
