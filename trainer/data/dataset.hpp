@@ -15,6 +15,11 @@ struct Batch {
   std::vector<int32_t> inputs;     // batch·seq_len token ids
   std::vector<int32_t> targets;    // next tokens, batch·seq_len
   std::vector<float> loss_mask;    // 1 where the loss counts (all 1 for LM; query positions for tasks)
+  // Synthetic tasks: which answer each position belongs to (-1: none), batch·seq_len; an
+  // answer is right when every one of its positions is predicted right. Empty for LM.
+  std::vector<int32_t> answer_id;
+  std::vector<int32_t> answer_kind;  // per answer: a task-specific category (SKO: 0 kept, 1 overwritten)
+  int num_answers() const { return static_cast<int>(answer_kind.size()); }
 };
 
 class Dataset {
