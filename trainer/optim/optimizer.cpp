@@ -313,6 +313,7 @@ void Optimizer::load_state(const std::string& blob) {
   } catch (const json::exception& e) {
     throw RuntimeError(std::string("optimizer state: corrupt header: ") + e.what());
   }
+  if (!header.is_object()) throw RuntimeError("optimizer state: corrupt header (not a JSON object)");
   const json expected = state_header(cfg_, params_, 0, m_.size(), v_.size());
   for (const char* key : {"format", "version", "optimizer", "params", "m_len", "v_len"})
     if (header.value(key, json()) != expected.at(key))
