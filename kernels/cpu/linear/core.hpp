@@ -41,6 +41,10 @@ struct CoreInputs {
   const T* g = nullptr;  // log-gates: [len] (scalar) or [len, dk] (channel); unused for none
   GateKind gate = GateKind::none;
   T scale = 1;
+  // Channel gates: in-chunk decay spans up to this use the factored GEMM form, larger ones
+  // the pairwise exp(G_t − G_j) loops. 0 = default (40 in fp32, 300 in fp64); a negative
+  // value forces the pairwise form (tests cover both).
+  double factor_span = 0;
 };
 
 // Gradient outputs (overwritten, not accumulated). Any pointer may be nullptr when that
@@ -95,9 +99,19 @@ template <class T>
 struct ChunkWork {
   int n = 0, dk = 0, dv = 0, gw = 1;  // gw: gate width (dk for channel gates, else 1)
   std::vector<T> G, expG, decay_end, Qt, Et, Kh, A, P, QK, EK, U;
+  // Channel gates whose in-chunk decay span is moderate go through GEMMs: with a per-channel
+  // reference r (the middle of the span), exp(G_t − G_j) = exp(G_t − r)·exp(r − G_j), each
+  // factor within exp(±span/2), so nothing overflows and every product keeps full relative
+  // precision. Stronger decays fall back to the pairwise exp(G_t − G_j) loops.
+  bool factored = false;
+  std::vector<T> fq, fk, Qb, Kb, Eb;  // exp(G − r), exp(r − G), q̄, k̄, ē   [n, dk]
+
+  // Largest in-chunk decay span for which the factored form is used.
+  static constexpr double max_span() { return sizeof(T) == 4 ? 40.0 : 300.0; }
 
   void compute(const CoreInputs<T>& in, int start, int len_chunk, const T* S0) {
     n = len_chunk;
+    factored = false;
     dk = in.dk;
     dv = in.dv;
     gw = in.gate == GateKind::channel ? dk : 1;
@@ -144,6 +158,36 @@ struct ChunkWork {
           if (e && j < t) A[(std::size_t)t * n + j] = EK[(std::size_t)t * n + j] * m;
         }
     } else {
+      factored = true;
+      for (int c = 0; c < dk && factored; ++c)
+        factored = G[c] - G[(std::size_t)(n - 1) * dk + c] <=
+                   T(in.factor_span == 0 ? max_span() : in.factor_span);
+    }
+    if (gw > 1 && factored) {
+      fq.resize((std::size_t)n * dk);
+      fk.resize((std::size_t)n * dk);
+      Qb.resize((std::size_t)n * dk);
+      Kb.resize((std::size_t)n * dk);
+      Eb.assign(e ? (std::size_t)n * dk : 0, T(0));
+      for (int t = 0; t < n; ++t)
+        for (int c = 0; c < dk; ++c) {
+          std::size_t i = (std::size_t)t * dk + c;
+          T r = (G[c] + G[(std::size_t)(n - 1) * dk + c]) / T(2);
+          fq[i] = std::exp(G[i] - r);
+          fk[i] = std::exp(r - G[i]);
+          Qb[i] = q[i] * fq[i];
+          Kb[i] = k[i] * fk[i];
+          if (e) Eb[i] = e[i] * fq[i];
+        }
+      gemm(false, true, n, n, dk, T(1), Qb.data(), dk, Kb.data(), dk, T(0), P.data(), n);
+      for (int t = 0; t < n; ++t)
+        for (int j = t + 1; j < n; ++j) P[(std::size_t)t * n + j] = T(0);
+      if (e) {
+        gemm(false, true, n, n, dk, T(1), Eb.data(), dk, Kb.data(), dk, T(0), A.data(), n);
+        for (int t = 0; t < n; ++t)
+          for (int j = t; j < n; ++j) A[(std::size_t)t * n + j] = T(0);
+      }
+    } else if (gw > 1) {
       std::vector<T> ex(dk);
       for (int t = 0; t < n; ++t) {
         const T* Gt = &G[(std::size_t)t * dk];
@@ -456,6 +500,26 @@ void chunk_backward(const CoreInputs<T>& in, int chunk, const T* S0, const T* dO
         for (int t = 0; t < n; ++t) tmp[(std::size_t)t * n + t] = T(0);
         gemm(false, false, n, dk, n, T(1), tmp.data(), n, k, dk, T(1), de.data(), dk);
         gemm(true, false, n, dk, n, T(1), tmp.data(), n, e, dk, T(1), dkk.data(), dk);
+      }
+    } else if (w.factored) {
+      // P = Q̄ K̄ᵀ, A = Ē K̄ᵀ (masked): dQ̄ = dP K̄, dĒ = dA K̄, dK̄ = dPᵀ Q̄ + dAᵀ Ē
+      std::vector<T> dQb((std::size_t)n * dk, T(0)), dKb((std::size_t)n * dk, T(0)),
+          dEb(has_e ? (std::size_t)n * dk : 0, T(0));
+      gemm(false, false, n, dk, n, T(1), dP.data(), n, w.Kb.data(), dk, T(0), dQb.data(), dk);
+      gemm(true, false, n, dk, n, T(1), dP.data(), n, w.Qb.data(), dk, T(0), dKb.data(), dk);
+      if (has_e) {
+        gemm(false, false, n, dk, n, T(1), dA.data(), n, w.Kb.data(), dk, T(0), dEb.data(), dk);
+        gemm(true, false, n, dk, n, T(1), dA.data(), n, w.Eb.data(), dk, T(1), dKb.data(), dk);
+      }
+      for (std::size_t i = 0; i < (std::size_t)n * dk; ++i) {
+        dq[i] += dQb[i] * w.fq[i];
+        dkk[i] += dKb[i] * w.fk[i];
+        T x = dQb[i] * w.Qb[i] - dKb[i] * w.Kb[i];
+        if (has_e) {
+          de[i] += dEb[i] * w.fq[i];
+          x += dEb[i] * w.Eb[i];
+        }
+        dG[i] += x;
       }
     } else {
       std::vector<T> ex(dk);

@@ -69,6 +69,7 @@ struct MixerInputs {
   const T* b = nullptr;     // gdn2 erase gate [len, dk]
   const T* w = nullptr;     // gdn2 write gate [len, dv]
   T scale = 1;
+  double factor_span = 0;   // see CoreInputs::factor_span
 };
 
 // Gradient outputs, overwritten; nullptr = not wanted. Only the gradients of inputs the
@@ -116,6 +117,7 @@ Prepared<T> prepare(Mixer m, const MixerInputs<T>& in) {
   c.g = in.g;
   c.gate = gate_kind(m);
   c.scale = in.scale;
+  c.factor_span = in.factor_span;
   if (uses_beta(m)) {
     p.e.resize(nk);
     p.z.resize(nv);
