@@ -274,6 +274,8 @@ std::optional<RunRecord> Registry::run(const std::string& id) {
   if (auto rows = fetch("r.run_id LIKE ? ESCAPE '\\'", like_escape(id) + "%"); !rows.empty())
     return pick(std::move(rows));
   if (auto rows = fetch("r.cell_id = ?", id); !rows.empty()) return pick(std::move(rows));
+  if (auto rows = fetch("r.cell_id LIKE ? ESCAPE '\\'", like_escape(id) + "%"); !rows.empty())
+    return pick(std::move(rows));
   if (id.size() >= 6)
     if (auto rows = fetch("c.hash LIKE ? ESCAPE '\\'", like_escape(id) + "%"); !rows.empty())
       return pick(std::move(rows));
@@ -282,7 +284,13 @@ std::optional<RunRecord> Registry::run(const std::string& id) {
 
 RunRecord Registry::require_run(const std::string& id) {
   if (auto r = run(id)) return *r;
-  std::string hint = did_you_mean(id, run_ids());
+  // Suggest among run ids and, for a bare cell id, among cell ids.
+  std::vector<std::string> cands = run_ids();
+  if (id.find('/') == std::string::npos) {
+    Stmt s(impl_->db, "SELECT DISTINCT cell_id FROM runs");
+    while (s.step()) cands.push_back(s.col_text(0));
+  }
+  std::string hint = did_you_mean(id, cands);
   throw UserError("unknown run '" + id + "'" + (hint.empty() ? "" : " (" + hint + ")"));
 }
 

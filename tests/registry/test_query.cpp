@@ -138,6 +138,7 @@ TEST_F(Query, RunLookupByIdPrefixCellIdAndHash) {
   EXPECT_EQ(reg->run("t2/gdn.lr3e-4")->run_id, "t2/gdn.lr3e-4");
   EXPECT_EQ(reg->run("t2/gdn.lr3")->run_id, "t2/gdn.lr3e-4");  // unique prefix
   EXPECT_EQ(reg->run("x")->run_id, "other/x");                 // cell id
+  EXPECT_EQ(reg->run("gdn.lr3")->run_id, "t2/gdn.lr3e-4");     // unique cell-id prefix
   EXPECT_EQ(reg->run("h_t2_deltanet.lr1")->run_id, "t2/deltanet.lr1e-3");  // hash prefix
   EXPECT_FALSE(reg->run("nothing").has_value());
   EXPECT_EQ(user_error([&] { reg->run("t2/gdn"); }),
@@ -145,5 +146,7 @@ TEST_F(Query, RunLookupByIdPrefixCellIdAndHash) {
   EXPECT_EQ(user_error([&] { reg->require_run("t2/gdn.lr3e-5"); }),
             "unknown run 't2/gdn.lr3e-5' (did you mean 't2/gdn.lr3e-4'?)");
   EXPECT_EQ(user_error([&] { reg->require_run("zzzzzzzzzzzzzzzzzz"); }), "unknown run 'zzzzzzzzzzzzzzzzzz'");
+  EXPECT_EQ(user_error([&] { reg->require_run("gdn.lr3e-5"); }),
+            "unknown run 'gdn.lr3e-5' (did you mean 'gdn.lr3e-4'?)");
   EXPECT_EQ(user_error([&] { reg->metric_series("t2/nope", "loss"); }), "unknown run 't2/nope'");
 }
