@@ -44,14 +44,14 @@ TEST(AdamW, TwoStepsMatchHandComputedValuesWithDecayOnlyOnMatrices) {
   Optimizer opt(adamw_config(), two_tensors(ParamKind::matrix_hidden, ParamKind::norm), 4);
   std::vector<float> p = {1, 2, 1, 2};
   std::vector<float> g1 = {0.5f, -1.0f, 0.5f, -1.0f};
-  opt.step(p.data(), g1.data(), 1.0);
+  opt.step(p.data(), g1.data(), 1.0, 1.0);
   EXPECT_NEAR(p[0], 0.89, 1e-6);
   EXPECT_NEAR(p[1], 2.08, 1e-6);
   EXPECT_NEAR(p[2], 0.90, 1e-6);
   EXPECT_NEAR(p[3], 2.10, 1e-6);
 
   std::vector<float> g2 = {0.25f, 0.5f, 0.25f, 0.5f};
-  opt.step(p.data(), g2.data(), 1.0);
+  opt.step(p.data(), g2.data(), 1.0, 1.0);
   const double u0 = (7.0 / 19) / std::sqrt(2.0 / 13), u1 = -(4.0 / 19) / std::sqrt(8.0 / 13);
   EXPECT_NEAR(u0, 0.939293, 1e-6);  // the arithmetic above, spelled out
   EXPECT_NEAR(p[0], 0.89 * 0.99 - 0.1 * u0, 1e-6);
@@ -65,7 +65,7 @@ TEST(AdamW, LrFactorScalesStepAndDecay) {
   Optimizer opt(adamw_config(), two_tensors(ParamKind::embedding, ParamKind::bias), 4);
   std::vector<float> p = {1, 2, 1, 2};
   std::vector<float> g = {0.5f, -1.0f, 0.5f, -1.0f};
-  opt.step(p.data(), g.data(), 0.5);  // lr = 0.05; embedding decays under adamw
+  opt.step(p.data(), g.data(), 0.5, 0.5);  // lr = 0.05; embedding decays under adamw
   EXPECT_NEAR(p[0], 1 * (1 - 0.05 * 0.1) - 0.05, 1e-6);
   EXPECT_NEAR(p[1], 2 * (1 - 0.05 * 0.1) + 0.05, 1e-6);
   EXPECT_NEAR(p[2], 1 - 0.05, 1e-6);  // bias: no decay
@@ -86,7 +86,7 @@ TEST(AdamW, MuonRunsScalarGroupWithScalarLrAndScalarDecay) {
   EXPECT_TRUE(opt.uses_muon(table[2]));
   std::vector<float> p = {1, 2, 1, 2, 0, 0, 0, 0};
   std::vector<float> g = {0.5f, -1.0f, 0.5f, -1.0f, 0, 0, 0, 0};
-  opt.step(p.data(), g.data(), 1.0);
+  opt.step(p.data(), g.data(), 1.0, 1.0);
   EXPECT_NEAR(p[0], 1 * (1 - 0.01 * 0.5) - 0.01, 1e-6);  // scalar_weight_decay on the embedding
   EXPECT_NEAR(p[1], 2 * (1 - 0.01 * 0.5) + 0.01, 1e-6);
   EXPECT_NEAR(p[2], 1 - 0.01, 1e-6);  // gate scalars never decay
@@ -100,9 +100,49 @@ TEST(AdamW, ScalarLrZeroMeansLr) {
   c.scalar_weight_decay = 0.0;
   Optimizer opt(c, {{"n", 0, 1, 2, ParamKind::norm}}, 2);
   std::vector<float> p = {1, 2}, g = {0.5f, -1.0f};
-  opt.step(p.data(), g.data(), 1.0);
+  opt.step(p.data(), g.data(), 1.0, 1.0);
   EXPECT_NEAR(p[0], 0.9, 1e-6);
   EXPECT_NEAR(p[1], 2.1, 1e-6);
+}
+
+// Under muon with its own scalar_lr, the AdamW group warms up and then stays at scalar_lr
+// (the LAA code's Megatron override min_lr = max_lr = scalar_lr); the Muon group decays.
+TEST(AdamW, ScalarLrGroupWarmsUpButNeverDecaysUnderMuon) {
+  ScheduleConfig sc;
+  sc.name = ScheduleName::wsd;
+  sc.warmup_steps = 2;
+  sc.decay_fraction = 0.5;
+  sc.min_lr = 0.0;
+  const Schedule sched(sc, 0.1, 10);
+  std::vector<ParamView> table = {{"emb", 0, 1, 2, ParamKind::embedding},
+                                  {"w", 2, 2, 2, ParamKind::matrix_hidden}};
+  for (double scalar_lr : {0.01, 0.0}) {
+    OptimizerConfig c = adamw_config();
+    c.name = OptimizerName::muon;
+    c.scalar_lr = scalar_lr;
+    c.scalar_weight_decay = 0.0;
+    c.weight_decay = 0.0;
+    const double group_lr = scalar_lr > 0 ? scalar_lr : 0.1;
+    {  // first warmup update: both groups at half their peak
+      Optimizer opt(c, table, 6);
+      std::vector<float> p = {1, 2, 0, 0, 0, 0}, g = {0.5f, -1.0f, 1, 0, 0, 1};
+      opt.step(p.data(), g.data(), sched, 0);
+      EXPECT_NEAR(p[0], 1 - 0.5 * group_lr, 1e-7);
+      EXPECT_NE(p[2], 0.0f);
+    }
+    {  // last update: lr has decayed to min_lr = 0
+      Optimizer opt(c, table, 6);
+      std::vector<float> p = {1, 2, 0, 0, 0, 0}, g = {0.5f, -1.0f, 1, 0, 0, 1};
+      opt.step(p.data(), g.data(), sched, 9);
+      EXPECT_EQ(p[2], 0.0f);  // the Muon matrix does not move
+      if (scalar_lr > 0) {
+        EXPECT_NEAR(p[0], 1 - 0.01, 1e-7);  // the scalar group still runs at scalar_lr
+        EXPECT_NEAR(p[1], 2 + 0.01, 1e-7);
+      } else {
+        EXPECT_EQ(p[0], 1.0f);  // without its own lr it follows lr's schedule down to 0
+      }
+    }
+  }
 }
 
 TEST(Clipping, ScalesToMaxNormAndReturnsPreClipNorm) {
@@ -205,7 +245,7 @@ TEST(OptimizerState, SaveLoadRoundTripIsBitExact) {
     Optimizer a(c, table, n);
     for (int k = 0; k < 3; ++k) {
       grads(k);
-      a.step(p.data(), g.data(), 0.7);
+      a.step(p.data(), g.data(), 0.7, 0.9);
     }
     const std::string blob = a.save_state();
     Optimizer b(c, table, n);
@@ -215,8 +255,8 @@ TEST(OptimizerState, SaveLoadRoundTripIsBitExact) {
     std::vector<float> q = p;
     for (int k = 3; k < 6; ++k) {
       grads(k);
-      a.step(p.data(), g.data(), 0.5);
-      b.step(q.data(), g.data(), 0.5);
+      a.step(p.data(), g.data(), 0.5, 1.0);
+      b.step(q.data(), g.data(), 0.5, 1.0);
     }
     EXPECT_EQ(std::memcmp(p.data(), q.data(), n * sizeof(float)), 0) << "optimizer " << int(name);
     EXPECT_EQ(a.save_state(), b.save_state());

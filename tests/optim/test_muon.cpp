@@ -246,7 +246,7 @@ TEST_P(MuonVsReference, ThreeStepsAgreeWithFp64Reference) {
   const double factors[3] = {1.0, 0.8, 0.3};
   for (double f : factors) {
     for (float& v : g) v = nd(rng);
-    opt.step(p.data(), g.data(), f);
+    opt.step(p.data(), g.data(), f, f);
     ref.lr = 0.02 * f;
     ref.step(from_flat(g.data(), r, cl));
   }
@@ -290,7 +290,7 @@ TEST(NorMuon, FirstUpdateHasMuonsFrobeniusNorm) {
     c.weight_decay = 0.0;
     Optimizer opt(c, {{"w", 0, r, cl, ParamKind::matrix_hidden}}, n);
     std::vector<float> p(n, 0.0f);
-    opt.step(p.data(), g.data(), 1.0);
+    opt.step(p.data(), g.data(), 1.0, 1.0);
     return p;
   };
   const std::vector<float> mu = update(OptimizerName::muon), nm = update(OptimizerName::normuon);

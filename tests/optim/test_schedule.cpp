@@ -37,6 +37,9 @@ TEST(Schedule, WsdBoundaries) {
   EXPECT_DOUBLE_EQ(s.lr(99), 1e-4);             // last update lands on min_lr
   EXPECT_DOUBLE_EQ(s.lr(150), 1e-4);            // past the end: stays there
   EXPECT_DOUBLE_EQ(s.factor(99), 0.1);
+  EXPECT_DOUBLE_EQ(s.warmup_factor(0), 0.1);
+  EXPECT_DOUBLE_EQ(s.warmup_factor(9), 1.0);
+  EXPECT_DOUBLE_EQ(s.warmup_factor(99), 1.0);
   for (int k = 10; k < 99; ++k) EXPECT_GE(s.lr(k), s.lr(k + 1)) << k;
 }
 

@@ -133,6 +133,7 @@ Optimizer::Optimizer(OptimizerConfig config, std::vector<ParamView> params, std:
       largest = std::max(largest, p.size());
     } else {
       s.lr_mult = muon_family ? scalar_lr : cfg_.lr;
+      s.own_lr = muon_family && cfg_.scalar_lr > 0;
       s.wd = decays ? (muon_family ? cfg_.scalar_weight_decay : cfg_.weight_decay) : 0.0;
       s.v_len = p.size();
     }
@@ -183,12 +184,16 @@ double Optimizer::clip_gradients(float* grads) const {
   return norm;
 }
 
-void Optimizer::step(float* params, const float* grads, double lr_factor) {
+void Optimizer::step(float* params, const float* grads, const Schedule& schedule, std::int64_t step_index) {
+  step(params, grads, schedule.factor(step_index), schedule.warmup_factor(step_index));
+}
+
+void Optimizer::step(float* params, const float* grads, double lr_factor, double scalar_factor) {
   ++t_;
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const ParamView& p = params_[i];
     const Slot& s = slots_[i];
-    const double lr = s.lr_mult * lr_factor;
+    const double lr = s.lr_mult * (s.own_lr ? scalar_factor : lr_factor);
     if (s.muon) muon_update(p, s, params, grads, lr);
     else adamw_update(p, s, params, grads, lr);
   }

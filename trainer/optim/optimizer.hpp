@@ -11,14 +11,20 @@
 //   muon / normuon  | Muon / NorMuon, lr,         | AdamW, scalar_lr,      | AdamW, scalar_lr,
 //                   | weight_decay                | scalar_weight_decay    | no decay
 //
-// scalar_lr = 0 means "same as lr". Every group's lr is multiplied by the schedule's
-// factor (Schedule::factor, = lr(step)/peak). Weight decay is decoupled and scaled by
-// the group's current lr: p ← p·(1 − lr·wd) before the update. Full formulas: docs/optimizers.md.
+// Learning rates over time (as the LAA code does it, Megatron param-group overrides):
+//   every group except the one below: its peak lr × Schedule::factor(step) (warmup, then
+//     stable/decay to min_lr as a fraction of the peak);
+//   the AdamW group under muon/normuon with scalar_lr > 0: scalar_lr ×
+//     Schedule::warmup_factor(step), i.e. warmup, then constant at scalar_lr (Megatron sets
+//     that group's min_lr = max_lr = scalar_lr, so it never decays);
+//   scalar_lr = 0 means "use lr" and that group then follows lr's full schedule.
+// Weight decay is decoupled and scaled by the group's current lr: p ← p·(1 − lr·wd) before
+// the update. Full formulas: docs/optimizers.md.
 //
 // Usage per training step (the trainer):
 //   double norm = opt.clip_gradients(grads);          // pre-clip global norm
 //   if (!std::isfinite(norm)) → mark the run diverged (grads were left untouched)
-//   opt.step(params, grads, schedule.factor(step));
+//   opt.step(params, grads, schedule, step);          // step = 0-based update index
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -26,6 +32,7 @@
 #include <vector>
 
 #include "core/json.hpp"
+#include "trainer/optim/schedule.hpp"
 
 namespace lar::optim {
 
@@ -92,8 +99,11 @@ class Optimizer {
   // the caller marks the run diverged and does not call step().
   double clip_gradients(float* grads) const;
 
-  // One update of all parameters. lr_factor = Schedule::factor(step) ∈ [0, 1].
-  void step(float* params, const float* grads, double lr_factor);
+  // One update of all parameters at the 0-based update index `step` of `schedule`.
+  void step(float* params, const float* grads, const Schedule& schedule, std::int64_t step);
+  // The same with explicit multipliers: lr_factor for every group except the AdamW group
+  // under muon/normuon with scalar_lr > 0, which uses scalar_factor (tests, tools).
+  void step(float* params, const float* grads, double lr_factor, double scalar_factor);
 
   // Optimiser state (moments, momentum buffers, step count) as a self-describing byte
   // string; load_state restores it bit for bit. load_state throws RuntimeError when the
@@ -112,6 +122,7 @@ class Optimizer {
  private:
   struct Slot {           // per-tensor state layout
     bool muon = false;    // Muon/NorMuon (true) or AdamW (false)
+    bool own_lr = false;  // AdamW group under muon/normuon with its own scalar_lr
     double lr_mult = 1;   // this group's peak lr (lr or scalar_lr)
     double wd = 0;        // this group's weight decay
     std::size_t m_off = 0, v_off = 0, v_len = 0;  // into m_ / v_ (v_ unused by Muon)

@@ -74,6 +74,11 @@ double Schedule::lr(std::int64_t step) const {
 
 double Schedule::factor(std::int64_t step) const { return lr(step) / peak_; }
 
+double Schedule::warmup_factor(std::int64_t step) const {
+  const std::int64_t s = std::clamp<std::int64_t>(step + 1, 1, total_);
+  return s <= warmup_ ? static_cast<double>(s) / static_cast<double>(warmup_) : 1.0;
+}
+
 std::optional<std::int64_t> Schedule::stable_end_step() const {
   switch (cfg_.name) {
     case ScheduleName::wsd: return total_ - decay_;

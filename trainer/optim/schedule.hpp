@@ -40,7 +40,9 @@ class Schedule {
   static Schedule from_json(const json& run_config, std::int64_t total_steps);
 
   double lr(std::int64_t step) const;      // lr of the update with 0-based index `step`
-  double factor(std::int64_t step) const;  // lr(step) / peak (what Optimizer::step takes)
+  double factor(std::int64_t step) const;  // lr(step) / peak
+  // The warmup ramp alone: s/W during warmup, 1 after it (the scalar_lr group under Muon).
+  double warmup_factor(std::int64_t step) const;
 
   // Number of completed updates at the end of the stable phase: record the saturation
   // loss when steps_done == *stable_end_step() (after the update with index value−1).
