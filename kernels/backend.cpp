@@ -54,6 +54,11 @@ Tensor Tensor::view(std::initializer_list<int64_t> shape) const {
   return t;
 }
 
+Tensor Tensor::matrix(int64_t cols) const {
+  if (cols <= 0 || numel() % cols) throw RuntimeError("Tensor::matrix: " + shape_str() + " has no " + std::to_string(cols) + " columns");
+  return Tensor(data, dtype, {numel() / cols, cols});
+}
+
 Tensor Tensor::slice0(int64_t begin, int64_t count) const {
   if (ndim == 0 || begin < 0 || begin + count > dims[0])
     throw RuntimeError("Tensor::slice0 out of range on " + shape_str());

@@ -58,6 +58,8 @@ struct Tensor {
   template <class T> T* ptr() const { return static_cast<T*>(data); }
   // Same memory, another shape of the same numel (throws on mismatch).
   Tensor view(std::initializer_list<int64_t> shape) const;
+  // The 2-D view [numel/cols, cols] (e.g. q [B,T,H,D] as a GEMM operand: q.matrix(H·D)).
+  Tensor matrix(int64_t cols) const;
   // Rows [begin, begin+count) along dim 0.
   Tensor slice0(int64_t begin, int64_t count) const;
 };
@@ -114,7 +116,8 @@ class Backend {
   virtual void copy(const Tensor& src, const Tensor& dst) = 0;  // same numel and dtype
 
   // ---- dense algebra ----
-  // C = alpha·op(A)·op(B) + beta·C on the 2-D views. op(X) = Xᵀ when the flag is set.
+  // C = alpha·op(A)·op(B) + beta·C on the 2-D views [numel/last, last] (pass
+  // t.matrix(cols) for multi-head tensors). op(X) = Xᵀ when the flag is set.
   // A: [M,K] (or [K,M] when ta), B: [K,N] (or [N,K] when tb), C: [M,N].
   virtual void gemm(const Tensor& A, bool ta, const Tensor& B, bool tb, const Tensor& C,
                     double alpha = 1.0, double beta = 0.0) = 0;

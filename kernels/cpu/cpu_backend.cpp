@@ -154,7 +154,7 @@ void CpuBackend<T>::gemm_batched(const Tensor& A, bool ta, const Tensor& B, bool
     throw RuntimeError("gemm_batched: shapes " + A.shape_str() + " · " + B.shape_str() + " → " + C.shape_str());
   auto t0 = std::chrono::steady_clock::now();
   const int64_t sa = ar * ac, sb = br * bc, sc = static_cast<int64_t>(M) * N;
-#pragma omp parallel for num_threads(threads_) schedule(static)
+#pragma omp parallel for num_threads(nt(int64_t(batches * M * N * K))) schedule(static)
   for (int64_t i = 0; i < batches; ++i)
     gemm_raw<T>(ta, tb, M, N, K, T(alpha), A.ptr<T>() + i * sa, static_cast<int>(ac), B.ptr<T>() + i * sb,
                 static_cast<int>(bc), T(beta), C.ptr<T>() + i * sc, N);
@@ -168,7 +168,7 @@ void CpuBackend<T>::axpy(double alpha, const Tensor& x, const Tensor& y) {
   T* yp = y.ptr<T>();
   const T a = static_cast<T>(alpha);
   const int64_t n = x.numel();
-#pragma omp parallel for num_threads(threads_) schedule(static) if (n > 65536)
+#pragma omp parallel for num_threads(nt(n)) schedule(static)
   for (int64_t i = 0; i < n; ++i) yp[i] += a * xp[i];
 }
 
@@ -178,7 +178,7 @@ double CpuBackend<T>::sum_squares(const Tensor& x) {
   const T* p = x.ptr<T>();
   const int64_t n = x.numel(), blk = 1 << 16, nb = (n + blk - 1) / blk;
   std::vector<double> part(nb, 0.0);
-#pragma omp parallel for num_threads(threads_) schedule(static)
+#pragma omp parallel for num_threads(nt(int64_t(n))) schedule(static)
   for (int64_t b = 0; b < nb; ++b) {
     double s = 0;
     for (int64_t i = b * blk, e = std::min(n, (b + 1) * blk); i < e; ++i) s += double(p[i]) * double(p[i]);
@@ -194,7 +194,7 @@ bool CpuBackend<T>::all_finite(const Tensor& x) {
   const T* p = x.ptr<T>();
   const int64_t n = x.numel();
   int bad = 0;
-#pragma omp parallel for num_threads(threads_) schedule(static) reduction(| : bad)
+#pragma omp parallel for num_threads(nt(int64_t(n))) schedule(static) reduction(| : bad)
   for (int64_t i = 0; i < n; ++i) bad |= !std::isfinite(p[i]);
   return !bad;
 }
@@ -211,7 +211,7 @@ void CpuBackend<T>::embedding_fwd(const Tensor& ids, const Tensor& table, const 
       throw RuntimeError("token id " + std::to_string(id[i]) + " outside the vocabulary (" + std::to_string(V) + ")");
   const T* tp = table.ptr<T>();
   T* op = out.ptr<T>();
-#pragma omp parallel for num_threads(threads_) schedule(static)
+#pragma omp parallel for num_threads(nt(int64_t(n * d))) schedule(static)
   for (int64_t i = 0; i < n; ++i) std::memcpy(op + i * d, tp + int64_t(id[i]) * d, d * sizeof(T));
 }
 
@@ -222,7 +222,7 @@ void CpuBackend<T>::embedding_bwd(const Tensor& ids, const Tensor& dout, const T
   const int32_t* id = ids.ptr<int32_t>();
   const T* gp = dout.ptr<T>();
   T* tp = dtable.ptr<T>();
-#pragma omp parallel num_threads(threads_)
+#pragma omp parallel num_threads(nt(int64_t(n * d)))
   {
     int64_t c0, c1;
     part_range(d, omp_get_num_threads(), omp_get_thread_num(), c0, c1);
@@ -244,7 +244,7 @@ void CpuBackend<T>::rmsnorm_fwd(const Tensor& x, const Tensor& w, const Tensor& 
   const T* wp = w.ptr<T>();
   T* yp = y.ptr<T>();
   T* rp = rstd.ptr<T>();
-#pragma omp parallel for num_threads(threads_) schedule(static)
+#pragma omp parallel for num_threads(nt(int64_t(n * d))) schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const T* xr = xp + i * d;
     double ss = 0;
@@ -270,7 +270,7 @@ void CpuBackend<T>::rmsnorm_bwd(const Tensor& x, const Tensor& w, const Tensor& 
   T* dxp = dx.ptr<T>();
   const int chunks = static_cast<int>(std::min<int64_t>(n, 16));
   std::vector<T> dw_part(static_cast<std::size_t>(chunks) * d, T(0));
-#pragma omp parallel for num_threads(threads_) schedule(static)
+#pragma omp parallel for num_threads(nt(int64_t(n * d))) schedule(static)
   for (int ch = 0; ch < chunks; ++ch) {
     int64_t s, e;
     part_range(n, chunks, ch, s, e);
@@ -302,7 +302,7 @@ void CpuBackend<T>::swiglu_fwd(const Tensor& gu, const Tensor& h) {
   if (gu.last() != 2 * F || gu.rows() != n) throw RuntimeError("swiglu: " + gu.shape_str() + " → " + h.shape_str());
   const T* g = gu.ptr<T>();
   T* hp = h.ptr<T>();
-#pragma omp parallel for num_threads(threads_) schedule(static)
+#pragma omp parallel for num_threads(nt(int64_t(n * F))) schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const T* gr = g + i * 2 * F;
     const T* ur = gr + F;
@@ -320,7 +320,7 @@ void CpuBackend<T>::swiglu_bwd(const Tensor& gu, const Tensor& dh, const Tensor&
   const T* g = gu.ptr<T>();
   const T* dp = dh.ptr<T>();
   T* out = dgu.ptr<T>();
-#pragma omp parallel for num_threads(threads_) schedule(static)
+#pragma omp parallel for num_threads(nt(int64_t(n * F))) schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const T* gr = g + i * 2 * F;
     const T* ur = gr + F;
@@ -351,7 +351,7 @@ void CpuBackend<T>::rope(const Tensor& x, double base, int64_t pos0, double sign
       sn[t * half + i] = static_cast<T>(sign * std::sin(ang));
     }
   T* p = x.ptr<T>();
-#pragma omp parallel for num_threads(threads_) schedule(static)
+#pragma omp parallel for num_threads(nt(int64_t(B * Tn * H * D))) schedule(static)
   for (int64_t bt = 0; bt < B * Tn; ++bt) {
     const int64_t t = bt % Tn;
     const T* c = cs.data() + t * half;
@@ -416,7 +416,7 @@ void CpuBackend<T>::attention_fwd(const Tensor& q, const Tensor& k, const Tensor
   T* lp = lse.ptr<T>();
   const int ldq = static_cast<int>(a.Hq * a.D), ldk = static_cast<int>(a.Hkv * a.D);
   const int ldv = static_cast<int>(a.Hkv * a.Dv), ldo = static_cast<int>(a.Hq * a.Dv);
-#pragma omp parallel num_threads(threads_)
+#pragma omp parallel num_threads(nt(int64_t(a.B * a.Hq * a.T * a.S * a.D)))
   {
     std::vector<T> S(kBq * a.S);
 #pragma omp for schedule(static)
@@ -474,7 +474,7 @@ void CpuBackend<T>::attention_bwd(const Tensor& q, const Tensor& k, const Tensor
   zero(dv);
   const int ldq = static_cast<int>(a.Hq * a.D), ldk = static_cast<int>(a.Hkv * a.D);
   const int ldv = static_cast<int>(a.Hkv * a.Dv), ldo = static_cast<int>(a.Hq * a.Dv);
-#pragma omp parallel num_threads(threads_)
+#pragma omp parallel num_threads(nt(int64_t(a.B * a.Hq * a.T * a.S * a.D)))
   {
     std::vector<T> P(kBq * a.S), dP(kBq * a.S), Di(kBq);
 #pragma omp for schedule(static)
@@ -538,7 +538,7 @@ double CpuBackend<T>::cross_entropy_fwd(const Tensor& logits, const Tensor& targ
   for (int64_t i = 0; i < n; ++i)
     if (tp[i] < 0 || tp[i] >= V)
       throw RuntimeError("target id " + std::to_string(tp[i]) + " outside the vocabulary (" + std::to_string(V) + ")");
-#pragma omp parallel for num_threads(threads_) schedule(static)
+#pragma omp parallel for num_threads(nt(int64_t(n * V))) schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const T* r = lp + i * V;
     int64_t best = 0;
@@ -567,7 +567,7 @@ void CpuBackend<T>::cross_entropy_bwd(const Tensor& logits, const Tensor& target
   const int32_t* tp = targets.ptr<int32_t>();
   const T* mp = mask.ptr<T>();
   T* dp = dlogits.ptr<T>();
-#pragma omp parallel for num_threads(threads_) schedule(static)
+#pragma omp parallel for num_threads(nt(int64_t(n * V))) schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const T* r = lp + i * V;
     T* d = dp + i * V;

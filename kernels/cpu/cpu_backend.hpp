@@ -57,6 +57,9 @@ class CpuBackend final : public Backend {
 
  private:
   void rope(const Tensor& x, double base, int64_t pos0, double sign);
+  // Threads for a loop of `work` element-operations: tiny loops stay on one thread (a
+  // parallel region costs more than they do).
+  int nt(int64_t work) const { return work >= (1 << 15) ? threads_ : 1; }
   int threads_;
   double gemm_seconds_ = 0;
 };

@@ -1,0 +1,302 @@
+#include "trainer/model.hpp"
+
+#include <cmath>
+
+#include "core/error.hpp"
+
+namespace lar::trainer {
+
+using kernels::DType;
+using kernels::Tensor;
+
+namespace {
+constexpr double kNormEps = 1e-5;
+
+int get_int(const json& j, const char* key) { return j.at(key).get<int>(); }
+}  // namespace
+
+ModelShape model_shape(const json& model) {
+  ModelShape s;
+  s.n_layers = get_int(model, "n_layers");
+  s.d_model = get_int(model, "d_model");
+  s.d_ff = get_int(model, "d_ff");
+  if (s.d_ff <= 0) s.d_ff = (s.d_model * 8 / 3 + 31) / 32 * 32;
+  s.vocab = get_int(model, "vocab_size");
+  s.kinds = layer_kinds(model);
+  s.routing = model.at("routing").get<std::string>();
+  return s;
+}
+
+void validate_model_config(const json& config) {
+  const json& m = config.at("model");
+  auto positive = [&](const json& sec, const std::string& prefix, const char* key) {
+    long v = sec.at(key).get<long>();
+    if (v <= 0) throw UserError(prefix + key + ": must be > 0, got " + std::to_string(v));
+    return v;
+  };
+  auto non_negative = [&](const json& sec, const std::string& prefix, const char* key) {
+    long v = sec.at(key).get<long>();
+    if (v < 0) throw UserError(prefix + key + ": must be ≥ 0, got " + std::to_string(v));
+    return v;
+  };
+  positive(m, "model.", "n_layers");
+  long d = positive(m, "model.", "d_model");
+  long h = positive(m, "model.", "n_heads");
+  long kv = non_negative(m, "model.", "n_kv_heads");
+  long hd = non_negative(m, "model.", "head_dim");
+  non_negative(m, "model.", "value_dim");
+  non_negative(m, "model.", "d_ff");
+  non_negative(m, "model.", "window");
+  positive(m, "model.", "hybrid_ratio");
+  positive(m, "model.", "chunk_size");
+  if (positive(m, "model.", "vocab_size") < 2) throw UserError("model.vocab_size: must be ≥ 2");
+  if (hd == 0 && d % h != 0)
+    throw UserError("model.d_model: " + std::to_string(d) + " is not divisible by model.n_heads = " +
+                    std::to_string(h));
+  if (kv > 0 && h % kv != 0)
+    throw UserError("model.n_heads: " + std::to_string(h) + " is not divisible by model.n_kv_heads = " +
+                    std::to_string(kv) + " (GQA groups)");
+  if (m.at("rope_base").get<double>() <= 0) throw UserError("model.rope_base: must be > 0");
+  if (m.at("init_std").get<double>() < 0) throw UserError("model.init_std: must be ≥ 0");
+  auto kinds = layer_kinds(m);
+  for (std::size_t l = 0; l < kinds.size(); ++l) {
+    MixerConfig mc = mixer_config(m, static_cast<int>(l));
+    if (kinds[l] == "softmax" && mc.head_dim % 2 != 0)
+      throw UserError("model.head_dim: RoPE needs an even head dimension, got " + std::to_string(mc.head_dim));
+    if (!mixer_registered(kinds[l])) {
+      std::string all;
+      for (const auto& k : registered_mixers()) all += (all.empty() ? "" : ", ") + k;
+      throw UserError("model.architecture: mixer '" + kinds[l] + "' is not implemented in this build (available: " +
+                      all + ")");
+    }
+  }
+  const json& data = config.at("data");
+  positive(data, "data.", "seq_len");
+  positive(data, "data.", "batch_size");
+  positive(config.at("budget"), "budget.", "steps");
+  non_negative(config.at("eval"), "eval.", "every");
+  positive(config.at("eval"), "eval.", "batches");
+  non_negative(config.at("checkpoint"), "checkpoint.", "every");
+  positive(config.at("checkpoint"), "checkpoint.", "keep");
+  positive(config.at("log"), "log.", "every");
+  non_negative(config, "", "threads");
+  if (config.at("budget").at("tokens").get<double>() < 0) throw UserError("budget.tokens: must be ≥ 0");
+}
+
+// Parameter indices of one block.
+struct Model::Layer {
+  int norm1 = -1, norm2 = -1, w_gate = -1, w_up = -1, w_down = -1, route_p = -1;
+  std::vector<int> mixer_params;
+  int prev_linear = -1;  // p(l): the nearest lower layer that publishes a side channel
+};
+
+// Activations of one forward pass (arena tensors), kept for backward.
+struct Model::Acts {
+  int B = 0, T = 0;
+  int64_t N = 0;
+  double mask_sum = 0;
+  Tensor ids, targets, mask;
+  std::vector<Tensor> h;                 // residual stream: h[2l] block input, h[2l+1] after the mixer
+  std::vector<Tensor> rstd1, xn1, rstd2, xn2, gu, act, mix_y;
+  std::vector<Routing> route;
+  Tensor hf, rstdf, xnf, logits, losses, argmax;
+};
+
+Model::Model(const json& config, kernels::Backend& be)
+    : be_(be), config_(config), shape_(model_shape(config.at("model"))) {
+  params_ = std::make_unique<ParamStore>(be_);
+  arena_ = std::make_unique<kernels::Arena>(be_);
+  const json& m = config.at("model");
+  const int d = shape_.d_model, F = shape_.d_ff, L = shape_.n_layers;
+  const double std_ = m.at("init_std").get<double>();
+  // Output projections of residual branches are scaled down by 1/sqrt(2L) (GPT-2).
+  const double out_std = std_ / std::sqrt(2.0 * L);
+  auto& ps = *params_;
+  embed_ = ps.add({"embed", {shape_.vocab, d}, ParamKind::embedding, InitRule::Normal(std_)}, "", -1);
+  layers_.resize(L);
+  int last_publisher = -1;
+  for (int l = 0; l < L; ++l) {
+    Layer& ly = layers_[l];
+    const std::string pre = "layers." + std::to_string(l) + ".";
+    ly.norm1 = ps.add({"norm1", {d}, ParamKind::norm, InitRule::Constant(1.0)}, pre, l);
+    MixerConfig mc = mixer_config(m, l);
+    mixers_.push_back(make_mixer(mc));
+    for (const auto& spec : mixers_.back()->params()) ly.mixer_params.push_back(ps.add(spec, pre + "mixer.", l));
+    ly.prev_linear = shape_.routing == "none" ? -1 : last_publisher;
+    if (mixers_.back()->publishes() && shape_.routing != "none") {
+      last_publisher = l;
+      if (shape_.routing == "cler_h" || shape_.routing == "clvr")
+        ly.route_p = ps.add({"route_p", {d, mixers_.back()->side_dim()}, ParamKind::matrix_hidden,
+                             InitRule::Constant(0.0)}, pre, l);
+    }
+    ly.norm2 = ps.add({"norm2", {d}, ParamKind::norm, InitRule::Constant(1.0)}, pre, l);
+    // w_gate and w_up are adjacent: together they are the [2F, d] matrix of one GEMM.
+    ly.w_gate = ps.add({"w_gate", {F, d}, ParamKind::matrix_hidden, InitRule::Normal(std_)}, pre + "ffn.", l);
+    ly.w_up = ps.add({"w_up", {F, d}, ParamKind::matrix_hidden, InitRule::Normal(std_)}, pre + "ffn.", l);
+    ly.w_down = ps.add({"w_down", {d, F}, ParamKind::matrix_hidden, InitRule::Normal(out_std)}, pre + "ffn.", l);
+  }
+  final_norm_ = ps.add({"final_norm", {d}, ParamKind::norm, InitRule::Constant(1.0)}, "", -1);
+  head_ = ps.add({"head", {shape_.vocab, d}, ParamKind::head, InitRule::Normal(std_)}, "", -1);
+  ps.allocate();
+  for (int l = 0; l < L; ++l) {
+    std::vector<Tensor> p, g;
+    for (int i : layers_[l].mixer_params) {
+      p.push_back(ps.param(i));
+      g.push_back(ps.grad(i));
+    }
+    mixers_[l]->bind(p, g);
+  }
+  acts_ = std::make_unique<Acts>();
+}
+
+Model::~Model() = default;
+
+std::size_t Model::activation_bytes() const { return arena_->peak_bytes(); }
+
+StepResult Model::forward(const data::Batch& batch, bool training, std::vector<int32_t>* predictions) {
+  auto& A = *acts_;
+  auto& ps = *params_;
+  const DType dt = be_.dtype();
+  const int L = shape_.n_layers;
+  const int64_t d = shape_.d_model, F = shape_.d_ff, V = shape_.vocab;
+  A.B = batch.batch;
+  A.T = batch.seq_len;
+  A.N = int64_t(A.B) * A.T;
+  const int64_t N = A.N, B = A.B, T = A.T;
+  if (static_cast<int64_t>(batch.inputs.size()) != N || static_cast<int64_t>(batch.targets.size()) != N ||
+      static_cast<int64_t>(batch.loss_mask.size()) != N)
+    throw RuntimeError("batch: sizes do not match batch·seq_len");
+  arena_->reset();
+  auto& ar = *arena_;
+  A.ids = ar.alloc(DType::i32, {N});
+  A.targets = ar.alloc(DType::i32, {N});
+  A.mask = ar.alloc(dt, {N});
+  be_.upload(batch.inputs.data(), A.ids);
+  be_.upload(batch.targets.data(), A.targets);
+  A.mask_sum = 0;
+  for (float w : batch.loss_mask) A.mask_sum += w;
+  if (dt == DType::f64) {
+    std::vector<double> m(batch.loss_mask.begin(), batch.loss_mask.end());
+    be_.upload(m.data(), A.mask);
+  } else {
+    be_.upload(batch.loss_mask.data(), A.mask);
+  }
+
+  A.h.assign(2 * L + 1, Tensor());
+  A.rstd1.assign(L, Tensor());
+  A.xn1 = A.rstd2 = A.xn2 = A.gu = A.act = A.mix_y = A.rstd1;
+  A.route.assign(L, Routing());
+  A.h[0] = ar.alloc(dt, {B, T, d});
+  be_.embedding_fwd(A.ids, ps.param(embed_), A.h[0]);
+  ForwardContext ctx{be_, ar, training};
+  for (int l = 0; l < L; ++l) {
+    const Layer& ly = layers_[l];
+    // Mixer branch.
+    A.rstd1[l] = ar.alloc(dt, {N});
+    A.xn1[l] = ar.alloc(dt, {B, T, d});
+    be_.rmsnorm_fwd(A.h[2 * l], ps.param(ly.norm1), A.xn1[l], A.rstd1[l], kNormEps);
+    A.mix_y[l] = ar.alloc(dt, {B, T, d});
+    Routing& r = A.route[l];
+    if (ly.prev_linear >= 0) r.in = A.route[ly.prev_linear].out;
+    mixers_[l]->forward(ctx, A.xn1[l], A.mix_y[l], r);
+    A.h[2 * l + 1] = ar.alloc(dt, {B, T, d});
+    be_.copy(A.h[2 * l], A.h[2 * l + 1]);
+    be_.axpy(1.0, A.mix_y[l], A.h[2 * l + 1]);
+    if (ly.route_p >= 0) {  // cler_h / clvr: h += side·P_lᵀ
+      if (r.out.empty()) throw RuntimeError("layer " + std::to_string(l) + " publishes no side channel");
+      be_.gemm(r.out, false, ps.param(ly.route_p), true, A.h[2 * l + 1], 1.0, 1.0);
+    }
+    // SwiGLU branch.
+    A.rstd2[l] = ar.alloc(dt, {N});
+    A.xn2[l] = ar.alloc(dt, {B, T, d});
+    be_.rmsnorm_fwd(A.h[2 * l + 1], ps.param(ly.norm2), A.xn2[l], A.rstd2[l], kNormEps);
+    A.gu[l] = ar.alloc(dt, {N, 2 * F});
+    Tensor w_gu(ps.param(ly.w_gate).data, dt, {2 * F, d});
+    be_.gemm(A.xn2[l], false, w_gu, true, A.gu[l]);
+    A.act[l] = ar.alloc(dt, {N, F});
+    be_.swiglu_fwd(A.gu[l], A.act[l]);
+    A.h[2 * l + 2] = ar.alloc(dt, {B, T, d});
+    be_.copy(A.h[2 * l + 1], A.h[2 * l + 2]);
+    be_.gemm(A.act[l], false, ps.param(ly.w_down), true, A.h[2 * l + 2], 1.0, 1.0);
+  }
+  A.hf = A.h[2 * L];
+  A.rstdf = ar.alloc(dt, {N});
+  A.xnf = ar.alloc(dt, {N, d});
+  be_.rmsnorm_fwd(A.hf, ps.param(final_norm_), A.xnf, A.rstdf, kNormEps);
+  A.logits = ar.alloc(dt, {N, V});
+  be_.gemm(A.xnf, false, ps.param(head_), true, A.logits);
+  A.losses = ar.alloc(dt, {N});
+  A.argmax = predictions ? ar.alloc(DType::i32, {N}) : Tensor();
+  double total = be_.cross_entropy_fwd(A.logits, A.targets, A.mask, A.losses, A.argmax);
+  if (predictions) {
+    predictions->resize(N);
+    be_.download(A.argmax, predictions->data());
+  }
+  StepResult res;
+  res.mask_sum = A.mask_sum;
+  res.loss = A.mask_sum > 0 ? total / A.mask_sum : 0.0;
+  return res;
+}
+
+void Model::backward() {
+  auto& A = *acts_;
+  auto& ps = *params_;
+  auto& ar = *arena_;
+  const DType dt = be_.dtype();
+  const int L = shape_.n_layers;
+  const int64_t d = shape_.d_model, F = shape_.d_ff, N = A.N;
+  const double scale = A.mask_sum > 0 ? 1.0 / A.mask_sum : 0.0;
+  // Head and final norm. dlogits overwrite the logits.
+  be_.cross_entropy_bwd(A.logits, A.targets, A.mask, scale, A.logits);
+  be_.gemm(A.logits, true, A.xnf, false, ps.grad(head_), 1.0, 1.0);
+  Tensor dxn = ar.alloc(dt, {A.B, A.T, d});
+  be_.gemm(A.logits, false, ps.param(head_), false, dxn);
+  Tensor dh = ar.zeros(dt, {A.B, A.T, d});
+  be_.rmsnorm_bwd(A.hf, ps.param(final_norm_), A.rstdf, dxn, dh, ps.grad(final_norm_));
+  Tensor dact = ar.alloc(dt, {N, F});
+  Tensor dgu = ar.alloc(dt, {N, 2 * F});
+  // Side-channel gradients, zeroed up front (consumers above accumulate into them).
+  for (int l = 0; l < L; ++l) {
+    Routing& r = A.route[l];
+    r.d_in = Tensor();
+    r.d_out = r.out.empty() ? Tensor() : ar.alloc(dt, r.out.shape());
+    if (!r.d_out.empty()) be_.zero(r.d_out);
+  }
+  for (int l = 0; l < L; ++l)
+    if (layers_[l].prev_linear >= 0) A.route[l].d_in = A.route[layers_[l].prev_linear].d_out;
+  ForwardContext ctx{be_, ar, true};
+  for (int l = L - 1; l >= 0; --l) {
+    const Layer& ly = layers_[l];
+    // SwiGLU branch: h2 = h1 + act·W_downᵀ.
+    be_.gemm(dh, true, A.act[l], false, ps.grad(ly.w_down), 1.0, 1.0);
+    be_.gemm(dh, false, ps.param(ly.w_down), false, dact);
+    be_.swiglu_bwd(A.gu[l], dact, dgu);
+    Tensor g_gu(ps.grad(ly.w_gate).data, dt, {2 * F, d});
+    Tensor w_gu(ps.param(ly.w_gate).data, dt, {2 * F, d});
+    be_.gemm(dgu, true, A.xn2[l], false, g_gu, 1.0, 1.0);
+    be_.gemm(dgu, false, w_gu, false, dxn);
+    be_.rmsnorm_bwd(A.h[2 * l + 1], ps.param(ly.norm2), A.rstd2[l], dxn, dh, ps.grad(ly.norm2));
+    // Routing projection: h1 += side·Pᵀ.
+    Routing& r = A.route[l];
+    if (ly.route_p >= 0) {
+      be_.gemm(dh, true, r.out, false, ps.grad(ly.route_p), 1.0, 1.0);
+      be_.gemm(dh, false, ps.param(ly.route_p), false, r.d_out, 1.0, 1.0);
+    }
+    // Mixer branch: h1 = h0 + Mixer(RMSNorm(h0)).
+    mixers_[l]->backward(ctx, dh, dxn, r);
+    be_.rmsnorm_bwd(A.h[2 * l], ps.param(ly.norm1), A.rstd1[l], dxn, dh, ps.grad(ly.norm1));
+  }
+  be_.embedding_bwd(A.ids, dh, ps.grad(embed_));
+}
+
+StepResult Model::forward_backward(const data::Batch& batch) {
+  StepResult r = forward(batch, true, nullptr);
+  backward();
+  return r;
+}
+
+StepResult Model::evaluate(const data::Batch& batch, std::vector<int32_t>* predictions) {
+  return forward(batch, false, predictions);
+}
+
+}  // namespace lar::trainer
