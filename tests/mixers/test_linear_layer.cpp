@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -19,9 +20,10 @@ namespace tr = lar::trainer;
 
 namespace {
 
-const char* kMixers[] = {"linear", "gla", "deltanet", "gdn", "kda", "gdn2"};
+const char* kMixers[] = {"linear", "gla", "deltanet", "gdn", "kda", "gdn2", "carve"};
 
-tr::MixerConfig config(const std::string& kind, bool conv = true) {
+tr::MixerConfig config(const std::string& kind, bool conv = true, json ccq = json{{"enabled", false}},
+                       json carve = json::object()) {
   tr::MixerConfig c;
   c.kind = kind;
   c.d_model = 10;
@@ -35,8 +37,30 @@ tr::MixerConfig config(const std::string& kind, bool conv = true) {
   c.linear_index = 0;
   c.model = json{{"architecture", kind}, {"short_conv", conv}, {"conv_size", 3},
                  {"chunk_size", 4},      {"gate_rank", 3},     {"routing", "none"},
-                 {"ccq", {{"enabled", false}}}};
+                 {"ccq", ccq}};
+  json cv{{"content_rank", 2}, {"content_chunk", 3}, {"content_grad", true}, {"freeze_content", false}};
+  for (auto& [k, v] : carve.items()) cv[k] = v;
+  c.model["carve"] = cv;
   return c;
+}
+
+// The layer variants every test runs: each mixer, plus CCQ and CARVE options.
+struct Variant {
+  std::string name;
+  tr::MixerConfig cfg;
+};
+std::vector<Variant> variants() {
+  std::vector<Variant> v;
+  for (const char* k : kMixers) v.push_back({k, config(k)});
+  v.push_back({"gdn no conv", config("gdn", false)});
+  v.push_back({"gla+ccq", config("gla", true, json{{"enabled", true}, {"lambda", "learned"}, {"lambda_init", 0.3}})});
+  v.push_back({"linear+ccq", config("linear", true, json{{"enabled", true}, {"lambda", "learned"}})});
+  v.push_back({"gdn+ccq fixed uncentered",
+               config("gdn", true, json{{"enabled", true}, {"lambda", 0.4}, {"centered", false}})});
+  v.push_back({"carve+ccq", config("carve", true, json{{"enabled", true}, {"lambda", "learned"}})});
+  v.push_back({"carve frozen content", config("carve", true, json{{"enabled", false}},
+                                              json{{"freeze_content", true}})});
+  return v;
 }
 
 // Parameters in host vectors, initialised from each spec's InitRule (own RNG).
@@ -91,10 +115,9 @@ TEST(LinearLayer, FiniteDifferenceGradientsFp64) {
   lar::kernels::Arena arena(*be);
   tr::ForwardContext ctx{*be, arena, true};
   const int B = 2, T = 7, d = 10;
-  for (const char* kind : kMixers)
-    for (bool conv : {true, false}) {
-      if (!conv && std::string(kind) != "gdn") continue;
-      auto m = tr::make_mixer(config(kind, conv));
+  for (const auto& var : variants()) {
+      const std::string& kind = var.name;
+      auto m = tr::make_mixer(var.cfg);
       Params<double> P(*m, 5);
       std::mt19937 rng(9);
       std::normal_distribution<double> nd(0, 1);
@@ -115,7 +138,7 @@ TEST(LinearLayer, FiniteDifferenceGradientsFp64) {
       auto fd_of = [&](std::vector<double>& v) {
         std::vector<double> fd(v.size());
         for (size_t i = 0; i < v.size(); ++i) {
-          const double h = 1e-6, v0 = v[i];
+          const double h = 1e-5, v0 = v[i];
           v[i] = v0 + h;
           double lp = loss();
           v[i] = v0 - h;
@@ -141,8 +164,9 @@ TEST(LinearLayer, DecodeStepByStepEqualsForward) {
     lar::kernels::Arena arena(*be);
     tr::ForwardContext ctx{*be, arena, false};
     const int B = 3, T = 11, d = 10;
-    for (const char* kind : kMixers) {
-      auto m = tr::make_mixer(config(kind));
+    for (const auto& var : variants()) {
+      const std::string& kind = var.name;
+      auto m = tr::make_mixer(var.cfg);
       std::mt19937 rng(4);
       std::normal_distribution<double> nd(0, 1);
       std::vector<double> full(B * T * d), steps(B * T * d);
@@ -216,4 +240,76 @@ TEST(LinearLayer, UnsupportedOptionsAreUserErrors) {
   c = config("gdn");
   c.model["chunk_size"] = 0;
   EXPECT_THROW(tr::make_mixer(c), lar::UserError);
+}
+
+// disable_at_eval: training reads through CCQ, evaluation reads with λ = 0, i.e. exactly the
+// backbone without CCQ (same parameters).
+TEST(LinearLayer, CcqDisableAtEvalReadsWithoutCorrection) {
+  auto be = lar::kernels::make_backend("cpu", 1, DType::f64);
+  lar::kernels::Arena arena(*be);
+  const int B = 2, T = 9, d = 10;
+  auto with = tr::make_mixer(config("gla", true, json{{"enabled", true}, {"lambda", "learned"},
+                                                       {"lambda_init", 0.5}, {"disable_at_eval", true}}));
+  auto without = tr::make_mixer(config("gla"));
+  Params<double> P(*with, 7);
+  Params<double> Q(*without, 8);
+  auto ws = with->params(), wos = without->params();
+  for (size_t i = 0; i < wos.size(); ++i)
+    for (size_t j = 0; j < ws.size(); ++j)
+      if (ws[j].name == wos[i].name) Q.p[i] = P.p[j];
+  std::mt19937 rng(2);
+  std::normal_distribution<double> nd(0, 1);
+  std::vector<double> x(B * T * d), y_train(x.size()), y_eval(x.size()), y_plain(x.size());
+  for (auto& e : x) e = nd(rng);
+  tr::Routing route;
+  Tensor X(x.data(), DType::f64, {B, T, d});
+  tr::ForwardContext train{*be, arena, true}, eval{*be, arena, false};
+  with->forward(train, X, Tensor(y_train.data(), DType::f64, {B, T, d}), route);
+  with->forward(eval, X, Tensor(y_eval.data(), DType::f64, {B, T, d}), route);
+  without->forward(eval, X, Tensor(y_plain.data(), DType::f64, {B, T, d}), route);
+  // the plain gla layer does not normalise q, k; CCQ's does, so compare against a CCQ layer
+  // with λ fixed at 0 instead
+  auto zero = tr::make_mixer(config("gla", true, json{{"enabled", true}, {"lambda", 0.0}}));
+  Params<double> Z(*zero, 9);
+  auto zs = zero->params();
+  for (size_t i = 0; i < zs.size(); ++i)
+    for (size_t j = 0; j < ws.size(); ++j)
+      if (ws[j].name == zs[i].name) Z.p[i] = P.p[j];
+  std::vector<double> y_zero(x.size());
+  zero->forward(train, X, Tensor(y_zero.data(), DType::f64, {B, T, d}), route);
+  EXPECT_EQ(y_eval, y_zero);
+  EXPECT_GT(rel_err(y_train, y_eval), 1e-3);
+  EXPECT_GT(rel_err(y_plain, y_eval), 1e-3);  // normalised q, k make it a different layer
+}
+
+TEST(LinearLayer, CcqAndCarveParameters) {
+  auto find = [](const tr::MixerConfig& c, const std::string& name) -> std::optional<tr::ParamSpec> {
+    for (auto& s : tr::make_mixer(c)->params())
+      if (s.name == name) return s;
+    return std::nullopt;
+  };
+  auto ccq = config("gdn", true, json{{"enabled", true}, {"lambda", "learned"}, {"lambda_init", 0.01}});
+  auto b = find(ccq, "ccq_b_lambda");
+  ASSERT_TRUE(b.has_value());
+  EXPECT_NEAR(1.0 / (1.0 + std::exp(-b->init.a)), 0.01, 1e-12);  // λ ≈ 0.01 at init
+  auto w = find(ccq, "ccq_w_lambda");
+  ASSERT_TRUE(w.has_value());
+  EXPECT_EQ(w->init.kind, tr::InitRule::constant);
+  EXPECT_EQ(w->init.a, 0.0);
+  EXPECT_EQ(w->shape, (std::vector<int64_t>{2, 8}));  // [H, H·dk]: from the raw query projection
+  EXPECT_FALSE(find(config("gdn", true, json{{"enabled", true}, {"lambda", 0.1}}), "ccq_w_lambda"));
+  auto u2 = find(config("carve"), "content_u2");
+  ASSERT_TRUE(u2.has_value());
+  EXPECT_EQ(u2->init.kind, tr::InitRule::constant);
+  EXPECT_EQ(u2->init.a, 0.0);
+  EXPECT_EQ(find(config("carve"), "w_write")->shape, (std::vector<int64_t>{2, 10}));
+  EXPECT_FALSE(find(config("carve", true, json{{"enabled", false}}, json{{"freeze_content", true}}),
+                    "content_u2"));
+  auto bad = config("carve", true, json{{"enabled", false}}, json{{"content_rank", 33}});
+  try {
+    tr::make_mixer(bad);
+    FAIL() << "expected UserError";
+  } catch (const lar::UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("content_rank"), std::string::npos);
+  }
 }

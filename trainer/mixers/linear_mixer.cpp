@@ -8,6 +8,10 @@
 //     gdn       β; g = −exp(A_log)·softplus(w_aᵀx + dt_bias)   scalar
 //     kda       β; g = −exp(A_log)·softplus(W₂W₁x + dt_bias)   per key channel
 //     gdn2      g as kda; b = σ(W_b x) per key channel; w = σ(W_w x) per value channel
+//     carve     g as kda; erase logits W_b x + U2 tanh(U1 m_c) (content, per head); w = σ(w_wᵀx)
+//               scalar per head (kernels/cpu/linear/carve.hpp)
+//   CCQ (model.ccq.enabled, any of them): q ← (I − λΣ)q on L2-normalised q, k with
+//     λ = σ(W_λ p_q + b_λ) from the raw query projection p_q, or a fixed λ
 //   o → per-head RMSNorm (weight [dv] shared by the heads) × SiLU(W_g x) → W_o.
 // Initialisation and the choices above are documented in docs/architectures.md.
 //
@@ -19,10 +23,13 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "core/error.hpp"
+#include "kernels/cpu/linear/carve.hpp"
+#include "kernels/cpu/linear/ccq.hpp"
 #include "kernels/cpu/linear/mixers.hpp"
 #include "trainer/mixer.hpp"
 
@@ -69,6 +76,12 @@ struct Dims {
   lk::Mixer mixer;
   int d = 0, H = 0, dk = 0, dv = 0, Cq = 0, Cv = 0, W = 0, rank = 0, chunk = 64;
   bool conv = true, l2 = false;
+  // CCQ
+  bool ccq = false, ccq_centered = true, ccq_learned = true, ccq_disable_eval = false;
+  double ccq_lambda = 0.01;  // fixed λ, or λ at init when learned
+  // CARVE (mixer is gdn2 for the shared gate code)
+  bool carve = false, content_grad = true, freeze_content = false;
+  int L = 64, crank = 16;
 };
 
 // Parameter indices (into the bound vectors), -1 when the mixer has no such parameter.
@@ -78,6 +91,8 @@ struct Slots {
   int wbeta = -1, wa = -1, A_log = -1, dt_bias = -1;
   int werase = -1, wwrite = -1;    // gdn2
   int onorm = -1, wgate = -1, wo = -1;
+  int wlam = -1, blam = -1;        // CCQ gate
+  int U1 = -1, U2 = -1;            // CARVE content projection
 };
 
 // Decode state: recurrent S per (batch, head) and the conv tails of q, k, v.
@@ -85,6 +100,8 @@ template <class T>
 struct LinearState : MixerState {
   std::vector<T> S;                   // [B,H,dv,dk]
   std::vector<T> tail_q, tail_k, tail_v;  // [B, W−1, C]
+  std::vector<lk::CcqState<T>> ccq;       // [B·H] CCQ key statistics
+  std::vector<lk::CarveState<T>> carve;   // [B·H] CARVE state (holds its own S)
 };
 
 // Everything computed by a forward that the backward needs (host buffers, reused).
@@ -101,6 +118,10 @@ struct Cache {
   std::vector<T> beta_pre, b_pre, w_pre; // [N,H], [N,Cq], [N,Cv]
   std::vector<T> bounds;                 // chunk start states [B,H,nc,dv,dk]
   std::vector<T> o, rstd, on, og, ypre;  // [N,Cv], [N·H], [N,Cv], [N,Cv], [N,Cv]
+  bool ccq_active = false;
+  std::vector<T> hq_pre, lam, lam_pre;   // CCQ: q before the correction, λ [B,H,T], logits [N,H]
+  std::vector<T> hbx, hws;               // CARVE: erase logits [B,H,T,dk], write [B,H,T]
+  std::vector<lk::CarveCache<T>> ccache; // [B·H]
 };
 
 template <class T>
@@ -111,7 +132,8 @@ class Impl {
 
   // x [B,T,d] → y [B,T,d]. With st (decode) the conv tails and states are carried and
   // updated; without, they start at zero and the cache for backward is filled.
-  void forward(kernels::Backend& be, const T* x, T* y, int B, int len, LinearState<T>* st) {
+  void forward(kernels::Backend& be, const T* x, T* y, int B, int len, LinearState<T>* st,
+               bool training) {
     Cache<T>& c = c_;
     const Dims& d = dm_;
     const int N = B * len;
@@ -133,17 +155,29 @@ class Impl {
     gates_fwd(be, X, N);
     // gather per (b,h), L2-normalising q, k for the delta rules
     gather(B, len);
+    // CCQ read correction of q
+    c.ccq_active = d.ccq && !(d.ccq_disable_eval && !training);
+    if (c.ccq_active) ccq_fwd(be, X, B, len, st);
     // the recurrence
     const int nc = lk::num_chunks(len, d.chunk);
     const size_t ss = (size_t)d.dv * d.dk;
     c.o.resize((size_t)N * d.Cv);
-    if (!st) c.bounds.resize((size_t)B * d.H * nc * ss);
+    if (!st && !d.carve) c.bounds.resize((size_t)B * d.H * nc * ss);
+    if (!st && d.carve) c.ccache.resize((size_t)B * d.H);
     std::vector<T> ho((size_t)B * d.H * len * d.dv);
     const T scale = T(1) / std::sqrt(T(d.dk));
 #pragma omp parallel for schedule(static) num_threads(be.threads())
     for (int bh = 0; bh < B * d.H; ++bh) {
-      auto in = inputs(bh, len, scale);
       T* o = &ho[(size_t)bh * len * d.dv];
+      if (d.carve) {
+        auto ci = carve_inputs(bh, len, scale);
+        if (st)
+          lk::carve_forward(ci, lk::Form::recurrent, &st->carve[bh], o);
+        else
+          lk::carve_forward(ci, lk::Form::chunk, (lk::CarveState<T>*)nullptr, o, &c.ccache[bh]);
+        continue;
+      }
+      auto in = inputs(bh, len, scale);
       if (st) {
         T* S = &st->S[(size_t)bh * ss];
         lk::mixer_forward(d.mixer, in, lk::Form::recurrent, d.chunk, S, o, S);
@@ -198,6 +232,9 @@ class Impl {
     const size_t BH = (size_t)B * d.H;
     std::vector<T> hdo(BH * nv), dq(BH * nk), dk(BH * nk), dv(BH * nv);
     std::vector<T> dg(c.hg.size()), dbeta(c.hbeta.size()), db(c.hb.size()), dw(c.hw.size());
+    std::vector<T> dbx(c.hbx.size()), dws(c.hws.size());
+    const size_t nU1 = d.carve ? (size_t)d.crank * d.dv : 0, nU2 = d.carve ? (size_t)d.dk * d.crank : 0;
+    std::vector<T> dU1(BH * nU1, T(0)), dU2(BH * nU2, T(0));
     for (int b = 0; b < B; ++b)
       for (int h = 0; h < d.H; ++h)
         for (int t = 0; t < len; ++t)
@@ -207,6 +244,20 @@ class Impl {
     const T scale = T(1) / std::sqrt(T(d.dk));
 #pragma omp parallel for schedule(static) num_threads(be.threads())
     for (int bh = 0; bh < (int)BH; ++bh) {
+      if (d.carve) {
+        lk::CarveGrads<T> cg;
+        cg.dq = &dq[bh * nk];
+        cg.dk = &dk[bh * nk];
+        cg.dv = &dv[bh * nv];
+        cg.dg = &dg[bh * gstride];
+        cg.dbx = &dbx[bh * nk];
+        cg.dw = &dws[(size_t)bh * len];
+        cg.dU1 = &dU1[bh * nU1];
+        cg.dU2 = &dU2[bh * nU2];
+        lk::carve_backward(carve_inputs(bh, len, scale), lk::Form::chunk, &hdo[bh * nv], cg,
+                           &c.ccache[bh]);
+        continue;
+      }
       auto in = inputs(bh, len, scale);
       lk::MixerGrads<T> gr;
       gr.dq = &dq[bh * nk];
@@ -219,20 +270,33 @@ class Impl {
       lk::mixer_backward(d.mixer, in, lk::Form::chunk, d.chunk, (const T*)nullptr,
                          &hdo[bh * nv], (const T*)nullptr, gr, &c.bounds[(size_t)bh * nc * ss]);
     }
+    // CARVE content projection: sum the per-(b,h) gradients in a fixed order
+    if (d.carve && !d.freeze_content)
+      for (int h = 0; h < d.H; ++h)
+        for (int b = 0; b < B; ++b) {
+          const size_t bh = (size_t)b * d.H + h;
+          for (size_t i = 0; i < nU1; ++i) grad(sl_.U1)[h * nU1 + i] += dU1[bh * nU1 + i];
+          for (size_t i = 0; i < nU2; ++i) grad(sl_.U2)[h * nU2 + i] += dU2[bh * nU2 + i];
+        }
+    // CCQ: from the corrected q back to the normalised q, k and λ
+    std::vector<T> dpq_ccq;
+    if (c.ccq_active) ccq_bwd(be, X, dX, B, len, dq, dk, dpq_ccq);
     // scatter back to [N, C] and undo the L2 normalisation
     std::vector<T> daq((size_t)N * d.Cq), dak((size_t)N * d.Cq), dav((size_t)N * d.Cv);
     for (int b = 0; b < B; ++b)
       for (int h = 0; h < d.H; ++h)
         for (int t = 0; t < len; ++t) {
           const size_t hi = ((size_t)b * d.H + h) * len + t, n = (size_t)b * len + t;
-          l2_bwd(&dq[hi * d.dk], &c.hq[hi * d.dk], c.rq[n * d.H + h], &daq[n * d.Cq + h * d.dk]);
+          const T* qn = c.ccq_active ? &c.hq_pre[hi * d.dk] : &c.hq[hi * d.dk];
+          l2_bwd(&dq[hi * d.dk], qn, c.rq[n * d.H + h], &daq[n * d.Cq + h * d.dk]);
           l2_bwd(&dk[hi * d.dk], &c.hk[hi * d.dk], c.rk[n * d.H + h], &dak[n * d.Cq + h * d.dk]);
           std::copy_n(&dv[hi * d.dv], d.dv, &dav[n * d.Cv + h * d.dv]);
         }
-    gates_bwd(be, X, dX, N, dg, dbeta, db, dw);
+    gates_bwd(be, X, dX, N, dg, dbeta, db, dw, dbx, dws);
     // conv + SiLU, then the projections
     std::vector<T> dp;
     conv_bwd(c.pq, c.aq, daq, dp, sl_.cq, d.Cq, B, len);
+    for (size_t i = 0; i < dpq_ccq.size(); ++i) dp[i] += dpq_ccq[i];  // λ reads p_q
     proj_bwd(be, X, dX, dp, sl_.wq, N, d.Cq);
     conv_bwd(c.pk, c.ak, dak, dp, sl_.ck, d.Cq, B, len);
     proj_bwd(be, X, dX, dp, sl_.wk, N, d.Cq);
@@ -247,6 +311,8 @@ class Impl {
     s->tail_q.assign((size_t)B * w1 * dm_.Cq, T(0));
     s->tail_k.assign((size_t)B * w1 * dm_.Cq, T(0));
     s->tail_v.assign((size_t)B * w1 * dm_.Cv, T(0));
+    if (dm_.ccq) s->ccq.assign((size_t)B * dm_.H, lk::CcqState<T>(dm_.dk));
+    if (dm_.carve) s->carve.assign((size_t)B * dm_.H, lk::CarveState<T>(dm_.dk, dm_.dv));
     return s;
   }
 
@@ -270,6 +336,108 @@ class Impl {
     if (!c.hw.empty()) in.w = &c.hw[(size_t)bh * len * dm_.dv];
     in.scale = scale;
     return in;
+  }
+
+  lk::CarveInputs<T> carve_inputs(int bh, int len, T scale) const {
+    const Cache<T>& c = c_;
+    const int h = bh % dm_.H;
+    lk::CarveInputs<T> in;
+    in.len = len;
+    in.dk = dm_.dk;
+    in.dv = dm_.dv;
+    in.rank = dm_.crank;
+    in.q = &c.hq[(size_t)bh * len * dm_.dk];
+    in.k = &c.hk[(size_t)bh * len * dm_.dk];
+    in.v = &c.hv[(size_t)bh * len * dm_.dv];
+    in.g = &c.hg[(size_t)bh * len * dm_.dk];
+    in.bx = &c.hbx[(size_t)bh * len * dm_.dk];
+    in.w = &c.hws[(size_t)bh * len];
+    if (dm_.freeze_content) {
+      in.U1 = zeros_.data();
+      in.U2 = zeros_.data();
+    } else {
+      in.U1 = par(sl_.U1) + (size_t)h * dm_.crank * dm_.dv;
+      in.U2 = par(sl_.U2) + (size_t)h * dm_.dk * dm_.crank;
+    }
+    in.content_chunk = dm_.L;
+    in.chunk = dm_.chunk;
+    in.scale = scale;
+    in.content_grad = dm_.content_grad;
+    return in;
+  }
+
+  // CCQ: λ per (token, head), then q ← (I − λΣ)q per (b,h); c.hq_pre keeps the input.
+  void ccq_fwd(kernels::Backend& be, const Tensor& X, int B, int len, LinearState<T>* st) {
+    Cache<T>& c = c_;
+    const Dims& d = dm_;
+    const int N = B * len;
+    c.lam.resize((size_t)N * d.H);
+    if (d.ccq_learned) {
+      c.lam_pre.resize((size_t)N * d.H);
+      be.gemm(tv(c.pq, {N, d.Cq}), false, P_[sl_.wlam], true, tv(c.lam_pre, {N, d.H}));
+    }
+    for (int b = 0; b < B; ++b)
+      for (int h = 0; h < d.H; ++h)
+        for (int t = 0; t < len; ++t) {
+          const size_t n = (size_t)b * len + t, hi = ((size_t)b * d.H + h) * len + t;
+          c.lam[hi] = d.ccq_learned ? sigmoid(c.lam_pre[n * d.H + h] + par(sl_.blam)[h])
+                                    : T(d.ccq_lambda);
+        }
+    c.hq_pre = c.hq;
+#pragma omp parallel for schedule(static) num_threads(be.threads())
+    for (int bh = 0; bh < B * d.H; ++bh) {
+      lk::CcqInputs<T> in;
+      in.len = len;
+      in.dk = d.dk;
+      in.q = &c.hq_pre[(size_t)bh * len * d.dk];
+      in.k = &c.hk[(size_t)bh * len * d.dk];
+      in.lambda = &c.lam[(size_t)bh * len];
+      in.centered = d.ccq_centered;
+      T* out = &c.hq[(size_t)bh * len * d.dk];
+      if (st)
+        lk::ccq_recurrent_forward(in, &st->ccq[bh], out);
+      else
+        lk::ccq_chunk_forward(in, d.chunk, (lk::CcqState<T>*)nullptr, out);
+    }
+  }
+
+  // dq arrives on the corrected q: replaced by the gradient on the normalised q; dk gets
+  // the statistics' share; dpq receives the λ gate's gradient on p_q ([N, Cq]).
+  void ccq_bwd(kernels::Backend& be, const Tensor& X, const Tensor& dX, int B, int len,
+               std::vector<T>& dq, std::vector<T>& dk, std::vector<T>& dpq) {
+    Cache<T>& c = c_;
+    const Dims& d = dm_;
+    const int N = B * len;
+    const size_t nk = (size_t)len * d.dk;
+    std::vector<T> dqn(dq.size()), dkc(dk.size()), dlam(c.lam.size());
+#pragma omp parallel for schedule(static) num_threads(be.threads())
+    for (int bh = 0; bh < B * d.H; ++bh) {
+      lk::CcqInputs<T> in;
+      in.len = len;
+      in.dk = d.dk;
+      in.q = &c.hq_pre[bh * nk];
+      in.k = &c.hk[bh * nk];
+      in.lambda = &c.lam[(size_t)bh * len];
+      in.centered = d.ccq_centered;
+      lk::ccq_chunk_backward(in, d.chunk, (const lk::CcqState<T>*)nullptr, &dq[bh * nk],
+                             lk::CcqGrads<T>{&dqn[bh * nk], &dkc[bh * nk], &dlam[(size_t)bh * len]});
+    }
+    dq.swap(dqn);
+    for (size_t i = 0; i < dk.size(); ++i) dk[i] += dkc[i];
+    dpq.clear();
+    if (!d.ccq_learned) return;
+    std::vector<T> dpre((size_t)N * d.H);
+    for (int b = 0; b < B; ++b)
+      for (int h = 0; h < d.H; ++h)
+        for (int t = 0; t < len; ++t) {
+          const size_t n = (size_t)b * len + t, hi = ((size_t)b * d.H + h) * len + t;
+          const T l = c.lam[hi];
+          dpre[n * d.H + h] = dlam[hi] * l * (T(1) - l);
+          grad(sl_.blam)[h] += dpre[n * d.H + h];
+        }
+    dpq.assign((size_t)N * d.Cq, T(0));
+    be.gemm(tv(dpre, {N, d.H}), true, tv(c.pq, {N, d.Cq}), false, G_[sl_.wlam], 1.0, 1.0);
+    be.gemm(tv(dpre, {N, d.H}), false, P_[sl_.wlam], false, tv(dpq, {N, d.Cq}));
   }
 
   // a[t,c] = silu(Σ_i w[c,i] p[t−W+1+i, c]) per sequence; p before t=0 comes from the tail.
@@ -392,7 +560,12 @@ class Impl {
       c.beta_pre.resize((size_t)N * d.H);
       be.gemm(X, false, P_[sl_.wbeta], true, tv(c.beta_pre, {N, d.H}));
     }
-    if (d.mixer == lk::Mixer::gdn2) {
+    if (d.carve) {
+      c.b_pre.resize((size_t)N * d.Cq);
+      c.w_pre.resize((size_t)N * d.H);
+      be.gemm(X, false, P_[sl_.werase], true, tv(c.b_pre, {N, d.Cq}));
+      be.gemm(X, false, P_[sl_.wwrite], true, tv(c.w_pre, {N, d.H}));
+    } else if (d.mixer == lk::Mixer::gdn2) {
       c.b_pre.resize((size_t)N * d.Cq);
       c.w_pre.resize((size_t)N * d.Cv);
       be.gemm(X, false, P_[sl_.werase], true, tv(c.b_pre, {N, d.Cq}));
@@ -424,8 +597,11 @@ class Impl {
     const lk::GateKind gk = lk::gate_kind(d.mixer);
     c.hg.resize(gk == lk::GateKind::none ? 0 : BH * len * (gk == lk::GateKind::scalar ? 1 : d.dk));
     c.hbeta.resize(lk::uses_beta(d.mixer) ? BH * len : 0);
-    c.hb.resize(d.mixer == lk::Mixer::gdn2 ? BH * len * d.dk : 0);
-    c.hw.resize(d.mixer == lk::Mixer::gdn2 ? BH * len * d.dv : 0);
+    const bool g2 = d.mixer == lk::Mixer::gdn2 && !d.carve;
+    c.hb.resize(g2 ? BH * len * d.dk : 0);
+    c.hw.resize(g2 ? BH * len * d.dv : 0);
+    c.hbx.resize(d.carve ? BH * len * d.dk : 0);
+    c.hws.resize(d.carve ? BH * len : 0);
     for (int b = 0; b < B; ++b)
       for (int h = 0; h < d.H; ++h)
         for (int t = 0; t < len; ++t) {
@@ -450,6 +626,10 @@ class Impl {
           if (gk == lk::GateKind::channel)
             for (int i = 0; i < d.dk; ++i) c.hg[hi * d.dk + i] = gate_value((int)n, h * d.dk + i);
           if (!c.hbeta.empty()) c.hbeta[hi] = sigmoid(c.beta_pre[n * d.H + h]);
+          if (d.carve) {  // erase logits go to the kernel raw (it adds the content term)
+            std::copy_n(&c.b_pre[n * d.Cq + h * d.dk], d.dk, &c.hbx[hi * d.dk]);
+            c.hws[hi] = sigmoid(c.w_pre[n * d.H + h]);
+          }
           if (!c.hb.empty())
             for (int i = 0; i < d.dk; ++i)
               c.hb[hi * d.dk + i] = sigmoid(c.b_pre[n * d.Cq + h * d.dk + i]);
@@ -472,7 +652,7 @@ class Impl {
 
   void gates_bwd(kernels::Backend& be, const Tensor& X, const Tensor& dX, int N,
                  const std::vector<T>& dg, const std::vector<T>& dbeta, const std::vector<T>& db,
-                 const std::vector<T>& dw) {
+                 const std::vector<T>& dw, const std::vector<T>& dbx, const std::vector<T>& dws) {
     Cache<T>& c = c_;
     const Dims& d = dm_;
     const int B = c.B, len = c.T_;
@@ -523,6 +703,21 @@ class Impl {
       be.gemm(tv(dpre, {N, d.H}), true, X, false, G_[sl_.wbeta], 1.0, 1.0);
       be.gemm(tv(dpre, {N, d.H}), false, P_[sl_.wbeta], false, dX, 1.0, 1.0);
     }
+    if (d.carve) {
+      std::vector<T> dbp((size_t)N * d.Cq), dwp((size_t)N * d.H);
+      for (int b = 0; b < B; ++b)
+        for (int h = 0; h < d.H; ++h)
+          for (int t = 0; t < len; ++t) {
+            const size_t hi = ((size_t)b * d.H + h) * len + t, n = (size_t)b * len + t;
+            std::copy_n(&dbx[hi * d.dk], d.dk, &dbp[n * d.Cq + h * d.dk]);
+            const T s = c.hws[hi];
+            dwp[n * d.H + h] = dws[hi] * s * (T(1) - s);
+          }
+      be.gemm(tv(dbp, {N, d.Cq}), true, X, false, G_[sl_.werase], 1.0, 1.0);
+      be.gemm(tv(dbp, {N, d.Cq}), false, P_[sl_.werase], false, dX, 1.0, 1.0);
+      be.gemm(tv(dwp, {N, d.H}), true, X, false, G_[sl_.wwrite], 1.0, 1.0);
+      be.gemm(tv(dwp, {N, d.H}), false, P_[sl_.wwrite], false, dX, 1.0, 1.0);
+    }
     if (!db.empty()) {
       std::vector<T> dbp((size_t)N * d.Cq), dwp((size_t)N * d.Cv);
       for (int b = 0; b < B; ++b)
@@ -549,6 +744,7 @@ class Impl {
   Slots sl_;
   std::vector<Tensor> P_, G_;
   Cache<T> c_;
+  std::vector<T> zeros_ = std::vector<T>((size_t)std::max(dm_.crank * dm_.dv, dm_.dk * dm_.crank), T(0));
 };
 
 // softplus⁻¹(y) = log(expm1(y)): dt_bias is initialised uniform between softplus⁻¹(1e-3)
@@ -559,9 +755,10 @@ double softplus_inv(double y) { return std::log(std::expm1(y)); }
 class LinearMixer final : public Mixer {
  public:
   explicit LinearMixer(const MixerConfig& cfg) : cfg_(cfg) {
-    auto m = lk::parse_mixer(cfg.kind);
+    auto m = cfg.kind == "carve" ? std::optional<lk::Mixer>(lk::Mixer::gdn2) : lk::parse_mixer(cfg.kind);
     if (!m) throw UserError("linear mixer: unknown architecture '" + cfg.kind + "'");
     dm_.mixer = *m;
+    dm_.carve = cfg.kind == "carve";
     dm_.d = cfg.d_model;
     dm_.H = cfg.n_heads;
     dm_.dk = cfg.head_dim;
@@ -573,7 +770,33 @@ class LinearMixer final : public Mixer {
     dm_.W = mo.value("conv_size", 4);
     dm_.rank = mo.value("gate_rank", 16);
     dm_.chunk = mo.value("chunk_size", 64);
-    dm_.l2 = lk::is_delta_rule(dm_.mixer);
+    if (mo.contains("ccq") && mo["ccq"].is_object()) {
+      const json& cq = mo["ccq"];
+      dm_.ccq = cq.value("enabled", false);
+      dm_.ccq_centered = cq.value("centered", true);
+      dm_.ccq_disable_eval = cq.value("disable_at_eval", false);
+      dm_.ccq_lambda = cq.value("lambda_init", 0.01);
+      if (cq.contains("lambda") && cq["lambda"].is_number()) {
+        dm_.ccq_learned = false;
+        dm_.ccq_lambda = cq["lambda"].get<double>();
+      } else if (cq.contains("lambda") && cq["lambda"] != "learned") {
+        throw UserError("model.ccq.lambda: expected 'learned' or a number, got " + cq["lambda"].dump());
+      }
+      if (dm_.ccq && !(dm_.ccq_lambda > 0.0 && dm_.ccq_lambda < 1.0) && dm_.ccq_learned)
+        throw UserError("model.ccq.lambda_init: must lie in (0, 1), got " +
+                        std::to_string(dm_.ccq_lambda));
+    }
+    if (dm_.carve && mo.contains("carve") && mo["carve"].is_object()) {
+      const json& cv = mo["carve"];
+      dm_.crank = cv.value("content_rank", 16);
+      dm_.L = cv.value("content_chunk", 0);
+      dm_.content_grad = cv.value("content_grad", true);
+      dm_.freeze_content = cv.value("freeze_content", false);
+    }
+    if (dm_.carve && dm_.L <= 0) dm_.L = dm_.chunk;
+    if (dm_.carve && (dm_.crank < 1 || dm_.crank > 32))
+      throw UserError("model.carve.content_rank: must be in 1..32, got " + std::to_string(dm_.crank));
+    dm_.l2 = lk::is_delta_rule(dm_.mixer) || dm_.ccq;
     if (dm_.conv && dm_.W < 1)
       throw UserError("model.conv_size: must be ≥ 1, got " + std::to_string(dm_.W));
     if (dm_.chunk < 1)
@@ -583,8 +806,6 @@ class LinearMixer final : public Mixer {
     if (cfg.routing != "none")
       throw UserError("model.routing: '" + cfg.routing +
                       "' is not implemented for linear mixers in this build (use none)");
-    if (mo.contains("ccq") && mo["ccq"].value("enabled", false))
-      throw UserError("model.ccq.enabled: CCQ is not implemented in this build");
     build_specs();
   }
 
@@ -604,9 +825,9 @@ class LinearMixer final : public Mixer {
     check_cpu(ctx.be);
     const int B = (int)x.size(0), len = (int)x.size(1);
     if (ctx.be.dtype() == DType::f32)
-      impl<float>().forward(ctx.be, x.ptr<float>(), y.ptr<float>(), B, len, nullptr);
+      impl<float>().forward(ctx.be, x.ptr<float>(), y.ptr<float>(), B, len, nullptr, ctx.training);
     else
-      impl<double>().forward(ctx.be, x.ptr<double>(), y.ptr<double>(), B, len, nullptr);
+      impl<double>().forward(ctx.be, x.ptr<double>(), y.ptr<double>(), B, len, nullptr, ctx.training);
   }
   void backward(ForwardContext& ctx, const Tensor& dy, const Tensor& dx, Routing&) override {
     check_cpu(ctx.be);
@@ -629,11 +850,11 @@ class LinearMixer final : public Mixer {
     if (ctx.be.dtype() == DType::f32) {
       auto* st = dynamic_cast<LinearState<float>*>(&state);
       if (!st) throw RuntimeError("linear mixer: step() with a foreign state");
-      impl<float>().forward(ctx.be, x.ptr<float>(), y.ptr<float>(), B, 1, st);
+      impl<float>().forward(ctx.be, x.ptr<float>(), y.ptr<float>(), B, 1, st, ctx.training);
     } else {
       auto* st = dynamic_cast<LinearState<double>*>(&state);
       if (!st) throw RuntimeError("linear mixer: step() with a foreign state");
-      impl<double>().forward(ctx.be, x.ptr<double>(), y.ptr<double>(), B, 1, st);
+      impl<double>().forward(ctx.be, x.ptr<double>(), y.ptr<double>(), B, 1, st, ctx.training);
     }
   }
 
@@ -695,9 +916,26 @@ class LinearMixer final : public Mixer {
       sl_.dt_bias = add({"dt_bias", {n}, ParamKind::scalar,
                          InitRule::Uniform(softplus_inv(1e-3), softplus_inv(1e-1))});
     }
-    if (m == lk::Mixer::gdn2) {
+    if (d.carve) {
+      sl_.werase = mat("w_erase", d.Cq, d.d);
+      sl_.wwrite = mat("w_write", d.H, d.d);  // one scalar write gate per head
+      if (!d.freeze_content) {
+        // U_b(m) = U2 tanh(U1 m) per head; U2 starts at zero so CARVE starts as gdn2 with a
+        // scalar write gate.
+        sl_.U1 = add({"content_u1", {(int64_t)d.H * d.crank, d.dv}, ParamKind::matrix_hidden,
+                      InitRule::Normal(1.0 / std::sqrt((double)d.dv))});
+        sl_.U2 = add({"content_u2", {(int64_t)d.H * d.dk, d.crank}, ParamKind::matrix_hidden,
+                      InitRule::Constant(0.0)});
+      }
+    } else if (m == lk::Mixer::gdn2) {
       sl_.werase = mat("w_erase", d.Cq, d.d);
       sl_.wwrite = mat("w_write", d.Cv, d.d);
+    }
+    if (d.ccq && d.ccq_learned) {
+      // λ = σ(W_λ p_q + b_λ): W_λ zero, b_λ = logit(lambda_init) so λ starts at lambda_init.
+      sl_.wlam = add({"ccq_w_lambda", {d.H, d.Cq}, ParamKind::matrix_hidden, InitRule::Constant(0.0)});
+      sl_.blam = add({"ccq_b_lambda", {d.H}, ParamKind::bias,
+                      InitRule::Constant(std::log(d.ccq_lambda / (1.0 - d.ccq_lambda)))});
     }
     sl_.onorm = add({"o_norm", {d.dv}, ParamKind::norm, InitRule::Constant(1.0)});
     sl_.wgate = mat("w_gate", d.Cv, d.d);
@@ -723,6 +961,7 @@ const MixerRegistration reg_deltanet{"deltanet", factory()};
 const MixerRegistration reg_gdn{"gdn", factory()};
 const MixerRegistration reg_kda{"kda", factory()};
 const MixerRegistration reg_gdn2{"gdn2", factory()};
+const MixerRegistration reg_carve{"carve", factory()};
 
 }  // namespace
 
