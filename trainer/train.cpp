@@ -1,0 +1,432 @@
+#include "trainer/train.hpp"
+
+#include <sys/resource.h>
+#include <unistd.h>
+#include <yaml-cpp/yaml.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <fstream>
+#include <iostream>
+
+#include "core/config_schema.hpp"
+#include "core/error.hpp"
+#include "core/fs.hpp"
+#include "core/hash.hpp"
+#include "core/run_dir.hpp"
+#include "kernels/backend.hpp"
+#include "trainer/checkpoint.hpp"
+#include "trainer/data/dataset.hpp"
+#include "trainer/model.hpp"
+#include "trainer/optim/optimizer.hpp"
+#include "trainer/optim/param_views.hpp"
+#include "trainer/optim/schedule.hpp"
+
+namespace lar::trainer {
+
+namespace fs = std::filesystem;
+
+// ---- config ----
+
+long total_steps(const json& config) {
+  const double tokens = config.at("budget").at("tokens").get<double>();
+  if (tokens > 0) {
+    const double per_step = config.at("data").at("batch_size").get<double>() * config.at("data").at("seq_len").get<double>();
+    return std::max(1L, static_cast<long>(std::ceil(tokens / per_step)));
+  }
+  return config.at("budget").at("steps").get<long>();
+}
+
+json prepare_config(const json& raw) {
+  if (!raw.is_object()) throw UserError("run config: expected a mapping, got " + raw.dump());
+  auto issues = validate_config(raw);
+  if (!issues.empty()) {
+    std::string msg = "invalid run config:";
+    for (const auto& i : issues) msg += "\n  " + i.path + ": " + i.message;
+    throw UserError(msg);
+  }
+  json cfg = with_defaults(raw);
+  if (cfg.at("backend").get<std::string>() != "auto" && !kernels::backend_available(cfg.at("backend")))
+    throw UserError("backend: '" + cfg.at("backend").get<std::string>() + "' is not available in this build");
+  validate_model_config(cfg);
+  // These constructors check their sections and throw UserError naming the key.
+  (void)optim::OptimizerConfig::from_json(cfg);
+  (void)optim::Schedule::from_json(cfg, total_steps(cfg));
+  (void)data::make_dataset(cfg);  // data path, vocabulary coverage, task parameters
+  return cfg;
+}
+
+json read_run_config(const fs::path& run_dir) {
+  RunDir rd(run_dir);
+  if (!fs::exists(rd.config_path()))
+    throw UserError(rd.config_path().string() + ": no such file (create the run with `lar launch`, or pass --config FILE)");
+  json j;
+  try {
+    j = json::parse(read_file(rd.config_path()));
+  } catch (const json::exception& e) {
+    throw UserError(rd.config_path().string() + ": not valid JSON: " + e.what());
+  }
+  if (!j.is_object() || !j.contains("config"))
+    throw UserError(rd.config_path().string() + ": missing the \"config\" object (docs/protocol.md)");
+  return prepare_config(j.at("config"));
+}
+
+namespace {
+
+json yaml_to_json(const YAML::Node& n) {
+  switch (n.Type()) {
+    case YAML::NodeType::Map: {
+      json o = json::object();
+      for (const auto& kv : n) o[kv.first.as<std::string>()] = yaml_to_json(kv.second);
+      return o;
+    }
+    case YAML::NodeType::Sequence: {
+      json a = json::array();
+      for (const auto& e : n) a.push_back(yaml_to_json(e));
+      return a;
+    }
+    case YAML::NodeType::Scalar: {
+      const std::string s = n.Scalar();
+      if (n.Tag() == "!") return s;  // quoted: always a string
+      if (s == "true" || s == "True") return true;
+      if (s == "false" || s == "False") return false;
+      if (s == "null" || s == "~") return nullptr;
+      try {
+        std::size_t pos = 0;
+        long long v = std::stoll(s, &pos);
+        if (pos == s.size()) return v;
+      } catch (...) {
+      }
+      try {
+        std::size_t pos = 0;
+        double v = std::stod(s, &pos);
+        if (pos == s.size()) return v;
+      } catch (...) {
+      }
+      return s;
+    }
+    default: return nullptr;
+  }
+}
+
+}  // namespace
+
+json load_config_file(const fs::path& file) {
+  if (!fs::exists(file)) throw UserError(file.string() + ": no such file");
+  json j;
+  const std::string text = read_file(file);
+  const std::string ext = file.extension().string();
+  if (ext == ".json") {
+    try {
+      j = json::parse(text);
+    } catch (const json::parse_error& e) {
+      throw UserError(file.string() + ": not valid JSON: " + e.what());
+    }
+  } else {
+    try {
+      j = yaml_to_json(YAML::Load(text));
+    } catch (const YAML::Exception& e) {
+      throw UserError(SourceLoc{file.string(), e.mark.line + 1, e.mark.column + 1}, e.msg);
+    }
+  }
+  if (j.is_object() && j.contains("config") && j["config"].is_object()) j = j["config"];
+  return j;
+}
+
+// ---- the run ----
+
+namespace {
+
+std::atomic<int> g_signal{0};
+void on_stop_signal(int sig) { g_signal.store(sig); }
+
+struct SignalGuard {
+  struct sigaction old_term {}, old_usr2 {}, old_int {};
+  SignalGuard() {
+    g_signal.store(0);
+    struct sigaction sa {};
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, &old_term);
+    sigaction(SIGUSR2, &sa, &old_usr2);
+    sigaction(SIGINT, &sa, &old_int);
+  }
+  ~SignalGuard() {
+    sigaction(SIGTERM, &old_term, nullptr);
+    sigaction(SIGUSR2, &old_usr2, nullptr);
+    sigaction(SIGINT, &old_int, nullptr);
+  }
+};
+
+double peak_mem_mb() {
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_maxrss / 1024.0;  // KiB on Linux
+}
+
+std::string hostname() {
+  char buf[256] = {0};
+  gethostname(buf, sizeof buf - 1);
+  return buf;
+}
+
+std::string fmt_num(double v, int prec = 4) {
+  char b[64];
+  std::snprintf(b, sizeof b, "%.*g", prec, v);
+  return b;
+}
+
+struct EvalResult {
+  double loss = 0;
+  json tasks = json::object();  // averaged task metrics (acc, ...)
+};
+
+// Validation: eval.batches held-out batches at `seq_len`, loss weighted by loss tokens,
+// task metrics averaged over batches.
+EvalResult evaluate(Model& model, data::Dataset& ds, int batches, int seq_len) {
+  EvalResult r;
+  double loss_sum = 0, weight = 0;
+  std::map<std::string, double> sums;
+  std::vector<int32_t> pred;
+  for (int i = 0; i < batches; ++i) {
+    data::Batch b = ds.val_batch(i, seq_len);
+    StepResult s = model.evaluate(b, &pred);
+    loss_sum += s.loss * s.mask_sum;
+    weight += s.mask_sum;
+    json sc = ds.score(b, pred);
+    for (auto& [k, v] : sc.items())
+      if (v.is_number()) sums[k] += v.get<double>();
+  }
+  r.loss = weight > 0 ? loss_sum / weight : 0.0;
+  for (auto& [k, v] : sums) r.tasks[k] = v / batches;
+  return r;
+}
+
+class Trainer {
+ public:
+  Trainer(const fs::path& dir, const TrainOptions& opts) : rd_(dir), opts_(opts) {}
+  int run();
+
+ private:
+  void log(const std::string& line);
+  void save(long step);
+  void finish_status(RunState state, const std::string& reason);
+
+  RunDir rd_;
+  TrainOptions opts_;
+  json cfg_;
+  RunStatus st_;
+  std::ofstream log_;
+  std::unique_ptr<kernels::Backend> be_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<data::Dataset> ds_;
+  std::unique_ptr<optim::Optimizer> opt_;
+  json summary_ = json::object();  // recorded so far (saturation_loss, ...)
+  long tokens_ = 0;
+  double wall_offset_ = 0;  // wall time of earlier attempts
+  std::chrono::steady_clock::time_point t_start_;
+  double compute_seconds_ = 0;  // time inside training steps (this attempt)
+  long steps_this_attempt_ = 0;
+};
+
+void Trainer::log(const std::string& line) {
+  log_ << line << "\n";
+  log_.flush();
+}
+
+void Trainer::save(long step) {
+  Checkpoint ck;
+  ck.step = step;
+  const auto& ps = model_->params();
+  ck.params.assign(static_cast<const char*>(ps.params().data), ps.params().bytes());
+  ck.optimizer = opt_->save_state();
+  const double wall = wall_offset_ + std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start_).count();
+  ck.state = {{"data", ds_->state()}, {"tokens", tokens_}, {"summary", summary_}, {"wall_time", wall},
+              {"config_hash", sha256_hex(canonical_dump(cfg_))}};
+  save_checkpoint(rd_.checkpoints_dir(), ck, cfg_.at("checkpoint").at("keep").get<int>());
+  log("checkpoint step " + std::to_string(step));
+}
+
+void Trainer::finish_status(RunState state, const std::string& reason) {
+  st_.summary = summary_;
+  rd_.transition(st_, state, reason);
+}
+
+int Trainer::run() {
+  cfg_ = read_run_config(rd_.root());  // UserError → exit 2 before anything is written
+  const long total = total_steps(cfg_);
+  auto old = rd_.read_status();
+  if (old && old->state == RunState::completed) {
+    std::cout << "run " << rd_.root().string() << " already completed (" << old->step << " steps)\n";
+    return 0;
+  }
+  // Build everything before touching the run directory.
+  be_ = kernels::make_backend(cfg_.at("backend"), cfg_.at("threads").get<int>());
+  model_ = std::make_unique<Model>(cfg_, *be_);
+  model_->init(static_cast<uint64_t>(cfg_.at("seed").get<int64_t>()));
+  ds_ = data::make_dataset(cfg_);
+  float* params = model_->params().host_params();
+  float* grads = model_->params().host_grads();
+  if (!params || !grads) throw RuntimeError("the optimiser needs host fp32 parameters (cpu backend)");
+  opt_ = std::make_unique<optim::Optimizer>(optim::OptimizerConfig::from_json(cfg_),
+                                            optim::param_views(model_->params().table()),
+                                            static_cast<std::size_t>(model_->params().numel()));
+  const optim::Schedule sched = optim::Schedule::from_json(cfg_, total);
+  const auto stable_end = sched.stable_end_step();
+  const int B = cfg_.at("data").at("batch_size").get<int>(), T = cfg_.at("data").at("seq_len").get<int>();
+  const int log_every = cfg_.at("log").at("every").get<int>();
+  const int eval_every = cfg_.at("eval").at("every").get<int>();
+  const int eval_batches = cfg_.at("eval").at("batches").get<int>();
+  const int ckpt_every = cfg_.at("checkpoint").at("every").get<int>();
+
+  fs::create_directories(rd_.checkpoints_dir());
+  log_.open(rd_.log_path(), std::ios::app);
+  st_ = old.value_or(RunStatus{});
+  st_.attempt += 1;
+  st_.total_steps = total;
+  st_.started_at = unix_now();
+  st_.host = hostname();
+  st_.pid = ::getpid();
+  st_.reason.clear();
+
+  // Resume from the newest intact checkpoint.
+  long step = 0;
+  std::vector<std::string> skipped;
+  if (auto ck = load_latest_checkpoint(rd_.checkpoints_dir(), &skipped)) {
+    if (ck->params.size() != model_->params().params().bytes())
+      throw RuntimeError("checkpoint step " + std::to_string(ck->step) + " holds " + std::to_string(ck->params.size()) +
+                         " parameter bytes, the model has " + std::to_string(model_->params().params().bytes()));
+    std::memcpy(params, ck->params.data(), ck->params.size());
+    opt_->load_state(ck->optimizer);
+    ds_->restore(ck->state.at("data"));
+    tokens_ = ck->state.at("tokens").get<long>();
+    summary_ = ck->state.at("summary");
+    wall_offset_ = ck->state.at("wall_time").get<double>();
+    step = ck->step;
+    log("resumed from checkpoint step " + std::to_string(step) + " (attempt " + std::to_string(st_.attempt) + ")");
+  } else {
+    log("start: " + std::to_string(model_->params().numel()) + " parameters, " + std::to_string(total) +
+        " steps, backend " + be_->name());
+  }
+  for (const auto& s : skipped) log("skipped damaged checkpoint: " + s);
+  // Steps replayed after the checkpoint must not be recorded twice.
+  MetricsWriter::truncate_after(rd_.metrics_path(), step == 0 ? -1 : step);
+  MetricsWriter metrics(rd_.metrics_path());
+  st_.step = step;
+  summary_["params"] = model_->params().numel();
+  rd_.transition(st_, RunState::running);
+
+  SignalGuard signals;
+  t_start_ = std::chrono::steady_clock::now();
+  auto wall = [&] {
+    return wall_offset_ + std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start_).count();
+  };
+  auto last_status = std::chrono::steady_clock::now();
+  double last_loss = NAN;
+
+  auto run_eval = [&](long at) {
+    if (eval_batches <= 0) return;
+    EvalResult ev = evaluate(*model_, *ds_, eval_batches, T);
+    json line = {{"step", at}, {"tokens", tokens_}, {"wall_time", wall()}, {"val_loss", ev.loss}};
+    for (auto& [k, v] : ev.tasks.items()) line[k] = v;
+    metrics.append(line);
+    summary_["val_loss"] = ev.loss;
+    for (auto& [k, v] : ev.tasks.items()) summary_[k] = v;
+    if (stable_end && at == *stable_end) summary_["saturation_loss"] = ev.loss;
+    log("eval step " + std::to_string(at) + ": val_loss " + fmt_num(ev.loss, 6) + " " + ev.tasks.dump());
+  };
+
+  try {
+    while (step < total) {
+      auto t0 = std::chrono::steady_clock::now();
+      data::Batch batch = ds_->next_train();
+      model_->params().zero_grads();
+      StepResult r = model_->forward_backward(batch);
+      if (!std::isfinite(r.loss)) {
+        st_.step = step;
+        log("diverged: loss " + fmt_num(r.loss) + " at step " + std::to_string(step + 1));
+        finish_status(RunState::diverged, "non-finite loss at step " + std::to_string(step + 1));
+        return kExitDiverged;
+      }
+      const double gnorm = opt_->clip_gradients(grads);
+      if (!std::isfinite(gnorm)) {
+        st_.step = step;
+        log("diverged: gradient norm " + fmt_num(gnorm) + " at step " + std::to_string(step + 1));
+        finish_status(RunState::diverged, "non-finite gradients at step " + std::to_string(step + 1));
+        return kExitDiverged;
+      }
+      opt_->step(params, grads, sched, step);
+      const double lr = sched.lr(step);
+      ++step;
+      ++steps_this_attempt_;
+      tokens_ += long(B) * T;
+      last_loss = r.loss;
+      const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      compute_seconds_ += dt;
+      const double tps = B * T / std::max(dt, 1e-9);
+      if (step % log_every == 0 || step == total) {
+        metrics.append({{"step", step}, {"tokens", tokens_}, {"wall_time", wall()}, {"loss", r.loss}, {"lr", lr},
+                        {"grad_norm", gnorm}, {"tokens_per_s", tps}, {"iter_time", dt}, {"peak_mem_mb", peak_mem_mb()}});
+      }
+      if ((eval_every > 0 && step % eval_every == 0) || (stable_end && step == *stable_end) || step == total)
+        run_eval(step);
+      if (opts_.progress) {
+        const double eta = (total - step) * compute_seconds_ / std::max(1L, steps_this_attempt_);
+        std::printf("\rstep %ld/%ld  loss %.4f  lr %.2e  %.0f tok/s  eta %.0fs   ", step, total, r.loss, lr, tps, eta);
+        std::fflush(stdout);
+      }
+      st_.step = step;
+      const bool stop = g_signal.load() != 0 || (opts_.stop_after_steps > 0 && steps_this_attempt_ >= opts_.stop_after_steps);
+      if (step < total && (stop || (ckpt_every > 0 && step % ckpt_every == 0))) save(step);
+      if (stop && step < total) {
+        const int sig = g_signal.load();
+        const std::string why = sig ? std::string("signal ") + (sig == SIGUSR2 ? "SIGUSR2" : sig == SIGTERM ? "SIGTERM" : "SIGINT")
+                                    : "stop requested";
+        log("preempted at step " + std::to_string(step) + " (" + why + ")");
+        if (opts_.progress) std::printf("\n");
+        finish_status(RunState::preempted, why + " at step " + std::to_string(step));
+        return kExitPreempted;
+      }
+      if (std::chrono::steady_clock::now() - last_status > std::chrono::seconds(10)) {
+        st_.summary = summary_;
+        st_.updated_at = unix_now();
+        rd_.write_status(st_);
+        last_status = std::chrono::steady_clock::now();
+      }
+    }
+    save(step);
+    if (opts_.progress) std::printf("\n");
+    summary_["final_loss"] = eval_batches > 0 ? summary_.value("val_loss", last_loss) : last_loss;
+    summary_["final_train_loss"] = last_loss;
+    summary_["tokens"] = tokens_;
+    if (steps_this_attempt_ > 0) {
+      summary_["tokens_per_s"] = steps_this_attempt_ * double(B) * T / compute_seconds_;
+      summary_["iter_time_s"] = compute_seconds_ / steps_this_attempt_;
+    }
+    summary_["peak_mem_mb"] = peak_mem_mb();
+    log("completed: final_loss " + fmt_num(summary_["final_loss"].get<double>(), 6));
+    finish_status(RunState::completed, "");
+    std::cout << "completed " << rd_.root().string() << ": " << step << " steps, final loss "
+              << fmt_num(summary_["final_loss"].get<double>(), 5) << "\n";
+    return 0;
+  } catch (const std::exception& e) {
+    log(std::string("failed: ") + e.what());
+    finish_status(RunState::failed, e.what());
+    std::cerr << "lar train: " << e.what() << "\n";
+    return kExitRuntime;
+  }
+}
+
+}  // namespace
+
+int train_run(const fs::path& run_dir, const TrainOptions& opts) {
+  Trainer t(run_dir, opts);
+  return t.run();
+}
+
+}  // namespace lar::trainer
