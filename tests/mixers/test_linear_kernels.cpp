@@ -181,17 +181,23 @@ TEST(LinearKernels, FiniteDifferenceGradientsFp64) {
       Data<double> d(m, len, dk, dv, 31);
       d.factor_span = span;
       auto R1 = randn<double>((size_t)len * dv, 8), R2 = randn<double>(d.S0.size(), 9);
+      // delta rules: the write residual (routing's side channel) is part of the loss too
+      const bool delta = lk::is_delta_rule(m);
+      auto R3 = randn<double>((size_t)len * dv, 10);
       auto loss = [&]() {
-        std::vector<double> o((size_t)len * dv), S(d.S0.size());
-        lk::mixer_forward(m, d.inputs(), form, chunk, d.S0.data(), o.data(), S.data());
+        std::vector<double> o((size_t)len * dv), S(d.S0.size()), r((size_t)len * dv);
+        auto in = d.inputs();
+        if (delta) in.resid = r.data();
+        lk::mixer_forward(m, in, form, chunk, d.S0.data(), o.data(), S.data());
         double l = 0;
-        for (size_t i = 0; i < o.size(); ++i) l += R1[i] * o[i];
+        for (size_t i = 0; i < o.size(); ++i) l += R1[i] * o[i] + R3[i] * r[i];
         for (size_t i = 0; i < S.size(); ++i) l += R2[i] * S[i];
         return l;
       };
       Grads<double> gr(d);
-      lk::mixer_backward(m, d.inputs(), form, chunk, d.S0.data(), R1.data(), R2.data(),
-                         gr.ptrs());
+      auto bin = d.inputs();
+      if (delta) bin.dresid = R3.data();
+      lk::mixer_backward(m, bin, form, chunk, d.S0.data(), R1.data(), R2.data(), gr.ptrs());
       std::vector<std::pair<std::vector<double>*, std::vector<double>*>> pairs = {
           {&d.q, &gr.dq},       {&d.k, &gr.dk}, {&d.v, &gr.dv}, {&d.g, &gr.dg},
           {&d.beta, &gr.dbeta}, {&d.b, &gr.db}, {&d.w, &gr.dw}, {&d.S0, &gr.dS0}};
@@ -350,4 +356,53 @@ TEST(LinearKernels, MissingInputsAreRejected) {
   }
   EXPECT_FALSE(lk::parse_mixer("softmax").has_value());
   EXPECT_EQ(*lk::parse_mixer("kda"), Mixer::kda);
+}
+
+// The routing side channel: r_t = v_t − S_{t−1}(α_t ⊙ k_t) for the β rules (before β),
+// z_t − S_{t−1}(α_t ⊙ b_t ⊙ k_t) for gdn2; chunkwise = recurrent; refused without a delta rule.
+TEST(LinearKernels, WriteResidualIsTheDecayedError) {
+  const int len = 40, dk = 6, dv = 5;
+  for (Mixer m : {Mixer::deltanet, Mixer::gdn, Mixer::kda, Mixer::gdn2}) {
+    Data<double> d(m, len, dk, dv, 19);
+    auto in = d.inputs();
+    std::vector<double> r1((size_t)len * dv), r2(r1.size()), o(r1.size());
+    in.resid = r1.data();
+    lk::mixer_forward(m, in, Form::recurrent, 16, d.S0.data(), o.data(), (double*)nullptr);
+    in.resid = r2.data();
+    lk::mixer_forward(m, in, Form::chunk, 16, d.S0.data(), o.data(), (double*)nullptr);
+    EXPECT_LE(rel_err(r2, r1), 1e-12) << lk::mixer_name(m);
+    // explicitly, from the state before each token
+    std::vector<double> S = d.S0, want(r1.size()), ot(dv);
+    for (int t = 0; t < len; ++t) {
+      for (int i = 0; i < dv; ++i) {
+        double s = 0;
+        for (int c = 0; c < dk; ++c) {
+          double a = 1;
+          if (lk::gate_kind(m) == lk::GateKind::scalar) a = std::exp(d.g[t]);
+          if (lk::gate_kind(m) == lk::GateKind::channel) a = std::exp(d.g[(size_t)t * dk + c]);
+          double e = d.k[(size_t)t * dk + c] * (m == Mixer::gdn2 ? d.b[(size_t)t * dk + c] : 1.0);
+          s += S[(size_t)i * dk + c] * a * e;
+        }
+        double z = d.v[(size_t)t * dv + i] * (m == Mixer::gdn2 ? d.w[(size_t)t * dv + i] : 1.0);
+        want[(size_t)t * dv + i] = z - s;
+      }
+      lk::MixerInputs<double> st = in;
+      st.resid = nullptr;
+      st.q += (size_t)t * dk;
+      st.k += (size_t)t * dk;
+      st.v += (size_t)t * dv;
+      if (st.g) st.g += lk::gate_kind(m) == lk::GateKind::scalar ? (size_t)t : (size_t)t * dk;
+      if (st.beta) st.beta += t;
+      if (st.b) st.b += (size_t)t * dk;
+      if (st.w) st.w += (size_t)t * dv;
+      lk::mixer_step(m, st, S.data(), ot.data());
+    }
+    EXPECT_LE(rel_err(r1, want), 1e-12) << lk::mixer_name(m);
+  }
+  Data<float> d(Mixer::gla, 4, 4, 4, 1);
+  auto in = d.inputs();
+  std::vector<float> r(16), o(16);
+  in.resid = r.data();
+  EXPECT_THROW(lk::mixer_forward(Mixer::gla, in, Form::chunk, 4, (float*)nullptr, o.data(), (float*)nullptr),
+               std::invalid_argument);
 }

@@ -82,6 +82,9 @@ struct Dims {
   // CARVE (mixer is gdn2 for the shared gate code)
   bool carve = false, content_grad = true, freeze_content = false;
   int L = 64, crank = 16;
+  // Cross-layer routing (LAA §4): none, cler (ṽ = v + Γ r_{p(l)}), cler_h / clvr (the model
+  // projects the published side channel into the residual stream)
+  enum class Route { none, cler, cler_h, clvr } route = Route::none;
 };
 
 // Parameter indices (into the bound vectors), -1 when the mixer has no such parameter.
@@ -93,6 +96,7 @@ struct Slots {
   int onorm = -1, wgate = -1, wo = -1;
   int wlam = -1, blam = -1;        // CCQ gate
   int U1 = -1, U2 = -1;            // CARVE content projection
+  int gamma = -1;                  // CLER Γ_l
 };
 
 // Decode state: recurrent S per (batch, head) and the conv tails of q, k, v.
@@ -122,6 +126,9 @@ struct Cache {
   std::vector<T> hq_pre, lam, lam_pre;   // CCQ: q before the correction, λ [B,H,T], logits [N,H]
   std::vector<T> hbx, hws;               // CARVE: erase logits [B,H,T,dk], write [B,H,T]
   std::vector<lk::CarveCache<T>> ccache; // [B·H]
+  std::vector<T> rin;                    // routing: p(l)'s side channel [N,Cv] (cler)
+  std::vector<T> hres;                   // routing: write residuals [B,H,T,dv]
+  Tensor out, d_out, d_in;               // routing tensors of this step (model-owned but d_in/out)
 };
 
 template <class T>
@@ -133,7 +140,7 @@ class Impl {
   // x [B,T,d] → y [B,T,d]. With st (decode) the conv tails and states are carried and
   // updated; without, they start at zero and the cache for backward is filled.
   void forward(kernels::Backend& be, const T* x, T* y, int B, int len, LinearState<T>* st,
-               bool training) {
+               bool training, Routing& route, kernels::Arena& arena) {
     Cache<T>& c = c_;
     const Dims& d = dm_;
     const int N = B * len;
@@ -151,6 +158,16 @@ class Impl {
     conv_fwd(c.pq, c.aq, sl_.cq, d.Cq, B, len, st ? &st->tail_q : nullptr);
     conv_fwd(c.pk, c.ak, sl_.ck, d.Cq, B, len, st ? &st->tail_k : nullptr);
     conv_fwd(c.pv, c.av, sl_.cv, d.Cv, B, len, st ? &st->tail_v : nullptr);
+    // CLER: the written value gets p(l)'s write residual, ṽ = v + Γ_l r_{p(l)}
+    c.rin.clear();
+    if (d.route == Dims::Route::cler && !route.in.empty()) {
+      if (route.in.numel() != (int64_t)N * d.Cv)
+        throw RuntimeError("linear mixer: routing input " + route.in.shape_str() +
+                           " does not match [B,T," + std::to_string(d.Cv) + "]");
+      c.rin.assign(route.in.ptr<T>(), route.in.ptr<T>() + (size_t)N * d.Cv);
+      const T gam = par(sl_.gamma)[0];
+      for (size_t i = 0; i < c.av.size(); ++i) c.av[i] += gam * c.rin[i];
+    }
     // gates
     gates_fwd(be, X, N);
     // gather per (b,h), L2-normalising q, k for the delta rules
@@ -166,11 +183,15 @@ class Impl {
     if (!st && d.carve) c.ccache.resize((size_t)B * d.H);
     std::vector<T> ho((size_t)B * d.H * len * d.dv);
     const T scale = T(1) / std::sqrt(T(d.dk));
+    const bool res = d.route == Dims::Route::cler || d.route == Dims::Route::cler_h;
+    c.hres.resize(res ? ho.size() : 0);
 #pragma omp parallel for schedule(static) num_threads(be.threads())
     for (int bh = 0; bh < B * d.H; ++bh) {
       T* o = &ho[(size_t)bh * len * d.dv];
+      T* resid = res ? &c.hres[(size_t)bh * len * d.dv] : nullptr;
       if (d.carve) {
         auto ci = carve_inputs(bh, len, scale);
+        ci.resid = resid;
         if (st)
           lk::carve_forward(ci, lk::Form::recurrent, &st->carve[bh], o);
         else
@@ -178,6 +199,7 @@ class Impl {
         continue;
       }
       auto in = inputs(bh, len, scale);
+      in.resid = resid;
       if (st) {
         T* S = &st->S[(size_t)bh * ss];
         lk::mixer_forward(d.mixer, in, lk::Form::recurrent, d.chunk, S, o, S);
@@ -191,6 +213,22 @@ class Impl {
         for (int t = 0; t < len; ++t)
           std::copy_n(&ho[(((size_t)b * d.H + h) * len + t) * d.dv], d.dv,
                       &c.o[((size_t)b * len + t) * d.Cv + (size_t)h * d.dv]);
+    // routing: publish the write residual (cler, cler_h) or the written value (clvr)
+    c.out = Tensor();
+    if (d.route != Dims::Route::none) {
+      c.out = arena.alloc(dtype_of<T>(), {(int64_t)N, (int64_t)d.Cv});
+      T* out = c.out.template ptr<T>();
+      if (res) {
+        for (int b = 0; b < B; ++b)
+          for (int h = 0; h < d.H; ++h)
+            for (int t = 0; t < len; ++t)
+              std::copy_n(&c.hres[(((size_t)b * d.H + h) * len + t) * d.dv], d.dv,
+                          out + ((size_t)b * len + t) * d.Cv + (size_t)h * d.dv);
+      } else {
+        std::copy(c.av.begin(), c.av.end(), out);
+      }
+      route.out = st ? c.out.view({B, d.Cv}) : c.out.view({B, len, d.Cv});
+    }
     // output: per-head RMSNorm × SiLU(W_g x) → W_o
     c.on.resize(c.o.size());
     c.rstd.resize((size_t)N * d.H);
@@ -204,7 +242,7 @@ class Impl {
   }
 
   // dy [B,T,d] → dx (overwritten); parameter gradients accumulated.
-  void backward(kernels::Backend& be, const T* dy_, T* dx_) {
+  void backward(kernels::Backend& be, const T* dy_, T* dx_, Routing& route) {
     Cache<T>& c = c_;
     const Dims& d = dm_;
     const int B = c.B, len = c.T_, N = B * len;
@@ -242,8 +280,24 @@ class Impl {
                       &hdo[(((size_t)b * d.H + h) * len + t) * d.dv]);
     const size_t gstride = c.hg.size() / BH;
     const T scale = T(1) / std::sqrt(T(d.dk));
+    // routing: the gradient arriving on the published side channel
+    const bool has_dout = d.route != Dims::Route::none && !route.d_out.empty();
+    if (has_dout && route.d_out.numel() != (int64_t)N * d.Cv)
+      throw RuntimeError("linear mixer: routing gradient " + route.d_out.shape_str() +
+                         " does not match the side channel");
+    std::vector<T> hdres;
+    if (has_dout && !c.hres.empty()) {
+      hdres.resize(BH * nv);
+      const T* g = route.d_out.ptr<T>();
+      for (int b = 0; b < B; ++b)
+        for (int h = 0; h < d.H; ++h)
+          for (int t = 0; t < len; ++t)
+            std::copy_n(g + ((size_t)b * len + t) * d.Cv + (size_t)h * d.dv, d.dv,
+                        &hdres[(((size_t)b * d.H + h) * len + t) * d.dv]);
+    }
 #pragma omp parallel for schedule(static) num_threads(be.threads())
     for (int bh = 0; bh < (int)BH; ++bh) {
+      const T* dres = hdres.empty() ? nullptr : &hdres[bh * nv];
       if (d.carve) {
         lk::CarveGrads<T> cg;
         cg.dq = &dq[bh * nk];
@@ -254,11 +308,13 @@ class Impl {
         cg.dw = &dws[(size_t)bh * len];
         cg.dU1 = &dU1[bh * nU1];
         cg.dU2 = &dU2[bh * nU2];
-        lk::carve_backward(carve_inputs(bh, len, scale), lk::Form::chunk, &hdo[bh * nv], cg,
-                           &c.ccache[bh]);
+        auto ci = carve_inputs(bh, len, scale);
+        ci.dresid = dres;
+        lk::carve_backward(ci, lk::Form::chunk, &hdo[bh * nv], cg, &c.ccache[bh]);
         continue;
       }
       auto in = inputs(bh, len, scale);
+      in.dresid = dres;
       lk::MixerGrads<T> gr;
       gr.dq = &dq[bh * nk];
       gr.dk = &dk[bh * nk];
@@ -292,6 +348,20 @@ class Impl {
           l2_bwd(&dk[hi * d.dk], &c.hk[hi * d.dk], c.rk[n * d.H + h], &dak[n * d.Cq + h * d.dk]);
           std::copy_n(&dv[hi * d.dv], d.dv, &dav[n * d.Cv + h * d.dv]);
         }
+    if (has_dout && d.route == Dims::Route::clvr) {  // published ṽ = v
+      const T* g = route.d_out.ptr<T>();
+      for (size_t i = 0; i < dav.size(); ++i) dav[i] += g[i];
+    }
+    if (!c.rin.empty()) {  // ṽ = v + Γ r_in
+      const T gam = par(sl_.gamma)[0];
+      T dgam = 0;
+      for (size_t i = 0; i < dav.size(); ++i) dgam += dav[i] * c.rin[i];
+      grad(sl_.gamma)[0] += dgam;
+      if (!route.d_in.empty()) {
+        T* din = route.d_in.ptr<T>();
+        for (size_t i = 0; i < dav.size(); ++i) din[i] += gam * dav[i];
+      }
+    }
     gates_bwd(be, X, dX, N, dg, dbeta, db, dw, dbx, dws);
     // conv + SiLU, then the projections
     std::vector<T> dp;
@@ -803,13 +873,20 @@ class LinearMixer final : public Mixer {
       throw UserError("model.chunk_size: must be ≥ 1, got " + std::to_string(dm_.chunk));
     if (dm_.rank < 1)
       throw UserError("model.gate_rank: must be ≥ 1, got " + std::to_string(dm_.rank));
-    if (cfg.routing != "none")
-      throw UserError("model.routing: '" + cfg.routing +
-                      "' is not implemented for linear mixers in this build (use none)");
+    if (cfg.routing == "cler") dm_.route = Dims::Route::cler;
+    else if (cfg.routing == "cler_h") dm_.route = Dims::Route::cler_h;
+    else if (cfg.routing == "clvr") dm_.route = Dims::Route::clvr;
+    else if (cfg.routing != "none" && !cfg.routing.empty())
+      throw UserError("model.routing: unknown value '" + cfg.routing + "'");
+    if (dm_.route != Dims::Route::none && !lk::is_delta_rule(dm_.mixer))
+      throw UserError("model.routing: '" + cfg.routing + "' needs a delta-rule mixer (deltanet, gdn, "
+                      "kda, gdn2, carve); '" + cfg.kind + "' has no write residual");
     build_specs();
   }
 
   std::string kind() const override { return cfg_.kind; }
+  bool publishes() const override { return dm_.route != Dims::Route::none; }
+  int64_t side_dim() const override { return publishes() ? dm_.Cv : 0; }
   std::vector<ParamSpec> params() const override { return specs_; }
   void bind(std::vector<Tensor> params, std::vector<Tensor> grads) override {
     if (params.size() != specs_.size() || grads.size() != specs_.size())
@@ -821,20 +898,22 @@ class LinearMixer final : public Mixer {
     f64_.reset();
   }
 
-  void forward(ForwardContext& ctx, const Tensor& x, const Tensor& y, Routing&) override {
+  void forward(ForwardContext& ctx, const Tensor& x, const Tensor& y, Routing& route) override {
     check_cpu(ctx.be);
     const int B = (int)x.size(0), len = (int)x.size(1);
     if (ctx.be.dtype() == DType::f32)
-      impl<float>().forward(ctx.be, x.ptr<float>(), y.ptr<float>(), B, len, nullptr, ctx.training);
+      impl<float>().forward(ctx.be, x.ptr<float>(), y.ptr<float>(), B, len, nullptr, ctx.training,
+                            route, ctx.arena);
     else
-      impl<double>().forward(ctx.be, x.ptr<double>(), y.ptr<double>(), B, len, nullptr, ctx.training);
+      impl<double>().forward(ctx.be, x.ptr<double>(), y.ptr<double>(), B, len, nullptr,
+                             ctx.training, route, ctx.arena);
   }
-  void backward(ForwardContext& ctx, const Tensor& dy, const Tensor& dx, Routing&) override {
+  void backward(ForwardContext& ctx, const Tensor& dy, const Tensor& dx, Routing& route) override {
     check_cpu(ctx.be);
     if (ctx.be.dtype() == DType::f32)
-      impl<float>().backward(ctx.be, dy.ptr<float>(), dx.ptr<float>());
+      impl<float>().backward(ctx.be, dy.ptr<float>(), dx.ptr<float>(), route);
     else
-      impl<double>().backward(ctx.be, dy.ptr<double>(), dx.ptr<double>());
+      impl<double>().backward(ctx.be, dy.ptr<double>(), dx.ptr<double>(), route);
   }
 
   std::unique_ptr<MixerState> init_state(kernels::Backend& be, int batch, int) const override {
@@ -844,17 +923,19 @@ class LinearMixer final : public Mixer {
     return const_cast<LinearMixer*>(this)->impl<double>().make_state(batch);
   }
   void step(ForwardContext& ctx, const Tensor& x, const Tensor& y, MixerState& state,
-            Routing&) override {
+            Routing& route) override {
     check_cpu(ctx.be);
     const int B = (int)x.size(0);
     if (ctx.be.dtype() == DType::f32) {
       auto* st = dynamic_cast<LinearState<float>*>(&state);
       if (!st) throw RuntimeError("linear mixer: step() with a foreign state");
-      impl<float>().forward(ctx.be, x.ptr<float>(), y.ptr<float>(), B, 1, st, ctx.training);
+      impl<float>().forward(ctx.be, x.ptr<float>(), y.ptr<float>(), B, 1, st, ctx.training, route,
+                            ctx.arena);
     } else {
       auto* st = dynamic_cast<LinearState<double>*>(&state);
       if (!st) throw RuntimeError("linear mixer: step() with a foreign state");
-      impl<double>().forward(ctx.be, x.ptr<double>(), y.ptr<double>(), B, 1, st, ctx.training);
+      impl<double>().forward(ctx.be, x.ptr<double>(), y.ptr<double>(), B, 1, st, ctx.training,
+                             route, ctx.arena);
     }
   }
 
@@ -931,6 +1012,8 @@ class LinearMixer final : public Mixer {
       sl_.werase = mat("w_erase", d.Cq, d.d);
       sl_.wwrite = mat("w_write", d.Cv, d.d);
     }
+    if (d.route == Dims::Route::cler)  // Γ_l, zero so that the layer starts as without routing
+      sl_.gamma = add({"cler_gamma", {1}, ParamKind::scalar, InitRule::Constant(0.0)});
     if (d.ccq && d.ccq_learned) {
       // λ = σ(W_λ p_q + b_λ): W_λ zero, b_λ = logit(lambda_init) so λ starts at lambda_init.
       sl_.wlam = add({"ccq_w_lambda", {d.H, d.Cq}, ParamKind::matrix_hidden, InitRule::Constant(0.0)});

@@ -40,6 +40,8 @@ struct CarveInputs {
   T scale = 1;
   bool content_grad = true;
   double factor_span = 0;
+  T* resid = nullptr;          // routing: write residual u_t [len, dv] (see MixerInputs)
+  const T* dresid = nullptr;   // routing: its gradient (backward)
 };
 
 template <class T>
@@ -106,6 +108,8 @@ MixerInputs<T> carve_segment(const CarveInputs<T>& in, int start, int n, const T
   mi.w = wfull.data();
   mi.scale = in.scale;
   mi.factor_span = in.factor_span;
+  mi.resid = in.resid ? in.resid + (std::size_t)start * in.dv : nullptr;
+  mi.dresid = in.dresid ? in.dresid + (std::size_t)start * in.dv : nullptr;
   return mi;
 }
 

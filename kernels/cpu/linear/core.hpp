@@ -45,6 +45,10 @@ struct CoreInputs {
   // the pairwise exp(G_t − G_j) loops. 0 = default (40 in fp32, 300 in fp64); a negative
   // value forces the pairwise form (tests cover both).
   double factor_span = 0;
+  // Cross-layer routing: the forward writes the write residual u_t here ([len, dv]) when
+  // set; the backward adds dresid ([len, dv], the gradient on u_t) when set.
+  T* resid = nullptr;
+  const T* dresid = nullptr;
 };
 
 // Gradient outputs (overwritten, not accumulated). Any pointer may be nullptr when that
@@ -266,6 +270,7 @@ void recurrent_forward(const CoreInputs<T>& in, const T* S0, T* o, T* S_out,
         u[v] -= s;
       }
     }
+    if (in.resid) std::copy(u.begin(), u.end(), in.resid + (std::size_t)t * dv);
     T* ot = o ? o + (std::size_t)t * dv : nullptr;
     for (int v = 0; v < dv; ++v) {
       T* Sv = &S[(std::size_t)v * dk];
@@ -327,7 +332,7 @@ void recurrent_backward(const CoreInputs<T>& in, const T* S0, const T* dO, const
     for (int v = 0; v < dv; ++v) {
       T s = 0;
       for (int c = 0; c < dk; ++c) s += dS[(std::size_t)v * dk + c] * kt[c];
-      du[v] = s;
+      du[v] = s + (in.dresid ? in.dresid[(std::size_t)t * dv + v] : T(0));
     }
     if (gr.dk)
       for (int c = 0; c < dk; ++c) {
@@ -389,6 +394,7 @@ void chunk_forward(const CoreInputs<T>& in, int chunk, const T* S0, T* o, T* S_o
     if (boundary) std::copy(S.begin(), S.end(), boundary + (std::size_t)ci * ss);
     w.compute(in, start, n, S.data());
     if (o) w.output(S.data(), in.scale, o + (std::size_t)start * in.dv);
+    if (in.resid) std::copy(w.U.begin(), w.U.end(), in.resid + (std::size_t)start * in.dv);
     w.end_state(S.data(), S_next.data());
     S.swap(S_next);
   }
@@ -453,6 +459,8 @@ void chunk_backward(const CoreInputs<T>& in, int chunk, const T* S0, const T* dO
     for (int t = 0; t < n; ++t)
       for (int j = t + 1; j < n; ++j) dP[(std::size_t)t * n + j] = T(0);
     gemm(true, false, n, dv, n, T(1), w.P.data(), n, dOs.data(), dv, T(1), dU.data(), dv);
+    if (in.dresid)
+      for (std::size_t i = 0; i < dU.size(); ++i) dU[i] += in.dresid[(std::size_t)start * dv + i];
     // (I + A) U = R: dR = (I + A)^{-T} dU, dA = −dR Uᵀ (strictly lower)
     dR = dU;
     if (has_e) {

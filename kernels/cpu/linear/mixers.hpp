@@ -70,6 +70,12 @@ struct MixerInputs {
   const T* w = nullptr;     // gdn2 write gate [len, dv]
   T scale = 1;
   double factor_span = 0;   // see CoreInputs::factor_span
+  // Cross-layer routing (LAA §4): the forward writes the layer's write residual
+  // r_t = v_t − S_{t−1}(α_t ⊙ k_t) (deltanet/gdn/kda; the decayed error before β) or
+  // r_t = z_t − S_{t−1}(α_t ⊙ b_t ⊙ k_t) (gdn2) into resid [len, dv]; the backward adds
+  // the gradient dresid on it. Not defined for linear/gla (no residual).
+  T* resid = nullptr;
+  const T* dresid = nullptr;
 };
 
 // Gradient outputs, overwritten; nullptr = not wanted. Only the gradients of inputs the
@@ -118,6 +124,9 @@ Prepared<T> prepare(Mixer m, const MixerInputs<T>& in) {
   c.gate = gate_kind(m);
   c.scale = in.scale;
   c.factor_span = in.factor_span;
+  if ((in.resid || in.dresid) && !is_delta_rule(m))
+    throw std::invalid_argument(std::string("linear mixer ") + mixer_name(m) +
+                                ": no write residual (routing needs a delta rule)");
   if (uses_beta(m)) {
     p.e.resize(nk);
     p.z.resize(nv);
@@ -150,10 +159,14 @@ template <class T>
 void mixer_forward(Mixer m, const MixerInputs<T>& in, Form form, int chunk, const T* S0, T* o,
                    T* S_out, T* boundary = nullptr) {
   auto p = detail::prepare(m, in);
+  p.core.resid = in.resid;
   if (form == Form::recurrent)
     recurrent_forward(p.core, S0, o, S_out);
   else
     chunk_forward(p.core, chunk, S0, o, S_out, boundary);
+  if (in.resid && uses_beta(m))  // u = β r
+    for (int t = 0; t < in.len; ++t)
+      for (int i = 0; i < in.dv; ++i) in.resid[(std::size_t)t * in.dv + i] /= in.beta[t];
 }
 
 // The decode step: one token, state updated in place (S is [dv, dk]); o is [dv].
@@ -172,6 +185,31 @@ void mixer_backward(Mixer m, const MixerInputs<T>& in, Form form, int chunk, con
   auto p = detail::prepare(m, in);
   const std::size_t nk = (std::size_t)in.len * in.dk, nv = (std::size_t)in.len * in.dv;
   std::vector<T> dk(nk), de(p.core.e ? nk : 0), dz(nv);
+  // routing: r = u/β for the β mixers (u the core's residual), so du = dr/β plus a direct
+  // −dr·u/β² on β (the core's backward adds u's own dependence on β through e and z)
+  std::vector<T> du, u, dbeta_r;
+  if (in.dresid && uses_beta(m)) {
+    du.resize(nv);
+    for (int t = 0; t < in.len; ++t)
+      for (int i = 0; i < in.dv; ++i)
+        du[(std::size_t)t * in.dv + i] = in.dresid[(std::size_t)t * in.dv + i] / in.beta[t];
+    p.core.dresid = du.data();
+    u.resize(nv);
+    p.core.resid = u.data();
+    if (form == Form::recurrent)
+      recurrent_forward(p.core, S0, (T*)nullptr, (T*)nullptr);
+    else
+      chunk_forward(p.core, chunk, S0, (T*)nullptr, (T*)nullptr);
+    p.core.resid = nullptr;
+    dbeta_r.assign(in.len, T(0));
+    for (int t = 0; t < in.len; ++t)
+      for (int i = 0; i < in.dv; ++i) {
+        const std::size_t j = (std::size_t)t * in.dv + i;
+        dbeta_r[t] -= in.dresid[j] * u[j] / (in.beta[t] * in.beta[t]);
+      }
+  } else {
+    p.core.dresid = in.dresid;
+  }
   CoreGrads<T> cg;
   cg.dq = gr.dq;
   cg.dk = dk.data();
@@ -198,7 +236,7 @@ void mixer_backward(Mixer m, const MixerInputs<T>& in, Form form, int chunk, con
         db += dz[j] * in.v[j];
         if (gr.dv) gr.dv[j] = bt * dz[j];
       }
-      if (gr.dbeta) gr.dbeta[t] = db;
+      if (gr.dbeta) gr.dbeta[t] = db + (dbeta_r.empty() ? T(0) : dbeta_r[t]);
     }
   } else if (m == Mixer::gdn2) {
     for (std::size_t j = 0; j < nk; ++j) {
