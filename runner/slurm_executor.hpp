@@ -1,0 +1,109 @@
+#pragma once
+// SlurmExecutor: runs a launch's jobs as Slurm job arrays (submitit's pattern, in C++).
+//
+// submit(jobs):
+//   <runs>/<experiment>/slurm/<launch-id>/manifest.tsv    line i: "<cell id>\t<run dir>"
+//   <runs>/<experiment>/slurm/<launch-id>/array-<k>.sbatch one readable script per array
+//   <runs>/<experiment>/slurm/<launch-id>/logs/%A_%a.out   Slurm's stdout of each task
+//   <runs>/<experiment>/slurm/<launch-id>/jobs.json        the submitted job ids
+// One sbatch per array; a matrix larger than the cluster's MaxArraySize (read from
+// `scontrol show config`) is split into several arrays. `%K` throttles each array.
+// Each array task runs `lar slurm-task --manifest M --offset O`, which maps
+// SLURM_ARRAY_TASK_ID + O to a run directory and runs `lar train --run-dir D` under it.
+//
+// Time limits and preemption (see cli/slurm_task.cpp):
+//   --signal=B:USR2@<lead>  Slurm warns the batch step <lead> s before the time limit;
+//                           slurm-task forwards USR2 to the trainer (checkpoint, exit 3)
+//                           and requeues the task itself (`scontrol requeue`), at most
+//                           max_timeout_requeues times; then the run is marked `timeout`.
+//                           USR2, not USR1: NCCL uses USR1.
+//   SIGTERM (preemption, `scontrol requeue`, scancel) reaches the trainer, which
+//                           checkpoints and exits 3; Slurm requeues a preempted/requeued
+//                           task (--requeue), and the next attempt resumes from the
+//                           checkpoint. A cancelled task is recorded `cancelled`.
+//
+// poll(): reconciles Slurm's view (squeue; `scontrol show job` for tasks that left the
+// queue; sacct is not needed) with the run directories.
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "core/run_dir.hpp"
+#include "runner/executor.hpp"
+
+namespace lar::runner {
+
+struct SlurmOptions {
+  std::string partition;             // --partition (empty: the cluster's default)
+  std::string time;                  // --time, e.g. "04:00:00" (empty: partition default)
+  int gpus_per_job = 0;              // --gres=gpu:G
+  int cpus_per_task = 0;             // --cpus-per-task (0: Slurm's default)
+  std::string mem;                   // --mem (empty: default)
+  int array_throttle = 0;            // %K (0: no throttle)
+  std::vector<std::string> sbatch_args;  // extra #SBATCH lines, e.g. "--qos=high"
+  int signal_lead_s = 120;           // USR2 this long before the time limit
+  int max_timeout_requeues = 3;      // cap on self-requeues after time limits
+  std::string lar_binary;            // absolute path of lar on the cluster (default: this one)
+  std::string dependency;            // --dependency for the arrays (e.g. "afterok:123")
+  int max_array_size = 0;            // 0: read MaxArraySize from `scontrol show config`
+};
+
+// A Slurm job state mapped to a run state, with the reason to record.
+struct SlurmStateMapping {
+  RunState state;
+  std::string reason;
+  bool terminal;  // the task has left Slurm's hands for good
+};
+SlurmStateMapping map_slurm_state(const std::string& slurm_state);
+
+// The readable sbatch script of one array (also what --dry-run prints).
+std::string render_array_script(const std::string& experiment, const std::string& manifest,
+                                const std::string& log_dir, int offset, int count,
+                                const SlurmOptions& o);
+
+// MaxArraySize from `scontrol show config` (the largest index is MaxArraySize − 1).
+int query_max_array_size();
+
+// Output and exit code of a command (no shell).
+struct CommandResult {
+  int exit_code = -1;
+  std::string out;  // stdout + stderr
+};
+CommandResult run_command(const std::vector<std::string>& argv);
+
+class SlurmExecutor : public Executor {
+ public:
+  SlurmExecutor(std::string experiment, SlurmOptions opts);
+  std::string name() const override { return "slurm"; }
+  int parallelism() const override { return opts_.array_throttle > 0 ? opts_.array_throttle : 0; }
+  void submit(const std::vector<Job>& jobs) override;
+  PollResult poll(std::chrono::milliseconds wait) override;
+  bool idle() const override { return live_.empty(); }
+  int running() const override;
+  int queued() const override;
+  void stop(bool force) override;
+
+  const std::vector<std::string>& job_ids() const { return job_ids_; }
+  int sbatch_calls() const { return sbatch_calls_; }
+
+ private:
+  struct Task {
+    Job job;
+    std::string slurm_id;  // "<array job id>_<index>"
+    std::string state = "PENDING";
+    double started_at = 0;
+    bool started = false;
+    bool stop_requested = false;
+  };
+  void refresh(PollResult& out);
+  JobExit finish(Task& t, const std::string& final_state);
+
+  std::string experiment_;
+  SlurmOptions opts_;
+  std::vector<std::string> job_ids_;
+  std::map<std::string, Task> live_;  // by slurm id
+  int sbatch_calls_ = 0;
+};
+
+}  // namespace lar::runner
