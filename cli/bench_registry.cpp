@@ -1,6 +1,7 @@
 // `lar bench ingest` and `lar bench runs` — the registry's two performance goals:
 // ingest 1,000,000 metric rows in under 5 s; `lar runs` over 10,000 runs in under 200 ms.
 #include <fmt/format.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -32,32 +33,52 @@ fs::path bench_dir(const std::string& given, const char* name) {
   return d;
 }
 
+// Wall time is the goal; CPU time is printed beside it because this machine's cores
+// are often shared, and wall time then measures the neighbours too.
+double cpu_seconds_self() {
+  rusage ru{};
+  ::getrusage(RUSAGE_SELF, &ru);
+  return static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+         1e-6 * static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
+}
+
 void print_results(const std::vector<std::vector<std::string>>& rows) {
   lar::registry::TextTable t;
-  t.headers = {"measure", "measured", "goal", "ok"};
-  t.right_align = {false, true, true, false};
+  t.headers = {"measure", "wall", "cpu", "goal (wall)", "ok"};
+  t.right_align = {false, true, true, true, false};
   t.rows = rows;
   std::cout << t.to_table();
 }
 
 std::string verdict(double measured, double goal) { return measured <= goal ? "yes" : "NO"; }
 
+// Plain writes: generating the input is not what is measured (RunDir's atomic writes
+// fsync every file, which makes writing 10,000 run directories take minutes).
+void put_file(const fs::path& p, const std::string& text) {
+  int fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0 || ::write(fd, text.data(), text.size()) != static_cast<ssize_t>(text.size()))
+    throw lar::RuntimeError("cannot write " + p.string());
+  ::close(fd);
+}
+
 // A run directory as the trainer leaves it: config, status, `lines` train lines.
 void write_run(const fs::path& root, const std::string& exp, const std::string& cell, const json& axes,
                const json& config, long lines, double final_loss, lar::RunState state) {
   lar::RunDir rd(root / exp / cell);
   fs::create_directories(rd.root());
-  rd.write_config({{"experiment", exp}, {"cell_id", cell}, {"hash", lar::sha256_hex(lar::canonical_dump(config))},
-                   {"axes", axes}, {"role", "main"}, {"baseline", nullptr}, {"config", config}});
+  put_file(rd.config_path(), json{{"experiment", exp}, {"cell_id", cell}, {"hash", lar::sha256_hex(lar::canonical_dump(config))},
+                                  {"axes", axes}, {"role", "main"}, {"baseline", nullptr}, {"config", config}}.dump(2));
   lar::RunStatus st;
   st.attempt = 1;
   st.total_steps = std::max(lines, 1L);
   st.step = state == lar::RunState::completed ? st.total_steps : st.total_steps / 2;
   if (state == lar::RunState::completed) st.summary = {{"final_loss", final_loss}, {"tokens_per_s", 12345.0}};
-  rd.transition(st, lar::RunState::running);
-  if (state != lar::RunState::running) rd.transition(st, state);
+  st.state = state;
+  st.updated_at = lar::unix_now();
+  st.history.push_back({lar::RunState::running, st.updated_at, 0, "", 1});
+  if (state != lar::RunState::running) st.history.push_back({state, st.updated_at, st.step, "", 1});
+  put_file(rd.status_path(), st.to_json().dump(2));
   if (lines == 0) return;
-  // One buffered write: generating the input is not what is measured.
   std::string buf;
   buf.reserve(static_cast<size_t>(lines) * 170);
   for (long s = 0; s < lines; ++s)
@@ -66,10 +87,7 @@ void write_run(const fs::path& root, const std::string& exp, const std::string& 
         "\"tokens_per_s\":{:.1f},\"iter_time\":{:.5f},\"peak_mem_mb\":{:.1f}}}\n",
         s, s * 8192, 0.05 * static_cast<double>(s), 10.0 / (1.0 + 0.001 * static_cast<double>(s)), 3e-4,
         1.0 + 0.1 * static_cast<double>(s % 7), 163840.0 + static_cast<double>(s % 13), 0.05, 1024.0);
-  int fd = ::open((rd.metrics_path()).c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0 || ::write(fd, buf.data(), buf.size()) != static_cast<ssize_t>(buf.size()))
-    throw lar::RuntimeError("cannot write " + rd.metrics_path().string());
-  ::close(fd);
+  put_file(rd.metrics_path(), buf);
 }
 
 struct IngestOptions {
@@ -91,8 +109,9 @@ int bench_ingest(const IngestOptions& o) {
 
   auto reg = lar::registry::Registry::open(home / "lar.db");
   t0 = Clock::now();
+  double c0 = cpu_seconds_self();
   auto st = reg.sync(home / "runs");
-  double ingest = seconds_since(t0);
+  double ingest = seconds_since(t0), ingest_cpu = cpu_seconds_self() - c0;
   t0 = Clock::now();
   auto again = reg.sync(home / "runs");
   double resync = seconds_since(t0);
@@ -103,11 +122,11 @@ int bench_ingest(const IngestOptions& o) {
   std::cout << fmt::format("ingest: {} runs x {} lines x {} metrics = {} rows ({:.1f} MB of JSONL, written in {:.2f} s)\n",
                            o.runs, lines_per_run, metrics_per_line, st.metric_rows,
                            static_cast<double>(lines_per_run * o.runs * 170) / 1e6, gen);
-  print_results({{fmt::format("sync {} metric rows", st.metric_rows), fmt::format("{:.2f} s", ingest), "5 s",
-                  verdict(ingest, 5.0)},
-                 {"rows per second", fmt::format("{:.0f}", static_cast<double>(st.metric_rows) / ingest), "200000",
-                  verdict(200000.0, static_cast<double>(st.metric_rows) / ingest)},
-                 {"re-sync, nothing new", fmt::format("{:.3f} s", resync), "-", "-"}});
+  print_results({{fmt::format("lar sync: {} metric rows", st.metric_rows), fmt::format("{:.2f} s", ingest),
+                  fmt::format("{:.2f} s", ingest_cpu), "5 s", verdict(ingest, 5.0)},
+                 {"  = rows per second (wall)", fmt::format("{:.0f}", static_cast<double>(st.metric_rows) / ingest), "-",
+                  "200000", verdict(200000.0, static_cast<double>(st.metric_rows) / ingest)},
+                 {"lar sync again, nothing new", fmt::format("{:.3f} s", resync), "-", "-", "-"}});
   if (!o.keep) fs::remove_all(home);
   return 0;
 }
@@ -119,8 +138,12 @@ struct RunsOptions {
   bool keep = false;
 };
 
-// Runs `lar runs ARGS` (this very binary) with stdout to /dev/null; wall seconds.
-double time_command(const std::vector<std::string>& args) {
+struct Timing {
+  double wall = 0, cpu = 0;
+};
+
+// Runs `lar ARGS` (this very binary) with stdout to /dev/null.
+Timing time_command(const std::vector<std::string>& args) {
   std::vector<char*> argv;
   std::string self = fs::read_symlink("/proc/self/exe").string();
   argv.push_back(self.data());
@@ -136,15 +159,20 @@ double time_command(const std::vector<std::string>& args) {
     ::_exit(127);
   }
   int status = 0;
-  ::waitpid(pid, &status, 0);
-  double s = seconds_since(t0);
+  rusage ru{};
+  ::wait4(pid, &status, 0, &ru);
+  Timing t;
+  t.wall = seconds_since(t0);
+  t.cpu = static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+          1e-6 * static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
     throw lar::RuntimeError("benchmark command failed: lar " + args[0]);
-  return s;
+  return t;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
+// Median by wall time.
+Timing median(std::vector<Timing> v) {
+  std::sort(v.begin(), v.end(), [](const Timing& a, const Timing& b) { return a.wall < b.wall; });
   return v[v.size() / 2];
 }
 
@@ -175,7 +203,7 @@ int bench_runs(const RunsOptions& o) {
     if (st.runs_seen != o.runs) throw lar::RuntimeError(fmt::format("runs bench: synced {} of {} runs", st.runs_seen, o.runs));
   }
   std::string db = (home / "lar.db").string();
-  std::vector<double> all, filtered, sorted, json_all;
+  std::vector<Timing> all, filtered, sorted, json_all;
   for (int r = 0; r < o.repeats; ++r) {
     all.push_back(time_command({"runs", "--db", db}));
     filtered.push_back(time_command({"runs", "--db", db, "--where", "architecture=gdn", "--where", "lr=3e-4", "--status", "completed"}));
@@ -185,13 +213,16 @@ int bench_runs(const RunsOptions& o) {
   std::cout << fmt::format("runs: {} run directories (written in {:.1f} s); median of {} runs of each command\n", o.runs,
                            gen, o.repeats);
   auto ms = [](double s) { return fmt::format("{:.0f} ms", s * 1000); };
-  print_results({{fmt::format("lar runs (table, all {})", o.runs), ms(median(all)), "200 ms", verdict(median(all), 0.2)},
-                 {"lar runs --where architecture=gdn --where lr=3e-4 --status completed", ms(median(filtered)), "200 ms",
-                  verdict(median(filtered), 0.2)},
-                 {"lar runs --sort=-final_loss --limit 20", ms(median(sorted)), "200 ms", verdict(median(sorted), 0.2)},
-                 {"lar runs --format json (full configs)", ms(median(json_all)), "-", "-"},
-                 {fmt::format("first sync of {} runs", o.runs), fmt::format("{:.2f} s", first_sync), "-", "-"},
-                 {"re-sync, nothing new", fmt::format("{:.3f} s", resync), "-", "-"}});
+  auto row = [&](const std::string& what, const std::vector<Timing>& t, bool goal) {
+    Timing m = median(t);
+    return std::vector<std::string>{what, ms(m.wall), ms(m.cpu), goal ? "200 ms" : "-", goal ? verdict(m.wall, 0.2) : "-"};
+  };
+  print_results({row(fmt::format("lar runs (table, all {})", o.runs), all, true),
+                 row("lar runs --where architecture=gdn --where lr=3e-4 --status completed", filtered, true),
+                 row("lar runs --sort=-final_loss --limit 20", sorted, true),
+                 row("lar runs --format json (full configs)", json_all, false),
+                 {fmt::format("lar sync: first sync of {} runs", o.runs), fmt::format("{:.2f} s", first_sync), "-", "-", "-"},
+                 {"lar sync again, nothing new", fmt::format("{:.3f} s", resync), "-", "-", "-"}});
   if (!o.keep) fs::remove_all(home);
   return 0;
 }

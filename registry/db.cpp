@@ -94,6 +94,7 @@ bool Stmt::step() {
 void Stmt::run() {
   while (step()) {
   }
+  sqlite3_reset(st_);  // ready to bind again (bindings are kept)
 }
 
 void Stmt::reset() {

@@ -52,7 +52,7 @@ class Stmt {
   Stmt& bind_null(int i);
 
   bool step();   // true: a row is available; false: done
-  void run();    // step until done (for writes)
+  void run();    // step until done, then reset keeping bindings (for writes)
   void reset();  // ready to bind and step again (bindings are cleared)
 
   bool is_null(int col) const;

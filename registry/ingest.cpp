@@ -17,6 +17,7 @@
 
 #include "core/error.hpp"
 #include "registry/impl.hpp"
+#include "registry/metrics_reader.hpp"
 #include "registry/registry.hpp"
 
 namespace lar::registry {
@@ -52,18 +53,16 @@ struct StoredRun {
   std::string signature;
 };
 
-std::optional<StoredRun> load_stored(Db& db, const std::string& run_id) {
-  Stmt s(db, "SELECT id, ingest_offset, ingest_inode, ingest_signature FROM runs WHERE run_id = ?");
-  s.bind(1, run_id);
-  if (!s.step()) return std::nullopt;
-  return StoredRun{s.col_int(0), s.col_int(1), s.col_int(2), s.col_text(3)};
+// What the registry remembers of a run, looked up by run id or by run directory.
+std::optional<StoredRun> load_stored(Registry::Impl& impl, const char* column, const std::string& value) {
+  Stmt& s = impl.stmt(std::string("SELECT id, ingest_offset, ingest_inode, ingest_signature FROM runs WHERE ") +
+                      column + " = ?");
+  s.bind(1, value);
+  std::optional<StoredRun> out;
+  if (s.step()) out = StoredRun{s.col_int(0), s.col_int(1), s.col_int(2), s.col_text(3)};
+  s.reset();  // do not keep a read snapshot open
+  return out;
 }
-
-double number_or_nan(const json& v) {
-  return v.is_number() ? v.get<double>() : std::numeric_limits<double>::quiet_NaN();
-}
-
-bool is_eval_key(const std::string& k) { return k.rfind("val_", 0) == 0 || k.rfind("acc", 0) == 0; }
 
 // Checkpoint files are named step_XXXXXXXX.ckpt; anything else in the folder is ignored
 // (e.g. a temp file of an atomic write in progress).
@@ -100,19 +99,22 @@ static std::optional<SyncedRun> ingest_run(Registry::Impl& impl, const fs::path&
   const std::string signature =
       signature_part(cfg_st) + "|" + signature_part(status_st) + "|" + signature_part(ckpt_st);
 
+  auto unchanged = [&](const std::optional<StoredRun>& s) {
+    return s && s->signature == signature && s->inode == metrics_st.inode &&
+           s->offset == metrics_st.size;
+  };
+  // Fast path for an unchanged run: found by its folder, config.json not even parsed
+  // (its size and mtime are part of the signature).
+  const std::string abs_dir = fs::absolute(dir).lexically_normal().string();
+  if (unchanged(load_stored(impl, "run_dir", abs_dir))) return std::nullopt;
+
   json cfg = rd.read_config();
   const std::string experiment = cfg.value("experiment", dir.parent_path().filename().string());
   const std::string cell_id = cfg.value("cell_id", dir.filename().string());
   const std::string run_id = experiment + "/" + cell_id;
 
-  auto unchanged = [&](const std::optional<StoredRun>& s) {
-    return s && s->signature == signature && s->inode == metrics_st.inode &&
-           s->offset == metrics_st.size;
-  };
-  if (unchanged(load_stored(db, run_id))) return std::nullopt;  // cheap check, no lock
-
   Transaction tx(db);
-  auto stored = load_stored(db, run_id);  // again, under the write lock
+  auto stored = load_stored(impl, "run_id", run_id);  // under the write lock
   if (unchanged(stored)) return std::nullopt;
 
   SyncedRun out;
@@ -131,12 +133,11 @@ static std::optional<SyncedRun> ingest_run(Registry::Impl& impl, const fs::path&
   RunStatus st = status.value_or(RunStatus{});
   const double now = unix_now();
 
-  Stmt(db, "INSERT OR IGNORE INTO experiments(name, created_at) VALUES (?, ?)")
+  impl.stmt("INSERT OR IGNORE INTO experiments(name, created_at) VALUES (?, ?)")
       .bind(1, experiment).bind(2, now).run();
   std::string baseline = cfg.contains("baseline") && cfg["baseline"].is_string()
                              ? cfg["baseline"].get<std::string>() : "";
-  Stmt cell(db,
-            "INSERT INTO cells(experiment, cell_id, hash, axes, role, baseline, config) "
+  Stmt& cell = impl.stmt("INSERT INTO cells(experiment, cell_id, hash, axes, role, baseline, config) "
             "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(experiment, cell_id) DO UPDATE SET "
             "hash = excluded.hash, axes = excluded.axes, role = excluded.role, "
             "baseline = excluded.baseline, config = excluded.config");
@@ -146,8 +147,7 @@ static std::optional<SyncedRun> ingest_run(Registry::Impl& impl, const fs::path&
   cell.bind(7, canonical_dump(cfg.contains("config") ? cfg["config"] : json::object()));
   cell.run();
 
-  Stmt run(db,
-           "INSERT INTO runs(run_id, experiment, cell_id, run_dir, status, step, total_steps, "
+  Stmt& run = impl.stmt("INSERT INTO runs(run_id, experiment, cell_id, run_dir, status, step, total_steps, "
            "reason, attempts, host, summary, updated_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?) "
            "ON CONFLICT(run_id) DO UPDATE SET run_dir = excluded.run_dir, status = excluded.status, "
            "step = excluded.step, total_steps = excluded.total_steps, reason = excluded.reason, "
@@ -161,9 +161,9 @@ static std::optional<SyncedRun> ingest_run(Registry::Impl& impl, const fs::path&
   const long long rowid = impl.require_rowid(run_id);
 
   // Status history and attempts are small: rewrite them from status.json.
-  Stmt(db, "DELETE FROM status_history WHERE run = ?").bind(1, rowid).run();
-  Stmt(db, "DELETE FROM attempts WHERE run = ?").bind(1, rowid).run();
-  Stmt hist(db, "INSERT INTO status_history(run, seq, state, at, step, reason, attempt) VALUES (?,?,?,?,?,?,?)");
+  impl.stmt("DELETE FROM status_history WHERE run = ?").bind(1, rowid).run();
+  impl.stmt("DELETE FROM attempts WHERE run = ?").bind(1, rowid).run();
+  Stmt& hist = impl.stmt("INSERT INTO status_history(run, seq, state, at, step, reason, attempt) VALUES (?,?,?,?,?,?,?)");
   std::map<int, std::vector<const StatusEvent*>> by_attempt;
   for (size_t i = 0; i < st.history.size(); ++i) {
     const auto& e = st.history[i];
@@ -173,7 +173,7 @@ static std::optional<SyncedRun> ingest_run(Registry::Impl& impl, const fs::path&
     hist.reset();
     if (e.attempt > 0) by_attempt[e.attempt].push_back(&e);
   }
-  Stmt att(db, "INSERT INTO attempts(run, attempt, started_at, ended_at, final_state, last_step) VALUES (?,?,?,?,?,?)");
+  Stmt& att = impl.stmt("INSERT INTO attempts(run, attempt, started_at, ended_at, final_state, last_step) VALUES (?,?,?,?,?,?)");
   for (const auto& [n, evs] : by_attempt) {
     att.bind(1, rowid).bind(2, n).bind(3, evs.front()->at).bind(4, evs.back()->at);
     att.bind(5, to_string(evs.back()->state)).bind(6, evs.back()->step);
@@ -181,8 +181,8 @@ static std::optional<SyncedRun> ingest_run(Registry::Impl& impl, const fs::path&
     att.reset();
   }
 
-  Stmt(db, "DELETE FROM checkpoints WHERE run = ?").bind(1, rowid).run();
-  Stmt ck(db, "INSERT OR REPLACE INTO checkpoints(run, step, path, bytes) VALUES (?,?,?,?)");
+  impl.stmt("DELETE FROM checkpoints WHERE run = ?").bind(1, rowid).run();
+  Stmt& ck = impl.stmt("INSERT OR REPLACE INTO checkpoints(run, step, path, bytes) VALUES (?,?,?,?)");
   for (const auto& c : list_checkpoints(rd.checkpoints_dir())) {
     ck.bind(1, rowid).bind(2, c.step).bind(3, c.path).bind(4, c.bytes);
     ck.run();
@@ -192,53 +192,37 @@ static std::optional<SyncedRun> ingest_run(Registry::Impl& impl, const fs::path&
   // Metrics: only the complete lines after the stored offset (a torn last line stays
   // for the next sync).
   if (out.reset) {
-    Stmt(db, "DELETE FROM metrics WHERE run = ?").bind(1, rowid).run();
-    Stmt(db, "DELETE FROM evals WHERE run = ?").bind(1, rowid).run();
-    Stmt(db, "UPDATE runs SET bad_lines = 0 WHERE id = ?").bind(1, rowid).run();
+    impl.stmt("DELETE FROM metrics WHERE run = ?").bind(1, rowid).run();
+    impl.stmt("DELETE FROM evals WHERE run = ?").bind(1, rowid).run();
+    impl.stmt("UPDATE runs SET bad_lines = 0 WHERE id = ?").bind(1, rowid).run();
   }
-  MetricsChunk chunk = read_metrics(rd.metrics_path(), static_cast<uint64_t>(offset));
-  Stmt ins(db, "INSERT INTO metrics(run, name, step, tokens, value, wall_time) VALUES (?,?,?,?,?,?)");
-  Stmt ev(db, "INSERT INTO evals(run, step, tokens, wall_time, results) VALUES (?,?,?,?,?)");
-  for (const json& line : chunk.lines) {
-    if (!line.is_object()) {
-      ++chunk.skipped_bad_lines;
-      continue;
-    }
-    auto it_step = line.find("step");
-    const long step = it_step != line.end() && it_step->is_number() ? it_step->get<long>() : 0;
-    auto it_tok = line.find("tokens");
-    const double tokens = it_tok != line.end() ? number_or_nan(*it_tok) : std::nan("");
-    auto it_wall = line.find("wall_time");
-    const double wall = it_wall != line.end() ? number_or_nan(*it_wall) : std::nan("");
-    json eval_results = json::object();
-    for (auto it = line.begin(); it != line.end(); ++it) {
-      const std::string& key = it.key();
-      if (key == "step" || key == "tokens" || key == "wall_time") continue;
-      // Numbers are metrics; null is a non-finite value (JSON has no NaN): kept as NULL
-      // so that a diverged run's last loss is visible. Strings/objects are not metrics.
-      if (!it->is_number() && !it->is_null()) continue;
-      ins.bind(1, rowid).bind(2, key).bind(3, step).bind(4, tokens).bind(5, number_or_nan(*it)).bind(6, wall);
-      ins.run();
-      ins.reset();
-      ++out.metric_rows;
-      if (is_eval_key(key)) eval_results[key] = *it;
-    }
-    if (!eval_results.empty()) {
-      ev.bind(1, rowid).bind(2, step).bind(3, tokens).bind(4, wall).bind(5, canonical_dump(eval_results));
-      ev.run();
-      ev.reset();
-    }
+  ParsedMetrics chunk = parse_metrics_file(rd.metrics_path(), static_cast<uint64_t>(offset));
+  // Insert grouped by metric name (steps already ascend within a name): the rows then
+  // arrive in primary-key order (run, name, step, line), so inserts append at the
+  // B-tree's right edge instead of landing all over it.
+  std::stable_sort(chunk.rows.begin(), chunk.rows.end(),
+                   [&](const auto& a, const auto& b) { return chunk.names[a.name] < chunk.names[b.name]; });
+  Stmt& ins = impl.stmt("INSERT INTO metrics(run, name, step, line, tokens, value, wall_time) VALUES (?,?,?,?,?,?,?)");
+  for (const auto& r : chunk.rows) {
+    ins.bind(1, rowid).bind(2, chunk.names[r.name]).bind(3, r.step).bind(4, static_cast<long long>(r.line));
+    ins.bind(5, r.tokens).bind(6, r.value).bind(7, r.wall_time);
+    ins.run();
+    ++out.metric_rows;
   }
-  out.bad_lines = chunk.skipped_bad_lines;
+  Stmt& ev = impl.stmt("INSERT INTO evals(run, step, tokens, wall_time, results) VALUES (?,?,?,?,?)");
+  for (const auto& e : chunk.evals) {
+    ev.bind(1, rowid).bind(2, e.step).bind(3, e.tokens).bind(4, e.wall_time).bind(5, e.results);
+    ev.run();
+  }
+  out.bad_lines = chunk.bad_lines;
   // Only a torn last line was new: nothing to record yet (it is read once complete).
   const bool nothing_new = stored && stored->signature == signature && !out.reset &&
                            chunk.next_offset == static_cast<uint64_t>(offset);
 
-  Stmt upd(db,
-           "UPDATE runs SET ingest_offset = ?, ingest_inode = ?, ingest_signature = ?, "
+  Stmt& upd = impl.stmt("UPDATE runs SET ingest_offset = ?, ingest_inode = ?, ingest_signature = ?, "
            "bad_lines = bad_lines + ? WHERE id = ?");
   upd.bind(1, static_cast<long long>(chunk.next_offset)).bind(2, metrics_st.inode).bind(3, signature);
-  upd.bind(4, chunk.skipped_bad_lines).bind(5, rowid);
+  upd.bind(4, chunk.bad_lines).bind(5, rowid);
   upd.run();
   tx.commit();
   if (nothing_new) return std::nullopt;

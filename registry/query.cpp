@@ -111,6 +111,31 @@ std::string like_escape(const std::string& s) {
   return out;
 }
 
+// A --where / --sort key must mean something: a column, a summary/config path, an axis
+// alias, a schema path, or an axis or summary key some run actually has. Otherwise a typo
+// would silently match nothing (or sort nothing).
+void check_key(Db& db, const std::string& key, const std::string& context) {
+  if (column_keys().count(key) || key.rfind("summary.", 0) == 0 || key.rfind("config.", 0) == 0 ||
+      axis_aliases().count(key) || schema_lookup(key) != nullptr)
+    return;
+  {
+    Stmt s(db,
+           "SELECT 1 WHERE EXISTS (SELECT 1 FROM cells WHERE json_extract(axes, ?1) IS NOT NULL) "
+           "OR EXISTS (SELECT 1 FROM runs WHERE json_extract(summary, ?1) IS NOT NULL)");
+    s.bind(1, json_key_path(key));
+    if (s.step()) return;
+  }
+  std::vector<std::string> cands;
+  for (const auto& [k, _] : column_keys()) cands.push_back(k);
+  for (const auto& [k, _] : axis_aliases()) cands.push_back(k);
+  Stmt s(db,
+         "SELECT DISTINCT j.key FROM runs, json_each(runs.summary) AS j UNION "
+         "SELECT DISTINCT j.key FROM cells, json_each(cells.axes) AS j");
+  while (s.step()) cands.push_back(s.col_text(0));
+  std::string hint = did_you_mean(key, cands);
+  throw UserError("unknown key '" + key + "' " + context + (hint.empty() ? "" : " (" + hint + ")"));
+}
+
 }  // namespace
 
 WhereClause RunFilter::parse_where(const std::string& text) {
@@ -165,24 +190,7 @@ std::vector<RunRecord> Registry::runs(const RunFilter& f) {
     params.push_back({false, f.experiment, 0});
   }
   for (const auto& w : f.where) {
-    // A key must mean something: a column, a summary/config path, an axis alias, a
-    // schema path, or an axis some cell actually has.
-    bool known = column_keys().count(w.key) || w.key.rfind("summary.", 0) == 0 ||
-                 w.key.rfind("config.", 0) == 0 || axis_aliases().count(w.key) ||
-                 schema_lookup(w.key) != nullptr;
-    if (!known) {
-      Stmt s(db, "SELECT 1 FROM cells WHERE json_extract(axes, ?) IS NOT NULL LIMIT 1");
-      s.bind(1, json_key_path(w.key));
-      known = s.step();
-    }
-    if (!known) {
-      std::vector<std::string> cands;
-      for (const auto& [k, _] : column_keys()) cands.push_back(k);
-      for (const auto& [k, _] : axis_aliases()) cands.push_back(k);
-      std::string hint = did_you_mean(w.key, cands);
-      throw UserError("unknown key '" + w.key + "' in --where " + w.key + (w.negate ? "!=" : "=") +
-                      w.value + (hint.empty() ? "" : " (" + hint + ")"));
-    }
+    check_key(db, w.key, "in --where " + w.key + (w.negate ? "!=" : "=") + w.value);
     SqlExpr e = key_expr(w.key);
     for (auto& p : e.params) params.push_back({false, p, 0});
     // Numbers compare as numbers (lr=3e-4 matches 0.0003), booleans as JSON true/false
@@ -222,6 +230,7 @@ std::vector<RunRecord> Registry::runs(const RunFilter& f) {
     desc = true;
     key = key.substr(1);
   }
+  check_key(db, key, "in --sort");
   SqlExpr order;
   if (column_keys().count(key) || key.rfind("summary.", 0) == 0 || key.rfind("config.", 0) == 0) {
     order = key_expr(key);
@@ -230,9 +239,14 @@ std::vector<RunRecord> Registry::runs(const RunFilter& f) {
     order = {"COALESCE(json_extract(r.summary, ?), json_extract(c.axes, ?), json_extract(c.config, ?))",
              {json_key_path(key), json_key_path(key), json_path(resolve_axis(key))}};
   }
-  for (auto& p : order.params) params.push_back({false, p, 0});
-  for (auto& p : order.params) params.push_back({false, p, 0});
-  sql += " ORDER BY (" + order.sql + ") IS NULL, " + order.sql + (desc ? " DESC" : " ASC") + ", r.run_id";
+  if (key == "run_id") {
+    sql += std::string(" ORDER BY r.run_id") + (desc ? " DESC" : "");  // the unique index: no sort
+  } else {
+    for (int twice = 0; twice < 2; ++twice)
+      for (auto& p : order.params) params.push_back({false, p, 0});
+    // Runs without a value for the key (no final_loss yet) go last in either direction.
+    sql += " ORDER BY (" + order.sql + ") IS NULL, " + order.sql + (desc ? " DESC" : " ASC") + ", r.run_id";
+  }
   if (f.limit > 0) sql += " LIMIT " + std::to_string(f.limit);
 
   Stmt s(db, sql);
@@ -297,7 +311,7 @@ RunRecord Registry::require_run(const std::string& id) {
 std::vector<MetricPoint> Registry::metric_series(const std::string& run_id, const std::string& name) {
   long long rowid = impl_->require_rowid(run_id);
   Stmt s(impl_->db,
-         "SELECT step, tokens, value, wall_time FROM metrics WHERE run = ? AND name = ? ORDER BY step, rowid");
+         "SELECT step, tokens, value, wall_time FROM metrics WHERE run = ? AND name = ? ORDER BY step, line");
   s.bind(1, rowid).bind(2, name);
   std::vector<MetricPoint> out;
   while (s.step())
@@ -319,7 +333,7 @@ std::map<std::string, MetricPoint> Registry::last_metrics(const std::string& run
   std::map<std::string, MetricPoint> out;
   Stmt s(impl_->db,
          "SELECT step, tokens, value, wall_time FROM metrics WHERE run = ? AND name = ? "
-         "ORDER BY step DESC, rowid DESC LIMIT 1");
+         "ORDER BY step DESC, line DESC LIMIT 1");
   for (const auto& name : metric_names(run_id)) {
     s.bind(1, rowid).bind(2, name);
     if (s.step())

@@ -32,10 +32,19 @@ std::string json_path(const std::string& dotted) {
 
 std::string json_key_path(const std::string& key) { return "$." + quote_segment(key); }
 
+Stmt& Registry::Impl::stmt(const std::string& sql) {
+  auto it = statements.find(sql);
+  if (it == statements.end()) it = statements.emplace(sql, std::make_unique<Stmt>(db, sql)).first;
+  it->second->reset();
+  return *it->second;
+}
+
 long long Registry::Impl::run_rowid(const std::string& run_id) {
-  Stmt s(db, "SELECT id FROM runs WHERE run_id = ?");
+  Stmt& s = stmt("SELECT id FROM runs WHERE run_id = ?");
   s.bind(1, run_id);
-  return s.step() ? s.col_int(0) : -1;
+  long long id = s.step() ? s.col_int(0) : -1;
+  s.reset();
+  return id;
 }
 
 long long Registry::Impl::require_rowid(const std::string& run_id) {
@@ -65,7 +74,7 @@ Registry Registry::open(const fs::path& path, bool read_only) {
     // schema is migrated first), then forbid writes on this connection.
     bool writable = ::access(path.c_str(), W_OK) == 0 &&
                     ::access(path.parent_path().empty() ? "." : path.parent_path().c_str(), W_OK) == 0;
-    impl->db = Db(path, writable ? SQLITE_OPEN_READWRITE : SQLITE_OPEN_READONLY);
+    impl->db = Db(path, (writable ? SQLITE_OPEN_READWRITE : SQLITE_OPEN_READONLY) | SQLITE_OPEN_NOMUTEX);
     configure_connection(impl->db, true);
     if (writable) migrate(impl->db);
     else if (impl->db.scalar_int("PRAGMA user_version") != schema_version())
@@ -73,7 +82,9 @@ Registry Registry::open(const fs::path& path, bool read_only) {
     impl->db.exec("PRAGMA query_only=1");
   } else {
     if (path.has_parent_path()) fs::create_directories(path.parent_path());
-    impl->db = Db(path, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE);
+    // NOMUTEX: a Registry is used from one thread at a time; SQLite's own per-call
+    // locking would only cost time.
+    impl->db = Db(path, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX);
     configure_connection(impl->db, false);
     migrate(impl->db);
   }

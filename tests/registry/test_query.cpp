@@ -126,6 +126,9 @@ TEST_F(Query, BadFiltersAreUserErrors) {
   EXPECT_EQ(user_error([&] { reg->runs(where({"architecure=gdn"})); }),
             "unknown key 'architecure' in --where architecure=gdn (did you mean 'architecture'?)");
   RunFilter f;
+  f.sort = "-final_los";
+  EXPECT_EQ(user_error([&] { reg->runs(f); }), "unknown key 'final_los' in --sort (did you mean 'final_loss'?)");
+  f.sort = "run_id";
   f.experiment = "t3";
   EXPECT_EQ(user_error([&] { reg->runs(f); }), "unknown experiment 't3' (did you mean 't2'?)");
   EXPECT_EQ(user_error([&] { RunFilter::parse_where("architecture"); }),

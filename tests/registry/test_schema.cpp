@@ -22,14 +22,18 @@ TEST(Schema, FreshDatabaseHasEveryTableAndTheNewestVersion) {
   fs::path db = temp_dir("schema_fresh") / "sub" / "lar.db";  // parent folders are created
   auto reg = Registry::open(db);
   EXPECT_EQ(reg.user_version(), schema_version());
-  EXPECT_GE(schema_version(), 2);
+  EXPECT_GE(schema_version(), 4);
   Db raw(db, SQLITE_OPEN_READONLY);
   EXPECT_EQ(tables(raw), (std::vector<std::string>{"attempts", "cells", "checkpoints", "evals",
                                                     "experiments", "metrics", "runs", "status_history"}));
   Stmt jm(raw, "PRAGMA journal_mode");
   ASSERT_TRUE(jm.step());
   EXPECT_EQ(jm.col_text(0), "wal");
-  EXPECT_EQ(raw.scalar_int("SELECT COUNT(*) FROM sqlite_master WHERE name='metrics_run_name_step'"), 1);
+  // Metrics are clustered by (run, name, step): a series is read straight off the key.
+  Stmt plan(raw, "EXPLAIN QUERY PLAN SELECT value FROM metrics WHERE run = 1 AND name = 'loss' ORDER BY step");
+  std::string detail;
+  while (plan.step()) detail += plan.col_text(3) + ";";
+  EXPECT_EQ(detail, "SEARCH metrics USING PRIMARY KEY (run=? AND name=?);") << detail;
 }
 
 TEST(Schema, ReopenKeepsDataAndVersion) {
@@ -47,14 +51,27 @@ TEST(Schema, OlderDatabaseIsMigratedForward) {
   fs::path db = temp_dir("schema_old") / "lar.db";
   { Registry::open(db); }
   {
-    // Make it look like a version-1 database: drop what migration 2 added.
+    // Make it look like a version-1 database with data: undo what migrations 2-4 did.
     Db raw(db, SQLITE_OPEN_READWRITE);
-    raw.exec("DROP INDEX runs_status; PRAGMA user_version=1;");
+    raw.exec(
+        "DROP INDEX runs_status; DROP INDEX runs_run_dir; DROP TABLE metrics;"
+        "CREATE TABLE metrics (run INTEGER NOT NULL, name TEXT NOT NULL, step INTEGER NOT NULL,"
+        "  tokens REAL, value REAL, wall_time REAL);"
+        "CREATE INDEX metrics_run_name_step ON metrics(run, name, step);"
+        "INSERT INTO runs(run_id, experiment, cell_id) VALUES ('e/c', 'e', 'c');"
+        "INSERT INTO metrics VALUES (1, 'loss', 2, 20, 4.5, 1.0), (1, 'loss', 1, 10, 5.5, 0.5);"
+        "PRAGMA user_version=1;");
   }
   auto reg = Registry::open(db);
   EXPECT_EQ(reg.user_version(), schema_version());
+  auto loss = reg.metric_series("e/c", "loss");  // the rows survived the move to the new table
+  ASSERT_EQ(loss.size(), 2u);
+  EXPECT_EQ(loss[0].step, 1);
+  EXPECT_DOUBLE_EQ(loss[0].value, 5.5);
+  EXPECT_DOUBLE_EQ(loss[1].value, 4.5);
   Db raw(db, SQLITE_OPEN_READONLY);
   EXPECT_EQ(raw.scalar_int("SELECT COUNT(*) FROM sqlite_master WHERE name='runs_status'"), 1);
+  EXPECT_EQ(raw.scalar_int("SELECT COUNT(*) FROM pragma_table_info('metrics') WHERE name='line'"), 1);
 }
 
 TEST(Schema, NewerDatabaseIsRefused) {
