@@ -32,6 +32,14 @@ inline void part_range(int64_t n, int parts, int i, int64_t& b, int64_t& e) {
   e = n * (i + 1) / parts;
 }
 
+// Adds the lifetime of the object to a seconds counter.
+struct Timer {
+  double& acc;
+  std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+  explicit Timer(double& a) : acc(a) {}
+  ~Timer() { acc += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }
+};
+
 template <class T> constexpr DType dtype_of();
 template <> constexpr DType dtype_of<float>() { return DType::f32; }
 template <> constexpr DType dtype_of<double>() { return DType::f64; }
@@ -409,6 +417,7 @@ template <class T>
 void CpuBackend<T>::attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                                   const Tensor& lse, double scale, int64_t window) {
   const AttnDims a = attn_dims(q, k, v);
+  Timer timer(attention_seconds_);
   const T* qp = q.ptr<T>();
   const T* kp = k.ptr<T>();
   const T* vp = v.ptr<T>();
@@ -461,6 +470,7 @@ void CpuBackend<T>::attention_bwd(const Tensor& q, const Tensor& k, const Tensor
                                   const Tensor& lse, const Tensor& dout, const Tensor& dq, const Tensor& dk,
                                   const Tensor& dv, double scale, int64_t window) {
   const AttnDims a = attn_dims(q, k, v);
+  Timer timer(attention_seconds_);
   const T* qp = q.ptr<T>();
   const T* kp = k.ptr<T>();
   const T* vp = v.ptr<T>();

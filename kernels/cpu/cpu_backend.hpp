@@ -52,8 +52,10 @@ class CpuBackend final : public Backend {
   void cross_entropy_bwd(const Tensor& logits, const Tensor& targets, const Tensor& mask,
                          double grad_scale, const Tensor& dlogits) override;
 
-  // Seconds spent inside gemm()/gemm_batched() since construction (lar bench train).
+  // Seconds spent inside gemm()/gemm_batched() and inside attention_fwd/bwd since
+  // construction (lar bench train).
   double gemm_seconds() const { return gemm_seconds_; }
+  double attention_seconds() const { return attention_seconds_; }
 
  private:
   void rope(const Tensor& x, double base, int64_t pos0, double sign);
@@ -62,6 +64,7 @@ class CpuBackend final : public Backend {
   int nt(int64_t work) const { return work >= (1 << 15) ? threads_ : 1; }
   int threads_;
   double gemm_seconds_ = 0;
+  double attention_seconds_ = 0;
 };
 
 // Single-threaded strided GEMM on raw pointers (row-major), for kernels that run inside
