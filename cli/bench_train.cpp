@@ -1,6 +1,8 @@
 // `lar bench train` — training throughput of the CPU backend: a 4-layer d=256 softmax
 // model at T=512 (the anchor), forward + backward + AdamW step per iteration,
 // with the fraction of time in GEMMs and in attention. Results go to docs/perf.md.
+#include <time.h>
+
 #include <chrono>
 #include <cstdio>
 #include <iostream>
@@ -47,9 +49,16 @@ int run_bench(const BenchArgs& a) {
   };
   step();  // warm-up: arena sizing, page faults
   const double g0 = be.gemm_seconds(), at0 = be.attention_seconds();
+  auto cpu_now = [] {
+    timespec ts{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+  };
+  const double c0 = cpu_now();
   auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < a.steps; ++i) step();
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double cpu = cpu_now() - c0;
   const double gemm = be.gemm_seconds() - g0, attn = be.attention_seconds() - at0;
   const double tokens = double(a.batch) * a.seq * a.steps;
   const double flops = 6.0 * double(model.params().numel()) * tokens;  // dense part, per token 6·params
@@ -59,6 +68,9 @@ int run_bench(const BenchArgs& a) {
   std::printf("%-28s %12s\n", "measure", "value");
   std::printf("%-28s %12.0f\n", "tokens/s", tokens / secs);
   std::printf("%-28s %12.3f\n", "s/step", secs / a.steps);
+  // On a shared machine wall time includes other load; CPU time per thread does not.
+  std::printf("%-28s %12.0f\n", "tokens per CPU-second", tokens / cpu);
+  std::printf("%-28s %12.2f\n", "CPU use (cores)", cpu / secs);
   std::printf("%-28s %12.1f\n", "GFLOP/s (6·params·tokens)", flops / secs / 1e9);
   std::printf("%-28s %11.1f%%\n", "time in GEMM", 100.0 * gemm / secs);
   std::printf("%-28s %11.1f%%\n", "time in attention", 100.0 * attn / secs);

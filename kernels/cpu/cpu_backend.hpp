@@ -67,6 +67,9 @@ class CpuBackend final : public Backend {
   double attention_seconds_ = 0;
 };
 
+// exp(x) for fp32 in vectorisable form (≈1 ulp); used by the fp32 kernels.
+float fast_expf(float x);
+
 // Single-threaded strided GEMM on raw pointers (row-major), for kernels that run inside
 // their own parallel loop: C[M,N] = alpha·op(A)·op(B) + beta·C.
 template <class T>

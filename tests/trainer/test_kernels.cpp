@@ -253,3 +253,32 @@ TEST(Arena, ReusesMemoryAfterReset) {
 }
 
 }  // namespace
+
+namespace {
+TEST(FastExp, MatchesStdExpWithinTwoUlpsOverTheRangeUsed) {
+  double worst = 0;
+  for (float x = -87.0f; x <= 88.0f; x += 0.00731f) {
+    const double want = std::exp(double(x));
+    const double rel = std::abs(double(lar::kernels::cpu::fast_expf(x)) - want) / want;
+    worst = std::max(worst, rel);
+  }
+  EXPECT_LT(worst, 2.5e-7);
+  EXPECT_EQ(lar::kernels::cpu::fast_expf(0.0f), 1.0f);
+  EXPECT_LT(lar::kernels::cpu::fast_expf(-1000.0f), 1e-37f);
+}
+
+TEST(AttentionF32, AgreesWithTheF64Reference) {
+  lar::kernels::cpu::CpuBackend<float> bf(2);
+  lar::kernels::cpu::CpuBackend<double> bd(2);
+  const int B = 1, T = 80, H = 2, D = 8;
+  auto q = random_vec(B * T * H * D, 1), k = random_vec(B * T * H * D, 2), v = random_vec(B * T * H * D, 3);
+  std::vector<float> qf(q.begin(), q.end()), kf(k.begin(), k.end()), vf(v.begin(), v.end()), of(q.size()), lf(B * H * T);
+  std::vector<double> od(q.size()), ld(B * H * T);
+  bf.attention_fwd(Tensor(qf.data(), DType::f32, {B, T, H, D}), Tensor(kf.data(), DType::f32, {B, T, H, D}),
+                   Tensor(vf.data(), DType::f32, {B, T, H, D}), Tensor(of.data(), DType::f32, {B, T, H, D}),
+                   Tensor(lf.data(), DType::f32, {B, H, T}), 0.35, 30);
+  bd.attention_fwd(T64(q, {B, T, H, D}), T64(k, {B, T, H, D}), T64(v, {B, T, H, D}), T64(od, {B, T, H, D}),
+                   T64(ld, {B, H, T}), 0.35, 30);
+  for (size_t i = 0; i < od.size(); ++i) ASSERT_NEAR(of[i], od[i], 1e-5) << i;
+}
+}  // namespace
