@@ -91,6 +91,29 @@ std::optional<double> run_metric(const ReportRun& run, const std::string& metric
   }
   // Seconds per iteration under the paper's name for it.
   if (metric.rfind("sec_per_iter", 0) == 0 && is_number_at(s, "iter_time_s")) return s["iter_time_s"].get<double>();
+  if (metric == "peak_mem_gb" && is_number_at(s, "peak_mem_mb")) return s["peak_mem_mb"].get<double>() / 1024.0;
+  if (metric == "tok_s" && is_number_at(s, "tokens_per_s")) return s["tokens_per_s"].get<double>();
+  // Retrieval accuracy in percent: acc_pct@4K → 100 · summary["acc@4096"].
+  if (metric.rfind("acc_pct", 0) == 0) {
+    std::string key = "acc";
+    if (auto at = metric.find('@'); at != std::string::npos) {
+      std::string len = metric.substr(at + 1);
+      if (metric.compare(0, at, "acc_pct") != 0) return std::nullopt;  // acc_pct_<task>@L: another task
+      long mult = 1;
+      if (!len.empty() && (len.back() == 'K' || len.back() == 'k')) {
+        mult = 1024;
+        len.pop_back();
+      }
+      try {
+        key += "@" + std::to_string(std::stol(len) * mult);
+      } catch (const std::exception&) {
+        return std::nullopt;
+      }
+    } else if (metric != "acc_pct") {
+      return std::nullopt;
+    }
+    if (is_number_at(s, key.c_str())) return 100.0 * s[key].get<double>();
+  }
   return std::nullopt;
 }
 
@@ -302,6 +325,47 @@ Report build_report(const TableInput& in) {
       r.notes.push_back("rel_throughput_pct: the reference row " +
                         (rep.throughput_reference ? *rep.throughput_reference : std::string("(none)")) +
                         " has no included run");
+  }
+
+  // 4b. Growth of the iteration time over the shortest sequence length of the same
+  // configuration (LAA Fig. 6: +192 % from 4K to 32K for softmax).
+  if (std::find(in.metrics.begin(), in.metrics.end(), "iter_time_growth_pct") != in.metrics.end()) {
+    auto seq_len_of = [](const Row& r) -> std::optional<double> {
+      for (const auto& [a, v] : r.axes)
+        if ((a == "seq_len" || a == "data.seq_len") && v.is_number()) return v.get<double>();
+      return std::nullopt;
+    };
+    auto others = [](const Row& r) {
+      json o = json::object();
+      for (const auto& [a, v] : r.axes)
+        if (a != "seq_len" && a != "data.seq_len") o[a] = v;
+      return o;
+    };
+    for (auto& r : rep.rows) {
+      auto len = seq_len_of(r);
+      if (!len) continue;
+      const Row* shortest = nullptr;
+      for (const auto& o : rep.rows) {
+        auto ol = seq_len_of(o);
+        if (ol && others(o) == others(r) && (!shortest || *ol < *seq_len_of(*shortest))) shortest = &o;
+      }
+      std::vector<double> base_times;
+      for (const auto& cid : shortest->cell_ids)
+        if (auto c = chosen.find(cid); c != chosen.end())
+          if (auto t = run_metric(*c->second, "sec_per_iter")) base_times.push_back(*t);
+      if (base_times.empty()) continue;
+      const double t0 = sample_stats(base_times).mean;
+      MetricValue& mv = r.ours["iter_time_growth_pct"];
+      mv.values.clear();
+      mv.run_ids.clear();
+      for (const auto& cid : r.cell_ids)
+        if (auto c = chosen.find(cid); c != chosen.end())
+          if (auto t = run_metric(*c->second, "sec_per_iter"); t && t0 > 0) {
+            mv.values.push_back(100.0 * (*t / t0 - 1.0));
+            mv.run_ids.push_back(c->second->run_id);
+          }
+      mv.stats = sample_stats(mv.values);
+    }
   }
 
   // 5. Deltas against the matched baseline row.

@@ -309,3 +309,36 @@ TEST(Audit, PerplexityColumnsUseAMarkedProxy) {
   EXPECT_FALSE(proxy);
   EXPECT_FALSE(run_metric(r, "lambada_acc").has_value());
 }
+
+TEST(Audit, MetricNamesMapToOurSummary) {
+  ReportRun r;
+  r.summary = {{"iter_time_s", 0.5}, {"peak_mem_mb", 2048.0}, {"tokens_per_s", 900.0}, {"acc@4096", 0.25}, {"acc", 0.5}};
+  EXPECT_EQ(*run_metric(r, "sec_per_iter"), 0.5);
+  EXPECT_EQ(*run_metric(r, "peak_mem_gb"), 2.0);
+  EXPECT_EQ(*run_metric(r, "tok_s"), 900.0);
+  EXPECT_EQ(*run_metric(r, "acc_pct@4K"), 25.0);
+  EXPECT_EQ(*run_metric(r, "acc_pct@4096"), 25.0);
+  EXPECT_EQ(*run_metric(r, "acc_pct"), 50.0);
+  EXPECT_FALSE(run_metric(r, "acc_pct@8K").has_value());
+  EXPECT_FALSE(run_metric(r, "acc_pct_uuid@4K").has_value());
+}
+
+TEST(Audit, IterationTimeGrowthOverTheShortestLength) {
+  TableInput in;
+  in.metrics = {"sec_per_iter", "iter_time_growth_pct"};
+  for (int len : {256, 1024, 2048}) {
+    ReportCell c;
+    c.id = "softmax.seq_len" + std::to_string(len) + ".s0";
+    c.axes = {{"architecture", "softmax"}, {"seq_len", len}, {"seed", 0}};
+    c.config = config_for("softmax", "none", 0);
+    in.cells.push_back(c);
+    auto r = completed_run(c, 3.0);
+    r.summary["iter_time_s"] = len == 256 ? 0.1 : len == 1024 ? 0.15 : 0.3;
+    in.runs.push_back(r);
+  }
+  auto rep = build_report(in);
+  EXPECT_NEAR(rep.rows[0].ours.at("iter_time_growth_pct").stats.mean, 0.0, 1e-12);
+  EXPECT_NEAR(rep.rows[1].ours.at("iter_time_growth_pct").stats.mean, 50.0, 1e-9);
+  EXPECT_NEAR(rep.rows[2].ours.at("iter_time_growth_pct").stats.mean, 200.0, 1e-9);
+  EXPECT_NEAR(rep.rows[2].ours.at("sec_per_iter").stats.mean, 0.3, 1e-12);
+}

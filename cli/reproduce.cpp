@@ -1,0 +1,98 @@
+// `lar reproduce PAPER/TABLE` — the one command: plan the paper's matrix at a scale, run
+// every cell that is not done yet (live progress), sync the registry, print our table
+// beside the published one and the audit. Re-running a finished reproduction only
+// re-renders (every cell is skipped as completed).
+#include <algorithm>
+#include <iostream>
+#include <memory>
+#include <thread>
+
+#include "cli/command.hpp"
+#include "core/paths.hpp"
+#include "registry/report/adapter.hpp"
+#include "registry/report/render.hpp"
+#include "runner/console.hpp"
+#include "runner/devices.hpp"
+#include "runner/launch.hpp"
+#include "runner/registry_hooks.hpp"
+
+namespace {
+
+struct ReproduceArgs {
+  std::string table;
+  std::string scale;
+  std::string executor = "local";
+  int seeds = 0;
+  int jobs = 0;
+  std::string format = "md";
+  bool no_audit = false;
+};
+
+// CPU cells that pin their thread count (smoke scales: threads 1) can share the cores;
+// otherwise the runner's default (one per GPU, or one CPU trainer using every core).
+int default_jobs(const lar::experiments::Plan& plan) {
+  using namespace lar;
+  const bool gpu_present = !runner::visible_gpus().empty();
+  long threads = 0;
+  for (const auto& c : plan.cells) {
+    if (runner::uses_gpu(c, gpu_present)) return runner::default_parallelism(plan);
+    const long t = c.config.value("threads", 0L);
+    if (t <= 0) return runner::default_parallelism(plan);
+    threads = std::max(threads, t);
+  }
+  const long cores = std::max(1u, std::thread::hardware_concurrency());
+  return static_cast<int>(std::max(1L, cores / std::max(1L, threads)));
+}
+
+int run_reproduce(const ReproduceArgs& a) {
+  using namespace lar;
+  const auto spec = report::resolve_paper_spec(a.table);
+  experiments::Plan plan = report::load_paper_plan(spec, a.scale, a.seeds);
+  for (const auto& w : plan.warnings) std::cerr << w << "\n";
+
+  runner::LaunchOptions o;
+  o.jobs = a.jobs > 0 ? a.jobs : default_jobs(plan);
+  o.executor = a.executor;
+  const bool tty = cli::stdout_is_tty();
+  auto console = std::make_shared<runner::ConsoleProgress>(std::cout, tty, false);
+  o.hooks = runner::registry_hooks(default_db_path(), [console](const std::string& msg) {
+    (*console)({runner::ProgressEvent::Kind::note, "", RunState::pending, msg, nullptr, 0, 0});
+  });
+  std::cout << "reproducing " << a.table << ": " << plan.experiment
+            << (plan.scale.empty() ? "" : " at scale " + plan.scale) << ", " << plan.cells.size() << " cells, "
+            << o.jobs << " at a time → " << (runs_root() / plan.experiment).string() << "\n";
+  runner::LaunchSummary s = runner::launch(plan, o, [console](const runner::ProgressEvent& ev) { (*console)(ev); });
+  console->finish();
+  const int launch_rc = runner::print_summary(std::cout, s);
+  if (s.interrupted) return launch_rc;
+
+  report::TableInput in = report::make_table_input(plan, spec, default_db_path());
+  report::Report rep = report::build_report(in);
+  std::cout << "\n" << report::render_table(rep, a.format);
+  if (!a.no_audit) std::cout << "\n" << report::audit_markdown(rep);
+  return rep.failed_main_rows().empty() ? 0 : 1;
+}
+
+}  // namespace
+
+static lar::cli::CommandRegistration reg{
+    "reproduce", "Reproduce a paper table: plan, run what is missing, print table + audit", 10,
+    [](CLI::App& app) -> lar::cli::Runner {
+      auto a = std::make_shared<ReproduceArgs>();
+      app.add_option("table", a->table, "paper table, e.g. laa/table2 (lar reproduce --list-tables)")->required();
+      app.add_option("--scale", a->scale, "smoke (2 CPU cores, minutes) | mini (1 GPU, ~1 h) | paper; default: the spec's");
+      app.add_option("--executor", a->executor, "where cells run: local | slurm")
+          ->check(CLI::IsMember({"local", "slurm"}));
+      app.add_option("--seeds", a->seeds, "run seeds 0..N-1 of every cell (default: the spec's seeds)")
+          ->check(CLI::PositiveNumber);
+      app.add_option("-j,--jobs", a->jobs, "cells at once (default: one per GPU; on CPU, cores / threads per cell)")
+          ->check(CLI::PositiveNumber);
+      app.add_option("--format", a->format, "table format: md | latex | csv | json")
+          ->check(CLI::IsMember({"md", "latex", "csv", "json"}));
+      app.add_flag("--no-audit", a->no_audit, "print the table only");
+      app.footer("Tables: laa/table2 laa/lr_sweep laa/fig6 laa/table6 laa/table7 ccq/table2 ccq/table3\n"
+                 "ccq/table7 carve/main carve/table3 carve/table7 (experiments/papers/). Exit code: 0\n"
+                 "when every main cell has an included run, 1 otherwise, 130 when interrupted.\n"
+                 "See docs/reproduce.md.");
+      return [a] { return run_reproduce(*a); };
+    }};

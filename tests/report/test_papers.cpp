@@ -1,0 +1,132 @@
+// Every paper spec parses at every scale; the smaller scales keep the paper's matrix and
+// get its published values; --seeds expansion; the known-issue lists.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+
+#include "core/error.hpp"
+#include "registry/report/adapter.hpp"
+
+using namespace lar;
+using namespace lar::report;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct PapersEnv {
+  PapersEnv() { ::setenv("LAR_PAPERS", LAR_SOURCE_DIR "/experiments/papers", 1); }
+};
+const PapersEnv kEnv;
+
+}  // namespace
+
+TEST(Papers, EveryTableIsListed) {
+  const auto all = list_paper_tables();
+  for (const char* t : {"laa/table2", "laa/lr_sweep", "laa/fig6", "laa/table6", "laa/table7", "ccq/table2",
+                        "ccq/table3", "ccq/table7", "carve/main", "carve/table3", "carve/table7"})
+    EXPECT_NE(std::find(all.begin(), all.end(), t), all.end()) << t;
+  EXPECT_EQ(std::find(all.begin(), all.end(), "laa/common"), all.end());
+  EXPECT_EQ(std::find(all.begin(), all.end(), "laa/notes"), all.end());
+}
+
+TEST(Papers, EverySpecParsesAtEveryScaleWithTheSameMatrix) {
+  for (const auto& t : list_paper_tables()) {
+    const fs::path spec = resolve_paper_spec(t);
+    std::vector<std::vector<std::string>> signatures;
+    for (const char* scale : {"smoke", "mini", "paper"}) {
+      experiments::Plan plan;
+      ASSERT_NO_THROW(plan = load_paper_plan(spec, scale)) << t << " @ " << scale;
+      EXPECT_FALSE(plan.cells.empty()) << t;
+      ASSERT_TRUE(plan.meta.contains("reference")) << t << ": no published values";
+      EXPECT_FALSE(plan.meta["reference"]["source"].value("paper", "").empty()) << t;
+      for (const auto& w : plan.warnings) ADD_FAILURE() << t << " @ " << scale << ": " << w;
+      std::vector<std::string> sig;
+      for (const auto& c : plan.cells) {
+        std::string s;
+        for (const auto& [a, v] : c.axes)
+          if (v.is_string() || v.is_boolean()) s += a + "=" + v.dump() + ";";
+        sig.push_back(s + (c.baseline ? "b" : "") + c.role);
+      }
+      signatures.push_back(sig);
+    }
+    EXPECT_EQ(signatures[0], signatures[2]) << t << ": smoke and paper matrices differ";
+    EXPECT_EQ(signatures[1], signatures[2]) << t << ": mini and paper matrices differ";
+  }
+}
+
+TEST(Papers, LaaTable2SmokeHas18CellsWithPublishedValues) {
+  auto plan = load_paper_plan(resolve_paper_spec("laa/table2"), "smoke");
+  ASSERT_EQ(plan.cells.size(), 18u);
+  int with_ref = 0;
+  for (const auto& c : plan.cells) with_ref += c.reference.is_object() && c.reference.contains("final_loss");
+  EXPECT_EQ(with_ref, 18);
+  EXPECT_EQ(plan.cells[0].config["model"]["architecture"], "softmax");
+  EXPECT_EQ(plan.cells[0].config["model"]["stack"], "dense");
+  EXPECT_EQ(plan.cells[0].reference["final_loss"], 2.413);
+  // the paper scale is the paper's: 15B tokens, 20 × 1024, seq 4096, batch 128
+  auto paper = load_paper_plan(resolve_paper_spec("laa/table2"), "paper");
+  const json& cfg = paper.cells[0].config;
+  EXPECT_EQ(cfg["budget"]["tokens"], 1.5e10);
+  EXPECT_EQ(cfg["model"]["n_layers"], 20);
+  EXPECT_EQ(cfg["model"]["d_model"], 1024);
+  EXPECT_EQ(cfg["data"]["seq_len"], 4096);
+  EXPECT_EQ(cfg["data"]["batch_size"], 128);
+}
+
+TEST(Papers, SmallerScalesTakeThePaperScaleReference) {
+  // fig6 at smoke times 256/1024/2048 tokens; the published 32K values go to the longest.
+  auto plan = load_paper_plan(resolve_paper_spec("laa/fig6"), "smoke");
+  int with_ref = 0;
+  for (const auto& c : plan.cells)
+    if (c.reference.is_object() && c.reference.contains("sec_per_iter")) {
+      ++with_ref;
+      EXPECT_EQ(c.config["data"]["seq_len"], 2048) << c.id;
+    }
+  EXPECT_EQ(with_ref, 3);
+  auto t7 = load_paper_plan(resolve_paper_spec("laa/table7"), "smoke");
+  ASSERT_EQ(t7.cells.size(), 15u);
+  EXPECT_EQ(t7.cells[2].reference["final_loss"], 2.8228);  // gdn 350M/1B clvr
+  ASSERT_TRUE(t7.cells[2].baseline);
+  EXPECT_EQ(*t7.cells[2].baseline, t7.cells[0].id);
+}
+
+TEST(Papers, SeedsExpansion) {
+  auto plan = load_paper_plan(resolve_paper_spec("laa/table6"), "smoke", 3);
+  ASSERT_EQ(plan.cells.size(), 24u);
+  const auto& c = plan.cells[2];  // first row (normuon, gdn, none), seed 2
+  EXPECT_EQ(c.config["seed"], 2);
+  EXPECT_EQ(c.id.substr(c.id.size() - 3), ".s2");
+  EXPECT_EQ(c.hash.size(), 64u);
+  EXPECT_NE(c.hash, plan.cells[0].hash);
+  // the routed cell's baseline is the baseline row's cell with the same seed
+  const auto& routed = plan.cells[5];  // (normuon, gdn, cler), seed 2
+  ASSERT_TRUE(routed.baseline);
+  EXPECT_EQ(*routed.baseline, c.id);
+  // seed 0 is the spec's own cell, unchanged
+  auto single = load_paper_plan(resolve_paper_spec("laa/table6"), "smoke");
+  EXPECT_EQ(plan.cells[0].hash, single.cells[0].hash);
+  EXPECT_EQ(plan.cells[0].id, single.cells[0].id);
+}
+
+TEST(Papers, KnownIssuesPerTable) {
+  auto t6 = load_known_issues(resolve_paper_spec("laa/table6"));
+  ASSERT_FALSE(t6.empty());
+  EXPECT_EQ(t6[0].where, "Table 6 (p. 15)");
+  EXPECT_NE(t6[0].text.find("+0.0013"), std::string::npos);
+  auto ccq = load_known_issues(resolve_paper_spec("ccq/table2"));
+  bool has_264 = false;
+  for (const auto& k : ccq) has_264 |= k.text.find("+2.64") != std::string::npos;
+  EXPECT_TRUE(has_264);
+}
+
+TEST(Papers, UnknownTableNamesTheChoices) {
+  try {
+    resolve_paper_spec("laa/table9");
+    FAIL();
+  } catch (const UserError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("unknown paper table 'laa/table9'"), std::string::npos) << m;
+    EXPECT_NE(m.find("laa/table2"), std::string::npos) << m;
+  }
+}
