@@ -57,7 +57,15 @@ json prepare_config(const json& raw) {
   // These constructors check their sections and throw UserError naming the key.
   (void)optim::OptimizerConfig::from_json(cfg);
   (void)optim::Schedule::from_json(cfg, total_steps(cfg));
-  (void)data::make_dataset(cfg);  // data path, vocabulary coverage, task parameters
+  auto ds = data::make_dataset(cfg);  // data path, vocabulary coverage, task parameters
+  for (const auto& len : cfg.at("eval").at("lengths")) {
+    if (len.get<long>() < 2) throw UserError("eval.lengths: " + len.dump() + " is not a usable sequence length (≥ 2)");
+    try {
+      (void)ds->val_batch(0, len.get<int>());
+    } catch (const UserError& e) {
+      throw UserError("eval.lengths: " + len.dump() + ": " + e.what());
+    }
+  }
   return cfg;
 }
 
@@ -339,6 +347,23 @@ int Trainer::run() {
     for (auto& [k, v] : ev.tasks.items()) summary_[k] = v;
     if (stable_end && at == *stable_end) summary_["saturation_loss"] = ev.loss;
     log("eval step " + std::to_string(at) + ": val_loss " + fmt_num(ev.loss, 6) + " " + ev.tasks.dump());
+    if (at != total) return;
+    // Final evaluation at the extra lengths (extrapolation, retrieval at length):
+    // keys val_loss@L and <task metric>@L, in the same metrics line protocol.
+    for (const auto& len : cfg_.at("eval").at("lengths")) {
+      const int L = len.get<int>();
+      EvalResult e = evaluate(*model_, *ds_, eval_batches, L);
+      const std::string sfx = "@" + std::to_string(L);
+      json l = {{"step", at}, {"tokens", tokens_}, {"wall_time", wall()}, {"val_loss" + sfx, e.loss}};
+      summary_["val_loss" + sfx] = e.loss;
+      for (auto& [k, v] : e.tasks.items()) {
+        l[k + sfx] = v;
+        summary_[k + sfx] = v;
+      }
+      metrics.append(l);
+      log("eval step " + std::to_string(at) + " at length " + std::to_string(L) + ": val_loss " + fmt_num(e.loss, 6) +
+          " " + e.tasks.dump());
+    }
   };
 
   try {

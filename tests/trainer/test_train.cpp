@@ -96,7 +96,7 @@ TEST(Train, ResumeFromCheckpointIsBitIdenticalMuon) {
 
 TEST(Train, WritesProtocolFilesAndSummary) {
   TempDir d;
-  write_run(d.path, tiny_run({{"checkpoint", {{"every", 5}, {"keep", 2}}}}));
+  write_run(d.path, tiny_run({{"checkpoint", {{"every", 5}, {"keep", 2}}}, {"eval", {{"lengths", {48}}}}}));
   ASSERT_EQ(trainer::train_run(d.path), 0);
   RunDir rd(d.path);
   auto st = rd.read_status();
@@ -122,7 +122,10 @@ TEST(Train, WritesProtocolFilesAndSummary) {
   }
   EXPECT_EQ(train_lines, 12);
   EXPECT_EQ(s["saturation_loss"].get<double>(), val10);
-  EXPECT_EQ(s["final_loss"].get<double>(), lines.back()["val_loss"].get<double>());
+  ASSERT_TRUE(lines.back().contains("val_loss@48")) << lines.back().dump();
+  EXPECT_TRUE(lines.back().contains("acc@48"));
+  EXPECT_EQ(s["val_loss@48"].get<double>(), lines.back()["val_loss@48"].get<double>());
+  EXPECT_EQ(s["final_loss"].get<double>(), lines[lines.size() - 2]["val_loss"].get<double>());
   // keep = 2: steps 10 and 12 remain.
   auto cks = trainer::list_checkpoints(rd.checkpoints_dir());
   ASSERT_EQ(cks.size(), 2u);
