@@ -24,6 +24,10 @@ say() { echo "prepare_brown: $*"; }
 die() { echo "prepare_brown: error: $*" >&2; exit 1; }
 
 [ -x "$LAR" ] || die "no lar binary at $LAR (build it first: cmake --build build, or set LAR_BIN)"
+mkdir -p "$DATA_ROOT"
+DATA_ROOT="$(cd "$DATA_ROOT" && pwd)"   # absolute: the steps below change folders
+OUT="$DATA_ROOT/brown"
+CACHE="$DATA_ROOT/.cache"
 
 if [ -f "$OUT/manifest.json" ] && "$LAR" data info "$OUT" >/dev/null 2>&1; then
   say "$OUT is already prepared ($("$LAR" data info --json "$OUT" | sed -n 's/.*"slice_id": "\(.*\)".*/slice \1/p'))"

