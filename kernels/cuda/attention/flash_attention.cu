@@ -17,6 +17,7 @@
 #include <cuda_bf16.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <string>
 
 #include "kernels/cuda/cuda_check.hpp"
@@ -126,9 +127,11 @@ __device__ __forceinline__ bool visible(int pos, int j, int window) {
 }
 
 // ---------------------------------------------------------------- forward
-template <int D, int NW, int BC>
+// CTA: NW warps × MT m-tiles of 16 query rows (BR = 16·NW·MT rows); key blocks of BC.
+// MT = 2 lets each K/V fragment read from shared memory feed two MMAs.
+template <int D, int NW, int MT, int BC>
 __global__ void __launch_bounds__(NW * 32) fwd_kernel(const Params p) {
-  constexpr int BR = NW * 16, NT = NW * 32;
+  constexpr int BR = NW * 16 * MT, NT = NW * 32;
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* sQ = reinterpret_cast<bf16*>(smem);
   bf16* sK = sQ + BR * D;  // [2][BC][D]
@@ -136,6 +139,7 @@ __global__ void __launch_bounds__(NW * 32) fwd_kernel(const Params p) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tig = lane & 3;
   const int qblk = gridDim.x - 1 - blockIdx.x;  // the longest rows first
   const int h = blockIdx.y, b = blockIdx.z, hk = h / p.G, q0 = qblk * BR;
+  const int wr0 = q0 + warp * 16 * MT;  // this warp's first row
   const size_t qs = static_cast<size_t>(p.Hq) * D, ks = static_cast<size_t>(p.Hkv) * D;
   const size_t qoff = (static_cast<size_t>(b) * p.T * p.Hq + h) * D;
   const bf16* K = p.k + (static_cast<size_t>(b) * p.S * p.Hkv + hk) * D;
@@ -150,11 +154,16 @@ __global__ void __launch_bounds__(NW * 32) fwd_kernel(const Params p) {
   load_tile<D, BC, NT>(sV, V, ks, nb0 * BC, p.S);
   cp_async_commit();
 
-  uint32_t qf[D / 16][4];
-  float o[D / 8][4];
+  uint32_t qf[MT][D / 16][4];
+  float o[MT][D / 8][4];
+  float m[MT][2], l[MT][2];
 #pragma unroll
-  for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) o[mt][i][0] = o[mt][i][1] = o[mt][i][2] = o[mt][i][3] = 0.f;
+    m[mt][0] = m[mt][1] = -INFINITY;
+    l[mt][0] = l[mt][1] = 0.f;
+  }
 
   for (int nb = nb0; nb < nb1; ++nb) {
     const int buf = (nb - nb0) & 1;
@@ -167,71 +176,84 @@ __global__ void __launch_bounds__(NW * 32) fwd_kernel(const Params p) {
     __syncthreads();
     if (nb == nb0) {
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) frag_a<D>(qf[kk], sQ, warp * 16, kk, lane);
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) frag_a<D>(qf[mt][kk], sQ, (warp * MT + mt) * 16, kk, lane);
     }
     const bf16* sKb = sK + buf * BC * D;
     const bf16* sVb = sV + buf * BC * D;
 
-    float s[BC / 8][4];
+    float s[MT][BC / 8][4];
 #pragma unroll
-    for (int i = 0; i < BC / 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int i = 0; i < BC / 8; ++i) s[mt][i][0] = s[mt][i][1] = s[mt][i][2] = s[mt][i][3] = 0.f;
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
 #pragma unroll
       for (int nn = 0; nn < BC / 16; ++nn) {
         uint32_t r[4];
         frag_b<D>(r, sKb, nn * 16, kk, lane);
-        mma(s[2 * nn], qf[kk], r[0], r[1]);
-        mma(s[2 * nn + 1], qf[kk], r[2], r[3]);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma(s[mt][2 * nn], qf[mt][kk], r[0], r[1]);
+          mma(s[mt][2 * nn + 1], qf[mt][kk], r[2], r[3]);
+        }
       }
 
     const int kb0 = nb * BC;
     const bool full = kb0 + BC - 1 <= pos_lo && kb0 + BC <= p.S && (p.window <= 0 || pos_hi - kb0 < p.window);
 #pragma unroll
-    for (int nt = 0; nt < BC / 8; ++nt)
+    for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float x = s[nt][e] * p.scale_log2;
-        if (!full) {
-          const int pos = q0 + warp * 16 + g + (e >> 1) * 8 + p.off;
-          const int j = kb0 + nt * 8 + tig * 2 + (e & 1);
-          if (!(j < p.S && visible(pos, j, p.window))) x = -INFINITY;
+      for (int nt = 0; nt < BC / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float x = s[mt][nt][e] * p.scale_log2;
+          if (!full) {
+            const int pos = wr0 + mt * 16 + g + (e >> 1) * 8 + p.off;
+            const int j = kb0 + nt * 8 + tig * 2 + (e & 1);
+            if (!(j < p.S && visible(pos, j, p.window))) x = -INFINITY;
+          }
+          s[mt][nt][e] = x;
         }
-        s[nt][e] = x;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float mx = m[mt][r];
+#pragma unroll
+        for (int nt = 0; nt < BC / 8; ++nt) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * r], s[mt][nt][2 * r + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float mu = mx == -INFINITY ? 0.f : mx;  // a row with nothing visible yet
+        const float alpha = ex2(m[mt][r] - mu);
+        m[mt][r] = mx;
+        float rs = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < BC / 8; ++nt) {
+          s[mt][nt][2 * r] = ex2(s[mt][nt][2 * r] - mu);
+          s[mt][nt][2 * r + 1] = ex2(s[mt][nt][2 * r + 1] - mu);
+          rs += s[mt][nt][2 * r] + s[mt][nt][2 * r + 1];
+        }
+        l[mt][r] = l[mt][r] * alpha + rs;
+#pragma unroll
+        for (int dt = 0; dt < D / 8; ++dt) o[mt][dt][2 * r] *= alpha, o[mt][dt][2 * r + 1] *= alpha;
       }
-
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float mx = m[r];
-#pragma unroll
-      for (int nt = 0; nt < BC / 8; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float mu = mx == -INFINITY ? 0.f : mx;  // a row with nothing visible yet
-      const float alpha = ex2(m[r] - mu);
-      m[r] = mx;
-      float rs = 0.f;
-#pragma unroll
-      for (int nt = 0; nt < BC / 8; ++nt) {
-        s[nt][2 * r] = ex2(s[nt][2 * r] - mu);
-        s[nt][2 * r + 1] = ex2(s[nt][2 * r + 1] - mu);
-        rs += s[nt][2 * r] + s[nt][2 * r + 1];
-      }
-      l[r] = l[r] * alpha + rs;
-#pragma unroll
-      for (int dt = 0; dt < D / 8; ++dt) o[dt][2 * r] *= alpha, o[dt][2 * r + 1] *= alpha;
     }
 
 #pragma unroll
     for (int kt = 0; kt < BC / 16; ++kt) {
-      uint32_t pa[4];
-      c_to_a(pa, s, kt);
+      uint32_t pa[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) c_to_a(pa[mt], s[mt], kt);
 #pragma unroll
       for (int dn = 0; dn < D / 16; ++dn) {
         uint32_t r[4];
         frag_bt<D>(r, sVb, kt * 16, dn, lane);
-        mma(o[2 * dn], pa, r[0], r[1]);
-        mma(o[2 * dn + 1], pa, r[2], r[3]);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma(o[mt][2 * dn], pa[mt], r[0], r[1]);
+          mma(o[mt][2 * dn + 1], pa[mt], r[2], r[3]);
+        }
       }
     }
     __syncthreads();  // the next iteration's prefetch overwrites this buffer
@@ -239,20 +261,23 @@ __global__ void __launch_bounds__(NW * 32) fwd_kernel(const Params p) {
   cp_async_wait<0>();
 
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float lr = l[r];
-    lr += __shfl_xor_sync(0xffffffffu, lr, 1);
-    lr += __shfl_xor_sync(0xffffffffu, lr, 2);
-    const int row = q0 + warp * 16 + g + r * 8;
-    if (row >= p.T) continue;
-    const float inv = 1.f / lr;
-    bf16* O = p.out + qoff + static_cast<size_t>(row) * qs;
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int dt = 0; dt < D / 8; ++dt)
-      *reinterpret_cast<uint32_t*>(O + dt * 8 + tig * 2) = pack(o[dt][2 * r] * inv, o[dt][2 * r + 1] * inv);
-    if (tig == 0)
-      p.lse[(static_cast<size_t>(b) * p.Hq + h) * p.T + row] = (m[r] + log2f(lr)) * 0.6931471805599453f;
-  }
+    for (int r = 0; r < 2; ++r) {
+      float lr = l[mt][r];
+      lr += __shfl_xor_sync(0xffffffffu, lr, 1);
+      lr += __shfl_xor_sync(0xffffffffu, lr, 2);
+      const int row = wr0 + mt * 16 + g + r * 8;
+      if (row >= p.T) continue;
+      const float inv = 1.f / lr;
+      bf16* O = p.out + qoff + static_cast<size_t>(row) * qs;
+#pragma unroll
+      for (int dt = 0; dt < D / 8; ++dt)
+        *reinterpret_cast<uint32_t*>(O + dt * 8 + tig * 2) =
+            pack(o[mt][dt][2 * r] * inv, o[mt][dt][2 * r + 1] * inv);
+      if (tig == 0)
+        p.lse[(static_cast<size_t>(b) * p.Hq + h) * p.T + row] = (m[mt][r] + log2f(lr)) * 0.6931471805599453f;
+    }
 }
 
 // ---------------------------------------------------------------- backward
@@ -280,9 +305,10 @@ __global__ void delta_kernel(const Params p) {
   }
 }
 
-template <int D, int NW, int BRQ>
+// CTA: NW warps × MT m-tiles of 16 keys (BCK = 16·NW·MT keys); query blocks of BRQ.
+template <int D, int NW, int MT, int BRQ>
 __global__ void __launch_bounds__(NW * 32) dkdv_kernel(const Params p) {
-  constexpr int BCK = NW * 16, NT = NW * 32;
+  constexpr int BCK = NW * 16 * MT, NT = NW * 32;
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* sK = reinterpret_cast<bf16*>(smem);
   bf16* sV = sK + BCK * D;
@@ -292,6 +318,7 @@ __global__ void __launch_bounds__(NW * 32) dkdv_kernel(const Params p) {
   float* sDl = sL + 2 * BRQ;                                 // [2][BRQ] Δ
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tig = lane & 3;
   const int hk = blockIdx.y, b = blockIdx.z, k0 = blockIdx.x * BCK;
+  const int wk0 = k0 + warp * 16 * MT;  // this warp's first key
   const size_t qs = static_cast<size_t>(p.Hq) * D, ks = static_cast<size_t>(p.Hkv) * D;
   const size_t koff = (static_cast<size_t>(b) * p.S * p.Hkv + hk) * D;
   // Queries that see some key of this block.
@@ -318,11 +345,13 @@ __global__ void __launch_bounds__(NW * 32) dkdv_kernel(const Params p) {
   if (iters > 0) load_q(0, 0);
   cp_async_commit();
 
-  float dk[D / 8][4], dv[D / 8][4];
+  float dk[MT][D / 8][4], dv[MT][D / 8][4];
 #pragma unroll
-  for (int i = 0; i < D / 8; ++i)
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) dk[i][e] = dv[i][e] = 0.f;
+    for (int i = 0; i < D / 8; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dk[mt][i][e] = dv[mt][i][e] = 0.f;
 
   for (int it = 0; it < iters; ++it) {
     const int buf = it & 1;
@@ -336,81 +365,106 @@ __global__ void __launch_bounds__(NW * 32) dkdv_kernel(const Params p) {
     const float* sDb = sDl + buf * BRQ;
     const int tq0 = (qb0 + it % nq) * BRQ;
 
-    // Sᵀ = K Qᵀ (16 keys × BRQ queries per warp)
-    float st[BRQ / 8][4];
+    // Sᵀ = K Qᵀ (16·MT keys × BRQ queries per warp)
+    float st[MT][BRQ / 8][4];
 #pragma unroll
-    for (int i = 0; i < BRQ / 8; ++i) st[i][0] = st[i][1] = st[i][2] = st[i][3] = 0.f;
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int i = 0; i < BRQ / 8; ++i) st[mt][i][0] = st[mt][i][1] = st[mt][i][2] = st[mt][i][3] = 0.f;
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
-      uint32_t ka[4];
-      frag_a<D>(ka, sK, warp * 16, kk, lane);
+      uint32_t ka[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) frag_a<D>(ka[mt], sK, (warp * MT + mt) * 16, kk, lane);
 #pragma unroll
       for (int nn = 0; nn < BRQ / 16; ++nn) {
         uint32_t r[4];
         frag_b<D>(r, sQb, nn * 16, kk, lane);
-        mma(st[2 * nn], ka, r[0], r[1]);
-        mma(st[2 * nn + 1], ka, r[2], r[3]);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma(st[mt][2 * nn], ka[mt], r[0], r[1]);
+          mma(st[mt][2 * nn + 1], ka[mt], r[2], r[3]);
+        }
       }
     }
     // Pᵀ
     const bool full = k0 + BCK - 1 <= tq0 + p.off && (p.window <= 0 || tq0 + BRQ - 1 + p.off - k0 < p.window);
 #pragma unroll
-    for (int nt = 0; nt < BRQ / 8; ++nt)
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int col = nt * 8 + tig * 2 + (e & 1);
-        float pv = ex2(st[nt][e] * p.scale_log2 - sLb[col]);
-        if (!full) {
-          const int key = k0 + warp * 16 + g + (e >> 1) * 8;
-          if (!visible(tq0 + col + p.off, key, p.window)) pv = 0.f;
+      for (int nt = 0; nt < BRQ / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int col = nt * 8 + tig * 2 + (e & 1);
+          float pv = ex2(st[mt][nt][e] * p.scale_log2 - sLb[col]);
+          if (!full) {
+            const int key = wk0 + mt * 16 + g + (e >> 1) * 8;
+            if (!visible(tq0 + col + p.off, key, p.window)) pv = 0.f;
+          }
+          st[mt][nt][e] = pv;
         }
-        st[nt][e] = pv;
-      }
     // dV += Pᵀ dO
 #pragma unroll
     for (int kt = 0; kt < BRQ / 16; ++kt) {
-      uint32_t pa[4];
-      c_to_a(pa, st, kt);
+      uint32_t pa[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) c_to_a(pa[mt], st[mt], kt);
 #pragma unroll
       for (int dn = 0; dn < D / 16; ++dn) {
         uint32_t r[4];
         frag_bt<D>(r, sdOb, kt * 16, dn, lane);
-        mma(dv[2 * dn], pa, r[0], r[1]);
-        mma(dv[2 * dn + 1], pa, r[2], r[3]);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma(dv[mt][2 * dn], pa[mt], r[0], r[1]);
+          mma(dv[mt][2 * dn + 1], pa[mt], r[2], r[3]);
+        }
       }
     }
-    // dPᵀ = V dOᵀ
-    float dpt[BRQ / 8][4];
+    // dPᵀ = V dOᵀ, then dSᵀ = Pᵀ ∘ (dPᵀ − Δ) in place of Pᵀ
+    {
+      float dpt[MT][BRQ / 8][4];
 #pragma unroll
-    for (int i = 0; i < BRQ / 8; ++i) dpt[i][0] = dpt[i][1] = dpt[i][2] = dpt[i][3] = 0.f;
+      for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      uint32_t va[4];
-      frag_a<D>(va, sV, warp * 16, kk, lane);
+        for (int i = 0; i < BRQ / 8; ++i) dpt[mt][i][0] = dpt[mt][i][1] = dpt[mt][i][2] = dpt[mt][i][3] = 0.f;
 #pragma unroll
-      for (int nn = 0; nn < BRQ / 16; ++nn) {
-        uint32_t r[4];
-        frag_b<D>(r, sdOb, nn * 16, kk, lane);
-        mma(dpt[2 * nn], va, r[0], r[1]);
-        mma(dpt[2 * nn + 1], va, r[2], r[3]);
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t va[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) frag_a<D>(va[mt], sV, (warp * MT + mt) * 16, kk, lane);
+#pragma unroll
+        for (int nn = 0; nn < BRQ / 16; ++nn) {
+          uint32_t r[4];
+          frag_b<D>(r, sdOb, nn * 16, kk, lane);
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            mma(dpt[mt][2 * nn], va[mt], r[0], r[1]);
+            mma(dpt[mt][2 * nn + 1], va[mt], r[2], r[3]);
+          }
+        }
       }
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < BRQ / 8; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) st[mt][nt][e] *= dpt[mt][nt][e] - sDb[nt * 8 + tig * 2 + (e & 1)];
     }
-    // dSᵀ = Pᵀ ∘ (dPᵀ − Δ)
-#pragma unroll
-    for (int nt = 0; nt < BRQ / 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) dpt[nt][e] = st[nt][e] * (dpt[nt][e] - sDb[nt * 8 + tig * 2 + (e & 1)]);
     // dK += dSᵀ Q
 #pragma unroll
     for (int kt = 0; kt < BRQ / 16; ++kt) {
-      uint32_t da[4];
-      c_to_a(da, dpt, kt);
+      uint32_t da[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) c_to_a(da[mt], st[mt], kt);
 #pragma unroll
       for (int dn = 0; dn < D / 16; ++dn) {
         uint32_t r[4];
         frag_bt<D>(r, sQb, kt * 16, dn, lane);
-        mma(dk[2 * dn], da, r[0], r[1]);
-        mma(dk[2 * dn + 1], da, r[2], r[3]);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma(dk[mt][2 * dn], da[mt], r[0], r[1]);
+          mma(dk[mt][2 * dn + 1], da[mt], r[2], r[3]);
+        }
       }
     }
     __syncthreads();
@@ -418,22 +472,25 @@ __global__ void __launch_bounds__(NW * 32) dkdv_kernel(const Params p) {
   cp_async_wait<0>();
 
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int key = k0 + warp * 16 + g + r * 8;
-    if (key >= p.S) continue;
-    bf16* DK = p.dk + koff + static_cast<size_t>(key) * ks;
-    bf16* DV = p.dv + koff + static_cast<size_t>(key) * ks;
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int dt = 0; dt < D / 8; ++dt) {
-      *reinterpret_cast<uint32_t*>(DK + dt * 8 + tig * 2) = pack(dk[dt][2 * r] * p.scale, dk[dt][2 * r + 1] * p.scale);
-      *reinterpret_cast<uint32_t*>(DV + dt * 8 + tig * 2) = pack(dv[dt][2 * r], dv[dt][2 * r + 1]);
+    for (int r = 0; r < 2; ++r) {
+      const int key = wk0 + mt * 16 + g + r * 8;
+      if (key >= p.S) continue;
+      bf16* DK = p.dk + koff + static_cast<size_t>(key) * ks;
+      bf16* DV = p.dv + koff + static_cast<size_t>(key) * ks;
+#pragma unroll
+      for (int dt = 0; dt < D / 8; ++dt) {
+        *reinterpret_cast<uint32_t*>(DK + dt * 8 + tig * 2) =
+            pack(dk[mt][dt][2 * r] * p.scale, dk[mt][dt][2 * r + 1] * p.scale);
+        *reinterpret_cast<uint32_t*>(DV + dt * 8 + tig * 2) = pack(dv[mt][dt][2 * r], dv[mt][dt][2 * r + 1]);
+      }
     }
-  }
 }
 
-template <int D, int NW, int BC>
+template <int D, int NW, int MT, int BC>
 __global__ void __launch_bounds__(NW * 32) dq_kernel(const Params p) {
-  constexpr int BR = NW * 16, NT = NW * 32;
+  constexpr int BR = NW * 16 * MT, NT = NW * 32;
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* sQ = reinterpret_cast<bf16*>(smem);
   bf16* sdO = sQ + BR * D;
@@ -442,6 +499,7 @@ __global__ void __launch_bounds__(NW * 32) dq_kernel(const Params p) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tig = lane & 3;
   const int qblk = gridDim.x - 1 - blockIdx.x;
   const int h = blockIdx.y, b = blockIdx.z, hk = h / p.G, q0 = qblk * BR;
+  const int wr0 = q0 + warp * 16 * MT;
   const size_t qs = static_cast<size_t>(p.Hq) * D, ks = static_cast<size_t>(p.Hkv) * D;
   const size_t qoff = (static_cast<size_t>(b) * p.T * p.Hq + h) * D;
   const bf16* K = p.k + (static_cast<size_t>(b) * p.S * p.Hkv + hk) * D;
@@ -457,18 +515,22 @@ __global__ void __launch_bounds__(NW * 32) dq_kernel(const Params p) {
   load_tile<D, BC, NT>(sV, V, ks, nb0 * BC, p.S);
   cp_async_commit();
 
-  float lr[2], dr[2];
+  float lr[MT][2], dr[MT][2];
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = q0 + warp * 16 + g + r * 8;
-    const size_t i = (static_cast<size_t>(b) * p.Hq + h) * p.T + row;
-    lr[r] = row < p.T ? p.lse_in[i] * kLog2e : INFINITY;
-    dr[r] = row < p.T ? p.delta[i] : 0.f;
-  }
-  uint32_t qf[D / 16][4], df[D / 16][4];
-  float dq[D / 8][4];
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-  for (int i = 0; i < D / 8; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.f;
+    for (int r = 0; r < 2; ++r) {
+      const int row = wr0 + mt * 16 + g + r * 8;
+      const size_t i = (static_cast<size_t>(b) * p.Hq + h) * p.T + row;
+      lr[mt][r] = row < p.T ? p.lse_in[i] * kLog2e : INFINITY;
+      dr[mt][r] = row < p.T ? p.delta[i] : 0.f;
+    }
+  uint32_t qf[MT][D / 16][4], df[MT][D / 16][4];
+  float dq[MT][D / 8][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) dq[mt][i][0] = dq[mt][i][1] = dq[mt][i][2] = dq[mt][i][3] = 0.f;
 
   for (int nb = nb0; nb < nb1; ++nb) {
     const int buf = (nb - nb0) & 1;
@@ -481,57 +543,73 @@ __global__ void __launch_bounds__(NW * 32) dq_kernel(const Params p) {
     __syncthreads();
     if (nb == nb0) {
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        frag_a<D>(qf[kk], sQ, warp * 16, kk, lane);
-        frag_a<D>(df[kk], sdO, warp * 16, kk, lane);
-      }
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+          frag_a<D>(qf[mt][kk], sQ, (warp * MT + mt) * 16, kk, lane);
+          frag_a<D>(df[mt][kk], sdO, (warp * MT + mt) * 16, kk, lane);
+        }
     }
     const bf16* sKb = sK + buf * BC * D;
     const bf16* sVb = sV + buf * BC * D;
 
-    float s[BC / 8][4], dp[BC / 8][4];
+    float s[MT][BC / 8][4], dp[MT][BC / 8][4];
 #pragma unroll
-    for (int i = 0; i < BC / 8; ++i)
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s[i][e] = dp[i][e] = 0.f;
+      for (int i = 0; i < BC / 8; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[mt][i][e] = dp[mt][i][e] = 0.f;
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
 #pragma unroll
       for (int nn = 0; nn < BC / 16; ++nn) {
         uint32_t r[4];
         frag_b<D>(r, sKb, nn * 16, kk, lane);
-        mma(s[2 * nn], qf[kk], r[0], r[1]);
-        mma(s[2 * nn + 1], qf[kk], r[2], r[3]);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma(s[mt][2 * nn], qf[mt][kk], r[0], r[1]);
+          mma(s[mt][2 * nn + 1], qf[mt][kk], r[2], r[3]);
+        }
         frag_b<D>(r, sVb, nn * 16, kk, lane);
-        mma(dp[2 * nn], df[kk], r[0], r[1]);
-        mma(dp[2 * nn + 1], df[kk], r[2], r[3]);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma(dp[mt][2 * nn], df[mt][kk], r[0], r[1]);
+          mma(dp[mt][2 * nn + 1], df[mt][kk], r[2], r[3]);
+        }
       }
 
     const int kb0 = nb * BC;
     const bool full = kb0 + BC - 1 <= pos_lo && kb0 + BC <= p.S && (p.window <= 0 || pos_hi - kb0 < p.window);
 #pragma unroll
-    for (int nt = 0; nt < BC / 8; ++nt)
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float pv = ex2(s[nt][e] * p.scale_log2 - lr[e >> 1]);
-        if (!full) {
-          const int pos = q0 + warp * 16 + g + (e >> 1) * 8 + p.off;
-          const int j = kb0 + nt * 8 + tig * 2 + (e & 1);
-          if (!(j < p.S && visible(pos, j, p.window))) pv = 0.f;
+      for (int nt = 0; nt < BC / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float pv = ex2(s[mt][nt][e] * p.scale_log2 - lr[mt][e >> 1]);
+          if (!full) {
+            const int pos = wr0 + mt * 16 + g + (e >> 1) * 8 + p.off;
+            const int j = kb0 + nt * 8 + tig * 2 + (e & 1);
+            if (!(j < p.S && visible(pos, j, p.window))) pv = 0.f;
+          }
+          s[mt][nt][e] = pv * (dp[mt][nt][e] - dr[mt][e >> 1]);  // dS
         }
-        s[nt][e] = pv * (dp[nt][e] - dr[e >> 1]);  // dS
-      }
     // dQ += dS K
 #pragma unroll
     for (int kt = 0; kt < BC / 16; ++kt) {
-      uint32_t da[4];
-      c_to_a(da, s, kt);
+      uint32_t da[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) c_to_a(da[mt], s[mt], kt);
 #pragma unroll
       for (int dn = 0; dn < D / 16; ++dn) {
         uint32_t r[4];
         frag_bt<D>(r, sKb, kt * 16, dn, lane);
-        mma(dq[2 * dn], da, r[0], r[1]);
-        mma(dq[2 * dn + 1], da, r[2], r[3]);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma(dq[mt][2 * dn], da[mt], r[0], r[1]);
+          mma(dq[mt][2 * dn + 1], da[mt], r[2], r[3]);
+        }
       }
     }
     __syncthreads();
@@ -539,14 +617,17 @@ __global__ void __launch_bounds__(NW * 32) dq_kernel(const Params p) {
   cp_async_wait<0>();
 
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = q0 + warp * 16 + g + r * 8;
-    if (row >= p.T) continue;
-    bf16* DQ = p.dq + qoff + static_cast<size_t>(row) * qs;
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int dt = 0; dt < D / 8; ++dt)
-      *reinterpret_cast<uint32_t*>(DQ + dt * 8 + tig * 2) = pack(dq[dt][2 * r] * p.scale, dq[dt][2 * r + 1] * p.scale);
-  }
+    for (int r = 0; r < 2; ++r) {
+      const int row = wr0 + mt * 16 + g + r * 8;
+      if (row >= p.T) continue;
+      bf16* DQ = p.dq + qoff + static_cast<size_t>(row) * qs;
+#pragma unroll
+      for (int dt = 0; dt < D / 8; ++dt)
+        *reinterpret_cast<uint32_t*>(DQ + dt * 8 + tig * 2) =
+            pack(dq[mt][dt][2 * r] * p.scale, dq[mt][dt][2 * r + 1] * p.scale);
+    }
 }
 
 // ---------------------------------------------------------------- launch
@@ -580,26 +661,61 @@ void launch(Kernel kernel, dim3 grid, int threads, std::size_t smem, cudaStream_
   LAR_CUDA_LAUNCHED();
 }
 
-// Tile sizes: NW warps × 16 rows per CTA; the inner tile (keys in fwd/dq, queries in
-// dk/dv) is 64 for D=64 and 32 (dq, dkdv) or 64 (fwd) for D=128, so that the fp32
-// accumulators stay in registers.
-template <int D>
-void fwd_impl(const Params& p, int B, cudaStream_t st) {
-  constexpr int NW = 4, BC = 64, BR = NW * 16;
-  const std::size_t smem = static_cast<std::size_t>(BR + 4 * BC) * D * sizeof(bf16);
-  launch(fwd_kernel<D, NW, BC>, dim3((p.T + BR - 1) / BR, p.Hq, B), NW * 32, smem, st, p);
+// Tile configurations. Each warp owns MT·16 rows with fp32 accumulators in registers; the
+// inner tile (keys in fwd/dq, queries in dk/dv) is as large as the registers allow.
+//   tiles 0: 64-row CTAs, 4 warps × 1 m-tile of 16 rows
+//   tiles 1: 128-row CTAs — D=64: 4 warps × 2 m-tiles; D=128: 8 warps × 1 — so each K/V
+//            (Q/dO) tile staged in shared memory serves twice the rows
+// Measured on the H200 (docs/perf.md): tiles 1 is faster in the forward, tiles 0 in the
+// backward, so the default takes each pass's faster one. LAR_FLASH_TILES=0|1 forces one
+// configuration for both passes (benchmarking; read once).
+struct Tiles {
+  int fwd, bwd;
+};
+Tiles tiles_choice() {
+  static const Tiles t = [] {
+    const char* e = std::getenv("LAR_FLASH_TILES");
+    const std::string v = e ? e : "";
+    return v == "0" ? Tiles{0, 0} : v == "1" ? Tiles{1, 1} : Tiles{1, 0};
+  }();
+  return t;
 }
-template <int D>
-void bwd_impl(const Params& p, int B, cudaStream_t st) {
-  constexpr int NW = 4, BI = D == 64 ? 64 : 32, BR = NW * 16;
+
+template <int D, int NW, int MT, int BC>
+void fwd_launch(const Params& p, int B, cudaStream_t st) {
+  constexpr int BR = NW * 16 * MT;
+  const std::size_t smem = static_cast<std::size_t>(BR + 4 * BC) * D * sizeof(bf16);
+  launch(fwd_kernel<D, NW, MT, BC>, dim3((p.T + BR - 1) / BR, p.Hq, B), NW * 32, smem, st, p);
+}
+template <int D, int NW, int MT, int BI>
+void bwd_launch(const Params& p, int B, cudaStream_t st) {
+  constexpr int BR = NW * 16 * MT;
   const int rows_per_block = 256 / 32;
   const std::size_t rows = static_cast<std::size_t>(B) * p.T * p.Hq;
   delta_kernel<D><<<static_cast<unsigned>((rows + rows_per_block - 1) / rows_per_block), 256, 0, st>>>(p);
   LAR_CUDA_LAUNCHED();
   const std::size_t smem_kv = static_cast<std::size_t>(2 * BR + 4 * BI) * D * sizeof(bf16) + 4 * BI * sizeof(float);
-  launch(dkdv_kernel<D, NW, BI>, dim3((p.S + BR - 1) / BR, p.Hkv, B), NW * 32, smem_kv, st, p);
+  launch(dkdv_kernel<D, NW, MT, BI>, dim3((p.S + BR - 1) / BR, p.Hkv, B), NW * 32, smem_kv, st, p);
   const std::size_t smem_q = static_cast<std::size_t>(2 * BR + 4 * BI) * D * sizeof(bf16);
-  launch(dq_kernel<D, NW, BI>, dim3((p.T + BR - 1) / BR, p.Hq, B), NW * 32, smem_q, st, p);
+  launch(dq_kernel<D, NW, MT, BI>, dim3((p.T + BR - 1) / BR, p.Hq, B), NW * 32, smem_q, st, p);
+}
+template <int D>
+void fwd_impl(const Params& p, int B, cudaStream_t st) {
+  if (tiles_choice().fwd == 0)
+    fwd_launch<D, 4, 1, 64>(p, B, st);
+  else if constexpr (D == 64)
+    fwd_launch<64, 4, 2, 64>(p, B, st);
+  else
+    fwd_launch<128, 8, 1, 64>(p, B, st);
+}
+template <int D>
+void bwd_impl(const Params& p, int B, cudaStream_t st) {
+  if (tiles_choice().bwd == 0)
+    bwd_launch<D, 4, 1, D == 64 ? 64 : 32>(p, B, st);
+  else if constexpr (D == 64)
+    bwd_launch<64, 4, 2, 32>(p, B, st);
+  else
+    bwd_launch<128, 8, 1, 32>(p, B, st);
 }
 
 }  // namespace
