@@ -41,4 +41,12 @@ namespace lar::experiments {
 // Parse, validate and expand a spec file at a scale ("" = the spec's default_scale).
 // Throws lar::UserError naming file:line:col on any problem; writes nothing.
 Plan load_plan(const std::filesystem::path& spec, const std::string& scale);
+
+struct LoadOptions {
+  // false: Cell::config stays null (ids, axes, hashes, roles, baselines and reference
+  // values are still exact). For tools that only list cells of very large matrices
+  // (`lar plan`, `lar bench plan`): a resolved config costs ~8 KB and ~100 allocations.
+  bool configs = true;
+};
+Plan load_plan(const std::filesystem::path& spec, const std::string& scale, const LoadOptions& options);
 }  // namespace lar::experiments

@@ -8,6 +8,8 @@
 //     leaves is exactly what with_defaults(base ⊕ scale ⊕ axes) would produce, and the
 //     canonical dump of a cell is the template's dump with the axis values' dumps
 //     spliced in. Hashing therefore needs no per-cell serialisation of the whole tree.
+#include <openssl/evp.h>
+
 #include <algorithm>
 #include <functional>
 #include <regex>
@@ -16,7 +18,6 @@
 #include <unordered_set>
 
 #include "core/config_schema.hpp"
-#include "core/hash.hpp"
 #include "experiments/cell.hpp"
 #include "experiments/ids.hpp"
 #include "experiments/yaml_tree.hpp"
@@ -28,6 +29,40 @@ namespace fs = std::filesystem;
 namespace {
 
 // ---------------------------------------------------------------- small helpers
+
+// SHA-256 hex like core's sha256_hex, for the per-cell loop: the digest and its context
+// are fetched once instead of per call (a third of the hashing time at 100,000 cells).
+class Sha256 {
+ public:
+  Sha256() : md_(EVP_MD_fetch(nullptr, "SHA256", nullptr)), ctx_(EVP_MD_CTX_new()) {
+    if (!md_ || !ctx_) throw RuntimeError("OpenSSL: SHA-256 unavailable");
+  }
+  ~Sha256() {
+    EVP_MD_CTX_free(ctx_);
+    EVP_MD_free(md_);
+  }
+  Sha256(const Sha256&) = delete;
+  Sha256& operator=(const Sha256&) = delete;
+
+  std::string hex(std::string_view bytes) {
+    unsigned char digest[EVP_MAX_MD_SIZE];
+    unsigned int len = 0;
+    if (EVP_DigestInit_ex2(ctx_, md_, nullptr) != 1 || EVP_DigestUpdate(ctx_, bytes.data(), bytes.size()) != 1 ||
+        EVP_DigestFinal_ex(ctx_, digest, &len) != 1)
+      throw RuntimeError("OpenSSL: SHA-256 failed");
+    static const char* digits = "0123456789abcdef";
+    std::string out(2 * len, '0');
+    for (unsigned i = 0; i < len; ++i) {
+      out[2 * i] = digits[digest[i] >> 4];
+      out[2 * i + 1] = digits[digest[i] & 15];
+    }
+    return out;
+  }
+
+ private:
+  EVP_MD* md_;
+  EVP_MD_CTX* ctx_;
+};
 
 [[noreturn]] void fail(const SourceLoc& loc, const std::string& msg) { throw UserError(loc, msg); }
 
@@ -322,7 +357,7 @@ struct Matcher {
 };
 
 struct CellDraft {
-  std::vector<int> vids;
+  size_t at = 0;     // its axis values (vids, one per axis) start at Builder::flat_[at]
   int include = -1;  // index into includes, -1 for matrix cells
 };
 
@@ -330,7 +365,8 @@ std::string value_text(const json& v) { return v.is_string() ? v.get<std::string
 
 class Builder {
  public:
-  Builder(const fs::path& spec, const std::string& scale) : spec_path_(spec), scale_arg_(scale) {}
+  Builder(const fs::path& spec, const std::string& scale, const LoadOptions& options)
+      : spec_path_(spec), scale_arg_(scale), options_(options) {}
 
   Plan build() {
     Chain chain;
@@ -560,7 +596,17 @@ class Builder {
     return value.is_string() && key.dump() == value.get<std::string>();  // e.g. key 1 vs "1"
   }
 
-  const ValueList* list_for(Axis& ax, const std::vector<int>& vids) {
+  const ValueList* list_for(Axis& ax, const int* vids) {
+    if (const ValueList* l = try_list_for(ax, vids)) return l;
+    const Axis& by = axes_[ax.by];
+    std::string v = value_text(by.values[vids[ax.by]].value);
+    fail(ax.value_loc, "matrix." + ax.name + ": no values for " + by.name + "=" + v + " (add '" + v +
+                           ": [...]' or 'default: [...]')");
+  }
+
+  // The value list of `ax` for a cell with these values; nullptr when a conditional has
+  // no branch (and no default) for the cell's value.
+  const ValueList* try_list_for(Axis& ax, const int* vids) {
     if (ax.by < 0) return &ax.lists[0];
     int bv = vids[ax.by];
     if (bv >= static_cast<int>(ax.list_cache.size())) ax.list_cache.resize(bv + 1, -2);
@@ -571,13 +617,7 @@ class Builder {
       for (const auto& [key, l] : ax.branches)
         if (key_matches(key->to_json(), v)) li = l;
     }
-    if (li < 0) {
-      const Axis& by = axes_[ax.by];
-      std::string v = value_text(by.values[bv].value);
-      fail(ax.value_loc, "matrix." + ax.name + ": no values for " + by.name + "=" + v + " (add '" + v +
-                             ": [...]' or 'default: [...]')");
-    }
-    return &ax.lists[li];
+    return li < 0 ? nullptr : &ax.lists[li];
   }
 
   void read_zip() {
@@ -722,13 +762,24 @@ class Builder {
     }
   }
 
-  bool matches(const Matcher& m, const std::vector<int>& vids, const json& config) const {
+  // The value of a config leaf in a cell without building the cell's config: an axis
+  // value, an include's override, or the template's value.
+  const json& leaf_of(const int* vids, int include, const std::vector<std::string>& parts) const {
+    for (size_t a = 0; a < axes_.size(); ++a)
+      if (axes_[a].parts == parts) return axes_[a].values[vids[a]].value;
+    if (include >= 0)
+      for (const auto& o : includes_[include].overrides)
+        if (o.parts == parts) return o.value;
+    return *get_leaf(template_, parts);
+  }
+
+  bool matches(const Matcher& m, const int* vids, int include) const {
     for (const auto& c : m.conds) {
       if (c.axis >= 0) {
         if (!c.accept[vids[c.axis]]) return false;
       } else {
-        const json* v = get_leaf(config, c.parts);
-        if (!v || std::find(c.values.begin(), c.values.end(), *v) == c.values.end()) return false;
+        const json& v = leaf_of(vids, include, c.parts);
+        if (std::find(c.values.begin(), c.values.end(), v) == c.values.end()) return false;
       }
     }
     return true;
@@ -837,12 +888,13 @@ class Builder {
     if (i == axes_.size()) {
       if (include < 0) {
         for (auto& m : excludes_)
-          if (matches(m, vids, template_)) {
+          if (matches(m, vids.data(), -1)) {
             ++m.matched;
             return;
           }
       }
-      drafts_.push_back({vids, include});
+      drafts_.push_back({flat_.size(), include});
+      flat_.insert(flat_.end(), vids.begin(), vids.end());
       return;
     }
     Axis& ax = axes_[i];
@@ -855,7 +907,7 @@ class Builder {
     if (zipped)
       for (int a : zips_[ax.zip].axes) zipped = zipped && pinned[a] < 0;
     if (!zipped) {
-      const ValueList* list = list_for(ax, vids);
+      const ValueList* list = list_for(ax, vids.data());
       for (int v : list->vids) {
         vids[i] = v;
         expand(i + 1, vids, pinned, include);
@@ -868,7 +920,7 @@ class Builder {
       return;
     }
     std::vector<const ValueList*> lists;
-    for (int a : g.axes) lists.push_back(list_for(axes_[a], vids));
+    for (int a : g.axes) lists.push_back(list_for(axes_[a], vids.data()));
     for (size_t k = 1; k < lists.size(); ++k)
       if (lists[k]->vids.size() != lists[0]->vids.size()) {
         std::string ctx;
@@ -932,52 +984,74 @@ class Builder {
   void make_cells() {
     bool splice = prepare_splice();
     plan_.cells.reserve(drafts_.size());
-    std::unordered_map<std::string, size_t> by_id, by_hash;
-    by_id.reserve(drafts_.size() * 2);
-    by_hash.reserve(drafts_.size() * 2);
     int arch = find_path("model.architecture"), stack = find_path("model.stack");
     std::string text;
+    Sha256 sha;
     for (const auto& d : drafts_) {
       Cell c;
       c.experiment = plan_.experiment;
       c.axes.reserve(axes_.size());
-      c.config = template_;
       std::string id;
       for (size_t a = 0; a < axes_.size(); ++a) {
-        const AxisValue& v = axes_[a].values[d.vids[a]];
+        const AxisValue& v = axes_[a].values[V(d)[a]];
         c.axes.emplace_back(axes_[a].name, v.value);
-        set_leaf(c.config, axes_[a].parts, v.value);
         if (a) id += '.';
         id += v.id_part;
       }
       if (d.include >= 0)
-        for (const auto& o : includes_[d.include].overrides) {
-          set_leaf(c.config, o.parts, o.value);
-          id += (id.empty() ? "" : ".") + o.id_part;
-        }
+        for (const auto& o : includes_[d.include].overrides) id += (id.empty() ? "" : ".") + o.id_part;
       if (id.empty()) id = "base";
       c.id = std::move(id);
-      if (splice && d.include < 0) {
+      bool fast_hash = splice && d.include < 0;
+      if (options_.configs || !fast_hash) {
+        c.config = template_;
+        for (size_t a = 0; a < axes_.size(); ++a) set_leaf(c.config, axes_[a].parts, axes_[a].values[V(d)[a]].value);
+        if (d.include >= 0)
+          for (const auto& o : includes_[d.include].overrides) set_leaf(c.config, o.parts, o.value);
+      }
+      if (fast_hash) {
         text.clear();
         for (size_t k = 0; k < splice_order_.size(); ++k) {
           text += segments_[k];
-          text += axes_[splice_order_[k]].values[d.vids[splice_order_[k]]].dump;
+          text += axes_[splice_order_[k]].values[V(d)[splice_order_[k]]].dump;
         }
         text += segments_.back();
-        c.hash = sha256_hex(text);
+        c.hash = sha.hex(text);
       } else {
-        c.hash = sha256_hex(canonical_dump(c.config));
+        c.hash = sha.hex(canonical_dump(c.config));
+        if (!options_.configs) c.config = nullptr;
       }
       check_architecture(c, d, arch, stack);
-      size_t index = plan_.cells.size();
-      if (auto [it, fresh] = by_id.emplace(c.id, index); !fresh)
-        fail(origin(d), "two cells have the id '" + c.id + "' (" + origin_text(drafts_[it->second]) + " and " +
-                            origin_text(d) + ")");
-      if (auto [it, fresh] = by_hash.emplace(c.hash, index); !fresh)
-        fail(origin(d), "cells '" + plan_.cells[it->second].id + "' and '" + c.id + "' have identical configs (hash " +
-                            c.short_hash() + ")");
       plan_.cells.push_back(std::move(c));
     }
+    if (auto dup = first_duplicate([](const Cell& c) { return c.id; }))
+      fail(origin(drafts_[dup->second]), "two cells have the id '" + plan_.cells[dup->second].id + "' (" +
+                                             origin_text(drafts_[dup->first]) + " and " + origin_text(drafts_[dup->second]) + ")");
+    if (auto dup = first_duplicate([](const Cell& c) { return c.hash; }))
+      fail(origin(drafts_[dup->second]), "cells '" + plan_.cells[dup->first].id + "' and '" + plan_.cells[dup->second].id +
+                                             "' have identical configs (hash " + plan_.cells[dup->second].short_hash() + ")");
+  }
+
+  // The earliest cell whose key (id or hash) an earlier cell already has, as (earlier,
+  // later). Sorting 64-bit digests is several times faster than a hash set of strings at
+  // 100,000 cells; equal digests are confirmed on the strings.
+  template <class Key>
+  std::optional<std::pair<size_t, size_t>> first_duplicate(Key key) const {
+    const auto& cells = plan_.cells;
+    std::vector<std::pair<size_t, size_t>> order(cells.size());  // digest, index
+    for (size_t i = 0; i < cells.size(); ++i) order[i] = {std::hash<std::string>{}(key(cells[i])), i};
+    std::sort(order.begin(), order.end());
+    std::optional<std::pair<size_t, size_t>> best;
+    for (size_t i = 0; i < order.size();) {
+      size_t j = i;
+      while (j < order.size() && order[j].first == order[i].first) ++j;
+      for (size_t a = i; a < j; ++a)
+        for (size_t b = a + 1; b < j; ++b)
+          if (key(cells[order[a].second]) == key(cells[order[b].second]) && (!best || order[b].second < best->second))
+            best = std::make_pair(order[a].second, order[b].second);
+      i = j;
+    }
+    return best;
   }
 
   int find_path(const std::string& path) const {
@@ -994,15 +1068,16 @@ class Builder {
   // softmax means every layer is softmax (stack dense); a linear architecture in a dense
   // stack would silently train a softmax model. Both are mistakes worth stopping.
   void check_architecture(const Cell& c, const CellDraft& d, int arch_axis, int stack_axis) const {
-    const std::string& arch = c.config["model"]["architecture"].get_ref<const std::string&>();
-    const std::string& stack = c.config["model"]["stack"].get_ref<const std::string&>();
+    static const std::vector<std::string> arch_path{"model", "architecture"}, stack_path{"model", "stack"};
+    const std::string& arch = leaf_of(V(d), d.include, arch_path).get_ref<const std::string&>();
+    const std::string& stack = leaf_of(V(d), d.include, stack_path).get_ref<const std::string&>();
     bool softmax = arch == "softmax";
     if (softmax == (stack == "dense")) return;
     SourceLoc loc = origin(d);
     if (stack_axis >= 0 && d.include < 0)
-      loc = axes_[stack_axis].values[d.vids[stack_axis]].loc;
+      loc = axes_[stack_axis].values[V(d)[stack_axis]].loc;
     else if (arch_axis >= 0 && d.include < 0)
-      loc = axes_[arch_axis].values[d.vids[arch_axis]].loc;
+      loc = axes_[arch_axis].values[V(d)[arch_axis]].loc;
     if (softmax)
       fail(loc, "cell '" + c.id + "': architecture 'softmax' needs stack 'dense', not '" + stack +
                     "' (use a conditional axis: stack: {by: architecture, softmax: [dense], default: [hybrid, pure]})");
@@ -1013,28 +1088,28 @@ class Builder {
   void apply_roles() {
     for (size_t i = 0; i < plan_.cells.size(); ++i)
       for (auto& [m, role] : roles_)
-        if (matches(m, drafts_[i].vids, plan_.cells[i].config)) {
+        if (matches(m, V(drafts_[i]), drafts_[i].include)) {
           ++m.matched;
           plan_.cells[i].role = role;  // later rules override earlier ones
         }
   }
 
-  static std::string vids_key(const std::vector<int>& vids, int include) {
+  std::string vids_key(const int* vids, int include) const {
     std::string k = std::to_string(include);
-    for (int v : vids) k += "," + std::to_string(v);
+    for (size_t a = 0; a < axes_.size(); ++a) k += "," + std::to_string(vids[a]);
     return k;
   }
 
   void apply_baselines() {
     if (baselines_.empty()) return;
     std::unordered_map<std::string, size_t> index;
-    for (size_t i = 0; i < drafts_.size(); ++i) index.emplace(vids_key(drafts_[i].vids, drafts_[i].include), i);
+    for (size_t i = 0; i < drafts_.size(); ++i) index.emplace(vids_key(V(drafts_[i]), drafts_[i].include), i);
     for (size_t i = 0; i < plan_.cells.size(); ++i) {
       Cell& c = plan_.cells[i];
       for (auto& rule : baselines_) {
-        if (!matches(rule.match, drafts_[i].vids, c.config)) continue;
+        if (!matches(rule.match, V(drafts_[i]), drafts_[i].include)) continue;
         ++rule.match.matched;
-        std::vector<int> target = drafts_[i].vids;
+        std::vector<int> target(V(drafts_[i]), V(drafts_[i]) + axes_.size());
         std::vector<std::string> parts;
         bool exists = true;
         for (auto& [a, value] : rule.replace) {
@@ -1044,6 +1119,20 @@ class Builder {
             if (ax.values[k].value == value) vid = static_cast<int>(k);
           if (vid < 0) exists = false;
           target[a] = vid;
+        }
+        // Axes conditional on a replaced axis follow it: they take the value at the same
+        // position of their list for the new value (muon's 2nd lr → adamw's 2nd lr).
+        for (size_t a = 0; exists && a < axes_.size(); ++a) {
+          Axis& ax = axes_[a];
+          bool replaced = false;
+          for (auto& [ra, value] : rule.replace) replaced = replaced || ra == static_cast<int>(a);
+          const int* orig = V(drafts_[i]);
+          if (replaced || ax.by < 0 || target[ax.by] == orig[ax.by]) continue;
+          const ValueList* old_list = try_list_for(ax, orig);
+          const ValueList* new_list = try_list_for(ax, target.data());
+          if (!old_list || !new_list) continue;
+          auto pos = std::find(old_list->vids.begin(), old_list->vids.end(), orig[a]) - old_list->vids.begin();
+          if (pos < static_cast<long>(new_list->vids.size())) target[a] = new_list->vids[pos];
         }
         for (size_t a = 0; a < axes_.size(); ++a) {
           if (target[a] >= 0) {
@@ -1056,7 +1145,7 @@ class Builder {
         if (drafts_[i].include >= 0)
           for (const auto& o : includes_[drafts_[i].include].overrides) parts.push_back(o.id_part);
         std::string want = join(parts, ".");
-        auto it = exists ? index.find(vids_key(target, drafts_[i].include)) : index.end();
+        auto it = exists ? index.find(vids_key(target.data(), drafts_[i].include)) : index.end();
         if (it == index.end())
           fail(rule.match.loc, rule.match.what + ": the baseline of cell '" + c.id + "' would be '" + want +
                                    "', which is not in the plan");
@@ -1070,7 +1159,7 @@ class Builder {
     for (size_t r = 0; r < ref_rows_.size(); ++r) {
       auto& row = ref_rows_[r];
       for (size_t i = 0; i < plan_.cells.size(); ++i) {
-        if (!matches(row.match, drafts_[i].vids, plan_.cells[i].config)) continue;
+        if (!matches(row.match, V(drafts_[i]), drafts_[i].include)) continue;
         ++row.match.matched;
         if (matched_by[i] >= 0)
           fail(row.match.loc, row.match.what + " and " + ref_rows_[matched_by[i]].match.what + " (at " +
@@ -1104,6 +1193,7 @@ class Builder {
 
   fs::path spec_path_;
   std::string scale_arg_;
+  LoadOptions options_;
   std::string file_;
   YPtr root_;
   const YNode* scale_node_ = nullptr;
@@ -1118,12 +1208,18 @@ class Builder {
   std::vector<std::string> metric_names_;
   std::vector<RefRow> ref_rows_;
   std::vector<CellDraft> drafts_;
+  std::vector<int> flat_;
+  const int* V(const CellDraft& d) const { return flat_.data() + d.at; }
   std::vector<std::string> segments_;
   std::vector<int> splice_order_;
 };
 
 }  // namespace
 
-Plan load_plan(const fs::path& spec, const std::string& scale) { return Builder(spec, scale).build(); }
+Plan load_plan(const fs::path& spec, const std::string& scale, const LoadOptions& options) {
+  return Builder(spec, scale, options).build();
+}
+
+Plan load_plan(const fs::path& spec, const std::string& scale) { return load_plan(spec, scale, LoadOptions{}); }
 
 }  // namespace lar::experiments

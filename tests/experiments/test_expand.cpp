@@ -1,6 +1,7 @@
 // Expansion semantics of experiment specs (docs/specs.md): grid, conditional axes, zip,
 // exclude/include, extends, scales, roles, baselines, reference values, ids, hashes.
 #include <algorithm>
+#include <fstream>
 
 #include "core/config_schema.hpp"
 #include "core/hash.hpp"
@@ -324,4 +325,47 @@ TEST(Hash, ExperimentNameAndIdAreNotPartOfTheHash) {
   Plan a = d.load("name: one\nmatrix:\n  seed: [1]\n");
   Plan b = d.load("name: two\nbase: {seed: 1}\n");
   EXPECT_EQ(a.cells[0].hash, b.cells[0].hash);
+}
+
+TEST(Expand, TheExampleInDocsSpecsLoads) {
+  // docs/specs.md is what spec authors copy from: its example must stay valid.
+  std::ifstream in(std::string(LAR_SOURCE_DIR) + "/docs/specs.md");
+  std::string doc((std::istreambuf_iterator<char>(in)), {});
+  size_t start = doc.find("```yaml\n");
+  ASSERT_NE(start, std::string::npos);
+  start += 8;
+  std::string yaml = doc.substr(start, doc.find("```", start) - start);
+  for (size_t p; (p = yaml.find("{base: {...}}")) != std::string::npos;) yaml.replace(p, 13, "{}");
+  SpecDir d;
+  d.write("common/lm-base.yaml", "name: lm-base\nbase:\n  data: {seq_len: 256}\n  model: {n_layers: 4}\n");
+  Plan p = load_plan(d.write("exp/table2.yaml", yaml), "");
+  EXPECT_EQ(p.experiment, "laa-table2");
+  EXPECT_EQ(p.cells[0].config["data"]["seq_len"], 256);   // from the extended file
+  EXPECT_EQ(p.cells[0].config["model"]["n_layers"], 2);   // smoke scale over both bases
+  EXPECT_EQ(p.scale, "smoke");
+  EXPECT_EQ(p.cells.size(), 17u);
+  EXPECT_EQ(p.cells[0].id, "softmax.adamw.dense.lr1e-3.warmup_steps1000.s0");
+  EXPECT_EQ(p.cells[0].reference["final_loss"], 2.413);
+  EXPECT_EQ(p.cells.back().id, "gdn.adamw.pure.lr3e-3.warmup_steps1000.s0");
+  EXPECT_EQ(cell(p, "gdn.muon.pure.lr3e-4.warmup_steps500.s0").config["schedule"]["warmup_steps"], 500);
+  EXPECT_EQ(p.meta["reference"]["source"]["arxiv"], "2607.07953");
+  EXPECT_TRUE(p.warnings.empty());
+  EXPECT_EQ(cell(p, "gdn2.adamw.pure.lr1e-3.warmup_steps1000.s0").role, "exploratory");
+  EXPECT_EQ(cell(p, "gdn.adamw.pure.lr1e-3.warmup_steps1000.s0").role, "main");
+  // The baseline follows the optimizer's conditional lr and warmup.
+  EXPECT_EQ(cell(p, "kda.muon.hybrid.lr3e-4.warmup_steps500.s0").baseline, "kda.adamw.hybrid.lr1e-3.warmup_steps1000.s0");
+  EXPECT_FALSE(cell(p, "kda.adamw.hybrid.lr1e-3.warmup_steps1000.s0").baseline.has_value());
+}
+
+TEST(Expand, LeanLoadKeepsIdsAndHashes) {
+  SpecDir d;
+  Plan full = d.load(kTable2);
+  Plan lean = load_plan(d.dir() / "spec.yaml", "", {.configs = false});
+  ASSERT_EQ(full.cells.size(), lean.cells.size());
+  for (size_t i = 0; i < full.cells.size(); ++i) {
+    EXPECT_EQ(full.cells[i].id, lean.cells[i].id);
+    EXPECT_EQ(full.cells[i].hash, lean.cells[i].hash);
+    EXPECT_EQ(full.cells[i].role, lean.cells[i].role);
+    EXPECT_TRUE(lean.cells[i].config.is_null());
+  }
 }
