@@ -369,3 +369,53 @@ TEST(Expand, LeanLoadKeepsIdsAndHashes) {
     EXPECT_TRUE(lean.cells[i].config.is_null());
   }
 }
+
+TEST(Expand, AxisWinsOverBaseAndScaleCanAddAxes) {
+  SpecDir d;
+  Plan p = d.load(R"(name: o
+base: {optimizer: {lr: 5e-3}, model: {d_model: 32}}
+matrix:
+  lr: [1e-3]
+scales:
+  small: {matrix: {d_model: [16, 24]}}
+)",
+                  "small");
+  EXPECT_EQ(ids(p), (V{"lr1e-3.d_model16", "lr1e-3.d_model24"}));
+  EXPECT_EQ(p.cells[0].config["optimizer"]["lr"], 1e-3);
+  EXPECT_EQ(p.cells[1].config["model"]["d_model"], 24);
+}
+
+TEST(Expand, UnmatchedRoleAndBaselineRulesWarn) {
+  SpecDir d;
+  Plan p = d.load(R"(name: w
+matrix:
+  seed: [0, 1]
+roles:
+  - {match: {seed: 7}, role: exploratory}
+baselines:
+  - {match: {model.d_model: 512}, baseline: {seed: 0}}
+)");
+  ASSERT_EQ(p.warnings.size(), 2u);
+  EXPECT_EQ(d.strip(p.warnings[0]), "spec.yaml:5:5: warning: roles[0] matches no cell");
+  EXPECT_EQ(d.strip(p.warnings[1]), "spec.yaml:7:5: warning: baselines[0] matches no cell");
+}
+
+TEST(Expand, MatchOnConfigValuesAndAnchors) {
+  SpecDir d;
+  Plan p = d.load(R"(name: m
+base: {model: {d_model: 32}}
+matrix:
+  seed: &seeds [0, 1]
+  warmup: *seeds
+exclude:
+  - {model.d_model: 32, seed: 1, warmup: 0}
+include:
+  - {seed: 5, warmup: 5, model: {n_layers: 3, d_model: 48}}
+roles:
+  - {match: {d_model: 48}, role: exploratory}
+)");
+  EXPECT_EQ(ids(p), (V{"s0.warmup0", "s0.warmup1", "s1.warmup1", "s5.warmup5.n_layers3.d_model48"}));
+  EXPECT_EQ(p.cells.back().role, "exploratory");
+  EXPECT_EQ(p.cells.back().config["model"]["d_model"], 48);
+  EXPECT_EQ(p.cells[0].role, "main");
+}
