@@ -129,8 +129,9 @@ __device__ __forceinline__ bool visible(int pos, int j, int window) {
 // ---------------------------------------------------------------- forward
 // CTA: NW warps × MT m-tiles of 16 query rows (BR = 16·NW·MT rows); key blocks of BC.
 // MT = 2 lets each K/V fragment read from shared memory feed two MMAs.
+// D=64 with one m-tile needs 130 registers: capping it at 128 lets 4 CTAs share an SM.
 template <int D, int NW, int MT, int BC>
-__global__ void __launch_bounds__(NW * 32) fwd_kernel(const Params p) {
+__global__ void __launch_bounds__(NW * 32, (D == 64 && MT == 1) ? 4 : 1) fwd_kernel(const Params p) {
   constexpr int BR = NW * 16 * MT, NT = NW * 32;
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* sQ = reinterpret_cast<bf16*>(smem);
@@ -694,7 +695,7 @@ template <int D, int NW, int MT, int BC>
 void fwd_launch(const Params& p, int B, cudaStream_t st) {
   constexpr int BR = NW * 16 * MT;
   const std::size_t smem = static_cast<std::size_t>(BR + 4 * BC) * D * sizeof(bf16);
-  launch(fwd_kernel<D, NW, MT, BC>, dim3((p.T + BR - 1) / BR, p.Hq, B), NW * 32, smem, st, p, false);
+  launch(fwd_kernel<D, NW, MT, BC>, dim3((p.T + BR - 1) / BR, p.Hq, B), NW * 32, smem, st, p, D == 64 && MT == 1);
 }
 template <int D, int NW, int MT, int BI>
 void bwd_launch(const Params& p, int B, cudaStream_t st) {
