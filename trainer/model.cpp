@@ -75,7 +75,7 @@ void validate_model_config(const json& config) {
   positive(data, "data.", "batch_size");
   positive(config.at("budget"), "budget.", "steps");
   non_negative(config.at("eval"), "eval.", "every");
-  positive(config.at("eval"), "eval.", "batches");
+  non_negative(config.at("eval"), "eval.", "batches");
   non_negative(config.at("checkpoint"), "checkpoint.", "every");
   positive(config.at("checkpoint"), "checkpoint.", "keep");
   positive(config.at("log"), "log.", "every");

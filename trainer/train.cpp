@@ -424,7 +424,6 @@ int Trainer::run() {
         last_status = std::chrono::steady_clock::now();
       }
     }
-    save(step);
     if (opts_.progress) std::printf("\n");
     summary_["final_loss"] = eval_batches > 0 ? summary_.value("val_loss", last_loss) : last_loss;
     summary_["final_train_loss"] = last_loss;
@@ -434,6 +433,7 @@ int Trainer::run() {
       summary_["iter_time_s"] = compute_seconds_ / steps_this_attempt_;
     }
     summary_["peak_mem_mb"] = peak_mem_mb();
+    save(step);  // holds the complete summary, should the process die before the status write
     log("completed: final_loss " + fmt_num(summary_["final_loss"].get<double>(), 6));
     finish_status(RunState::completed, "");
     std::cout << "completed " << rd_.root().string() << ": " << step << " steps, final loss "
