@@ -1,10 +1,12 @@
 // `lar runs` — list runs from the registry, filtered and sorted.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <iostream>
 #include <set>
 
 #include "cli/command.hpp"
+#include "core/error.hpp"
 #include "core/paths.hpp"
 #include "registry/registry.hpp"
 #include "registry/text_table.hpp"
@@ -52,6 +54,13 @@ int run_runs(const RunsOptions& o) {
   f.limit = o.limit;
   f.with_config = format == OutputFormat::json;
   auto reg = Registry::open(o.db.empty() ? default_db_path() : fs::path(o.db), /*read_only=*/true);
+  if (!o.experiment.empty()) {
+    auto exps = reg.experiments();
+    if (std::find(exps.begin(), exps.end(), o.experiment) == exps.end()) {
+      std::string hint = did_you_mean(o.experiment, exps);
+      throw UserError("unknown experiment '" + o.experiment + "'" + (hint.empty() ? "" : " (" + hint + ")"));
+    }
+  }
   auto runs = reg.runs(f);
 
   if (format == OutputFormat::json) {

@@ -30,16 +30,17 @@ struct SqlExpr {
   std::vector<std::string> params;  // bound as text, in order
 };
 
-// The value of `key` for a run: a column, "summary.X", an axis of the cell, or a config
-// path (axis aliases such as `architecture` resolve through core/config_schema).
+// The value of `key` for a run: a column, "summary.X", "config.X", else an axis of the
+// cell, a config path (axis aliases such as `architecture` resolve through
+// core/config_schema) or a summary scalar, in that order.
 SqlExpr key_expr(const std::string& key) {
   if (auto it = column_keys().find(key); it != column_keys().end()) return {it->second, {}};
   if (key.rfind("summary.", 0) == 0)
     return {"json_extract(r.summary, ?)", {json_key_path(key.substr(8))}};
   if (key.rfind("config.", 0) == 0)
     return {"json_extract(c.config, ?)", {json_path(key.substr(7))}};
-  return {"COALESCE(json_extract(c.axes, ?), json_extract(c.config, ?))",
-          {json_key_path(key), json_path(resolve_axis(key))}};
+  return {"COALESCE(json_extract(c.axes, ?), json_extract(c.config, ?), json_extract(r.summary, ?))",
+          {json_key_path(key), json_path(resolve_axis(key)), json_key_path(key)}};
 }
 
 bool parse_number(const std::string& s, double& out) {
@@ -181,11 +182,8 @@ std::vector<RunRecord> Registry::runs(const RunFilter& f) {
   std::vector<Param> params;
 
   if (!f.experiment.empty()) {
-    auto exps = experiments();
-    if (std::find(exps.begin(), exps.end(), f.experiment) == exps.end()) {
-      std::string hint = did_you_mean(f.experiment, exps);
-      throw UserError("unknown experiment '" + f.experiment + "'" + (hint.empty() ? "" : " (" + hint + ")"));
-    }
+    // An experiment with no runs yet simply lists nothing (callers such as report ask
+    // before anything ran); `lar runs` itself rejects unknown names with a did-you-mean.
     where.push_back("r.experiment = ?");
     params.push_back({false, f.experiment, 0});
   }

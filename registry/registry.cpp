@@ -119,7 +119,9 @@ void Registry::register_cells(const std::vector<PlannedCell>& cells) {
     cell.run();
     cell.reset();
     run.bind(1, c.experiment + "/" + c.cell_id).bind(2, c.experiment).bind(3, c.cell_id);
-    run.bind(4, c.run_dir.string()).bind(5, now);
+    // Stored absolute and normalised, as sync stores it (sync finds runs by folder).
+    run.bind(4, c.run_dir.empty() ? std::string() : fs::absolute(c.run_dir).lexically_normal().string());
+    run.bind(5, now);
     run.run();
     run.reset();
   }
