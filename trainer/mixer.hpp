@@ -16,7 +16,9 @@
 //   1. params()          once, at model build: the model allocates them in the flat
 //                        buffers (trainer/params.hpp) and calls bind() with the views.
 //   2. forward(ctx, x, y, route)   x,y [B,T,d_model]. Cache what backward needs in
-//                        ctx.arena (valid until the next forward). Overwrite y.
+//                        ctx.arena (valid until the next forward). Overwrite y. x is
+//                        the model's arena tensor: it stays valid until backward, so
+//                        keep the Tensor rather than a copy.
 //   3. backward(ctx, dy, dx, route) dx [B,T,d_model]: OVERWRITE dx (the model adds it
 //                        into the residual gradient through RMSNorm's backward);
 //                        ACCUMULATE parameter gradients into the bound grad tensors.
