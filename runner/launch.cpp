@@ -50,12 +50,14 @@ std::unique_ptr<Executor> make_executor(const experiments::Plan& plan, const Lau
     LocalOptions lo;
     lo.parallelism = o.jobs > 0 ? o.jobs : default_parallelism(plan);
     lo.trainer_cmd = o.trainer_cmd.empty() ? default_trainer_cmd() : o.trainer_cmd;
+    bool gpu_present = !visible_gpus().empty();
     bool gpu = std::any_of(plan.cells.begin(), plan.cells.end(),
-                           [&](const auto& c) { return uses_gpu(c, !visible_gpus().empty()); });
+                           [&](const auto& c) { return uses_gpu(c, gpu_present); });
     if (gpu) lo.gpus = gpu_slots(lo.parallelism);
     return std::make_unique<LocalExecutor>(lo);
   }
-  throw UserError("unknown executor '" + o.executor + "' (available: local)");
+  if (o.executor == "slurm") return std::make_unique<SlurmExecutor>(plan.experiment, o.slurm);
+  throw UserError("unknown executor '" + o.executor + "' (available: local, slurm)");
 }
 
 RunState state_of(const std::optional<RunStatus>& s) { return s ? s->state : RunState::pending; }
@@ -105,8 +107,8 @@ LaunchSummary launch(const experiments::Plan& plan, const LaunchOptions& options
   // Validate the executor choice before touching anything.
   std::unique_ptr<Executor> executor;
   if (!options.dry_run) executor = make_executor(plan, options);
-  else if (options.executor != "local")
-    throw UserError("unknown executor '" + options.executor + "' (available: local)");
+  else if (options.executor != "local" && options.executor != "slurm")
+    throw UserError("unknown executor '" + options.executor + "' (available: local, slurm)");
 
   std::unique_ptr<LaunchLock> lock;
   if (!options.dry_run) lock = std::make_unique<LaunchLock>(plan.experiment);
@@ -135,6 +137,7 @@ LaunchSummary launch(const experiments::Plan& plan, const LaunchOptions& options
   ScopedStopSignals signals(options.handle_signals);
   g_stop_requests.store(0);
 
+  const bool gpu_present = !visible_gpus().empty();
   std::vector<Job> jobs;
   std::map<std::string, size_t> index;        // cell id → position in summary.cells
   std::map<std::string, int> attempt_before;  // cell id → status.attempt before its start
@@ -147,7 +150,7 @@ LaunchSummary launch(const experiments::Plan& plan, const LaunchOptions& options
     if (auto moved = prepare_run_dir(cp))
       emit(Kind::note, cp.cell->id, RunState::pending, cp.detail + "; the old run dir was moved aside to " + moved->string());
     attempt_before[cp.cell->id] = cp.prior && !cp.hash_changed ? cp.prior->attempt : 0;
-    bool gpu = uses_gpu(*cp.cell, !visible_gpus().empty());
+    bool gpu = uses_gpu(*cp.cell, gpu_present);
     jobs.push_back({plan.experiment, cp.cell->id, cp.run_dir, gpu});
   }
   if (options.hooks.before_start) options.hooks.before_start(plan);
@@ -183,12 +186,7 @@ LaunchSummary launch(const experiments::Plan& plan, const LaunchOptions& options
     }
 
     PollResult r = executor->poll(std::chrono::milliseconds(100));
-    for (const auto& s : r.started) {
-      CellOutcome& o = summary.cells[index[s.job.cell_id]];
-      o.state = RunState::running;
-      o.started = true;
-      emit(Kind::started, s.job.cell_id, RunState::running, s.where, executor.get());
-    }
+    // Exits first: a start in the same poll usually took the slot an exit freed.
     for (const auto& e : r.exited) {
       Settled st = settle_after_exit(e, attempt_before[e.job.cell_id]);
       if (!e.never_started) append_attempt_record(e, st, executor->name());
@@ -199,6 +197,12 @@ LaunchSummary launch(const experiments::Plan& plan, const LaunchOptions& options
       summary.recount();
       if (options.hooks.after_cell) options.hooks.after_cell(o);
       emit(Kind::finished, o.cell_id, o.state, o.reason, executor.get());
+    }
+    for (const auto& s : r.started) {
+      CellOutcome& o = summary.cells[index[s.job.cell_id]];
+      o.state = RunState::running;
+      o.started = true;
+      emit(Kind::started, s.job.cell_id, RunState::running, s.where, executor.get());
     }
     if (!r.started.empty()) summary.recount();
     if (clock::now() >= next_tick) {

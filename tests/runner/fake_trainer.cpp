@@ -11,6 +11,7 @@
 //   preempt_at_step    write status preempted, exit 3
 //   hang               never finish; only SIGTERM ends it (→ preempted, exit 3)
 //   only_on_attempt    the fail/crash/exit/preempt options apply on this attempt only
+// Or LAR_FAKE_TRAINER_OPTIONS (JSON: cell id or "*" → options), for CLI tests.
 // A resumed run (an existing status) continues from status.step, as if from a checkpoint.
 // SIGTERM: finish the current step, write preempted, exit 3 (like the real trainer).
 #include <signal.h>
@@ -18,6 +19,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <iostream>
 #include <string>
 #include <thread>
@@ -54,6 +56,15 @@ int main(int argc, char** argv) {
   }
   long steps = cfg.contains("budget") ? cfg["budget"].value("steps", 5L) : 5L;
   json fake = cfg.value("fake", json::object());
+  // Specs checked by `lar launch` cannot carry unknown keys: CLI tests steer the fake
+  // trainer through LAR_FAKE_TRAINER_OPTIONS = {"<cell id>" or "*": {options}} instead.
+  if (const char* env = std::getenv("LAR_FAKE_TRAINER_OPTIONS")) {
+    json all = json::parse(env);
+    std::string id = rd.read_config().value("cell_id", std::string());
+    for (const char* key : {"*", id.c_str()})
+      if (all.contains(key))
+        for (auto& [k, v] : all[key].items()) fake[k] = v;
+  }
   long step_ms = fake.value("step_ms", 20L);
   bool hang = fake.value("hang", false);
 

@@ -1,0 +1,195 @@
+// `lar launch`, `lar status`, `lar cancel` as a user runs them: the real `lar` binary with
+// the test-only fake trainer (LAR_TRAINER_CMD) on a small spec.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <thread>
+
+#include "core/fs.hpp"
+#include "core/run_dir.hpp"
+#include "registry/registry.hpp"
+#include "tests/runner/helpers.hpp"
+
+extern char** environ;
+
+using namespace lar;
+using namespace lar::runner::test;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct CliEnv : TempHome {
+  explicit CliEnv(const std::string& name) : TempHome(name) {
+    ::setenv("LAR_TRAINER_CMD", FAKE_TRAINER " train", 1);
+    ::unsetenv("LAR_FAKE_TRAINER_OPTIONS");
+    ::unsetenv("LAR_DB");
+  }
+  ~CliEnv() {
+    ::unsetenv("LAR_TRAINER_CMD");
+    ::unsetenv("LAR_FAKE_TRAINER_OPTIONS");
+  }
+  fs::path spec(const std::string& name, int seeds, int steps) {
+    fs::path p = dir / (name + ".yaml");
+    std::string list;
+    for (int i = 0; i < seeds; ++i) list += (i ? ", " : "") + std::to_string(i);
+    atomic_write(p, "name: " + name + "\nbase:\n  budget: {steps: " + std::to_string(steps) +
+                        "}\nmatrix:\n  seed: [" + list + "]\n");
+    return p;
+  }
+};
+
+// Starts `lar args…` with stdout+stderr to `log`; returns the pid.
+pid_t spawn_lar(const std::vector<std::string>& args, const fs::path& log) {
+  std::vector<std::string> all = {LAR_BINARY};
+  all.insert(all.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : all) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  pid_t pid = 0;
+  EXPECT_EQ(posix_spawn(&pid, LAR_BINARY, &fa, nullptr, argv.data(), environ), 0);
+  posix_spawn_file_actions_destroy(&fa);
+  return pid;
+}
+
+int wait_exit(pid_t pid) {
+  int st = 0;
+  ::waitpid(pid, &st, 0);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+struct Result {
+  int code;
+  std::string out;
+};
+Result run_lar(const CliEnv& env, const std::vector<std::string>& args) {
+  fs::path log = env.dir / "out.log";
+  int code = wait_exit(spawn_lar(args, log));
+  return {code, read_file(log)};
+}
+
+RunState state(const std::string& exp, const std::string& cell) {
+  auto s = RunDir(run_dir_for(exp, cell)).read_status();
+  return s ? s->state : RunState::pending;
+}
+
+template <class Pred>
+bool eventually(Pred pred, std::chrono::milliseconds limit = 10s) {
+  auto end = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < end) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(10ms);
+  }
+  return pred();
+}
+
+}  // namespace
+
+TEST(CliLaunch, RunsRelaunchSkipsStatusAndRegistry) {
+  CliEnv env("cli_launch");
+  fs::path spec = env.spec("cli-exp", 4, 4);
+  Result r = run_lar(env, {"launch", spec.string(), "-j", "2"});
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("plan: 4 cells — 4 new"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("done   s3 completed"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("cli-exp: 4 cells — 4 completed, 0 failed\n"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("\x1b["), std::string::npos);  // not a terminal: no control codes
+
+  Result again = run_lar(env, {"launch", spec.string()});
+  ASSERT_EQ(again.code, 0) << again.out;
+  EXPECT_NE(again.out.find("4 completed (4 skipped, already done), 0 failed"), std::string::npos) << again.out;
+  EXPECT_EQ(again.out.find("start "), std::string::npos);
+
+  Result st = run_lar(env, {"status", "cli-exp"});
+  EXPECT_EQ(st.code, 0);
+  EXPECT_EQ(st.out, "cli-exp: 4 cells — 4 done, 0 running, 0 failed, 0 stopped, 0 pending\n");
+
+  // The registry knows the runs, synced after each cell.
+  auto reg = registry::Registry::open(default_db_path(), true);
+  auto runs = reg.runs({.experiment = "cli-exp"});
+  ASSERT_EQ(runs.size(), 4u);
+  for (const auto& run : runs) {
+    EXPECT_EQ(run.status, RunState::completed) << run.run_id;
+    EXPECT_EQ(run.step, 4);
+  }
+}
+
+TEST(CliLaunch, FailureExitCodeAndDryRun) {
+  CliEnv env("cli_fail");
+  fs::path spec = env.spec("cli-fail", 3, 4);
+  Result dry = run_lar(env, {"launch", spec.string(), "--dry-run"});  // never opens the registry
+  ASSERT_EQ(dry.code, 0) << dry.out;
+  EXPECT_NE(dry.out.find("  s1  new\n"), std::string::npos) << dry.out;
+  EXPECT_NE(dry.out.find("cli-fail: 3 cells; 3 to run, 0 already completed (dry run: nothing written)"),
+            std::string::npos) << dry.out;
+  EXPECT_FALSE(fs::exists(runs_root()));
+  EXPECT_FALSE(fs::exists(default_db_path()));
+  // (the other tests here skip the registry: RunsRelaunchSkipsStatusAndRegistry covers it)
+
+  ::setenv("LAR_FAKE_TRAINER_OPTIONS", R"({"s1": {"fail_at_step": 2}})", 1);
+  Result r = run_lar(env, {"launch", spec.string(), "-j", "3", "--no-registry"});
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("FAIL   s1 failed: fake failure at step 2"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("cli-fail: 3 cells — 2 completed, 1 failed\n  failed  s1: fake failure at step 2"),
+            std::string::npos) << r.out;
+
+  Result st = run_lar(env, {"status", "--once"});
+  EXPECT_NE(st.out.find("cli-fail: 3 cells — 2 done, 0 running, 1 failed, 0 stopped, 0 pending"), std::string::npos)
+      << st.out;
+  EXPECT_NE(st.out.find("failed    s1 step      2/4       loss 3.3333  fake failure at step 2"), std::string::npos)
+      << st.out;
+
+  Result bad = run_lar(env, {"launch", (env.dir / "missing.yaml").string()});
+  EXPECT_EQ(bad.code, 2);
+  Result unknown = run_lar(env, {"status", "no-such-exp"});
+  EXPECT_EQ(unknown.code, 2);
+  EXPECT_NE(unknown.out.find("no runs of experiment 'no-such-exp'"), std::string::npos) << unknown.out;
+}
+
+TEST(CliLaunch, CtrlCLeavesConsistentStateAndARelaunchCompletes) {
+  CliEnv env("cli_sigint");
+  fs::path spec = env.spec("cli-int", 3, 30);
+  ::setenv("LAR_FAKE_TRAINER_OPTIONS", R"({"*": {"step_ms": 60}})", 1);
+  fs::path log = env.dir / "launch.log";
+  pid_t pid = spawn_lar({"launch", spec.string(), "-j", "2", "--no-registry"}, log);
+  ASSERT_TRUE(eventually([] { return state("cli-int", "s0") == RunState::running && state("cli-int", "s1") == RunState::running; }));
+  std::this_thread::sleep_for(200ms);
+  ::kill(pid, SIGINT);
+  EXPECT_EQ(wait_exit(pid), 130) << read_file(log);
+  std::string out = read_file(log);
+  EXPECT_NE(out.find("stopping: sent SIGTERM to 2 running cell(s)"), std::string::npos) << out;
+  EXPECT_NE(out.find("interrupted: run the same `lar launch` again to resume"), std::string::npos) << out;
+  EXPECT_EQ(state("cli-int", "s0"), RunState::preempted);
+  EXPECT_EQ(state("cli-int", "s1"), RunState::preempted);
+  EXPECT_EQ(state("cli-int", "s2"), RunState::pending);
+
+  ::setenv("LAR_FAKE_TRAINER_OPTIONS", R"({"*": {"step_ms": 5}})", 1);
+  Result r = run_lar(env, {"launch", spec.string(), "-j", "3", "--no-registry"});
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("  resume s0: preempted at step"), std::string::npos) << r.out;
+  for (const char* id : {"s0", "s1", "s2"}) EXPECT_EQ(state("cli-int", id), RunState::completed);
+}
+
+TEST(CliCancel, StopsARunningCell) {
+  CliEnv env("cli_cancel");
+  fs::path spec = env.spec("cli-cancel", 2, 3);
+  ::setenv("LAR_FAKE_TRAINER_OPTIONS", R"({"s0": {"hang": true}})", 1);
+  fs::path log = env.dir / "launch.log";
+  pid_t pid = spawn_lar({"launch", spec.string(), "-j", "2", "--no-registry"}, log);
+  ASSERT_TRUE(eventually([] { return state("cli-cancel", "s0") == RunState::running; }));
+  Result c = run_lar(env, {"cancel", "cli-cancel", "--cell", "s0", "--wait", "10"});
+  EXPECT_EQ(c.code, 0) << c.out;
+  EXPECT_EQ(c.out, "cancelled: s0\n");
+  EXPECT_EQ(wait_exit(pid), 1) << read_file(log);  // not every cell completed
+  EXPECT_EQ(state("cli-cancel", "s0"), RunState::cancelled);
+  EXPECT_EQ(state("cli-cancel", "s1"), RunState::completed);
+  Result again = run_lar(env, {"cancel", "cli-cancel"});
+  EXPECT_EQ(again.out, "nothing running in cli-cancel\n");
+}
