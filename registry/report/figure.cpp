@@ -87,7 +87,8 @@ std::string gnuplot_script(const Figure& fig, const std::string& format, const s
   for (size_t i = 0; i < fig.series.size(); ++i) {
     const auto& s = fig.series[i];
     if (s.points.empty()) continue;
-    const std::string style = s.published ? "linespoints dashtype 2 pointtype 6" : "linespoints pointtype 7";
+    std::string style = s.published ? "linespoints dashtype 2 pointtype 6" : "linespoints pointtype 7";
+    if (!s.lines) style = s.published ? "points pointtype 6 pointsize 1.3" : "points pointtype 7 pointsize 1.3";
     plots.push_back(fmt::format("$s{} using 1:2 with {} linewidth 1.5 title {}", i, style, quoted(s.label)));
   }
   if (plots.empty()) {
@@ -176,7 +177,7 @@ std::vector<Series> svg_embedded_data(const std::filesystem::path& svg) {
   std::getline(ss, line);  // figure/runs
   while (std::getline(ss, line)) {
     if (line.rfind("series\t", 0) == 0) {
-      out.push_back({line.substr(7), {}, {}, false});
+      out.push_back({line.substr(7), {}, {}, false, true});
       continue;
     }
     if (out.empty() || line.empty()) continue;
@@ -206,8 +207,8 @@ Figure metric_vs_axis(const Report& rep, const std::string& x_axis, const std::s
     if (key.empty()) key = "all";
     auto [it, fresh] = index.try_emplace(key, ours.size());
     if (fresh) {
-      ours.push_back({key, {}, {}, false});
-      paper.push_back({key + " (paper)", {}, {}, true});
+      ours.push_back({key, {}, {}, false, true});
+      paper.push_back({key + " (paper)", {}, {}, true, true});
     }
     if (auto o = row.ours.find(y_metric); o != row.ours.end() && o->second.stats.n > 0) {
       ours[it->second].points.push_back({*x, o->second.stats.mean});
@@ -229,7 +230,8 @@ Figure metric_vs_metric(const Report& rep, const std::string& x_metric, const st
   Figure fig;
   fig.xlabel = x_metric;
   fig.ylabel = y_metric;
-  Series ours{"ours", {}, {}, false}, paper{"paper", {}, {}, true};
+  // A scatter: each point is one table row, not a path.
+  Series ours{"ours", {}, {}, false, false}, paper{"paper", {}, {}, true, false};
   std::vector<std::pair<Point, std::string>> ours_pts, paper_pts;
   for (const auto& row : rep.rows) {
     auto ox = row.ours.find(x_metric), oy = row.ours.find(y_metric);
@@ -240,7 +242,6 @@ Figure metric_vs_metric(const Report& rep, const std::string& x_metric, const st
     auto px = row.published.find(x_metric), py = row.published.find(y_metric);
     if (px != row.published.end() && py != row.published.end()) paper.points.push_back({px->second, py->second});
   }
-  // Points, not a path: sort by x so the dashed connecting line reads as a frontier sketch.
   auto by_x = [](const Point& a, const Point& b) { return a.x < b.x; };
   std::stable_sort(ours.points.begin(), ours.points.end(), by_x);
   std::stable_sort(paper.points.begin(), paper.points.end(), by_x);
@@ -256,7 +257,7 @@ Figure curves_figure(const std::string& name, const std::string& title, const st
   fig.title = title;
   fig.xlabel = xlabel;
   fig.ylabel = ylabel;
-  for (const auto& c : curves) fig.series.push_back({c.label, c.points, {c.run_id}, false});
+  for (const auto& c : curves) fig.series.push_back({c.label, c.points, {c.run_id}, false, true});
   return fig;
 }
 

@@ -20,6 +20,7 @@ struct Series {
   std::vector<Point> points;         // drawn in this order
   std::vector<std::string> run_ids;  // the runs behind the points
   bool published = false;            // the paper's values (drawn dashed, open points)
+  bool lines = true;                 // false: points only (scatter plots)
 };
 
 struct Figure {

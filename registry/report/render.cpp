@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -32,18 +33,32 @@ std::string title_line(const Report& r) {
          (r.scale.empty() ? "" : ", scale " + r.scale);
 }
 
-std::vector<std::string> axis_names(const Report& r) {
-  std::vector<std::string> names;
-  for (const auto& row : r.rows)
-    for (const auto& [a, v] : row.axes)
-      if (std::find(names.begin(), names.end(), a) == names.end()) names.push_back(a);
-  return names;
-}
-
 std::string axis_value(const Row& row, const std::string& axis) {
   for (const auto& [a, v] : row.axes)
     if (a == axis) return axis_text(v);
   return "";
+}
+
+// The axis columns of a table: every axis, in order, except those whose value follows from
+// the columns before it (LAA Table 2's lr is fixed by the optimizer; Table 7's width by
+// the budget) — the row id in the audit still names them. The first axis always shows.
+std::vector<std::string> axis_names(const Report& r) {
+  std::vector<std::string> all, shown;
+  for (const auto& row : r.rows)
+    for (const auto& [a, v] : row.axes)
+      if (std::find(all.begin(), all.end(), a) == all.end()) all.push_back(a);
+  for (const auto& a : all) {
+    std::map<std::string, std::string> seen;  // values of the shown columns → value of a
+    bool determined = !shown.empty() || r.rows.size() < 2;
+    for (const auto& row : r.rows) {
+      std::string key;
+      for (const auto& s : shown) key += axis_value(row, s) + "\x1f";
+      auto [it, fresh] = seen.emplace(key, axis_value(row, a));
+      if (!fresh && it->second != axis_value(row, a)) determined = false;
+    }
+    if (shown.empty() || !determined) shown.push_back(a);
+  }
+  return shown;
 }
 
 const MetricValue& value_of(const Row& row, const std::string& m) {
@@ -107,6 +122,10 @@ std::vector<std::string> delta_metrics(const Report& r) {
 
 std::vector<std::string> footnotes(const Report& r) {
   std::vector<std::string> out;
+  if (r.source.is_object() && r.source.contains("table"))
+    out.push_back("paper: the published value (" + axis_text(r.source["table"]) +
+                  (r.scale.empty() || r.scale == "paper" ? "" : "; at the paper's scale, for the cell at the same place in the matrix") +
+                  ").");
   if (r.throughput_reference)
     out.push_back("rel_throughput_pct: our tokens/s relative to " + *r.throughput_reference + " = 100 (as in the paper).");
   std::set<std::string> proxies;

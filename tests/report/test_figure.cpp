@@ -135,6 +135,8 @@ TEST(Figure, FrontierAndCurves) {
   EXPECT_DOUBLE_EQ(f.series[0].points[0].x, 50.0);
   EXPECT_DOUBLE_EQ(f.series[0].points[0].y, 2.9);
   EXPECT_TRUE(f.series[1].published);
+  EXPECT_FALSE(f.series[0].lines);  // a scatter, not a path
+  EXPECT_NE(gnuplot_script(f, "svg", "/tmp/f.svg").find("with points pointtype 7"), std::string::npos);
   EXPECT_DOUBLE_EQ(f.series[1].points[1].x, 100.0);
 
   Figure c = curves_figure("laa/fig3", "curves", "tokens", "val_loss",

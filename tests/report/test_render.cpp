@@ -61,6 +61,7 @@ TEST(Render, MarkdownGolden) {
       "| gdn | clvr | 2.4550 ± 0.0071 (n=2) | 2.8228 | -0.0550 ± 0.0112 (p=0.0693) | -0.0103 | ok |\n"
       "| deltanet | none | 2.6000 (1 seed) | 2.8469 | — | — | ok |\n"
       "\n"
+      "- paper: the published value (Table 7; at the paper's scale, for the cell at the same place in the matrix).\n"
       "- Δ = row − its matched baseline (same config except the compared axis); ± is the standard error with "
       "Welch's p when both sides have ≥ 2 seeds.\n"
       "- (n=k): mean ± sample std over k seeds; (1 seed): single run, no significance claim.\n";
@@ -86,6 +87,7 @@ TEST(Render, LatexGoldenUsesBooktabs) {
       "deltanet & none & 2.6000 (1 seed) & 2.8469 & --- & --- & ok \\\\\n"
       "\\bottomrule\n"
       "\\end{tabular}\n"
+      "% paper: the published value (Table 7; at the paper's scale, for the cell at the same place in the matrix).\n"
       "% Δ = row − its matched baseline (same config except the compared axis); ± is the standard error with "
       "Welch's p when both sides have ≥ 2 seeds.\n"
       "% (n=k): mean ± sample std over k seeds; (1 seed): single run, no significance claim.\n"
@@ -169,4 +171,22 @@ TEST(Render, UnknownFormatIsAUserError) {
     EXPECT_STREQ(e.what(), "unknown table format 'html' (choices: md, latex, csv, json)");
   }
   EXPECT_THROW(render_audit(rep, "csv"), UserError);
+}
+
+TEST(Render, AxesFixedByEarlierColumnsAreHidden) {
+  TableInput in;
+  in.metrics = {"final_loss"};
+  // lr follows from the optimizer: no lr column; seq_len varies within a mixer: shown.
+  int i = 0;
+  for (const char* opt : {"adamw", "muon"})
+    for (int len : {128, 256}) {
+      ReportCell c;
+      c.id = "c" + std::to_string(i++);
+      c.axes = {{"optimizer", opt}, {"lr", std::string(opt) == "adamw" ? 1e-3 : 3e-4}, {"seq_len", len}};
+      in.cells.push_back(c);
+    }
+  const std::string md = table_markdown(build_report(in));
+  EXPECT_NE(md.find("| optimizer | seq_len | final_loss (ours) |"), std::string::npos) << md;
+  EXPECT_EQ(md.find("| lr |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| muon | 256 | — |"), std::string::npos) << md;
 }
