@@ -2,8 +2,11 @@
 // No child processes here (those are in test_runner_e2e.cpp).
 #include <gtest/gtest.h>
 
+#include <sstream>
+
 #include "core/error.hpp"
 #include "core/fs.hpp"
+#include "runner/console.hpp"
 #include "runner/devices.hpp"
 #include "runner/progress.hpp"
 #include "runner/run_dirs.hpp"
@@ -303,4 +306,88 @@ TEST(Devices, CudaVisibleDevicesDecidesTheGpusAndTheDefaultParallelism) {
   EXPECT_EQ(default_parallelism(plan), 1);
   EXPECT_TRUE(gpu_slots(2).empty());
   ::unsetenv("CUDA_VISIBLE_DEVICES");
+}
+
+// The console display of `lar launch` / `lar reproduce`.
+
+static void feed(ConsoleProgress& c, LaunchSummary& s) {
+  auto ev = [&](ProgressEvent::Kind k, const std::string& id, RunState st, const std::string& msg, int running,
+                int queued) {
+    ProgressEvent e;
+    e.kind = k;
+    e.cell_id = id;
+    e.state = st;
+    e.message = msg;
+    e.summary = &s;
+    e.running = running;
+    e.queued = queued;
+    c(e);
+  };
+  ev(ProgressEvent::Kind::planned, "c0", RunState::pending, "new", 0, 0);
+  ev(ProgressEvent::Kind::planned, "c1", RunState::pending, "new", 0, 0);
+  s.cells[0].state = RunState::running;
+  ev(ProgressEvent::Kind::started, "c0", RunState::running, "cpu", 1, 1);
+  s.cells[0].state = RunState::completed;
+  s.recount();
+  ev(ProgressEvent::Kind::finished, "c0", RunState::completed, "", 0, 1);
+  c.finish();
+}
+
+static LaunchSummary two_cells(const fs::path& root) {
+  LaunchSummary s;
+  s.experiment = "exp";
+  for (const char* id : {"c0", "c1"}) {
+    CellOutcome o;
+    o.cell_id = id;
+    o.run_dir = root / id;
+    s.cells.push_back(o);
+  }
+  s.recount();
+  return s;
+}
+
+TEST(Console, TerminalRedrawsOneLiveLineBelowTheEventLines) {
+  TempHome home("console_tty");
+  LaunchSummary s = two_cells(home.dir);
+  std::ostringstream out;
+  ConsoleProgress c(out, true, false);
+  feed(c, s);
+  EXPECT_EQ(out.str(),
+            "plan: 2 cells — 2 new\n"
+            "start  c0 (cpu)\n"
+            "\r\x1b[K[0/2 done · 1 running · 1 queued] c0 0/0"
+            "\r\x1b[Kdone   c0 completed\n"
+            "\r\x1b[K[1/2 done · 0 running · 1 queued]"
+            "\r\x1b[K");
+}
+
+TEST(Console, PlainOutputHasNoControlCharacters) {
+  TempHome home("console_plain");
+  LaunchSummary s = two_cells(home.dir);
+  std::ostringstream out;
+  ConsoleProgress c(out, false, false);
+  feed(c, s);
+  EXPECT_EQ(out.str(), "plan: 2 cells — 2 new\nstart  c0 (cpu)\ndone   c0 completed\n");
+}
+
+TEST(Console, SummaryListsWhatDidNotCompleteAndPicksTheExitCode) {
+  TempHome home("console_summary");
+  LaunchSummary s = two_cells(home.dir);
+  s.cells[0].state = RunState::completed;
+  s.cells[0].action = CellAction::skip_completed;
+  s.cells[1].state = RunState::failed;
+  s.cells[1].reason = "killed by SIGKILL";
+  s.recount();
+  std::ostringstream out;
+  EXPECT_EQ(print_summary(out, s), 1);
+  EXPECT_EQ(out.str(), "exp: 2 cells — 1 completed (1 skipped, already done), 1 failed\n"
+                       "  failed  c1: killed by SIGKILL\n    " + (home.dir / "c1").string() + "\n");
+  s.interrupted = true;
+  std::ostringstream out2;
+  EXPECT_EQ(print_summary(out2, s), 130);
+  s.interrupted = false;
+  s.cells[1].state = RunState::completed;
+  s.recount();
+  std::ostringstream out3;
+  EXPECT_EQ(print_summary(out3, s), 0);
 }
