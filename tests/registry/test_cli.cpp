@@ -42,6 +42,7 @@ class Cli : public ::testing::Test {
     r.err = read_file(err);
     return r;
   }
+  void TearDown() override { fs::remove_all(home); }
   bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
   fs::path home;
 };

@@ -83,6 +83,7 @@ TEST(Concurrency, EightProcessesIngestTenThousandRowsEach) {
     ASSERT_EQ(loss.size(), 5000u) << id;
     for (size_t s = 0; s < loss.size(); ++s) ASSERT_EQ(loss[s].step, static_cast<long>(s)) << id;  // no dup, no gap
   }
+  fs::remove_all(home);
 }
 
 // kill -9 an ingest of 600,000 rows at several moments; afterwards the database is
@@ -129,4 +130,5 @@ TEST(Concurrency, KillDuringIngestThenSyncLosesNothing) {
     EXPECT_EQ(reg.sync(home / "runs").metric_rows, 0);
   }
   if (!interrupted_once) std::cout << "note: every ingest finished before its kill (fast machine)\n";
+  fs::remove_all(home);
 }
