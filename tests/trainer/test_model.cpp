@@ -221,3 +221,21 @@ TEST(ModelConfig, ImpossibleShapesAreUserErrorsNamingTheKey) {
 }
 
 }  // namespace
+
+namespace {
+TEST(Model, TwoThreadsAreDeterministicOnShapesThatSplitWork) {
+  auto run = [] {
+    kernels::cpu::CpuBackend<float> be(2);
+    json c = tiny_config({{"d_model", 64}, {"n_heads", 4}, {"n_kv_heads", 2}, {"vocab_size", 11}, {"d_ff", 0}});
+    trainer::Model m(c, be);
+    m.init(5);
+    m.params().zero_grads();
+    auto r = m.forward_backward(random_batch(8, 64, 11, 2));
+    std::vector<float> g(m.params().host_grads(), m.params().host_grads() + m.params().numel());
+    return std::pair{r.loss, g};
+  };
+  auto a = run(), b = run();
+  EXPECT_EQ(a.first, b.first);
+  EXPECT_EQ(0, std::memcmp(a.second.data(), b.second.data(), a.second.size() * sizeof(float)));
+}
+}  // namespace
