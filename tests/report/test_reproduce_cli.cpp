@@ -1,0 +1,103 @@
+// End to end with the real trainer: `lar reproduce` on a two-cell spec (a synthetic task,
+// so no corpus is needed), re-running only re-renders, `lar table --format json`,
+// `lar audit --strict` passing, then failing once a run is marked diverged.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "core/json.hpp"
+
+namespace fs = std::filesystem;
+using lar::json;
+
+namespace {
+
+struct Result {
+  int rc = -1;
+  std::string out;
+};
+
+Result sh(const std::string& cmd) {
+  Result r;
+  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  const int status = ::pclose(p);
+  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+const char* kSpec = R"(name: rep-it
+description: "lar reproduce integration test"
+base:
+  threads: 1
+  model: {n_layers: 2, d_model: 32, n_heads: 2, stack: pure}
+  data: {task: mqar, seq_len: 64, batch_size: 4, num_kv_pairs: 4}
+  budget: {steps: 6}
+  eval: {batches: 1}
+matrix:
+  architecture: [gdn]
+  routing: [none, clvr]
+  seed: [0]
+baselines:
+  - {match: {routing: clvr}, baseline: {routing: none}}
+reference:
+  source: {paper: test, table: "Table X", page: 1}
+  metrics: [final_loss]
+  rows:
+    - {match: {routing: none}, values: [2.0]}
+    - {match: {routing: clvr}, values: [1.9]}
+)";
+
+}  // namespace
+
+TEST(ReproduceCli, RunsRerendersAuditsAndFlagsADivergedRun) {
+  const fs::path home = fs::temp_directory_path() / ("lar_repro_it_" + std::to_string(::getpid()));
+  fs::remove_all(home);
+  fs::create_directories(home);
+  const fs::path spec = home / "spec.yaml";
+  std::ofstream(spec) << kSpec;
+  const std::string env = "cd " + home.string() + " && env -u LAR_DB LAR_HOME=" + home.string() + " " + LAR_BINARY " ";
+
+  Result first = sh(env + "reproduce " + spec.string() + " -j 2");
+  ASSERT_EQ(first.rc, 0) << first.out;
+  EXPECT_NE(first.out.find("2 cells"), std::string::npos) << first.out;
+  EXPECT_NE(first.out.find("| gdn | clvr |"), std::string::npos) << first.out;
+  EXPECT_NE(first.out.find("PASS: all 2 main rows"), std::string::npos) << first.out;
+
+  Result again = sh(env + "reproduce " + spec.string());
+  ASSERT_EQ(again.rc, 0) << again.out;
+  EXPECT_EQ(again.out.find("start "), std::string::npos) << again.out;
+  EXPECT_NE(again.out.find("| gdn | clvr |"), std::string::npos) << again.out;
+
+  Result table = sh(env + "table " + spec.string() + " --format json");
+  ASSERT_EQ(table.rc, 0) << table.out;
+  json j = json::parse(table.out);
+  ASSERT_EQ(j["rows"].size(), 2u);
+  EXPECT_EQ(j["rows"][1]["id"], "gdn.clvr");
+  EXPECT_EQ(j["rows"][1]["ours"]["final_loss"]["n"], 1);
+  EXPECT_TRUE(j["rows"][1]["ours"]["final_loss"]["mean"].is_number());
+  EXPECT_EQ(j["rows"][1]["deltas"]["final_loss"]["matched"], true);
+  EXPECT_NEAR(j["rows"][1]["deltas"]["final_loss"]["published"].get<double>(), -0.1, 1e-12);
+
+  EXPECT_EQ(sh(env + "audit " + spec.string() + " --strict").rc, 0);
+
+  // Mark the baseline run diverged on disk, re-index: the audit names it and --strict fails.
+  const fs::path status = home / "runs" / "rep-it" / "gdn.none.s0" / "status.json";
+  json st = json::parse(std::ifstream(status));
+  st["state"] = "diverged";
+  st["reason"] = "loss is NaN";
+  std::ofstream(status, std::ios::trunc) << st.dump();
+  ASSERT_EQ(sh(env + "sync").rc, 0);
+  Result audit = sh(env + "audit " + spec.string() + " --strict");
+  EXPECT_EQ(audit.rc, 1) << audit.out;
+  EXPECT_NE(audit.out.find("rep-it/gdn.none.s0: diverged at step 6/6 (loss is NaN)"), std::string::npos) << audit.out;
+  EXPECT_NE(audit.out.find("FAIL: 1 of 2 main rows fail: gdn.none"), std::string::npos) << audit.out;
+  fs::remove_all(home);
+}
