@@ -272,7 +272,7 @@ const std::vector<FigureDef>& figure_catalogue() {
        "LAA Fig. 4: training loss of the learning-rate sweep"},
       {"laa/fig5", "laa/lr_sweep", "metric_vs_axis", "lr", "final_loss", {"architecture", "optimizer"},
        "LAA Fig. 5: final loss vs learning rate"},
-      {"laa/fig6", "laa/fig6", "metric_vs_axis", "seq_len", "iter_time_s", {"architecture", "stack"},
+      {"laa/fig6", "laa/fig6", "metric_vs_axis", "seq_len", "sec_per_iter", {"architecture", "stack"},
        "LAA Fig. 6: seconds per training iteration vs sequence length"},
       {"laa/frontier", "laa/table2", "metric_vs_metric", "rel_throughput_pct", "final_loss", {},
        "LAA Table 2: loss–throughput frontier"},

@@ -7,6 +7,7 @@
 
 #include "core/error.hpp"
 #include "registry/report/adapter.hpp"
+#include "registry/report/figure.hpp"
 
 using namespace lar;
 using namespace lar::report;
@@ -128,5 +129,19 @@ TEST(Papers, UnknownTableNamesTheChoices) {
     const std::string m = e.what();
     EXPECT_NE(m.find("unknown paper table 'laa/table9'"), std::string::npos) << m;
     EXPECT_NE(m.find("laa/table2"), std::string::npos) << m;
+  }
+}
+
+TEST(Papers, EveryFigureDrawsAMetricOfItsTable) {
+  for (const auto& def : figure_catalogue()) {
+    auto plan = load_paper_plan(resolve_paper_spec(def.table), "smoke");
+    if (def.kind == "curves") continue;  // metric series of the runs, not table metrics
+    const auto metrics = plan.meta["reference"]["metrics"].get<std::vector<std::string>>();
+    EXPECT_NE(std::find(metrics.begin(), metrics.end(), def.y), metrics.end()) << def.name << ": " << def.y;
+    if (def.kind == "metric_vs_axis") {
+      bool axis = false;
+      for (const auto& [a, v] : plan.cells[0].axes) axis |= a == def.x;
+      EXPECT_TRUE(axis) << def.name << ": no axis " << def.x;
+    }
   }
 }
