@@ -161,6 +161,22 @@ static std::string signal_name(int sig) {
   return abbrev ? std::string("SIG") + abbrev : "signal " + std::to_string(sig);
 }
 
+// The last non-empty line of the child's output (its error message, usually), cut short.
+static std::string last_log_line(const fs::path& run_dir) {
+  std::ifstream in(run_dir / "stdout.log", std::ios::binary);
+  if (!in) return "";
+  in.seekg(0, std::ios::end);
+  std::streamoff size = in.tellg();
+  std::streamoff from = size > 4096 ? size - 4096 : 0;
+  in.seekg(from);
+  std::string tail((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  while (!tail.empty() && (tail.back() == '\n' || tail.back() == '\r' || tail.back() == ' ')) tail.pop_back();
+  auto nl = tail.rfind('\n');
+  std::string line = nl == std::string::npos ? tail : tail.substr(nl + 1);
+  if (line.size() > 300) line = line.substr(0, 297) + "...";
+  return line;
+}
+
 Settled settle_after_exit(const JobExit& e, int attempt_before) {
   RunDir rd(e.job.run_dir);
   RunStatus s = read_status_lenient(rd).value_or(RunStatus{});
@@ -206,11 +222,16 @@ Settled settle_after_exit(const JobExit& e, int attempt_before) {
     } else {
       switch (e.exit_code) {
         case 0: why = "trainer exited 0 without writing a final status"; break;
-        case 1: why = "trainer failed (exit code 1); see stdout.log"; break;
-        case 2: why = "bad config (exit code 2); see stdout.log"; break;
+        case 1: why = "trainer failed (exit code 1)"; break;
+        case 2: why = "bad config (exit code 2)"; break;
         case 3: to = RunState::preempted; why = "preempted (exit code 3)"; break;
         case 4: to = RunState::diverged; why = "diverged (exit code 4)"; break;
-        default: why = "trainer exited with code " + std::to_string(e.exit_code) + "; see stdout.log";
+        default: why = "trainer exited with code " + std::to_string(e.exit_code);
+      }
+      if (to == RunState::failed && e.exit_code != 0) {
+        // Say why right in the status: the child's last words are usually the error.
+        std::string last = last_log_line(e.job.run_dir);
+        why += last.empty() ? "; see stdout.log" : ": " + last;
       }
     }
     out.written_by_runner = true;

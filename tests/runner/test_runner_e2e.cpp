@@ -136,7 +136,8 @@ TEST(Launch, FailuresAreRecordedAndTheOthersComplete) {
 
   RunStatus c3 = status_of("exp", "c3");
   EXPECT_EQ(c3.state, RunState::failed);
-  EXPECT_EQ(c3.reason, "bad config (exit code 2); see stdout.log");
+  // the reason quotes the child's last line of output (the real trainer's error message)
+  EXPECT_EQ(c3.reason, "bad config (exit code 2): fake_trainer: attempt 1 from step 0");
   EXPECT_EQ(s.cells[3].reason, c3.reason);
 }
 

@@ -158,6 +158,20 @@ INSTANTIATE_TEST_SUITE_P(
         // an earlier attempt's preempted status does not count for this one
         SettleCase{RunState::preempted, 0, -1, 11, false, RunState::failed, "killed by SIGSEGV"}));
 
+TEST(Settle, AFailureReasonQuotesTheChildsLastOutputLine) {
+  TempHome home("settle_log");
+  fs::path d = run_dir_for("exp", "c0");
+  fs::create_directories(d);
+  RunDir(d).write_status(status_with(RunState::pending, 0, 0));
+  JobExit e;
+  e.job = {"exp", "c0", d, false};
+  e.exit_code = 2;
+  EXPECT_EQ(settle_after_exit(e, 0).reason, "bad config (exit code 2); see stdout.log");
+  atomic_write(d / "stdout.log", "loading\nlar: data.path: no prepared data at /x\n\n");
+  RunDir(d).write_status(status_with(RunState::pending, 0, 0));
+  EXPECT_EQ(settle_after_exit(e, 0).reason, "bad config (exit code 2): lar: data.path: no prepared data at /x");
+}
+
 TEST(Settle, CancelRequestWinsOverPreemptedButNotOverCompleted) {
   TempHome home("settle_cancel");
   fs::path d = run_dir_for("exp", "c0");
