@@ -111,12 +111,20 @@ std::string latex_escape(const std::string& s) {
   return out;
 }
 
-// Metrics shown with a Δ column (every metric but the normalised throughput).
+// Metrics shown with a Δ column: every metric but the normalised throughput, and once
+// runs exist only those we measure (a Δ of a column we have no value for says nothing).
 std::vector<std::string> delta_metrics(const Report& r) {
   std::vector<std::string> out;
   if (!r.has_deltas()) return out;
+  auto measured = [&](const std::string& m) {
+    for (const auto& row : r.rows)
+      if (auto it = row.ours.find(m); it != row.ours.end() && it->second.stats.n > 0) return true;
+    return false;
+  };
+  bool any = false;
+  for (const auto& m : r.metrics) any |= measured(m);
   for (const auto& m : r.metrics)
-    if (m != "rel_throughput_pct") out.push_back(m);
+    if (m != "rel_throughput_pct" && (!any || measured(m))) out.push_back(m);
   return out;
 }
 

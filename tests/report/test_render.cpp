@@ -190,3 +190,17 @@ TEST(Render, AxesFixedByEarlierColumnsAreHidden) {
   EXPECT_EQ(md.find("| lr |"), std::string::npos) << md;
   EXPECT_NE(md.find("| muon | 256 | — |"), std::string::npos) << md;
 }
+
+TEST(Render, DeltaColumnsOnlyForMeasuredMetrics) {
+  TableInput in;
+  in.metrics = {"final_loss", "avg7"};  // avg7: a downstream score lar does not measure
+  in.cells = {cell("gdn", "none", 0, {{"final_loss", 2.8}, {"avg7", 50.0}}),
+              cell("gdn", "clvr", 0, {{"final_loss", 2.7}, {"avg7", 51.0}})};
+  const std::string before = table_markdown(build_report(in));  // no runs yet: every Δ column
+  EXPECT_NE(before.find("Δ avg7 (ours)"), std::string::npos) << before;
+  in.runs = {completed_run(in.cells[0], 2.5), completed_run(in.cells[1], 2.4)};
+  const std::string md = table_markdown(build_report(in));
+  EXPECT_NE(md.find("Δ final_loss (ours)"), std::string::npos) << md;
+  EXPECT_EQ(md.find("Δ avg7"), std::string::npos) << md;
+  EXPECT_NE(md.find("| avg7 (ours) | avg7 (paper) |"), std::string::npos) << md;
+}
