@@ -79,7 +79,7 @@ static lar::cli::CommandRegistration reg{
     "reproduce", "Reproduce a paper table: plan, run what is missing, print table + audit", 10,
     [](CLI::App& app) -> lar::cli::Runner {
       auto a = std::make_shared<ReproduceArgs>();
-      app.add_option("table", a->table, "paper table, e.g. laa/table2 (lar reproduce --list-tables)")->required();
+      app.add_option("table", a->table, "paper table, e.g. laa/table2 (the list is below), or a spec .yaml")->required();
       app.add_option("--scale", a->scale, "smoke (2 CPU cores, minutes) | mini (1 GPU, ~1 h) | paper; default: the spec's");
       app.add_option("--executor", a->executor, "where cells run: local | slurm")
           ->check(CLI::IsMember({"local", "slurm"}));
