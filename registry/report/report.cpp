@@ -424,8 +424,11 @@ Report build_report(const TableInput& in) {
     }
     if (!mismatch.empty()) r.notes.push_back("delta not reported: baseline " + b->id + " differs in " + mismatch);
     else {
-      const int n = r.ours.empty() ? 0 : static_cast<int>(r.ours.begin()->second.values.size());
-      const int nb = b->ours.empty() ? 0 : static_cast<int>(b->ours.begin()->second.values.size());
+      auto included = [&](const Row& row) {
+        return static_cast<int>(std::count_if(row.cell_ids.begin(), row.cell_ids.end(),
+                                              [&](const std::string& id) { return chosen.count(id) > 0; }));
+      };
+      const int n = included(r), nb = included(*b);
       if (n > 0 && nb > 0 && (n < 2 || nb < 2))
         r.notes.push_back("too few seeds for a significance test (n = " + std::to_string(n) + " vs " +
                           std::to_string(nb) + "; Welch's t needs ≥ 2 per side)");
