@@ -79,15 +79,6 @@ std::vector<double> losses(const fs::path& dir) {
   return v;
 }
 
-long status_step(const fs::path& dir) {
-  try {
-    auto st = RunDir(dir).read_status();
-    return st ? st->step : -1;
-  } catch (...) {
-    return -1;
-  }
-}
-
 const char* kSmallRun = R"(seed: 2
 threads: 1
 model: {n_layers: 2, d_model: 32, n_heads: 4, vocab_size: 64}
