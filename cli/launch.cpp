@@ -8,6 +8,8 @@
 #include "experiments/cell.hpp"
 #include "runner/console.hpp"
 #include "runner/launch.hpp"
+#include "runner/local_executor.hpp"
+#include "runner/slurm_executor.hpp"
 #include "runner/registry_hooks.hpp"
 
 namespace {
@@ -21,7 +23,25 @@ struct LaunchArgs {
   bool no_registry = false;
   std::string trainer_cmd;
   double grace_s = 300;
+  lar::runner::SlurmOptions slurm;
 };
+
+// --dry-run --executor slurm: the sbatch script(s) the launch would submit.
+void print_slurm_dry_run(const lar::experiments::Plan& plan, const lar::runner::LaunchSummary& s,
+                         lar::runner::SlurmOptions o) {
+  using namespace lar::runner;
+  int n = 0;
+  for (const auto& c : s.cells) n += (c.action == CellAction::start_new || c.action == CellAction::resume);
+  if (n == 0) return;
+  if (o.lar_binary.empty()) o.lar_binary = this_executable();
+  int chunk = o.max_array_size > 0 ? o.max_array_size : 1001;
+  auto dir = (lar::runs_root() / plan.experiment / "slurm" / "<launch-id>").string();
+  for (int offset = 0, k = 0; offset < n; offset += chunk, ++k) {
+    std::cout << "\n--- " << dir << "/array-" << k << ".sbatch ---\n"
+              << render_array_script(plan.experiment, dir + "/manifest.tsv", dir + "/logs", offset,
+                                     std::min(chunk, n - offset), o);
+  }
+}
 
 int run_launch(const LaunchArgs& a) {
   using namespace lar;
@@ -33,6 +53,7 @@ int run_launch(const LaunchArgs& a) {
   o.executor = a.executor;
   o.dry_run = a.dry_run;
   o.stop_grace_s = a.grace_s;
+  o.slurm = a.slurm;
   if (!a.trainer_cmd.empty()) {
     std::istringstream in(a.trainer_cmd);
     for (std::string w; in >> w;) o.trainer_cmd.push_back(w);
@@ -49,6 +70,7 @@ int run_launch(const LaunchArgs& a) {
             << (runs_root() / plan.experiment).string() << "\n";
   runner::LaunchSummary s = runner::launch(plan, o, [console](const runner::ProgressEvent& ev) { (*console)(ev); });
   console->finish();
+  if (a.dry_run && a.executor == "slurm") print_slurm_dry_run(plan, s, a.slurm);
   return runner::print_summary(std::cout, s);
 }
 
@@ -64,7 +86,28 @@ static lar::cli::CommandRegistration reg{
                      "cells at once; default: one per visible GPU for cuda cells, else 1 "
                      "(a CPU trainer already uses every core)")
           ->check(CLI::PositiveNumber);
-      app.add_option("--executor", a->executor, "where cells run: local")->check(CLI::IsMember({"local"}));
+      app.add_option("--executor", a->executor, "where cells run: local (child processes) or slurm (job arrays)")
+          ->check(CLI::IsMember({"local", "slurm"}));
+      auto* sl = "Slurm (--executor slurm)";
+      app.add_option("--partition", a->slurm.partition, "Slurm partition")->group(sl);
+      app.add_option("--time", a->slurm.time, "time limit per task, e.g. 04:00:00")->group(sl);
+      app.add_option("--gpus-per-job", a->slurm.gpus_per_job, "GPUs per array task (--gres=gpu:G)")->group(sl);
+      app.add_option("--cpus-per-task", a->slurm.cpus_per_task, "CPUs per array task")->group(sl);
+      app.add_option("--mem", a->slurm.mem, "memory per task, e.g. 32G")->group(sl);
+      app.add_option("--array-throttle", a->slurm.array_throttle, "at most K tasks of the array at once (%K)")
+          ->group(sl)->check(CLI::NonNegativeNumber);
+      app.add_option("--sbatch-arg", a->slurm.sbatch_args, "extra #SBATCH line (repeatable), e.g. --qos=high")
+          ->group(sl);
+      app.add_option("--dependency", a->slurm.dependency, "--dependency for the arrays, e.g. afterok:123")->group(sl);
+      app.add_option("--signal-lead", a->slurm.signal_lead_s,
+                     "seconds before the time limit at which USR2 asks the trainer to checkpoint")
+          ->group(sl)->check(CLI::PositiveNumber);
+      app.add_option("--max-timeout-requeues", a->slurm.max_timeout_requeues,
+                     "requeues after hitting the time limit before the run is marked timeout")
+          ->group(sl)->check(CLI::NonNegativeNumber);
+      app.add_option("--max-array-size", a->slurm.max_array_size,
+                     "split arrays at this size (default: MaxArraySize from scontrol show config)")
+          ->group(sl)->check(CLI::NonNegativeNumber);
       app.add_flag("--dry-run", a->dry_run, "show what would run, skip or resume; write nothing");
       app.add_flag("--no-registry", a->no_registry, "do not register/sync the runs in the SQLite registry");
       app.add_option("--grace", a->grace_s, "seconds to wait for stopped cells to checkpoint before SIGKILL");

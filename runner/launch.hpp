@@ -23,6 +23,7 @@
 #include "experiments/cell.hpp"
 #include "runner/executor.hpp"
 #include "runner/run_dirs.hpp"
+#include "runner/slurm_executor.hpp"
 
 namespace lar::runner {
 
@@ -82,7 +83,8 @@ struct LaunchHooks {
 
 struct LaunchOptions {
   int jobs = 0;                          // 0: default_parallelism(plan) (runner/devices.hpp)
-  std::string executor = "local";        // local (slurm: issue 3)
+  std::string executor = "local";        // local | slurm
+  SlurmOptions slurm;                    // for executor == "slurm"
   bool dry_run = false;                  // classify and report; write nothing, start nothing
   std::vector<std::string> trainer_cmd;  // empty: default_trainer_cmd() (local_executor.hpp)
   bool handle_signals = true;            // install SIGINT/SIGTERM handlers while running

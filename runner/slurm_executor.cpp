@@ -53,6 +53,13 @@ std::optional<json> last_event(const fs::path& run_dir, const std::string& kind)
 
 }  // namespace
 
+std::string this_executable() {
+  std::error_code ec;
+  auto self = fs::read_symlink("/proc/self/exe", ec);
+  if (ec) throw RuntimeError("cannot find this program's path (/proc/self/exe): " + ec.message());
+  return self.string();
+}
+
 SlurmStateMapping map_slurm_state(const std::string& s) {
   if (s == "PENDING" || s == "CONFIGURING" || s == "REQUEUED" || s == "REQUEUE_HOLD" || s == "REQUEUE_FED")
     return {RunState::pending, "queued in Slurm", false};
@@ -141,10 +148,7 @@ std::string render_array_script(const std::string& experiment, const std::string
 
 SlurmExecutor::SlurmExecutor(std::string experiment, SlurmOptions opts)
     : experiment_(std::move(experiment)), opts_(std::move(opts)) {
-  if (opts_.lar_binary.empty()) {
-    auto cmd = default_trainer_cmd();  // "<lar> train": the same binary runs slurm-task
-    opts_.lar_binary = cmd.front();
-  }
+  if (opts_.lar_binary.empty()) opts_.lar_binary = this_executable();
 }
 
 void SlurmExecutor::submit(const std::vector<Job>& jobs) {

@@ -62,6 +62,9 @@ std::string render_array_script(const std::string& experiment, const std::string
                                 const std::string& log_dir, int offset, int count,
                                 const SlurmOptions& o);
 
+// This program's absolute path: the array tasks run the same `lar` (its slurm-task).
+std::string this_executable();
+
 // MaxArraySize from `scontrol show config` (the largest index is MaxArraySize − 1).
 int query_max_array_size();
 

@@ -1,0 +1,273 @@
+// The Slurm executor end to end on a real single-node cluster (tests/slurm/cluster.sh):
+// `lar launch --executor slurm` as a user runs it, with the test-only fake trainer for the
+// bookkeeping tests and the real trainer where checkpoints matter (preemption).
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <thread>
+
+#include "core/fs.hpp"
+#include "core/run_dir.hpp"
+#include "runner/slurm_executor.hpp"
+
+extern char** environ;
+
+using namespace lar;
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A fresh $LAR_HOME for one test (absolute: Slurm tasks read it from the environment).
+struct Home {
+  fs::path dir;
+  explicit Home(const std::string& name) {
+    dir = fs::path("/tmp") / ("lar_slurm_" + name + "_" + std::to_string(::getpid()));
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    ::setenv("LAR_HOME", dir.c_str(), 1);
+    ::setenv("LAR_TRAINER_CMD", FAKE_TRAINER " train", 1);
+    ::unsetenv("LAR_FAKE_TRAINER_OPTIONS");
+    ::unsetenv("LAR_DB");
+  }
+  ~Home() {
+    ::unsetenv("LAR_TRAINER_CMD");
+    ::unsetenv("LAR_FAKE_TRAINER_OPTIONS");
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+  }
+  fs::path write(const std::string& name, const std::string& text) const {
+    atomic_write(dir / name, text);
+    return dir / name;
+  }
+  fs::path run_dir(const std::string& exp, const std::string& cell) const { return dir / "runs" / exp / cell; }
+  std::vector<fs::path> launches(const std::string& exp) const {
+    std::vector<fs::path> out;
+    if (fs::exists(dir / "runs" / exp / "slurm"))
+      for (const auto& e : fs::directory_iterator(dir / "runs" / exp / "slurm")) out.push_back(e.path());
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+};
+
+struct Output {
+  int code = -1;
+  std::string text;
+};
+
+Output run_lar(const std::string& args) {
+  Output o;
+  std::string cmd = std::string(LAR_BINARY) + " " + args + " 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) o.text.append(buf, n);
+  int st = ::pclose(p);
+  o.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return o;
+}
+
+pid_t spawn_lar(const std::vector<std::string>& args, const fs::path& log) {
+  std::vector<std::string> all = {LAR_BINARY};
+  all.insert(all.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : all) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  pid_t pid = 0;
+  EXPECT_EQ(posix_spawn(&pid, LAR_BINARY, &fa, nullptr, argv.data(), environ), 0);
+  posix_spawn_file_actions_destroy(&fa);
+  return pid;
+}
+
+int wait_exit(pid_t pid) {
+  int st = 0;
+  ::waitpid(pid, &st, 0);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+bool wait_until(const std::function<bool()>& pred, std::chrono::seconds limit) {
+  auto end = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < end) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(100ms);
+  }
+  return pred();
+}
+
+std::optional<RunStatus> status_of(const fs::path& run_dir) {
+  try {
+    return RunDir(run_dir).read_status();
+  } catch (...) {
+    return std::nullopt;
+  }
+}
+
+std::vector<std::string> job_ids(const fs::path& launch) {
+  std::vector<std::string> ids;
+  for (const auto& id : json::parse(read_file(launch / "jobs.json"))["job_ids"]) ids.push_back(id);
+  return ids;
+}
+
+class Slurm : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_EQ(runner::run_command({"sinfo", "-h"}).exit_code, 0)
+        << "no Slurm cluster: start one with tests/slurm/cluster.sh start";
+  }
+};
+
+const char* kSweep =
+    "name: sweep\n"
+    "base: {budget: {steps: 5}}\n"
+    "matrix:\n"
+    "  lr: [0.001, 0.002, 0.003, 0.004]\n"
+    "  seed: [0, 1, 2]\n";
+
+}  // namespace
+
+TEST_F(Slurm, TwelveCellSweepRunsAsOneThrottledArrayAndRelaunchSubmitsOnlyWhatIsMissing) {
+  Home h("sweep");
+  fs::path spec = h.write("sweep.yaml", kSweep);
+  Output o = run_lar("launch " + spec.string() + " --executor slurm --array-throttle 2");
+  ASSERT_EQ(o.code, 0) << o.text;
+  auto launches = h.launches("sweep");
+  ASSERT_EQ(launches.size(), 1u);
+  EXPECT_EQ(job_ids(launches[0]).size(), 1u) << "one sbatch call for 12 cells";
+  std::string script = read_file(launches[0] / "array-0.sbatch");
+  EXPECT_NE(script.find("#SBATCH --array=0-11%2\n"), std::string::npos) << script;
+
+  // Every cell completed, and never more than 2 ran at once (the throttle).
+  std::vector<std::pair<double, int>> edges;
+  for (const auto& e : fs::directory_iterator(h.dir / "runs" / "sweep")) {
+    if (!fs::exists(e.path() / "config.json")) continue;
+    auto st = status_of(e.path());
+    ASSERT_TRUE(st.has_value()) << e.path();
+    EXPECT_EQ(st->state, RunState::completed) << e.path() << ": " << st->reason;
+    for (const auto& l : read_metrics(e.path() / "slurm.jsonl").lines) {
+      if (l["event"] == "start") edges.push_back({l["at"].get<double>(), +1});
+      if (l["event"] == "exit") edges.push_back({l["at"].get<double>(), -1});
+    }
+  }
+  ASSERT_EQ(edges.size(), 24u);
+  std::sort(edges.begin(), edges.end());
+  int now = 0, most = 0;
+  for (auto& [t, d] : edges) most = std::max(most, now += d);
+  EXPECT_LE(most, 2);
+
+  // Relaunch: everything is done, nothing is submitted.
+  o = run_lar("launch " + spec.string() + " --executor slurm --array-throttle 2");
+  ASSERT_EQ(o.code, 0) << o.text;
+  EXPECT_EQ(h.launches("sweep").size(), 1u) << o.text;
+
+  // Two cells lost their run dirs: only those two are submitted.
+  fs::remove_all(h.run_dir("sweep", "lr1e-3.s0"));
+  fs::remove_all(h.run_dir("sweep", "lr4e-3.s2"));
+  o = run_lar("launch " + spec.string() + " --executor slurm --array-throttle 2");
+  ASSERT_EQ(o.code, 0) << o.text;
+  launches = h.launches("sweep");
+  ASSERT_EQ(launches.size(), 2u);
+  EXPECT_NE(read_file(launches[1] / "array-0.sbatch").find("#SBATCH --array=0-1%2\n"), std::string::npos);
+  std::string manifest = read_file(launches[1] / "manifest.tsv");
+  EXPECT_NE(manifest.find("lr1e-3.s0\t"), std::string::npos) << manifest;
+  EXPECT_NE(manifest.find("lr4e-3.s2\t"), std::string::npos) << manifest;
+  EXPECT_EQ(status_of(h.run_dir("sweep", "lr1e-3.s0"))->state, RunState::completed);
+}
+
+TEST_F(Slurm, ScancelledTaskIsRecordedCancelledWithCompleteMetricLines) {
+  Home h("cancel");
+  ::setenv("LAR_FAKE_TRAINER_OPTIONS", R"({"*": {"hang": true, "step_ms": 50}})", 1);
+  fs::path spec = h.write("one.yaml", "name: one\nbase: {budget: {steps: 100000}}\nmatrix: {seed: [0]}\n");
+  pid_t pid = spawn_lar({"launch", spec.string(), "--executor", "slurm"}, h.dir / "launch.log");
+  fs::path rd = h.run_dir("one", "s0");
+  ASSERT_TRUE(wait_until([&] { auto s = status_of(rd); return s && s->state == RunState::running && s->step >= 3; }, 60s))
+      << read_file(h.dir / "launch.log");
+  auto launches = h.launches("one");
+  ASSERT_EQ(launches.size(), 1u);
+  EXPECT_EQ(runner::run_command({"scancel", job_ids(launches[0])[0]}).exit_code, 0);
+  EXPECT_EQ(wait_exit(pid), 1) << read_file(h.dir / "launch.log");
+  auto st = status_of(rd);
+  ASSERT_TRUE(st.has_value());
+  EXPECT_EQ(st->state, RunState::cancelled) << st->reason;
+  MetricsChunk m = read_metrics(rd / "metrics.jsonl");
+  EXPECT_EQ(m.skipped_bad_lines, 0);
+  EXPECT_EQ(m.next_offset, fs::file_size(rd / "metrics.jsonl")) << "a torn metrics line was left behind";
+}
+
+TEST_F(Slurm, ThousandCellsNeedOneSbatchOrTwoWhenSplit) {
+  for (int max_array : {0, 600}) {
+    Home h("thousand" + std::to_string(max_array));
+    std::string seeds;
+    for (int i = 0; i < 1000; ++i) seeds += (i ? ", " : "") + std::to_string(i);
+    fs::path spec = h.write("big.yaml", "name: big\nbase: {budget: {steps: 1}}\nmatrix: {seed: [" + seeds + "]}\n");
+    // Held jobs: submitted, never started; cancelled once counted.
+    std::vector<std::string> args = {"launch", spec.string(), "--executor", "slurm", "--sbatch-arg=--hold", "--no-registry"};
+    if (max_array) args.push_back("--max-array-size=" + std::to_string(max_array));
+    pid_t pid = spawn_lar(args, h.dir / "launch.log");
+    ASSERT_TRUE(wait_until([&] { auto l = h.launches("big"); return !l.empty() && fs::exists(l[0] / "jobs.json"); }, 120s))
+        << read_file(h.dir / "launch.log");
+    auto ids = job_ids(h.launches("big")[0]);
+    EXPECT_EQ(ids.size(), max_array ? 2u : 1u);
+    std::vector<std::string> cancel = {"scancel"};
+    cancel.insert(cancel.end(), ids.begin(), ids.end());
+    runner::run_command(cancel);
+    EXPECT_EQ(wait_exit(pid), 1) << read_file(h.dir / "launch.log");
+    EXPECT_EQ(status_of(h.run_dir("big", "s999"))->state, RunState::cancelled);
+  }
+}
+
+TEST_F(Slurm, PreemptedTaskResumesFromItsCheckpointWithTheSameFinalLoss) {
+  const char* spec_text =
+      "name: pre\n"
+      "base:\n"
+      "  backend: cpu\n"
+      "  threads: 1\n"
+      "  model: {n_layers: 1, d_model: 64, n_heads: 4, vocab_size: 128}\n"
+      "  data: {task: mqar, seq_len: 64, batch_size: 8, num_kv_pairs: 4}\n"
+      "  budget: {steps: 1500}\n"
+      "  checkpoint: {every: 50, keep: 2}\n"
+      "  eval: {batches: 2}\n"
+      "matrix: {seed: [3]}\n";
+  double reference = 0;
+  {
+    Home h("preref");
+    ::unsetenv("LAR_TRAINER_CMD");
+    fs::path spec = h.write("pre.yaml", spec_text);
+    Output o = run_lar("launch " + spec.string() + " --executor local --no-registry");
+    ASSERT_EQ(o.code, 0) << o.text;
+    reference = status_of(h.run_dir("pre", "s3"))->summary["final_loss"].get<double>();
+  }
+  Home h("pre");
+  ::unsetenv("LAR_TRAINER_CMD");
+  fs::path spec = h.write("pre.yaml", spec_text);
+  pid_t pid = spawn_lar({"launch", spec.string(), "--executor", "slurm", "--no-registry"}, h.dir / "launch.log");
+  fs::path rd = h.run_dir("pre", "s3");
+  ASSERT_TRUE(wait_until([&] { auto s = status_of(rd); return s && s->state == RunState::running && s->step >= 120; }, 120s))
+      << read_file(h.dir / "launch.log");
+  std::string task = job_ids(h.launches("pre")[0])[0] + "_0";
+  Output rq{};
+  auto r = runner::run_command({"scontrol", "requeue", task});
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(wait_exit(pid), 0) << read_file(h.dir / "launch.log");
+  auto st = status_of(rd);
+  ASSERT_TRUE(st.has_value());
+  EXPECT_EQ(st->state, RunState::completed) << st->reason;
+  EXPECT_GE(st->attempt, 2) << "the requeued task must have started a second attempt";
+  bool saw_preempted = false;
+  for (const auto& e : st->history) saw_preempted |= e.state == RunState::preempted;
+  EXPECT_TRUE(saw_preempted);
+  int starts = 0;
+  for (const auto& l : read_metrics(rd / "slurm.jsonl").lines) starts += l["event"] == "start";
+  EXPECT_EQ(starts, 2);
+  EXPECT_EQ(st->summary["final_loss"].get<double>(), reference) << "resume must be bit-identical";
+}
