@@ -130,21 +130,32 @@ void Arena::reset() {
 // ---- registry ----
 
 namespace {
-std::map<std::string, BackendFactory>& registry() {
-  static std::map<std::string, BackendFactory> r;
+struct Registered {
+  BackendFactory factory;
+  std::function<bool()> usable;
+};
+std::map<std::string, Registered>& registry() {
+  static std::map<std::string, Registered> r;
   return r;
 }
 }  // namespace
 
-BackendRegistration::BackendRegistration(const std::string& name, BackendFactory factory) {
-  registry()[name] = std::move(factory);
+BackendRegistration::BackendRegistration(const std::string& name, BackendFactory factory,
+                                         std::function<bool()> usable) {
+  registry()[name] = {std::move(factory), std::move(usable)};
 }
 
 bool backend_available(const std::string& name) { return registry().count(name) > 0; }
 
+bool backend_usable(const std::string& name) {
+  auto it = registry().find(name);
+  return it != registry().end() && (!it->second.usable || it->second.usable());
+}
+
 std::unique_ptr<Backend> make_backend(const std::string& kind, int threads, DType dtype) {
   std::string k = kind;
-  if (k == "auto") k = backend_available("cuda") ? "cuda" : "cpu";
+  // A CUDA build on a machine without a GPU (CI) runs on the CPU.
+  if (k == "auto") k = backend_usable("cuda") ? "cuda" : "cpu";
   auto it = registry().find(k);
   if (it == registry().end())
     throw UserError("backend '" + kind + "' is not available in this build (available: " +
@@ -154,7 +165,7 @@ std::unique_ptr<Backend> make_backend(const std::string& kind, int threads, DTyp
                       return s;
                     }() + ")");
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  return it->second(threads, dtype);
+  return it->second.factory(threads, dtype);
 }
 
 }  // namespace lar::kernels

@@ -184,10 +184,13 @@ class Backend {
 // Backends register themselves by name ("cpu" in kernels/cpu/, "cuda" in kernels/cuda/):
 //   static lar::kernels::BackendRegistration reg{"cuda", [](int threads, DType t) {...}};
 using BackendFactory = std::function<std::unique_ptr<Backend>(int threads, DType dtype)>;
+// `usable` (optional) says whether this machine can run the backend now (e.g. a GPU is
+// present); `auto` only picks a backend that is registered and usable.
 struct BackendRegistration {
-  BackendRegistration(const std::string& name, BackendFactory factory);
+  BackendRegistration(const std::string& name, BackendFactory factory, std::function<bool()> usable = {});
 };
 bool backend_available(const std::string& name);
+bool backend_usable(const std::string& name);  // registered, and its `usable` says yes
 
 // The backend a run config asks for: kind "cpu" | "cuda" | "auto" (cuda when registered,
 // else cpu); threads 0 = all cores. Throws lar::UserError for a backend this build

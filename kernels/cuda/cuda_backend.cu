@@ -641,8 +641,8 @@ void CudaBackend::cross_entropy_bwd(const Tensor& logits, const Tensor& targets,
   LAR_CUDA_LAUNCHED();
 }
 
-// Registered as "cuda" only when a device is present, so `backend: auto` falls back to
-// the CPU on a machine without a GPU.
+// Registered as "cuda"; usable only when a device is present, so `backend: auto` falls
+// back to the CPU on a machine without a GPU.
 static BackendRegistration reg{"cuda", [](int, DType dtype) -> std::unique_ptr<Backend> {
                                  if (dtype != DType::f32)
                                    throw RuntimeError("the cuda backend runs in f32 storage; asked for " +
@@ -650,6 +650,7 @@ static BackendRegistration reg{"cuda", [](int, DType dtype) -> std::unique_ptr<B
                                  if (cuda_device_count() == 0)
                                    throw RuntimeError("the cuda backend found no CUDA device");
                                  return std::make_unique<CudaBackend>(0);
-                               }};
+                               },
+                               [] { return cuda_device_count() > 0; }};
 
 }  // namespace lar::kernels::cuda
