@@ -14,12 +14,14 @@
 #include <thread>
 
 #include "core/fs.hpp"
+#include "tests/runner/lar_process.hpp"
 #include "core/run_dir.hpp"
 #include "runner/slurm_executor.hpp"
 
-extern char** environ;
 
 using namespace lar;
+using lar::test::spawn_lar;
+using lar::test::wait_exit;
 using namespace std::chrono_literals;
 namespace fs = std::filesystem;
 
@@ -74,27 +76,6 @@ Output run_lar(const std::string& args) {
   return o;
 }
 
-pid_t spawn_lar(const std::vector<std::string>& args, const fs::path& log) {
-  std::vector<std::string> all = {LAR_BINARY};
-  all.insert(all.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (auto& a : all) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&fa, 1, 2);
-  pid_t pid = 0;
-  EXPECT_EQ(posix_spawn(&pid, LAR_BINARY, &fa, nullptr, argv.data(), environ), 0);
-  posix_spawn_file_actions_destroy(&fa);
-  return pid;
-}
-
-int wait_exit(pid_t pid) {
-  int st = 0;
-  ::waitpid(pid, &st, 0);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
 
 bool wait_until(const std::function<bool()>& pred, std::chrono::seconds limit) {
   auto end = std::chrono::steady_clock::now() + limit;
