@@ -199,10 +199,14 @@ TEST(CarveKernels, FiniteDifferenceGradientsFp64) {
       }
       double e = rel_err(*pairs[p].second, fd);
       worst = std::max(worst, e);
-      if (content_grad) EXPECT_LE(e, 1e-6) << names[p];
+      if (content_grad) {
+        EXPECT_LE(e, 1e-6) << names[p];
+      }
     }
     // Without the gradient through m_c the result is no longer the full gradient.
-    if (!content_grad) EXPECT_GT(worst, 1e-4);
+    if (!content_grad) {
+      EXPECT_GT(worst, 1e-4);
+    }
   }
 }
 

@@ -100,12 +100,17 @@ TEST(CcqKernels, MatchesTheDefinitionAndShrinksQueries) {
       }
       EXPECT_LT(err, 1e-13) << "t=" << t;
       EXPECT_LE(std::sqrt(nqc), std::sqrt(nq) + 1e-12) << "‖(I − λΣ)q‖ ≤ ‖q‖ at t=" << t;
-      if (t > 0) EXPECT_LT(std::sqrt(nqc), std::sqrt(nq) - 1e-6) << "CCQ changes q at t=" << t;
+      if (t > 0) {
+        EXPECT_LT(std::sqrt(nqc), std::sqrt(nq) - 1e-6) << "CCQ changes q at t=" << t;
+      }
       // 0 ⪯ Σ ⪯ I on random directions
       for (int r = 0; r < 20; ++r) {
         std::vector<double> x(dk);
         double xx = 0, xSx = 0;
-        for (auto& e : x) xx += (e = nd(rng)) * e;
+        for (auto& e : x) {
+          e = nd(rng);
+          xx += e * e;
+        }
         for (int a = 0; a < dk; ++a)
           for (int b = 0; b < dk; ++b) xSx += x[a] * Sig[(size_t)a * dk + b] * x[b];
         EXPECT_GE(xSx, -1e-12);

@@ -177,7 +177,9 @@ TEST(LinearLayer, FiniteDifferenceGradientsFp64) {
         return fd;
       };
       EXPECT_LE(rel_err(dx, fd_of(x)), 1e-6) << kind << " dx (overwritten, not accumulated)";
-      if (cler) EXPECT_LE(rel_err(drin, fd_of(rin)), 1e-6) << kind << " routing d_in";
+      if (cler) {
+        EXPECT_LE(rel_err(drin, fd_of(rin)), 1e-6) << kind << " routing d_in";
+      }
       for (size_t i = 0; i < P.p.size(); ++i) {
         auto fd = fd_of(P.p[i]);
         EXPECT_LE(rel_err(P.g[i], fd), 1e-6) << kind << " " << P.specs[i].name;
@@ -225,12 +227,14 @@ TEST(LinearLayer, DecodeStepByStepEqualsForward) {
           m->step(ctx, Tensor(xs.data(), dt, {B, d}), Tensor(ys.data(), dt, {B, d}), *st, rstep);
           for (int b = 0; b < B; ++b)
             for (int i = 0; i < d; ++i) steps[(b * T + t) * d + i] = ys[b * d + i];
-          if (pub)
+          if (pub) {
             for (int b = 0; b < B; ++b)
-              for (int i = 0; i < Cv; ++i)
+              for (int i = 0; i < Cv; ++i) {
                 EXPECT_NEAR(rstep.out.ptr<F>()[b * Cv + i], side[(b * T + t) * Cv + i],
                             dt == DType::f64 ? 1e-12 : 1e-4)
                     << kind << " side channel";
+              }
+          }
         }
         for (size_t i = 0; i < y.size(); ++i) full[i] = y[i];
       };

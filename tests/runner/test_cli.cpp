@@ -93,7 +93,9 @@ TEST(CliLaunch, RunsRelaunchSkipsStatusAndRegistry) {
 
   // The registry knows the runs, synced after each cell.
   auto reg = registry::Registry::open(default_db_path(), true);
-  auto runs = reg.runs({.experiment = "cli-exp"});
+  registry::RunFilter filter;
+  filter.experiment = "cli-exp";
+  auto runs = reg.runs(filter);
   ASSERT_EQ(runs.size(), 4u);
   for (const auto& run : runs) {
     EXPECT_EQ(run.status, RunState::completed) << run.run_id;
