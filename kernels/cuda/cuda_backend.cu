@@ -497,9 +497,11 @@ void CudaBackend::axpy(double alpha, const Tensor& x, const Tensor& y) {
   LAR_CUDA_LAUNCHED();
 }
 
-double CudaBackend::sum_squares(const Tensor& x) {
+// Runs a per-block partial kernel over x, adds the partials in a fixed order on the
+// device and returns the total (deterministic for a fixed grid).
+double CudaBackend::reduce_to_host(void (*partial_kernel)(const float*, int64_t, double*), const Tensor& x) {
   double* partial = scratch_doubles(kReduceBlocks + 1);
-  sum_squares_partial<<<kReduceBlocks, 256, 0, stream_>>>(x.ptr<float>(), x.numel(), partial);
+  partial_kernel<<<kReduceBlocks, 256, 0, stream_>>>(x.ptr<float>(), x.numel(), partial);
   LAR_CUDA_LAUNCHED();
   sum_partials<<<1, 32, 0, stream_>>>(partial, kReduceBlocks, partial + kReduceBlocks);
   LAR_CUDA_LAUNCHED();
@@ -509,17 +511,9 @@ double CudaBackend::sum_squares(const Tensor& x) {
   return out;
 }
 
-bool CudaBackend::all_finite(const Tensor& x) {
-  double* partial = scratch_doubles(kReduceBlocks + 1);
-  nonfinite_partial<<<kReduceBlocks, 256, 0, stream_>>>(x.ptr<float>(), x.numel(), partial);
-  LAR_CUDA_LAUNCHED();
-  sum_partials<<<1, 32, 0, stream_>>>(partial, kReduceBlocks, partial + kReduceBlocks);
-  LAR_CUDA_LAUNCHED();
-  double out = 0;
-  LAR_CUDA_CHECK(cudaMemcpyAsync(&out, partial + kReduceBlocks, sizeof(double), cudaMemcpyDeviceToHost, stream_));
-  synchronize();
-  return out == 0;
-}
+double CudaBackend::sum_squares(const Tensor& x) { return reduce_to_host(sum_squares_partial, x); }
+
+bool CudaBackend::all_finite(const Tensor& x) { return reduce_to_host(nonfinite_partial, x) == 0; }
 
 void CudaBackend::embedding_fwd(const Tensor& ids, const Tensor& table, const Tensor& out) {
   int64_t n = ids.numel(), d = table.last();

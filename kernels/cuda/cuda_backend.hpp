@@ -59,6 +59,7 @@ class CudaBackend final : public Backend {
 
  private:
   double* scratch_doubles(std::size_t n);  // device scratch for reductions
+  double reduce_to_host(void (*partial_kernel)(const float*, int64_t, double*), const Tensor& x);
   std::string name_;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
