@@ -141,6 +141,36 @@ TEST(Mqar, LayoutMaskAndOracle) {
   EXPECT_LT(constant["acc"].get<double>(), 0.2);
 }
 
+// Noise never repeats a key: after the pairs, each key occurs exactly once (its query),
+// so every query has exactly one binding. The noise still covers every other token.
+TEST(Mqar, NoiseNeverRepeatsAKey) {
+  const int V = 16, P = 4, L = 64, B = 64;
+  auto ds = make_dataset(config("mqar", {{"seq_len", L}, {"batch_size", B}, {"num_kv_pairs", P}}, V));
+  std::set<int32_t> noise_seen;
+  for (const Batch& b : {ds->next_train(), ds->val_batch(0, L)}) {
+    for (int r = 0; r < B; ++r) {
+      const int32_t* x = &b.inputs[static_cast<size_t>(r) * L];
+      std::set<int32_t> keys;
+      for (int i = 0; i < P; ++i) keys.insert(x[2 * i]);
+      ASSERT_EQ(keys.size(), static_cast<size_t>(P));
+      std::map<int32_t, int> occurrences;
+      for (int t = 2 * P; t < L; ++t) {
+        const size_t i = static_cast<size_t>(r) * L + t;
+        if (keys.count(x[t])) {
+          ++occurrences[x[t]];
+          EXPECT_EQ(b.loss_mask[i], 1.f) << "key " << x[t] << " as noise at row " << r << " position " << t;
+        } else {
+          noise_seen.insert(x[t]);
+          EXPECT_EQ(b.loss_mask[i], 0.f);
+        }
+      }
+      for (int32_t k : keys) EXPECT_EQ(occurrences[k], 1) << "key " << k << " in row " << r;
+    }
+  }
+  // Over 128 rows (each with its own keys) every token of [0, V) serves as noise somewhere.
+  EXPECT_EQ(noise_seen.size(), static_cast<size_t>(V));
+}
+
 TEST(Mqar, DeterminismAndFixedValidation) {
   const json c = config("mqar", {{"seq_len", 64}, {"batch_size", 2}});
   auto a = make_dataset(c), b = make_dataset(c);

@@ -42,7 +42,12 @@ std::vector<int32_t> distinct(Rng& rng, int32_t lo, int32_t hi, int count) {
 //   positions 0 … 2P−1      : k_1 v_1 k_2 v_2 … k_P v_P   (distinct keys, distinct values)
 //   positions 2P … L        : the query region; slot g ∈ [0, (L−2P)/2) is position 2P+2g.
 //                             Each key is queried once, at a power-law slot; every other
-//                             position holds a uniform random token from [0, V).
+//                             position holds a uniform random token from [0, V) minus the
+//                             P keys. (Zoology draws from all of [0, V): a noise copy of k_i
+//                             followed by a noise token reads as a second binding of k_i, so
+//                             a rule that keeps the latest binding — the delta rule — would
+//                             be marked wrong for answering it. Excluding the keys makes every
+//                             query unambiguous.)
 //   target at a query position = that key's value; loss and accuracy only there.
 class Mqar final : public TaskGenerator {
  public:
@@ -59,7 +64,9 @@ class Mqar final : public TaskGenerator {
                       " (needs at least 4·num_kv_pairs = " + str(4 * P_) + ")");
   }
   int vocab_needed() const override { return V_; }
-  json params() const override { return {{"task", "mqar"}, {"vocab_size", V_}, {"num_kv_pairs", P_}, {"power_a", 0.01}}; }
+  json params() const override {
+    return {{"task", "mqar"}, {"vocab_size", V_}, {"num_kv_pairs", P_}, {"power_a", 0.01}, {"noise", "non_key"}};
+  }
 
   Sample generate(Rng& rng, int L) const override {
     Sample s = empty_sample(L);
@@ -72,7 +79,9 @@ class Mqar final : public TaskGenerator {
       seq[2 * i] = keys[i];
       seq[2 * i + 1] = vals[i];
     }
-    for (int t = 2 * P_; t <= L; ++t) seq[t] = static_cast<int32_t>(rng.below(V_));
+    std::vector<int32_t> sorted_keys = keys;
+    std::sort(sorted_keys.begin(), sorted_keys.end());
+    for (int t = 2 * P_; t <= L; ++t) seq[t] = non_key(rng, sorted_keys);
     for (int i = 0; i < P_; ++i) seq[2 * P_ + 2 * slots[i]] = keys[i];
     fill_from_sequence(s, seq);
     for (int i = 0; i < P_; ++i) {
@@ -86,6 +95,15 @@ class Mqar final : public TaskGenerator {
   }
 
  private:
+  // A uniform token from [0, V) that is none of the (ascending) keys: the r-th non-key
+  // token, found by stepping r over the keys in order.
+  int32_t non_key(Rng& rng, const std::vector<int32_t>& sorted_keys) const {
+    auto r = static_cast<int32_t>(rng.below(V_ - P_));
+    for (int32_t k : sorted_keys)
+      if (r >= k) ++r;
+    return r;
+  }
+
   int V_, P_;
 };
 
