@@ -1,0 +1,123 @@
+"""External check and anchor for the delta-rule CUDA kernels (not part of the build).
+
+  python3 fla_check.py --fla DIR --dump DUMP [--time]
+
+DIR holds the `fla` package of flash-linear-attention (fetched separately, never committed);
+DUMP is what `lar bench linear-cuda --dump DUMP` wrote. Checks our outputs and gradients
+against fla's naive PyTorch recurrence (fp32, autograd), then with --time measures fla's
+chunk kernels (bf16) at the bench shapes with CUDA events (median of 20 after 3 warm-ups).
+fla refuses its gated backward on Hopper with Triton < 3.7.1 (numerically wrong there):
+the guard is bypassed for timing only, its gradients are not used.
+"""
+import argparse
+import os
+import sys
+
+import numpy as np
+import torch
+
+
+def rel_rms(a, b):
+    a, b = a.double(), b.double()
+    return (((a - b) ** 2).sum() / (b ** 2).sum().clamp_min(1e-300)).sqrt().item()
+
+
+def check(dump, naive):
+    B, T, H, D = 2, 300, 4, 64
+    ok = True
+    for case in ("gdn", "deltanet"):
+        def load(name, shape):
+            x = np.fromfile(os.path.join(dump, f"{case}_{name}"), dtype=np.float32).reshape(shape)
+            return torch.from_numpy(x).cuda()
+        q, k, v, dO = (load(n, (B, T, H, D)) for n in ("q", "k", "v", "dO"))
+        g, beta = load("g", (B, T, H)), load("beta", (B, T, H))
+        S0, dST = load("S0", (B, H, D, D)), load("dST", (B, H, D, D))
+        leaves = [x.clone().requires_grad_(True) for x in (q, k, v, g, beta)]
+        h0 = S0.transpose(-1, -2).contiguous().requires_grad_(True)  # fla: [B,H,K,V]
+        o, hT = naive(leaves[0], leaves[1], leaves[2], leaves[4], leaves[3], scale=0.125,
+                      initial_state=h0, output_final_state=True)
+        ((o * dO).sum() + (hT * dST.transpose(-1, -2)).sum()).backward()
+        ref = {"o": o, "S": hT.transpose(-1, -2), "dq": leaves[0].grad, "dk": leaves[1].grad,
+               "dv": leaves[2].grad, "dg": leaves[3].grad, "dbeta": leaves[4].grad,
+               "dS0": h0.grad.transpose(-1, -2)}
+        shapes = {"o": (B, T, H, D), "S": (B, H, D, D), "dq": (B, T, H, D), "dk": (B, T, H, D),
+                  "dv": (B, T, H, D), "dg": (B, T, H), "dbeta": (B, T, H), "dS0": (B, H, D, D)}
+        line = []
+        for name, r in ref.items():
+            if case == "deltanet" and name == "dg":
+                continue
+            e = rel_rms(load(name, shapes[name]), r.detach())
+            tol = 5e-3 if name in ("o", "S") else 1e-2
+            ok &= e <= tol
+            line.append(f"{name} {e:.2e}{'' if e <= tol else ' FAIL'}")
+        print(f"fla naive vs ours, {case} B={B} T={T} H={H}: " + ", ".join(line))
+    return ok
+
+
+def median_ms(f, reps=20, warmup=3):
+    for _ in range(warmup):
+        f()
+    ts = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        f()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b))
+    ts.sort()
+    return ts[len(ts) // 2]
+
+
+def time_fla():
+    import fla.ops.common.chunk_o as chunk_o
+    from fla.ops.delta_rule import chunk_delta_rule
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    from fla.ops.gla import chunk_gla
+    from fla.ops.kda import chunk_kda
+    chunk_o.IS_NVIDIA_HOPPER = False  # timing only (see the module docstring)
+    torch.manual_seed(0)
+    for B, T, H in ((8, 4096, 16), (1, 32768, 16)):
+        D = 64
+        dev, bf = "cuda", torch.bfloat16
+        q = torch.nn.functional.normalize(torch.randn(B, T, H, D, device=dev), dim=-1).to(bf)
+        k = torch.nn.functional.normalize(torch.randn(B, T, H, D, device=dev), dim=-1).to(bf)
+        v = torch.randn(B, T, H, D, device=dev, dtype=bf)
+        dO = torch.randn(B, T, H, D, device=dev, dtype=bf)
+        beta = (0.05 + 0.9 * torch.rand(B, T, H, device=dev)).to(bf)
+        g = torch.log(0.9 + 0.1 * torch.rand(B, T, H, device=dev))
+        gc = torch.log(0.9 + 0.1 * torch.rand(B, T, H, D, device=dev))
+        runs = {
+            "deltanet": lambda *a: chunk_delta_rule(*a[:3], a[4], scale=0.125)[0],
+            "gdn": lambda *a: chunk_gated_delta_rule(*a[:3], a[3], a[4], scale=0.125)[0],
+            "gla": lambda *a: chunk_gla(*a[:3], a[5], scale=0.125)[0],
+            "kda": lambda *a: chunk_kda(*a[:3], a[5], a[4], scale=0.125)[0],
+        }
+        for name, f in runs.items():
+            xs = [x.clone().requires_grad_(True) for x in (q, k, v, g, beta, gc)]
+            try:
+                t_f = median_ms(lambda: f(*xs))
+                t_fb = median_ms(lambda: f(*xs).backward(dO))
+                print(f"fla {name} B={B} T={T} H={H}: fwd {t_f:.3f} ms, fwd+bwd {t_fb:.3f} ms")
+            except Exception as e:  # report, keep timing the others
+                print(f"fla {name} B={B} T={T} H={H}: failed: {type(e).__name__}: {str(e)[:200]}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--fla", required=True)
+    ap.add_argument("--dump")
+    ap.add_argument("--time", action="store_true")
+    a = ap.parse_args()
+    sys.path.insert(0, a.fla)
+    ok = True
+    if a.dump:
+        from fla.ops.gated_delta_rule.naive import naive_recurrent_gated_delta_rule
+        ok = check(a.dump, naive_recurrent_gated_delta_rule)
+    if a.time:
+        time_fla()
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()

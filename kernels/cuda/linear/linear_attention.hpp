@@ -1,0 +1,65 @@
+#pragma once
+// Fused chunkwise CUDA kernels for the delta-rule linear mixers (SPEC §2) on Hopper: bf16 in
+// and out, fp32 state and accumulation, tensor cores through mma.sync m16n8k16, chunk 64.
+// Plain functions on device pointers + a stream (no Backend dependency), so the trainer can
+// wire them in later.
+//
+// The recurrence (kernels/cpu/linear/core.hpp with e = β k, z = β v; per batch b, head h):
+//   S_t = S_{t−1} exp(g_t) + u_t k_tᵀ,  u_t = β_t (v_t − S_{t−1} exp(g_t) k_t),  o_t = scale S_t q_t
+// gdn: scalar log-gate g_t ≤ 0 per (token, head); deltanet: g = nullptr (no decay).
+//
+// Layouts (row-major, contiguous):
+//   q, k, dq, dk     [B, T, H, 64] bf16          (q, k already L2-normalised by the layer)
+//   v, o, dv, dout   [B, T, H, 64] bf16
+//   g, beta, dg, dbeta [B, T, H]   fp32          (g: log-gate ≤ 0; beta ∈ (0, 1))
+//   S0, S_out, dST, dS0 [B, H, 64 (dv), 64 (dk)] fp32  (state rows = value channels, as the CPU reference)
+//   boundary         [B, H, nc, 64, 64] bf16     the state at every chunk start (nc = ⌈T/64⌉),
+//                                                written by the forward for the backward
+// Head dims: dk = dv = 64. Any T ≥ 1 (the last chunk may be partial). Any pointer documented as
+// nullable may be nullptr. Every launch goes on `stream`; bad shapes throw lar::RuntimeError.
+//
+// Structure: one CTA of 8 warps per (b, h) walks the chunks in order with the state in
+// registers (forward: S; backward: dS, chunks in reverse); inside a chunk every product is a
+// 64×64×64 tensor-core GEMM on shared-memory tiles, and the UT/WY solve (I + A) U = R is a
+// register-resident forward substitution (fp32) spread over 4 threads per column.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace lar::kernels::cuda::linear {
+
+struct DeltaShape {
+  int64_t B = 1, T = 0, H = 1, dk = 64, dv = 64;
+  double scale = 0.125;  // output scale (1/sqrt(dk) in SPEC §1)
+};
+
+constexpr int kChunk = 64;
+
+inline int64_t delta_num_chunks(const DeltaShape& s) { return (s.T + kChunk - 1) / kChunk; }
+// Bytes of the boundary-state workspace the forward writes and the backward reads.
+std::size_t delta_boundary_bytes(const DeltaShape& s);
+
+// Chunkwise forward. g nullable (deltanet); S0 nullable (zero state); S_out nullable;
+// boundary nullable (then the backward cannot run from this forward).
+void delta_fwd(const DeltaShape& s, const __nv_bfloat16* q, const __nv_bfloat16* k,
+               const __nv_bfloat16* v, const float* g, const float* beta, const float* S0,
+               __nv_bfloat16* o, float* S_out, __nv_bfloat16* boundary, cudaStream_t stream);
+
+// Chunkwise backward from the forward's boundary states. dST nullable (no gradient on the
+// final state); dg nullable (and ignored when g is nullptr); dS0 nullable. dq, dk, dv,
+// dbeta, dg, dS0 are overwritten.
+void delta_bwd(const DeltaShape& s, const __nv_bfloat16* q, const __nv_bfloat16* k,
+               const __nv_bfloat16* v, const float* g, const float* beta,
+               const __nv_bfloat16* boundary, const __nv_bfloat16* dout, const float* dST,
+               __nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bfloat16* dv, float* dg, float* dbeta,
+               float* dS0, cudaStream_t stream);
+
+// Recurrent single-token decode: q, k, v [B, H, 64] bf16, g, beta [B, H] fp32 (g nullable),
+// state S [B, H, 64, 64] fp32 updated in place, o [B, H, 64] bf16. (s.T is ignored.)
+void delta_decode(const DeltaShape& s, const __nv_bfloat16* q, const __nv_bfloat16* k,
+                  const __nv_bfloat16* v, const float* g, const float* beta, float* S,
+                  __nv_bfloat16* o, cudaStream_t stream);
+
+}  // namespace lar::kernels::cuda::linear
