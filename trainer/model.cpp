@@ -85,7 +85,11 @@ void validate_model_config(const json& config) {
 
 // Parameter indices of one block.
 struct Model::Layer {
-  int norm1 = -1, norm2 = -1, w_gate = -1, w_up = -1, w_down = -1, route_p = -1;
+  int norm1 = -1, norm2 = -1, w_gate = -1, w_up = -1, w_down = -1;
+  // cler_h / clvr: P_l [d, side] (full rank), or P_l = U_l·D_l with U_l [d, r] random and
+  // D_l [r, side] zero (model.routing_rank = r > 0): only one factor is zeroed, so D_l
+  // learns from the first step.
+  int route_p = -1, route_u = -1, route_d = -1;
   std::vector<int> mixer_params;
   int prev_linear = -1;  // p(l): the nearest lower layer that publishes a side channel
 };
@@ -99,6 +103,7 @@ struct Model::Acts {
   std::vector<Tensor> h;                 // residual stream: h[2l] block input, h[2l+1] after the mixer
   std::vector<Tensor> rstd1, xn1, rstd2, xn2, gu, act, mix_y;
   std::vector<Routing> route;
+  std::vector<Tensor> route_low;         // low-rank routing: side·D_lᵀ [N, r]
   Tensor hf, rstdf, xnf, logits, losses, argmax;
 };
 
@@ -125,9 +130,15 @@ Model::Model(const json& config, kernels::Backend& be)
     ly.prev_linear = shape_.routing == "none" ? -1 : last_publisher;
     if (mixers_.back()->publishes() && shape_.routing != "none") {
       last_publisher = l;
-      if (shape_.routing == "cler_h" || shape_.routing == "clvr")
-        ly.route_p = ps.add({"route_p", {d, mixers_.back()->side_dim()}, ParamKind::matrix_hidden,
-                             InitRule::Constant(0.0)}, pre, l);
+      const int64_t side = mixers_.back()->side_dim();
+      const int64_t rank = m.value("routing_rank", 0);
+      if (rank < 0) throw UserError("model.routing_rank: must be ≥ 0, got " + std::to_string(rank));
+      if ((shape_.routing == "cler_h" || shape_.routing == "clvr") && rank == 0)
+        ly.route_p = ps.add({"route_p", {d, side}, ParamKind::matrix_hidden, InitRule::Constant(0.0)}, pre, l);
+      if ((shape_.routing == "cler_h" || shape_.routing == "clvr") && rank > 0) {
+        ly.route_u = ps.add({"route_u", {d, rank}, ParamKind::matrix_hidden, InitRule::Normal(std_)}, pre, l);
+        ly.route_d = ps.add({"route_d", {rank, side}, ParamKind::matrix_hidden, InitRule::Constant(0.0)}, pre, l);
+      }
     }
     ly.norm2 = ps.add({"norm2", {d}, ParamKind::norm, InitRule::Constant(1.0)}, pre, l);
     // w_gate and w_up are adjacent: together they are the [2F, d] matrix of one GEMM.
@@ -186,6 +197,7 @@ StepResult Model::forward(const data::Batch& batch, bool training, std::vector<i
   A.rstd1.assign(L, Tensor());
   A.xn1 = A.rstd2 = A.xn2 = A.gu = A.act = A.mix_y = A.rstd1;
   A.route.assign(L, Routing());
+  A.route_low.assign(L, Tensor());
   A.h[0] = ar.alloc(dt, {B, T, d});
   be_.embedding_fwd(A.ids, ps.param(embed_), A.h[0]);
   ForwardContext ctx{be_, ar, training};
@@ -205,6 +217,13 @@ StepResult Model::forward(const data::Batch& batch, bool training, std::vector<i
     if (ly.route_p >= 0) {  // cler_h / clvr: h += side·P_lᵀ
       if (r.out.empty()) throw RuntimeError("layer " + std::to_string(l) + " publishes no side channel");
       be_.gemm(r.out, false, ps.param(ly.route_p), true, A.h[2 * l + 1], 1.0, 1.0);
+    }
+    if (ly.route_d >= 0) {  // low rank: h += (side·Dᵀ)·Uᵀ
+      if (r.out.empty()) throw RuntimeError("layer " + std::to_string(l) + " publishes no side channel");
+      const Tensor& D = ps.param(ly.route_d);
+      A.route_low[l] = ar.alloc(dt, {N, D.size(0)});
+      be_.gemm(r.out, false, D, true, A.route_low[l]);
+      be_.gemm(A.route_low[l], false, ps.param(ly.route_u), true, A.h[2 * l + 1], 1.0, 1.0);
     }
     // SwiGLU branch.
     A.rstd2[l] = ar.alloc(dt, {N});
@@ -281,6 +300,14 @@ void Model::backward() {
     if (ly.route_p >= 0) {
       be_.gemm(dh, true, r.out, false, ps.grad(ly.route_p), 1.0, 1.0);
       be_.gemm(dh, false, ps.param(ly.route_p), false, r.d_out, 1.0, 1.0);
+    }
+    if (ly.route_d >= 0) {  // h1 += low·Uᵀ, low = side·Dᵀ
+      const Tensor& low = A.route_low[l];
+      Tensor dlow = ar.alloc(dt, low.shape());
+      be_.gemm(dh, true, low, false, ps.grad(ly.route_u), 1.0, 1.0);
+      be_.gemm(dh, false, ps.param(ly.route_u), false, dlow);
+      be_.gemm(dlow, true, r.out, false, ps.grad(ly.route_d), 1.0, 1.0);
+      be_.gemm(dlow, false, ps.param(ly.route_d), false, r.d_out, 1.0, 1.0);
     }
     // Mixer branch: h1 = h0 + Mixer(RMSNorm(h0)).
     mixers_[l]->backward(ctx, dh, dxn, r);
