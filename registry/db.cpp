@@ -117,6 +117,12 @@ std::string Stmt::col_text(int col) const {
   return std::string(reinterpret_cast<const char*>(p), static_cast<size_t>(sqlite3_column_bytes(st_, col)));
 }
 
+Db open_read_only(const std::filesystem::path& path, int busy_timeout_ms) {
+  Db db(path, SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX, busy_timeout_ms);
+  db.exec("PRAGMA query_only=1");
+  return db;
+}
+
 Transaction::Transaction(Db& db) : db_(db) { db_.exec("BEGIN IMMEDIATE"); }
 
 Transaction::~Transaction() {

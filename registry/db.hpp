@@ -66,6 +66,10 @@ class Stmt {
   std::string sql_;
 };
 
+// A connection that cannot write: SQLITE_OPEN_READONLY plus PRAGMA query_only, so not
+// even a stray PRAGMA changes the file (used by `lar serve`). The file must exist.
+Db open_read_only(const std::filesystem::path& path, int busy_timeout_ms = 30000);
+
 // BEGIN IMMEDIATE: takes the write lock up front (waiting up to busy_timeout), so a
 // writer never fails half-way with SQLITE_BUSY on lock upgrade.
 class Transaction {
