@@ -330,39 +330,3 @@ TEST(LinearDeltaCuda, DumpForExternalCheck) {
   }
 }
 
-// With LAR_LINEAR_TIME set: a quick timing of fwd and fwd+bwd (the full table is
-// `lar bench linear-cuda`).
-TEST(LinearDeltaCuda, QuickTiming) {
-  if (!std::getenv("LAR_LINEAR_TIME")) GTEST_SKIP() << "LAR_LINEAR_TIME not set";
-  std::mt19937_64 rng{1};
-  for (const Case& c : {Case{8, 4096, 16, true, false}, Case{1, 32768, 16, true, false}}) {
-    const Inputs in = make_inputs(rng, c);
-    gl::DeltaShape s;
-    s.B = c.B, s.T = c.T, s.H = c.H, s.scale = 0.125;
-    const size_t nx = in.q.size(), nr = in.beta.size(), ns = in.S0.size();
-    Dev<bf16> q(nx), k(nx), v(nx), o(nx), dO(nx), dq(nx), dk(nx), dv(nx);
-    Dev<float> g(nr), beta(nr), dg(nr), dbeta(nr), dS0(ns);
-    Dev<bf16> bound(gl::delta_boundary_bytes(s) / sizeof(bf16));
-    q.put(in.q), k.put(in.k), v.put(in.v), dO.put(in.dO), beta.put(in.beta), g.put(in.g);
-    auto fwd = [&] { gl::delta_fwd(s, q.p, k.p, v.p, g.p, beta.p, nullptr, o.p, nullptr, bound.p, nullptr); };
-    auto bwd = [&] {
-      gl::delta_bwd(s, q.p, k.p, v.p, g.p, beta.p, bound.p, dO.p, nullptr, dq.p, dk.p, dv.p, dg.p, dbeta.p, dS0.p,
-                    nullptr);
-    };
-    auto time = [](auto&& f) {
-      cudaEvent_t a, b;
-      cudaEventCreate(&a), cudaEventCreate(&b);
-      f();
-      cudaEventRecord(a);
-      for (int i = 0; i < 10; ++i) f();
-      cudaEventRecord(b);
-      cudaEventSynchronize(b);
-      float ms = 0;
-      cudaEventElapsedTime(&ms, a, b);
-      return ms / 10;
-    };
-    const float tf = time(fwd), tb = time(bwd);
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    std::printf("gdn B=%d T=%d H=%d: fwd %.3f ms, bwd %.3f ms\n", c.B, c.T, c.H, tf, tb);
-  }
-}

@@ -18,16 +18,12 @@
 #include <string>
 
 #include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/linear/chunk_common.cuh"
 #include "kernels/cuda/linear/linear_attention.hpp"
 
 namespace lar::kernels::cuda::linear {
 namespace {
 
-using bf16 = __nv_bfloat16;
-constexpr int C = 64, D = 64, NT = 256, LD = 72, LDF = 72;
-constexpr unsigned FULL = 0xffffffffu;
-constexpr int TILE = C * LD;    // bf16 elements of one tile
-constexpr int TILEF = C * LDF;  // floats of one fp32 tile
 
 struct Params {
   const bf16 *q, *k, *v, *dout;
@@ -39,176 +35,40 @@ struct Params {
   float scale;
 };
 
-// ---------------------------------------------------------------- PTX helpers
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool pred) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
-               "r"(pred ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_u32(p)));
-}
-__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_u32(p)));
-}
-__device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ uint32_t pack(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
-__device__ __forceinline__ float bf(const bf16* s, int r, int c) { return __bfloat162float(s[r * LD + c]); }
-
-// ---------------------------------------------------------------- warp GEMM on 64×64 tiles
-// The warp tile: rows 16·wm + g (+8), columns 32·wn + 8·nt + 2·tig (+1).
-struct Lane {
-  int lane, wm, wn, g, tig;
-  __device__ Lane() {
-    lane = threadIdx.x & 31;
-    const int w = threadIdx.x >> 5;
-    wm = w & 3, wn = w >> 2, g = lane >> 2, tig = lane & 3;
-  }
-  __device__ int row(int e) const { return 16 * wm + g + 8 * (e >> 1); }
-  __device__ int col(int nt, int e) const { return 32 * wn + 8 * nt + 2 * tig + (e & 1); }
+// Gates of one chunk, fetched into registers one chunk ahead (their global latency is then
+// off the critical path) and published to shared memory when the chunk starts: warp 0 holds
+// g of tokens 2·lane, 2·lane+1; warp 1 holds β of tokens lane, lane+32.
+struct GateRegs {
+  float a = 0.f, c = 0.f;
 };
-using Acc = float[4][4];
-__device__ __forceinline__ void zero(Acc& c) {
-#pragma unroll
-  for (int i = 0; i < 4; ++i) c[i][0] = c[i][1] = c[i][2] = c[i][3] = 0.f;
-}
-// c += A·B over k = 0..63. A_KM: A stored [k][m] (else [m][k]); B_KN: B stored [k][n] (else [n][k]).
-template <bool A_KM, bool B_KN>
-__device__ __forceinline__ void gemm(Acc& c, const bf16* A, const bf16* B, const Lane& L) {
-  const int lane = L.lane;
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk) {
-    uint32_t a[4];
-    if (!A_KM)
-      ldsm_x4(a, A + (16 * L.wm + (lane & 15)) * LD + 16 * kk + (lane >> 4) * 8);
-    else
-      ldsm_x4_t(a, A + (16 * kk + (lane & 7) + ((lane >> 4) << 3)) * LD + 16 * L.wm + ((lane >> 3) & 1) * 8);
-#pragma unroll
-    for (int nn = 0; nn < 2; ++nn) {
-      const int n0 = 32 * L.wn + 16 * nn;
-      uint32_t b[4];
-      if (!B_KN)
-        ldsm_x4(b, B + (n0 + (lane & 7) + ((lane >> 4) << 3)) * LD + 16 * kk + ((lane >> 3) & 1) * 8);
-      else
-        ldsm_x4_t(b, B + (16 * kk + (lane & 7) + (((lane >> 3) & 1) << 3)) * LD + n0 + (lane >> 4) * 8);
-      mma(c[2 * nn], a, b[0], b[1]);
-      mma(c[2 * nn + 1], a, b[2], b[3]);
-    }
-  }
-}
-// Fragment → bf16 tile (f(value, row, col) gives the stored value).
-template <class F>
-__device__ __forceinline__ void store_bf(bf16* s, const Acc& c, const Lane& L, F f) {
-#pragma unroll
-  for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = L.row(2 * h), cc = L.col(nt, 0);
-      *reinterpret_cast<uint32_t*>(s + r * LD + cc) = pack(f(c[nt][2 * h], r, cc), f(c[nt][2 * h + 1], r, cc + 1));
-    }
-}
-template <class F>
-__device__ __forceinline__ void store_f(float* s, const Acc& c, const Lane& L, F f) {
-#pragma unroll
-  for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = L.row(2 * h), cc = L.col(nt, 0);
-      *reinterpret_cast<float2*>(s + r * LDF + cc) = make_float2(f(c[nt][2 * h], r, cc), f(c[nt][2 * h + 1], r, cc + 1));
-    }
-}
-
-// Rows row0.. of a [*, 64] bf16 matrix with row stride `stride` into a tile; rows ≥ n → 0.
-__device__ __forceinline__ void load_tile(bf16* s, const bf16* gsrc, size_t stride, int n) {
-#pragma unroll
-  for (int i = threadIdx.x; i < C * 8; i += NT) {
-    const int r = i >> 3, c = i & 7;
-    const bool ok = r < n;
-    cp_async16(s + r * LD + c * 8, ok ? gsrc + r * stride + c * 8 : gsrc, ok);
-  }
-}
-
-// Warp 0: sG = in-chunk inclusive cumsum of g (0 past n or without gates); warp 1: sB = β.
-__device__ __forceinline__ void load_gates(const Params& p, int b, int h, int t0, int n, float* sG, float* sB) {
+__device__ __forceinline__ GateRegs fetch_gates(const Params& p, int b, int h, int t0, int n) {
   const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const size_t base = (static_cast<size_t>(b) * p.T + t0) * p.H + h;
+  GateRegs r;
+  if (w == 0 && p.g) {
+    if (2 * lane < n) r.a = p.g[base + static_cast<size_t>(2 * lane) * p.H];
+    if (2 * lane + 1 < n) r.c = p.g[base + static_cast<size_t>(2 * lane + 1) * p.H];
+  } else if (w == 1) {
+    if (lane < n) r.a = p.beta[base + static_cast<size_t>(lane) * p.H];
+    if (lane + 32 < n) r.c = p.beta[base + static_cast<size_t>(lane + 32) * p.H];
+  }
+  return r;
+}
+// sG = in-chunk inclusive cumsum of g (0 past n or without gates); sB = β (0 past n).
+__device__ __forceinline__ void publish_gates(const GateRegs& r, float* sG, float* sB) {
+  const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (w == 0) {
-    float a = 0.f, c = 0.f;
-    if (p.g) {
-      if (2 * lane < n) a = p.g[base + static_cast<size_t>(2 * lane) * p.H];
-      if (2 * lane + 1 < n) c = p.g[base + static_cast<size_t>(2 * lane + 1) * p.H];
-    }
-    float s = a + c;
+    float s = r.a + r.c;
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
       const float y = __shfl_up_sync(FULL, s, o);
       if (lane >= o) s += y;
     }
-    sG[2 * lane] = s - c;
+    sG[2 * lane] = s - r.c;
     sG[2 * lane + 1] = s;
   } else if (w == 1) {
-    for (int t = lane; t < C; t += 32) sB[t] = t < n ? p.beta[base + static_cast<size_t>(t) * p.H] : 0.f;
-  }
-}
-
-// (I + diag(β) Aw) U = diag(β) X, Aw strictly lower [t][j]. Thread (column c = tid/4, part
-// p = tid%4) owns rows 4i+p; right-looking: once u_j is final (its owner broadcasts it in the
-// quad), every later row accumulates Aw[t][j]·u_j.
-__device__ __forceinline__ void subst_fwd(const float* sAw, const float* sX, const float* sB, float (&x)[16]) {
-  const int c = threadIdx.x >> 2, p = threadIdx.x & 3, lane = threadIdx.x & 31;
-  float acc[16];
-#pragma unroll
-  for (int i = 0; i < 16; ++i) x[i] = sX[(4 * i + p) * LDF + c], acc[i] = 0.f;
-#pragma unroll
-  for (int j = 0; j < C; ++j) {
-    const int o = j & 3, ij = j >> 2;
-    float xj = 0.f;
-    if (p == o) {
-      x[ij] = sB[j] * (x[ij] - acc[ij]);
-      xj = x[ij];
-    }
-    xj = __shfl_sync(FULL, xj, (lane & ~3) | o);
-#pragma unroll
-    for (int i = ij; i < 16; ++i) acc[i] += sAw[(4 * i + p) * LDF + j] * xj;
-  }
-}
-// (I + diag(β) Aw)ᵀ Y = dU, in place on x (= dU on entry, rows 4i+p of column c).
-__device__ __forceinline__ void subst_bwd(const float* sAw, const float* sB, float (&x)[16]) {
-  const int p = threadIdx.x & 3, lane = threadIdx.x & 31;
-  float acc[16];
-#pragma unroll
-  for (int i = 0; i < 16; ++i) acc[i] = 0.f;
-#pragma unroll
-  for (int t = C - 1; t >= 0; --t) {
-    const int o = t & 3, it = t >> 2;
-    float yt = 0.f;
-    if (p == o) {
-      x[it] -= acc[it];
-      yt = sB[t] * x[it];
-    }
-    yt = __shfl_sync(FULL, yt, (lane & ~3) | o);
-#pragma unroll
-    for (int i = 0; i <= it; ++i) acc[i] += sAw[t * LDF + 4 * i + p] * yt;
+    sB[lane] = r.a;
+    sB[lane + 32] = r.c;
   }
 }
 
@@ -253,12 +113,14 @@ __global__ void __launch_bounds__(NT, 1) fwd_kernel(const Params p) {
   };
   prefetch(0);
   cp_async_commit();
+  GateRegs gr = fetch_gates(p, b, h, 0, min(C, p.T));
 
   for (int ci = 0; ci < p.nc; ++ci) {
     const int t0 = ci * C, n = min(C, p.T - t0), buf = ci & 1;
     if (ci + 1 < p.nc) prefetch(ci + 1);
     cp_async_commit();
-    load_gates(p, b, h, t0, n, sG, sB);
+    publish_gates(gr, sG, sB);
+    if (ci + 1 < p.nc) gr = fetch_gates(p, b, h, t0 + C, min(C, p.T - t0 - C));
     cp_async_wait<1>();
     __syncthreads();  // (A) tiles, gates and the bf16 state are in place
     const bf16 *Q = sQ + buf * TILE, *K = sK + buf * TILE, *V = sV + buf * TILE;
@@ -330,18 +192,15 @@ __global__ void __launch_bounds__(NT, 1) fwd_kernel(const Params p) {
 }
 
 // ---------------------------------------------------------------- backward
-// Shared memory: Q K V dO S0 dS P U dR dQK dKK Q̃ K̃ (bf16), Aw, X/dU/dR (fp32), G, β, partial sums.
-constexpr int kBwdTiles = 13;
-constexpr size_t kBwdSmem = kBwdTiles * TILE * sizeof(bf16) + (2 * TILEF + 2 * C + 2 * C + 2 * C + 4 * C + 8) * sizeof(float);
+// Shared memory: 2×(Q K V dO S0) (the next chunk loads while this one computes), dS P U dR
+// dQK dKK Q̃ K̃ (bf16), Aw, X/dU/dR, Awᵀ (fp32), G, β, partial sums.
+constexpr int kBwdTiles = 18;
+constexpr size_t kBwdSmem = kBwdTiles * TILE * sizeof(bf16) + (3 * TILEF + 2 * C + 2 * C + 2 * C + 4 * C + 8) * sizeof(float);
 
 __global__ void __launch_bounds__(NT, 1) bwd_kernel(const Params p) {
   extern __shared__ __align__(128) unsigned char smem[];
-  bf16* sQ = reinterpret_cast<bf16*>(smem);
-  bf16* sK = sQ + TILE;
-  bf16* sV = sK + TILE;
-  bf16* sdO = sV + TILE;
-  bf16* sS0 = sdO + TILE;
-  bf16* sdS = sS0 + TILE;
+  bf16* sIn = reinterpret_cast<bf16*>(smem);  // [2][5] tiles: Q K V dO S0 of chunks with parity 0, 1
+  bf16* sdS = sIn + 10 * TILE;
   bf16* sP = sdS + TILE;
   bf16* sU = sP + TILE;
   bf16* sdR = sU + TILE;
@@ -351,7 +210,8 @@ __global__ void __launch_bounds__(NT, 1) bwd_kernel(const Params p) {
   bf16* sKt = sQt + TILE;
   float* sAw = reinterpret_cast<float*>(sKt + TILE);
   float* sX = sAw + TILEF;
-  float* sG = sX + TILEF;
+  float* sAwT = sX + TILEF;
+  float* sG = sAwT + TILEF;
   float* sB = sG + C;
   float* sRowG = sB + C;     // [2][C] per wn
   float* sRowB = sRowG + 2 * C;  // [2][C]
@@ -370,17 +230,29 @@ __global__ void __launch_bounds__(NT, 1) bwd_kernel(const Params p) {
       dS[nt][e] = p.dST ? p.dST[bh * D * D + L.row(e) * D + L.col(nt, e)] : 0.f;
   store_bf(sdS, dS, L, [](float x, int, int) { return x; });
 
+  auto prefetch = [&](int ci) {
+    const int t0 = ci * C, n = min(C, p.T - t0);
+    bf16* dst = sIn + (ci & 1) * 5 * TILE;
+    load_tile(dst, p.q + row_off(p, b, t0, h), stride, n);
+    load_tile(dst + TILE, p.k + row_off(p, b, t0, h), stride, n);
+    load_tile(dst + 2 * TILE, p.v + row_off(p, b, t0, h), stride, n);
+    load_tile(dst + 3 * TILE, p.dout + row_off(p, b, t0, h), stride, n);
+    load_tile(dst + 4 * TILE, p.bound_in + (bh * p.nc + ci) * D * D, D, C);
+  };
+  prefetch(p.nc - 1);
+  cp_async_commit();
+  GateRegs gr = fetch_gates(p, b, h, (p.nc - 1) * C, p.T - (p.nc - 1) * C);
+
   for (int ci = p.nc - 1; ci >= 0; --ci) {
     const int t0 = ci * C, n = min(C, p.T - t0);
-    load_tile(sQ, p.q + row_off(p, b, t0, h), stride, n);
-    load_tile(sK, p.k + row_off(p, b, t0, h), stride, n);
-    load_tile(sV, p.v + row_off(p, b, t0, h), stride, n);
-    load_tile(sdO, p.dout + row_off(p, b, t0, h), stride, n);
-    load_tile(sS0, p.bound_in + (bh * p.nc + ci) * D * D, D, C);
+    if (ci > 0) prefetch(ci - 1);
     cp_async_commit();
-    load_gates(p, b, h, t0, n, sG, sB);
-    cp_async_wait<0>();
+    publish_gates(gr, sG, sB);
+    if (ci > 0) gr = fetch_gates(p, b, h, t0 - C, C);
+    cp_async_wait<1>();
     __syncthreads();  // P0
+    const bf16* sQ = sIn + (ci & 1) * 5 * TILE;
+    const bf16 *sK = sQ + TILE, *sV = sQ + 2 * TILE, *sdO = sQ + 3 * TILE, *sS0 = sQ + 4 * TILE;
     const float Gl = sG[C - 1], el = __expf(Gl);
     float rowG[2] = {0.f, 0.f}, rowB[2] = {0.f, 0.f}, colG[4][2] = {}, gl = 0.f;
     Acc pf;  // P in fp32 (for dG)
@@ -388,7 +260,11 @@ __global__ void __launch_bounds__(NT, 1) bwd_kernel(const Params p) {
       Acc a;
       zero(a);
       gemm<false, false>(a, sK, sK, L);
-      store_f(sAw, a, L, [&](float x, int t, int j) { return t > j ? x * __expf(sG[t] - sG[j]) : 0.f; });
+      store_f(sAw, a, L, [&](float x, int t, int j) {
+        const float y = t > j ? x * __expf(sG[t] - sG[j]) : 0.f;
+        sAwT[j * LDF + t] = y;
+        return y;
+      });
       zero(pf);
       gemm<false, false>(pf, sQ, sK, L);
 #pragma unroll
@@ -437,7 +313,7 @@ __global__ void __launch_bounds__(NT, 1) bwd_kernel(const Params p) {
       const int c = tid >> 2, pp = tid & 3;
 #pragma unroll
       for (int i = 0; i < 16; ++i) x[i] = sX[(4 * i + pp) * LDF + c];
-      subst_bwd(sAw, sB, x);
+      subst_bwd(sAwT, sB, x);
 #pragma unroll
       for (int i = 0; i < 16; ++i) {
         sX[(4 * i + pp) * LDF + c] = x[i];

@@ -69,7 +69,7 @@ def median_ms(f, reps=20, warmup=3):
     return ts[len(ts) // 2]
 
 
-def time_fla():
+def time_fla(shapes, mixers):
     import fla.ops.common.chunk_o as chunk_o
     from fla.ops.delta_rule import chunk_delta_rule
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
@@ -77,7 +77,7 @@ def time_fla():
     from fla.ops.kda import chunk_kda
     chunk_o.IS_NVIDIA_HOPPER = False  # timing only (see the module docstring)
     torch.manual_seed(0)
-    for B, T, H in ((8, 4096, 16), (1, 32768, 16)):
+    for B, T, H in shapes:
         D = 64
         dev, bf = "cuda", torch.bfloat16
         q = torch.nn.functional.normalize(torch.randn(B, T, H, D, device=dev), dim=-1).to(bf)
@@ -94,6 +94,8 @@ def time_fla():
             "kda": lambda *a: chunk_kda(*a[:3], a[5], a[4], scale=0.125)[0],
         }
         for name, f in runs.items():
+            if name not in mixers:
+                continue
             xs = [x.clone().requires_grad_(True) for x in (q, k, v, g, beta, gc)]
             try:
                 t_f = median_ms(lambda: f(*xs))
@@ -108,6 +110,8 @@ def main():
     ap.add_argument("--fla", required=True)
     ap.add_argument("--dump")
     ap.add_argument("--time", action="store_true")
+    ap.add_argument("--shapes", default="8x4096x16,1x32768x16", help="BxTxH,... to time")
+    ap.add_argument("--mixers", default="deltanet,gdn,gla,kda")
     a = ap.parse_args()
     sys.path.insert(0, a.fla)
     ok = True
@@ -115,7 +119,8 @@ def main():
         from fla.ops.gated_delta_rule.naive import naive_recurrent_gated_delta_rule
         ok = check(a.dump, naive_recurrent_gated_delta_rule)
     if a.time:
-        time_fla()
+        shapes = [tuple(int(x) for x in sh.split("x")) for sh in a.shapes.split(",")]
+        time_fla(shapes, a.mixers.split(","))
     sys.exit(0 if ok else 1)
 
 

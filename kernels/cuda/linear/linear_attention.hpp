@@ -62,4 +62,35 @@ void delta_decode(const DeltaShape& s, const __nv_bfloat16* q, const __nv_bfloat
                   const __nv_bfloat16* v, const float* g, const float* beta, float* S,
                   __nv_bfloat16* o, cudaStream_t stream);
 
+// ---- channel-gated mixers (per-key-channel log-gate g [B, T, H, 64] fp32) ----
+//   gla:  e = 0,      z = v        (no erase: a gated linear attention)
+//   kda:  e = β k,    z = β v      (beta [B, T, H] fp32)
+//   gdn2: e = b ⊙ k,  z = w ⊙ v    (b, w [B, T, H, 64] bf16, already activated)
+// Same layouts, boundary workspace (delta_boundary_bytes) and structure as the delta rule
+// above; the in-chunk decays are factored per 16-token block, exact for per-token log-decays
+// above ≈ −5 (see channel_rule.cu).
+enum class ChannelMixer { gla, kda, gdn2 };
+const char* channel_mixer_name(ChannelMixer m);
+
+struct ChannelInputs {
+  const __nv_bfloat16 *q = nullptr, *k = nullptr, *v = nullptr;
+  const float* g = nullptr;
+  const float* beta = nullptr;                        // kda
+  const __nv_bfloat16 *b = nullptr, *w = nullptr;    // gdn2
+  const float* S0 = nullptr;                          // nullable
+};
+// Overwritten; dbeta for kda, db and dw (bf16) for gdn2; dS0 nullable.
+struct ChannelGrads {
+  __nv_bfloat16 *dq = nullptr, *dk = nullptr, *dv = nullptr;
+  float* dg = nullptr;
+  float* dbeta = nullptr;
+  __nv_bfloat16 *db = nullptr, *dw = nullptr;
+  float* dS0 = nullptr;
+};
+
+void channel_fwd(ChannelMixer m, const DeltaShape& s, const ChannelInputs& in, __nv_bfloat16* o, float* S_out,
+                 __nv_bfloat16* boundary, cudaStream_t stream);
+void channel_bwd(ChannelMixer m, const DeltaShape& s, const ChannelInputs& in, const __nv_bfloat16* boundary,
+                 const __nv_bfloat16* dout, const float* dST, const ChannelGrads& gr, cudaStream_t stream);
+
 }  // namespace lar::kernels::cuda::linear

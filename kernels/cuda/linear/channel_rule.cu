@@ -1,0 +1,634 @@
+// Chunkwise kernels of the channel-gated mixers: gla (no erase), kda (e = β k, z = β v) and
+// gdn2 (e = b ⊙ k, z = w ⊙ v), all with a per-key-channel log-gate. See linear_attention.hpp
+// for the contract and kernels/cpu/linear/core.hpp for the math.
+//
+// The in-chunk decay exp(G_tc − G_jc) is per channel, so P and A are no longer a masked
+// product of two plain matrices. They are factored per 16-row block I (rows 16I..16I+15)
+// around the block's first row s_I:
+//   P[t,j] = Σ_c (q_tc e^{G_tc − G_{s_I}c}) (k_jc e^{G_{s_I}c − G_jc}),   t ∈ I, j ≤ t
+// The first factor is ≤ 1; the second is ≤ 1 for j < s_I and at most e^{(decay over 16
+// tokens)} inside the block, so bf16 operands neither overflow nor lose precision for any
+// per-token decay above ≈ −5 (a gate of 0.007). Warp row block wm multiplies with its own
+// K̄^(wm) tile. The gate gradient uses that every factor carries +G of its row for q and e
+// and −G for k: dG = q∘dq + e∘de − k∘dk (core gradients), plus the G_last terms.
+#include <cuda_bf16.h>
+
+#include <string>
+
+#include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/linear/chunk_common.cuh"
+#include "kernels/cuda/linear/linear_attention.hpp"
+
+namespace lar::kernels::cuda::linear {
+namespace {
+
+enum Mode { kGla = 0, kKda = 1, kGdn2 = 2 };
+
+struct CParams {
+  const bf16 *q, *k, *v, *dout, *bg, *wg;
+  const float *g, *beta, *S0, *dST;
+  bf16 *o, *bound, *dq, *dk, *dv, *dbg, *dwg;
+  const bf16* bound_in;
+  float *S_out, *dg, *dbeta, *dS0;
+  int B, T, H, nc;
+  float scale;
+};
+
+__device__ __forceinline__ size_t crow(const CParams& p, int b, int t, int h) {
+  return ((static_cast<size_t>(b) * p.T + t) * p.H + h) * D;
+}
+
+// fp32 [64 rows][64] gate tile (rows ≥ n → 0).
+__device__ __forceinline__ void load_gate_tile(float* s, const float* gsrc, size_t stride, int n) {
+#pragma unroll
+  for (int i = threadIdx.x; i < C * 16; i += NT) {
+    const int r = i >> 4, c = i & 15;
+    const bool ok = r < n;
+    cp_async16(s + r * LDF + c * 4, ok ? gsrc + r * stride + c * 4 : gsrc, ok);
+  }
+}
+
+// In-place cumulative sum over rows of each column (forward) of an fp32 tile; thread
+// (column tid/4, part tid%4) scans rows 16·part.., the quad combines the part totals.
+__device__ __forceinline__ void cumsum_cols(float* s) {
+  const int c = threadIdx.x >> 2, p = threadIdx.x & 3;
+  float v[16];
+#pragma unroll
+  for (int r = 0; r < 16; ++r) v[r] = s[(16 * p + r) * LDF + c] + (r ? v[r - 1] : 0.f);
+  float tot = v[15], inc = tot;
+#pragma unroll
+  for (int o = 1; o < 4; o <<= 1) {
+    const float y = __shfl_up_sync(FULL, inc, o);
+    if (p >= o) inc += y;
+  }
+  const float ex = inc - tot;
+#pragma unroll
+  for (int r = 0; r < 16; ++r) s[(16 * p + r) * LDF + c] = v[r] + ex;
+}
+// Reverse cumulative sum (suffix sums) over rows of each column, in place.
+__device__ __forceinline__ void rcumsum_cols(float* s) {
+  const int c = threadIdx.x >> 2, p = threadIdx.x & 3;
+  float v[16];
+#pragma unroll
+  for (int r = 15; r >= 0; --r) v[r] = s[(16 * p + r) * LDF + c] + (r < 15 ? v[r + 1] : 0.f);
+  float tot = v[0], inc = tot;
+#pragma unroll
+  for (int o = 1; o < 4; o <<= 1) {
+    const float y = __shfl_down_sync(FULL, inc, o);
+    if (p + o < 4) inc += y;
+  }
+  const float ex = inc - tot;
+#pragma unroll
+  for (int r = 0; r < 16; ++r) s[(16 * p + r) * LDF + c] = v[r] + ex;
+}
+
+// Per-chunk operand tiles from Q, K, (b), G:
+//   Qb = q e^{G − G_s}, Eb = e e^{G − G_s} (s = the row's 16-block start), Kb_I = k e^{G_{16I} − G}
+//   (rows ≤ 16I+15, else 0), Qt = q e^{G}, Et = e e^{G}, Kh = k e^{G_last − G}.
+template <int MODE>
+__device__ __forceinline__ void build_tiles(const CParams& p, int b, int h, int t0, int n, const bf16* Q, const bf16* K,
+                                            const float* sGt, bf16* sQb, bf16* sEb, bf16* sKb, bf16* sQt, bf16* sEt,
+                                            bf16* sKh) {
+  for (int i = threadIdx.x; i < C * 32; i += NT) {
+    const int t = i >> 5, c = 2 * (i & 31);
+    float qb[2], eb[2], qt[2], et[2], kh[2], kb[4][2];
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const float G = sGt[t * LDF + c + u], Gs = sGt[(t & ~15) * LDF + c + u], Gl = sGt[(C - 1) * LDF + c + u];
+      const float qv = bf(Q, t, c + u), kv = bf(K, t, c + u);
+      float ev = kv;
+      if (MODE == kGdn2) ev = t < n ? kv * __bfloat162float(p.bg[crow(p, b, t0 + t, h) + c + u]) : 0.f;
+      const float f = __expf(G - Gs), e0 = __expf(G);
+      qb[u] = qv * f, eb[u] = ev * f, qt[u] = qv * e0, et[u] = ev * e0, kh[u] = kv * __expf(Gl - G);
+#pragma unroll
+      for (int I = 0; I < 4; ++I) kb[I][u] = t <= 16 * I + 15 ? kv * __expf(sGt[16 * I * LDF + c + u] - G) : 0.f;
+    }
+    const int o = t * LD + c;
+    *reinterpret_cast<uint32_t*>(sQb + o) = pack(qb[0], qb[1]);
+    *reinterpret_cast<uint32_t*>(sQt + o) = pack(qt[0], qt[1]);
+    *reinterpret_cast<uint32_t*>(sKh + o) = pack(kh[0], kh[1]);
+    if (MODE != kGla) {
+      *reinterpret_cast<uint32_t*>(sEb + o) = pack(eb[0], eb[1]);
+      *reinterpret_cast<uint32_t*>(sEt + o) = pack(et[0], et[1]);
+    }
+#pragma unroll
+    for (int I = 0; I < 4; ++I) *reinterpret_cast<uint32_t*>(sKb + I * TILE + o) = pack(kb[I][0], kb[I][1]);
+  }
+}
+
+// β of the chunk (kda), 1 on valid rows otherwise; 0 on padded rows.
+template <int MODE>
+__device__ __forceinline__ void load_beta(const CParams& p, int b, int h, int t0, int n, float* sB) {
+  const int t = threadIdx.x;
+  if (t < C)
+    sB[t] = t < n ? (MODE == kKda ? p.beta[(static_cast<size_t>(b) * p.T + t0 + t) * p.H + h] : 1.f) : 0.f;
+}
+
+// ---------------------------------------------------------------- forward
+// Q K V S P U Qb Eb Kb×4 Qt Et Kh (bf16), G, Aw, X (fp32), β.
+constexpr size_t kCFwdSmem = 15 * TILE * sizeof(bf16) + (3 * TILEF + C) * sizeof(float);
+
+template <int MODE>
+__global__ void __launch_bounds__(NT, 1) cfwd_kernel(const CParams p) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  bf16* sQ = reinterpret_cast<bf16*>(smem);
+  bf16* sK = sQ + TILE;
+  bf16* sV = sK + TILE;
+  bf16* sS = sV + TILE;
+  bf16* sP = sS + TILE;
+  bf16* sU = sP + TILE;
+  bf16* sQb = sU + TILE;
+  bf16* sEb = sQb + TILE;
+  bf16* sKb = sEb + TILE;  // 4 tiles
+  bf16* sQt = sKb + 4 * TILE;
+  bf16* sEt = sQt + TILE;
+  bf16* sKh = sEt + TILE;
+  float* sGt = reinterpret_cast<float*>(sKh + TILE);
+  float* sAw = sGt + TILEF;
+  float* sX = sAw + TILEF;
+  float* sB = sX + TILEF;
+  const Lane L;
+  const int h = blockIdx.x, b = blockIdx.y, tid = threadIdx.x;
+  const size_t bh = static_cast<size_t>(b) * p.H + h, stride = static_cast<size_t>(p.H) * D;
+
+  Acc st;
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) st[nt][e] = p.S0 ? p.S0[bh * D * D + L.row(e) * D + L.col(nt, e)] : 0.f;
+  store_bf(sS, st, L, [](float x, int, int) { return x; });
+
+  for (int ci = 0; ci < p.nc; ++ci) {
+    const int t0 = ci * C, n = min(C, p.T - t0);
+    load_tile(sQ, p.q + crow(p, b, t0, h), stride, n);
+    load_tile(sK, p.k + crow(p, b, t0, h), stride, n);
+    load_tile(sV, p.v + crow(p, b, t0, h), stride, n);
+    load_gate_tile(sGt, p.g + crow(p, b, t0, h), stride, n);
+    cp_async_commit();
+    load_beta<MODE>(p, b, h, t0, n, sB);
+    cp_async_wait<0>();
+    __syncthreads();
+    if (p.bound) {
+      bf16* dst = p.bound + (bh * p.nc + ci) * D * D;
+      for (int i = tid; i < D * 8; i += NT) {
+        const int r = i >> 3, c = i & 7;
+        *reinterpret_cast<uint4*>(dst + r * D + c * 8) = *reinterpret_cast<const uint4*>(sS + r * LD + c * 8);
+      }
+    }
+    cumsum_cols(sGt);
+    __syncthreads();
+    build_tiles<MODE>(p, b, h, t0, n, sQ, sK, sGt, sQb, sEb, sKb, sQt, sEt, sKh);
+    __syncthreads();
+    const bf16* Kw = sKb + L.wm * TILE;  // this warp's row block's K̄
+    {
+      Acc a;
+      if (MODE != kGla) {
+        zero(a);
+        gemm<false, false>(a, sEb, Kw, L);
+        store_f(sAw, a, L, [](float x, int t, int j) { return t > j ? x : 0.f; });
+        zero(a);
+        gemm<false, false>(a, sEt, sS, L);  // Ẽ S0ᵀ
+        store_f(sX, a, L, [&](float x, int t, int c) {
+          float z = bf(sV, t, c);
+          if (MODE == kGdn2) z = t < n ? z * __bfloat162float(p.wg[crow(p, b, t0 + t, h) + c]) : 0.f;
+          return z - x;
+        });
+      }
+      zero(a);
+      gemm<false, false>(a, sQb, Kw, L);
+      store_bf(sP, a, L, [](float x, int t, int j) { return t >= j ? x : 0.f; });
+    }
+    Acc o;
+    zero(o);
+    gemm<false, false>(o, sQt, sS, L);  // Q̃ S0ᵀ
+    __syncthreads();
+    const bf16* U = sV;
+    if (MODE != kGla) {
+      float x[16];
+      subst_fwd(sAw, sX, sB, x);
+      const int c = tid >> 2, pp = tid & 3;
+#pragma unroll
+      for (int i = 0; i < 16; ++i) sU[(4 * i + pp) * LD + c] = __float2bfloat16(x[i]);
+      __syncthreads();
+      U = sU;
+    }
+    gemm<false, true>(o, sP, U, L);
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int t = L.row(2 * hh);
+        if (t < n)
+          *reinterpret_cast<uint32_t*>(p.o + crow(p, b, t0 + t, h) + L.col(nt, 0)) =
+              pack(o[nt][2 * hh] * p.scale, o[nt][2 * hh + 1] * p.scale);
+      }
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) st[nt][e] *= __expf(sGt[(C - 1) * LDF + L.col(nt, e)]);
+    gemm<true, true>(st, U, sKh, L);  // + Uᵀ K̂
+    __syncthreads();
+    store_bf(sS, st, L, [](float x, int, int) { return x; });
+  }
+  if (p.S_out)
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) p.S_out[bh * D * D + L.row(e) * D + L.col(nt, e)] = st[nt][e];
+}
+
+// ---------------------------------------------------------------- backward
+// Q K V dO S0 dS P/dP U dR Qb Eb Kb×4 Qt Et Kh/dAw (bf16), G, Aw, X/dU/dR (fp32), β, sums.
+constexpr size_t kCBwdSmem = 18 * TILE * sizeof(bf16) + (3 * TILEF + C + 2 * C + 4 * C + 8) * sizeof(float);
+
+template <int MODE>
+__global__ void __launch_bounds__(NT, 1) cbwd_kernel(const CParams p) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  bf16* sQ = reinterpret_cast<bf16*>(smem);
+  bf16* sK = sQ + TILE;
+  bf16* sV = sK + TILE;
+  bf16* sdO = sV + TILE;
+  bf16* sS0 = sdO + TILE;
+  bf16* sdS = sS0 + TILE;
+  bf16* sP = sdS + TILE;
+  bf16* sU = sP + TILE;
+  bf16* sdR = sU + TILE;
+  bf16* sQb = sdR + TILE;
+  bf16* sEb = sQb + TILE;
+  bf16* sKb = sEb + TILE;  // 4 tiles
+  bf16* sQt = sKb + 4 * TILE;
+  bf16* sEt = sQt + TILE;
+  bf16* sKh = sEt + TILE;  // later dAw
+  float* sGt = reinterpret_cast<float*>(sKh + TILE);
+  float* sAw = sGt + TILEF;  // later dG
+  float* sX = sAw + TILEF;
+  float* sB = sX + TILEF;
+  float* sRowB = sB + C;      // [2][C]
+  float* sColL = sRowB + 2 * C;  // [4][C] per wm: Σ over rows of the G_last terms
+  const Lane L;
+  const int h = blockIdx.x, b = blockIdx.y, tid = threadIdx.x;
+  const size_t bh = static_cast<size_t>(b) * p.H + h, stride = static_cast<size_t>(p.H) * D;
+  const float scale = p.scale;
+
+  Acc dS;
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dS[nt][e] = p.dST ? p.dST[bh * D * D + L.row(e) * D + L.col(nt, e)] : 0.f;
+  store_bf(sdS, dS, L, [](float x, int, int) { return x; });
+
+  for (int ci = p.nc - 1; ci >= 0; --ci) {
+    const int t0 = ci * C, n = min(C, p.T - t0);
+    load_tile(sQ, p.q + crow(p, b, t0, h), stride, n);
+    load_tile(sK, p.k + crow(p, b, t0, h), stride, n);
+    load_tile(sV, p.v + crow(p, b, t0, h), stride, n);
+    load_tile(sdO, p.dout + crow(p, b, t0, h), stride, n);
+    load_tile(sS0, p.bound_in + (bh * p.nc + ci) * D * D, D, C);
+    load_gate_tile(sGt, p.g + crow(p, b, t0, h), stride, n);
+    cp_async_commit();
+    load_beta<MODE>(p, b, h, t0, n, sB);
+    cp_async_wait<0>();
+    __syncthreads();
+    cumsum_cols(sGt);
+    __syncthreads();
+    build_tiles<MODE>(p, b, h, t0, n, sQ, sK, sGt, sQb, sEb, sKb, sQt, sEt, sKh);
+    __syncthreads();
+    const bf16* Kw = sKb + L.wm * TILE;
+    {
+      Acc a;
+      if (MODE != kGla) {
+        zero(a);
+        gemm<false, false>(a, sEb, Kw, L);
+        store_f(sAw, a, L, [](float x, int t, int j) { return t > j ? x : 0.f; });
+        zero(a);
+        gemm<false, false>(a, sEt, sS0, L);
+        store_f(sX, a, L, [&](float x, int t, int c) {
+          float z = bf(sV, t, c);
+          if (MODE == kGdn2) z = t < n ? z * __bfloat162float(p.wg[crow(p, b, t0 + t, h) + c]) : 0.f;
+          return z - x;
+        });
+      }
+      zero(a);
+      gemm<false, false>(a, sQb, Kw, L);
+      store_bf(sP, a, L, [](float x, int t, int j) { return t >= j ? x : 0.f; });
+    }
+    __syncthreads();
+    const bf16* U = sV;
+    if (MODE != kGla) {
+      float x[16];
+      subst_fwd(sAw, sX, sB, x);
+      const int c = tid >> 2, pp = tid & 3;
+#pragma unroll
+      for (int i = 0; i < 16; ++i) sU[(4 * i + pp) * LD + c] = __float2bfloat16(x[i]);
+      U = sU;
+      if (MODE == kKda)  // R = β X: the dS update below takes (β dR)ᵀ Ẽ
+        for (int i = tid; i < C * D; i += NT) {
+          const int t = i >> 6, cc = i & 63;
+          sEt[t * LD + cc] = __float2bfloat16(__bfloat162float(sEt[t * LD + cc]) * sB[t]);
+        }
+    }
+    __syncthreads();
+    {
+      Acc a, c2;  // dU = K̂ dSᵀ + scale Pᵀ dO
+      zero(a);
+      zero(c2);
+      gemm<false, false>(a, sKh, sdS, L);
+      gemm<true, true>(c2, sP, sdO, L);
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) a[nt][e] += scale * c2[nt][e];
+      store_f(sX, a, L, [](float x, int, int) { return x; });
+      if (MODE == kGla) store_bf(sdR, a, L, [](float x, int, int) { return x; });
+    }
+    __syncthreads();
+    if (MODE != kGla) {
+      float x[16];
+      const int c = tid >> 2, pp = tid & 3;
+#pragma unroll
+      for (int i = 0; i < 16; ++i) x[i] = sX[(4 * i + pp) * LDF + c];
+      subst_bwd_scalar(sAw, sB, x);
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        sX[(4 * i + pp) * LDF + c] = x[i];
+        sdR[(4 * i + pp) * LD + c] = __float2bfloat16(x[i]);
+      }
+      __syncthreads();
+    }
+    float rowB[2] = {0.f, 0.f}, colL[4][2] = {};
+    bf16* sdAw = sKh;  // K̂ is not read as a tile any more
+    {
+      Acc da, dp;
+      zero(da);
+      zero(dp);
+      if (MODE != kGla) gemm<false, false>(da, sdR, U, L);  // dR Uᵀ
+      gemm<false, false>(dp, sdO, U, L);                     // dO Uᵀ
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int t = L.row(e), j = L.col(nt, e);
+          if (MODE != kGla) {
+            const float dA = t > j ? -da[nt][e] : 0.f;
+            if (MODE == kKda) rowB[e >> 1] += dA * sAw[t * LDF + j];
+            da[nt][e] = MODE == kKda ? dA * sB[t] : dA;  // dAw
+          }
+          dp[nt][e] = t >= j ? scale * dp[nt][e] : 0.f;
+        }
+      __syncthreads();  // every read of P, K̂ and Aw is done
+      if (MODE != kGla) store_bf(sdAw, da, L, [](float x, int, int) { return x; });
+      store_bf(sP, dp, L, [](float x, int, int) { return x; });  // dP (scaled, masked)
+    }
+    __syncthreads();
+    Acc dG;  // gate gradient of this thread's (t, c) elements
+    {
+      Acc a, c2;  // dq = (dP K̄) ∘ e^{G − G_s} + scale e^G (dO S0)
+      zero(a);
+      zero(c2);
+      gemm<false, true>(a, sP, Kw, L);
+      gemm<false, true>(c2, sdO, sS0, L);
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int t = L.row(e), c = L.col(nt, e);
+          const float G = sGt[t * LDF + c], Gs = sGt[(t & ~15) * LDF + c];
+          a[nt][e] = a[nt][e] * __expf(G - Gs) + scale * __expf(G) * c2[nt][e];
+          dG[nt][e] = a[nt][e] * bf(sQ, t, c);
+        }
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int t = L.row(2 * hh);
+          if (t < n)
+            *reinterpret_cast<uint32_t*>(p.dq + crow(p, b, t0 + t, h) + L.col(nt, 0)) =
+                pack(a[nt][2 * hh], a[nt][2 * hh + 1]);
+        }
+    }
+    // Gradient on ê (the erase vector as it sits in Ē, Ẽ: k for kda, b ⊙ k for gdn2) through
+    // A (deA; dAw carries kda's β) and through X = z − Ẽ S0ᵀ (deX = −e^G (dR S0), to be
+    // multiplied by kda's β, since R = β X there).
+    Acc deA, deX;
+    if (MODE != kGla) {
+      zero(deA);
+      zero(deX);
+      gemm<false, true>(deA, sdAw, Kw, L);
+      gemm<false, true>(deX, sdR, sS0, L);
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int t = L.row(e), c = L.col(nt, e);
+          const float G = sGt[t * LDF + c], Gs = sGt[(t & ~15) * LDF + c];
+          deA[nt][e] *= __expf(G - Gs);
+          deX[nt][e] *= -__expf(G);
+        }
+    }
+    {
+      Acc a, a4;  // core gradient on k: Σ_I (dP_Iᵀ Q̄_I + dAw_Iᵀ Ē_I) ∘ e^{G_{s_I} − G} + (U dS) ∘ e^{G_last − G}
+      zero(a4);
+      gemm<false, true>(a4, U, sdS, L);
+      Acc dk;
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int t = L.row(e), c = L.col(nt, e);
+          const float x = a4[nt][e] * __expf(sGt[(C - 1) * LDF + c] - sGt[t * LDF + c]);
+          dk[nt][e] = x;
+          colL[nt][e & 1] += x * bf(sK, t, c);
+        }
+      for (int I = L.wm; I < 4; ++I) {
+        zero(a);
+        gemm_k<true, true>(a, sP, sQb, L, I);
+        if (MODE != kGla) gemm_k<true, true>(a, sdAw, sEb, L, I);
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int j = L.row(e), c = L.col(nt, e);
+            dk[nt][e] += a[nt][e] * __expf(sGt[16 * I * LDF + c] - sGt[j * LDF + c]);
+          }
+      }
+      // dG, then the mixer's own gradients
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int t = L.row(e), c = L.col(nt, e);
+          const float kv = bf(sK, t, c);
+          dG[nt][e] -= dk[nt][e] * kv;
+          if (MODE == kKda) {  // ê = k; A = diag(β)·(ĒK̄ᵀ), R = β X
+            const float dke = deA[nt][e] + sB[t] * deX[nt][e];
+            dG[nt][e] += dke * kv;
+            rowB[e >> 1] += deX[nt][e] * kv;
+            dk[nt][e] += dke;
+          } else if (MODE == kGdn2) {  // ê = b ⊙ k
+            const float bv = t < n ? __bfloat162float(p.bg[crow(p, b, t0 + t, h) + c]) : 0.f;
+            const float de = deA[nt][e] + deX[nt][e];
+            dG[nt][e] += de * bv * kv;
+            if (t < n) p.dbg[crow(p, b, t0 + t, h) + c] = __float2bfloat16(de * kv);
+            dk[nt][e] += bv * de;
+          }
+        }
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int t = L.row(2 * hh);
+          if (t < n)
+            *reinterpret_cast<uint32_t*>(p.dk + crow(p, b, t0 + t, h) + L.col(nt, 0)) =
+                pack(dk[nt][2 * hh], dk[nt][2 * hh + 1]);
+        }
+    }
+    // dv (and dβ, dw) from dR = dZ
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int t = L.row(2 * hh), c = L.col(nt, 0);
+        const float2 r = *reinterpret_cast<const float2*>(sX + t * LDF + c);
+        if (t >= n) continue;
+        const size_t gi = crow(p, b, t0 + t, h) + c;
+        float d0 = r.x, d1 = r.y;
+        if (MODE == kKda) {
+          rowB[hh] += r.x * bf(sV, t, c) + r.y * bf(sV, t, c + 1);
+          d0 *= sB[t], d1 *= sB[t];
+        } else if (MODE == kGdn2) {
+          const float w0 = __bfloat162float(p.wg[gi]), w1 = __bfloat162float(p.wg[gi + 1]);
+          *reinterpret_cast<uint32_t*>(p.dwg + gi) = pack(r.x * bf(sV, t, c), r.y * bf(sV, t, c + 1));
+          d0 *= w0, d1 *= w1;
+        }
+        *reinterpret_cast<uint32_t*>(p.dv + gi) = pack(d0, d1);
+      }
+    {
+      Acc a, c2;  // dS at the chunk start = dS ∘ e^{G_last} + scale dOᵀ Q̃ − dRᵀ Ẽ
+      zero(a);
+      zero(c2);
+      gemm<true, true>(a, sdO, sQt, L);
+      if (MODE != kGla) gemm<true, true>(c2, sdR, sEt, L);
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int v = L.row(e), c = L.col(nt, e);
+          const float el = __expf(sGt[(C - 1) * LDF + c]);
+          colL[nt][e & 1] += dS[nt][e] * bf(sS0, v, c) * el;
+          dS[nt][e] = dS[nt][e] * el + scale * a[nt][e] - c2[nt][e];
+        }
+    }
+    // reductions: G_last column sums, dβ row sums
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float x = colL[nt][e];
+        x += __shfl_xor_sync(FULL, x, 4);
+        x += __shfl_xor_sync(FULL, x, 8);
+        x += __shfl_xor_sync(FULL, x, 16);
+        if (L.g == 0) sColL[L.wm * C + L.col(nt, e)] = x;
+      }
+    if (MODE == kKda)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        float x = rowB[hh];
+        x += __shfl_xor_sync(FULL, x, 1);
+        x += __shfl_xor_sync(FULL, x, 2);
+        if (L.tig == 0) sRowB[L.wn * C + L.row(2 * hh)] = x;
+      }
+    __syncthreads();  // every read of the tiles, sdS and Aw is done
+    store_bf(sdS, dS, L, [](float x, int, int) { return x; });
+    store_f(sAw, dG, L, [&](float x, int t, int c) {
+      return t == C - 1 ? x + sColL[c] + sColL[C + c] + sColL[2 * C + c] + sColL[3 * C + c] : x;
+    });
+    if (MODE == kKda && tid < C && tid < n)
+      p.dbeta[(static_cast<size_t>(b) * p.T + t0 + tid) * p.H + h] = sRowB[tid] + sRowB[C + tid];
+    __syncthreads();
+    rcumsum_cols(sAw);  // g_t enters every G_s, s ≥ t, of the chunk
+    __syncthreads();
+    for (int i = tid; i < C * D; i += NT) {
+      const int t = i >> 6, c = i & 63;
+      if (t < n) p.dg[crow(p, b, t0 + t, h) + c] = sAw[t * LDF + c];
+    }
+    __syncthreads();
+  }
+  if (p.dS0)
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) p.dS0[bh * D * D + L.row(e) * D + L.col(nt, e)] = dS[nt][e];
+}
+
+CParams make_cparams(const DeltaShape& s, const char* what) {
+  if (s.dk != 64 || s.dv != 64)
+    throw RuntimeError(std::string(what) + ": head dims dk=" + std::to_string(s.dk) + " dv=" + std::to_string(s.dv) +
+                       " (supported: dk = dv = 64)");
+  if (s.B < 1 || s.T < 1 || s.H < 1 || s.B > 65535 || s.H > 65535 || s.T > (int64_t{1} << 30))
+    throw RuntimeError(std::string(what) + ": bad shape B=" + std::to_string(s.B) + " T=" + std::to_string(s.T) +
+                       " H=" + std::to_string(s.H));
+  CParams p{};
+  p.B = static_cast<int>(s.B), p.T = static_cast<int>(s.T), p.H = static_cast<int>(s.H);
+  p.nc = static_cast<int>(delta_num_chunks(s));
+  p.scale = static_cast<float>(s.scale);
+  return p;
+}
+
+template <class K>
+void launch(K kernel, size_t smem, const CParams& p, cudaStream_t stream) {
+  LAR_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  kernel<<<dim3(p.H, p.B), NT, smem, stream>>>(p);
+  LAR_CUDA_LAUNCHED();
+}
+
+void check_inputs(ChannelMixer m, const ChannelInputs& in, const char* what) {
+  if (!in.q || !in.k || !in.v || !in.g) throw RuntimeError(std::string(what) + ": q, k, v and g are required");
+  if (m == ChannelMixer::kda && !in.beta) throw RuntimeError(std::string(what) + ": kda needs beta");
+  if (m == ChannelMixer::gdn2 && (!in.b || !in.w)) throw RuntimeError(std::string(what) + ": gdn2 needs b and w");
+}
+
+}  // namespace
+
+const char* channel_mixer_name(ChannelMixer m) {
+  switch (m) {
+    case ChannelMixer::gla: return "gla";
+    case ChannelMixer::kda: return "kda";
+    case ChannelMixer::gdn2: return "gdn2";
+  }
+  return "?";
+}
+
+void channel_fwd(ChannelMixer m, const DeltaShape& s, const ChannelInputs& in, __nv_bfloat16* o, float* S_out,
+                 __nv_bfloat16* boundary, cudaStream_t stream) {
+  CParams p = make_cparams(s, "channel_fwd");
+  check_inputs(m, in, "channel_fwd");
+  if (!o) throw RuntimeError("channel_fwd: o is required");
+  p.q = in.q, p.k = in.k, p.v = in.v, p.g = in.g, p.beta = in.beta, p.bg = in.b, p.wg = in.w, p.S0 = in.S0;
+  p.o = o, p.S_out = S_out, p.bound = boundary;
+  switch (m) {
+    case ChannelMixer::gla: launch(cfwd_kernel<kGla>, kCFwdSmem, p, stream); break;
+    case ChannelMixer::kda: launch(cfwd_kernel<kKda>, kCFwdSmem, p, stream); break;
+    case ChannelMixer::gdn2: launch(cfwd_kernel<kGdn2>, kCFwdSmem, p, stream); break;
+  }
+}
+
+void channel_bwd(ChannelMixer m, const DeltaShape& s, const ChannelInputs& in, const __nv_bfloat16* boundary,
+                 const __nv_bfloat16* dout, const float* dST, const ChannelGrads& gr, cudaStream_t stream) {
+  CParams p = make_cparams(s, "channel_bwd");
+  check_inputs(m, in, "channel_bwd");
+  if (!boundary || !dout || !gr.dq || !gr.dk || !gr.dv || !gr.dg)
+    throw RuntimeError("channel_bwd: boundary, dout, dq, dk, dv and dg are required");
+  if (m == ChannelMixer::kda && !gr.dbeta) throw RuntimeError("channel_bwd: kda needs dbeta");
+  if (m == ChannelMixer::gdn2 && (!gr.db || !gr.dw)) throw RuntimeError("channel_bwd: gdn2 needs db and dw");
+  p.q = in.q, p.k = in.k, p.v = in.v, p.g = in.g, p.beta = in.beta, p.bg = in.b, p.wg = in.w;
+  p.bound_in = boundary, p.dout = dout, p.dST = dST;
+  p.dq = gr.dq, p.dk = gr.dk, p.dv = gr.dv, p.dg = gr.dg, p.dbeta = gr.dbeta, p.dbg = gr.db, p.dwg = gr.dw;
+  p.dS0 = gr.dS0;
+  switch (m) {
+    case ChannelMixer::gla: launch(cbwd_kernel<kGla>, kCBwdSmem, p, stream); break;
+    case ChannelMixer::kda: launch(cbwd_kernel<kKda>, kCBwdSmem, p, stream); break;
+    case ChannelMixer::gdn2: launch(cbwd_kernel<kGdn2>, kCBwdSmem, p, stream); break;
+  }
+}
+
+}  // namespace lar::kernels::cuda::linear
