@@ -279,6 +279,45 @@ TEST(LinearLayer, ParameterListsFollowTheMixer) {
   }
 }
 
+// The decay gates of every Mamba-2-style mixer start as in fla / Mamba-2 (docs/architectures.md):
+// A = exp(A_log) in [1, 16] (one per head), dt = softplus(dt_bias) in [1e-3, 1e-1] (one per
+// head for gdn, one per key channel for kda / gdn2 / carve), neither weight-decayed. A
+// decay that starts much stronger (or an A_log / dt_bias mix-up) shows here.
+TEST(LinearLayer, DecayGateInitIsTheMamba2Rule) {
+  const int H = 2, dk = 4;  // config(): 2 heads, head_dim 4
+  for (const char* kind : {"gdn", "kda", "gdn2", "carve"}) {
+    auto m = tr::make_mixer(config(kind));
+    int seen = 0;
+    for (auto& s : m->params()) {
+      if (s.name == "A_log") {
+        ++seen;
+        EXPECT_EQ(s.shape, std::vector<int64_t>({H})) << kind;
+        EXPECT_EQ(s.kind, tr::ParamKind::scalar) << kind;
+        ASSERT_EQ(s.init.kind, tr::InitRule::uniform) << kind;
+        EXPECT_NEAR(std::exp(s.init.a), 1.0, 1e-12) << kind;
+        EXPECT_NEAR(std::exp(s.init.b), 16.0, 1e-12) << kind;
+      }
+      if (s.name == "dt_bias") {
+        ++seen;
+        const int64_t n = std::string(kind) == "gdn" ? H : H * dk;
+        EXPECT_EQ(s.shape, std::vector<int64_t>({n})) << kind;
+        EXPECT_EQ(s.kind, tr::ParamKind::scalar) << kind;
+        ASSERT_EQ(s.init.kind, tr::InitRule::uniform) << kind;
+        EXPECT_NEAR(std::log1p(std::exp(s.init.a)), 1e-3, 1e-12) << kind;
+        EXPECT_NEAR(std::log1p(std::exp(s.init.b)), 1e-1, 1e-12) << kind;
+      }
+    }
+    EXPECT_EQ(seen, 2) << kind;
+  }
+  // GLA's gate starts at logsigmoid(0)/16 = −log 2/16 per token (zero bias, small weights).
+  for (auto& s : tr::make_mixer(config("gla"))->params())
+    if (s.name == "gate_bias") {
+      EXPECT_EQ(s.init.kind, tr::InitRule::constant);
+      EXPECT_EQ(s.init.a, 0.0);
+      EXPECT_EQ(s.kind, tr::ParamKind::bias);
+    }
+}
+
 TEST(LinearLayer, UnsupportedOptionsAreUserErrors) {
   auto c = config("gdn");
   c.routing = "sideways";
