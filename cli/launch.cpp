@@ -1,9 +1,11 @@
 // `lar launch SPEC` — run every cell of an experiment spec (runner::launch does the work).
 #include <iostream>
 #include <memory>
+#include <filesystem>
 #include <sstream>
 
 #include "cli/command.hpp"
+#include "core/error.hpp"
 #include "core/paths.hpp"
 #include "experiments/cell.hpp"
 #include "runner/console.hpp"
@@ -24,6 +26,7 @@ struct LaunchArgs {
   std::string trainer_cmd;
   double grace_s = 300;
   lar::runner::SlurmOptions slurm;
+  bool then_given = false;  // --then on the command line (even as '')
 };
 
 // --dry-run --executor slurm: the sbatch script(s) the launch would submit.
@@ -32,19 +35,34 @@ void print_slurm_dry_run(const lar::experiments::Plan& plan, const lar::runner::
   using namespace lar::runner;
   int n = 0;
   for (const auto& c : s.cells) n += (c.action == CellAction::start_new || c.action == CellAction::resume);
-  if (n == 0) return;
+  if (n == 0 && o.then_cmd.empty()) return;
   if (o.lar_binary.empty()) o.lar_binary = this_executable();
   int chunk = o.max_array_size > 0 ? o.max_array_size : 1001;
-  auto dir = (lar::runs_root() / plan.experiment / "slurm" / "<launch-id>").string();
+  auto dir = (std::filesystem::absolute(lar::runs_root()) / plan.experiment / "slurm" / "<launch-id>").string();
+  std::vector<std::string> arrays;
   for (int offset = 0, k = 0; offset < n; offset += chunk, ++k) {
     std::cout << "\n--- " << dir << "/array-" << k << ".sbatch ---\n"
               << render_array_script(plan.experiment, dir + "/manifest.tsv", dir + "/logs", offset,
                                      std::min(chunk, n - offset), o);
+    arrays.push_back("<array-" + std::to_string(k) + " job id>");
   }
+  if (!o.then_cmd.empty())
+    std::cout << "\n--- " << dir << "/then.sbatch ---\n" << render_then_script(plan.experiment, dir, arrays, o);
+}
+
+// --then is a Slurm job: say so precisely rather than ignore it.
+void check_then(const LaunchArgs& a) {
+  if (!a.then_given) return;
+  if (a.executor != "slurm")
+    throw lar::UserError("--then needs --executor slurm (it submits a Slurm job that runs after the training "
+                         "arrays); with --executor " + a.executor + ", run the command after `lar launch` returns");
+  if (a.slurm.then_cmd.find_first_not_of(" \t\n") == std::string::npos)
+    throw lar::UserError("--then: the command is empty (give a shell command, e.g. --then 'lar sync')");
 }
 
 int run_launch(const LaunchArgs& a) {
   using namespace lar;
+  check_then(a);
   experiments::Plan plan = experiments::load_plan(a.spec, a.scale);  // UserError on a bad spec
   for (const auto& w : plan.warnings) std::cerr << w << "\n";
 
@@ -99,6 +117,12 @@ static lar::cli::CommandRegistration reg{
       app.add_option("--sbatch-arg", a->slurm.sbatch_args, "extra #SBATCH line (repeatable), e.g. --qos=high")
           ->group(sl);
       app.add_option("--dependency", a->slurm.dependency, "--dependency for the arrays, e.g. afterok:123")->group(sl);
+      app.add_option("--then", a->slurm.then_cmd,
+                     "shell command run as one Slurm job after every array task completed "
+                     "(--dependency=afterok), e.g. 'lar sync && lar table laa/table2 -o t.md'; never runs "
+                     "when a task fails. Script: runs/<experiment>/slurm/<launch-id>/then.sbatch")
+          ->group(sl)
+          ->each([a](const std::string&) { a->then_given = true; });
       app.add_option("--signal-lead", a->slurm.signal_lead_s,
                      "seconds before the time limit at which USR2 asks the trainer to checkpoint")
           ->group(sl)->check(CLI::PositiveNumber);

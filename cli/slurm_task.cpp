@@ -90,11 +90,12 @@ int run_task(const Args& a) {
 
   bool requeued = false;
   if (rc == 3 && g_usr2) {
+    // Requeues of this job only (the id survives requeues): a relaunch starts a new count.
     int timeouts = 0;
     for (const auto& l : read_metrics(std::filesystem::path(run_dir) / "slurm.jsonl").lines)
-      if (l.value("event", "") == "requeue") ++timeouts;
+      if (l.value("event", "") == "requeue" && l.value("job", "") == env("SLURM_JOB_ID")) ++timeouts;
     if (timeouts < a.max_timeout_requeues) {
-      events.append({{"event", "requeue"}, {"reason", "time limit"}, {"at", unix_now()}});
+      events.append({{"event", "requeue"}, {"reason", "time limit"}, {"job", env("SLURM_JOB_ID")}, {"at", unix_now()}});
       auto r = runner::run_command({"scontrol", "requeue", env("SLURM_JOB_ID")});
       requeued = r.exit_code == 0;
       if (!requeued) std::cerr << "lar slurm-task: scontrol requeue failed: " << r.out << "\n";

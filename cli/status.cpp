@@ -13,6 +13,7 @@
 #include "cli/command.hpp"
 #include "core/paths.hpp"
 #include "runner/progress.hpp"
+#include "runner/slurm_queue.hpp"
 
 namespace {
 
@@ -38,6 +39,10 @@ std::vector<std::string> snapshot(const StatusArgs& a, bool& active) {
     ExperimentProgress p = read_experiment_progress(n);
     active = active || p.active();
     for (auto& l : render_progress(p)) lines.push_back(std::move(l));
+    // Cells launched through Slurm: what the queue says (pending reasons, follow-up job).
+    SlurmView v = read_slurm_view(n);
+    active = active || !v.tasks.empty();
+    for (auto& l : render_slurm_view(v)) lines.push_back(std::move(l));
   }
   return lines;
 }
@@ -105,6 +110,9 @@ static lar::cli::CommandRegistration reg{
           "Reads the run directories (the source of truth), not the registry. On a terminal the\n"
           "display refreshes in place until no cell is running and no `lar launch` is active;\n"
           "otherwise (or with --once) it prints one snapshot. ETA = remaining steps of running\n"
-          "and pending cells / the summed recent step rate of the running ones.");
+          "and pending cells / the summed recent step rate of the running ones. For cells launched\n"
+          "with --executor slurm, `slurm:` lines add squeue's view: tasks running and pending (with\n"
+          "Slurm's reason) and the follow-up job (--then), e.g. DependencyNeverSatisfied when a\n"
+          "training task failed so that it will never run.");
       return [a] { return run_status(*a); };
     }};

@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <thread>
@@ -11,6 +12,8 @@
 #include "core/fs.hpp"
 #include "runner/progress.hpp"
 #include "runner/run_dirs.hpp"
+#include "runner/slurm_executor.hpp"
+#include "runner/slurm_queue.hpp"
 
 namespace lar::runner {
 
@@ -38,9 +41,36 @@ CancelReport cancel(const std::string& experiment, const CancelOptions& options)
   const char* user = std::getenv("USER");
   std::string why = "cancelled by lar cancel (" + std::string(user ? user : "?") + "@" + this_host() +
                     ", pid " + std::to_string(::getpid()) + ")";
+
+  // Cells whose task is in Slurm's queue (pending or running, any node): scancel the task.
+  // Slurm SIGTERMs a running trainer, which checkpoints; a pending task just leaves.
+  SlurmView slurm = read_slurm_view(experiment);
+  if (slurm.used && !slurm.available)
+    report.notes.push_back("squeue did not answer: tasks of this experiment still in Slurm were not cancelled");
+  std::vector<SlurmView::Task> slurm_targets;
+  std::vector<std::string> scancel = {"scancel"};
+  for (const auto& t : slurm.tasks) {
+    if (options.cell && t.cell_id != *options.cell) continue;
+    atomic_write(cancel_marker_path(t.run_dir), why + "\n");
+    slurm_targets.push_back(t);
+    scancel.push_back(t.job.id);
+  }
+  // The whole experiment: its follow-up jobs too (they could never run after this).
+  if (!options.cell)
+    for (const auto& f : slurm.followups) scancel.push_back(f.id);
+  if (scancel.size() > 1) {
+    CommandResult r = run_command(scancel);
+    if (r.exit_code != 0) report.notes.push_back("scancel: " + r.out);
+    report.slurm_jobs.assign(scancel.begin() + 1, scancel.end());
+  }
+  auto in_slurm = [&](const std::string& cell) {
+    return std::any_of(slurm_targets.begin(), slurm_targets.end(), [&](const auto& t) { return t.cell_id == cell; });
+  };
+
   std::vector<const CellProgress*> targets;  // running here: to be stopped
   for (const auto& c : p.cells) {
     if (options.cell && c.cell_id != *options.cell) continue;
+    if (in_slurm(c.cell_id)) continue;
     if (c.state == RunState::running && !c.stale) {
       if (c.host != this_host()) {
         report.notes.push_back(c.cell_id + " runs on " + c.host + " (pid " + std::to_string(c.pid) +
@@ -99,6 +129,43 @@ CancelReport cancel(const std::string& experiment, const CancelOptions& options)
       report.notes.push_back(c->cell_id + " ended " + to_string(s->state) + " before the cancel took effect");
     else
       report.cancelled.push_back(c->cell_id);
+  }
+
+  // Slurm tasks: wait until they left the queue (a running trainer checkpoints first).
+  auto slurm_gone = [&](std::vector<std::string>& left) {
+    left.clear();
+    std::vector<std::string> ids;
+    for (const auto& t : slurm_targets) ids.push_back(t.job.id);
+    auto queue = query_queue(ids);
+    for (const auto& t : slurm_targets)
+      if (!queue || queue->count(t.job.id)) left.push_back(t.cell_id);
+    return left.empty();
+  };
+  std::vector<std::string> left;
+  while (!slurm_targets.empty() && !slurm_gone(left) && clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  for (const auto& t : slurm_targets) {
+    if (std::find(left.begin(), left.end(), t.cell_id) != left.end()) {
+      report.still_running.push_back(t.cell_id);
+      continue;
+    }
+    // A live launch settles it itself (it sees the task CANCELLED); otherwise we do.
+    RunDir rd(t.run_dir);
+    auto settle_deadline = clock::now() + std::chrono::seconds(launch ? 10 : 0);
+    std::optional<RunStatus> s;
+    for (;;) {
+      s = rd.read_status();
+      bool settled = s && s->state != RunState::running && !cancel_requested(t.run_dir);
+      if (settled || clock::now() >= settle_deadline) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    bool ended = s && (s->state == RunState::completed || s->state == RunState::failed ||
+                       s->state == RunState::diverged || s->state == RunState::timeout);
+    if (s && !ended && s->state != RunState::cancelled) rd.transition(*s, RunState::cancelled, why);
+    std::error_code ec;
+    fs::remove(cancel_marker_path(t.run_dir), ec);
+    if (ended) report.notes.push_back(t.cell_id + " ended " + to_string(s->state) + " before the cancel took effect");
+    else report.cancelled.push_back(t.cell_id);
   }
   return report;
 }

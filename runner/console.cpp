@@ -8,6 +8,7 @@
 #include <ostream>
 
 #include "runner/progress.hpp"
+#include "runner/slurm_queue.hpp"
 
 namespace lar::runner {
 
@@ -99,7 +100,7 @@ void ConsoleProgress::operator()(const ProgressEvent& ev) {
       return;
     }
     case Kind::note:
-      line("note: " + ev.cell_id + ": " + ev.message);
+      line("note: " + (ev.cell_id.empty() ? "" : ev.cell_id + ": ") + ev.message);
       break;
     case Kind::started:
       line("start  " + ev.cell_id + " (" + ev.message + ")");
@@ -147,11 +148,19 @@ int print_summary(std::ostream& out, const LaunchSummary& s) {
     if (!c.reason.empty()) out << ": " << c.reason;
     out << "\n    " << c.run_dir.string() << "\n";
   }
+  bool followup_ok = true;
+  if (const auto& f = s.followup) {
+    out << "follow-up job " << f->job_id << ": " << f->state;
+    if (!f->reason.empty()) out << " (" << explain_slurm_reason(f->reason) << ")";
+    out << "\n    " << f->script << "\n";
+    if (f->state != "PENDING") out << "    output: " << f->output << "\n";
+    followup_ok = f->ok();
+  }
   if (s.interrupted) {
     out << "interrupted: run the same `lar launch` again to resume (completed cells are skipped)\n";
     return 130;
   }
-  return s.all_completed() ? 0 : 1;
+  return s.all_completed() && followup_ok ? 0 : 1;
 }
 
 }  // namespace lar::runner

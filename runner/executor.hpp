@@ -48,7 +48,8 @@ struct JobExit {
 struct PollResult {
   std::vector<JobStart> started;
   std::vector<JobExit> exited;
-  bool empty() const { return started.empty() && exited.empty(); }
+  std::vector<std::string> notes;  // for the user, e.g. what became of a follow-up job
+  bool empty() const { return started.empty() && exited.empty() && notes.empty(); }
 };
 
 class Executor {

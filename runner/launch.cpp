@@ -186,6 +186,7 @@ LaunchSummary launch(const experiments::Plan& plan, const LaunchOptions& options
     }
 
     PollResult r = executor->poll(std::chrono::milliseconds(100));
+    for (const auto& n : r.notes) emit(Kind::note, "", RunState::pending, n, executor.get());
     // Exits first: a start in the same poll usually took the slot an exit freed.
     for (const auto& e : r.exited) {
       Settled st = settle_after_exit(e, attempt_before[e.job.cell_id]);
@@ -211,6 +212,7 @@ LaunchSummary launch(const experiments::Plan& plan, const LaunchOptions& options
     }
   }
   summary.recount();
+  if (auto* slurm = dynamic_cast<SlurmExecutor*>(executor.get())) summary.followup = slurm->followup();
   if (options.hooks.at_end) options.hooks.at_end(summary);
   return summary;
 }

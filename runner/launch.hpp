@@ -16,6 +16,7 @@
 //    exits preempted); launch waits for them. A second signal, or stop_grace_s elapsing,
 //    escalates to SIGKILL. Every run dir is left in a consistent, resumable state.
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -49,6 +50,7 @@ struct LaunchSummary {
   int pending = 0;     // never started (stopped early) or running elsewhere
   bool interrupted = false;
   bool dry_run = false;
+  std::optional<FollowUp> followup;  // Slurm: the follow-up job (--then), as last seen
   bool all_completed() const { return completed == total; }
   void recount();
 };

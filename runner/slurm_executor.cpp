@@ -16,6 +16,7 @@
 #include "core/paths.hpp"
 #include "runner/local_executor.hpp"
 #include "runner/run_dirs.hpp"
+#include "runner/slurm_queue.hpp"
 
 namespace lar::runner {
 
@@ -51,7 +52,38 @@ std::optional<json> last_event(const fs::path& run_dir, const std::string& kind)
   return found;
 }
 
+std::string join_ids(const std::vector<std::string>& ids) {
+  std::string s;
+  for (const auto& id : ids) s += (s.empty() ? "" : ", ") + id;
+  return s;
+}
+
+// An absolute path without "." segments or a trailing slash, for the scripts.
+std::string clean_absolute(const fs::path& p) {
+  std::string s = fs::absolute(p).lexically_normal().string();
+  while (s.size() > 1 && s.back() == '/') s.pop_back();
+  return s;
+}
+
+// JobState=… of `scontrol show job ID`; empty when Slurm no longer knows the job.
+std::string scontrol_job_state(const std::string& id) {
+  CommandResult j = run_command({"scontrol", "show", "job", id});
+  auto pos = j.out.find("JobState=");
+  if (j.exit_code != 0 || pos == std::string::npos) return "";
+  return j.out.substr(pos + 9, j.out.find_first_of(" \n", pos) - pos - 9);
+}
+
 }  // namespace
+
+std::string shell_quote(const std::string& s) {
+  bool plain = !s.empty() && std::all_of(s.begin(), s.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || std::string("/._-+=:,@%").find(c) != std::string::npos;
+  });
+  if (plain) return s;
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
 
 std::string this_executable() {
   std::error_code ec;
@@ -146,21 +178,51 @@ std::string render_array_script(const std::string& experiment, const std::string
   return s.str();
 }
 
+std::string render_then_script(const std::string& experiment, const std::string& launch_dir,
+                               const std::vector<std::string>& after_ok, const SlurmOptions& o) {
+  std::ostringstream s;
+  std::string ids;
+  for (const auto& id : after_ok) ids += ":" + id;
+  s << "#!/bin/bash\n"
+    << "# lar: follow-up step of experiment " << experiment << ".\n";
+  if (after_ok.empty()) {
+    s << "# Nothing needed training: it runs right away.\n";
+  } else {
+    s << "# Starts once every task of the training array(s) of this launch completed (afterok).\n"
+      << "# If one fails, times out or is cancelled, Slurm never starts it: squeue shows it\n"
+      << "# PENDING with reason DependencyNeverSatisfied (so does `lar status`).\n";
+  }
+  s << "#SBATCH --job-name=lar-" << experiment << "-then\n"
+    << "#SBATCH --output=" << launch_dir << "/then.out\n";
+  if (!after_ok.empty()) s << "#SBATCH --dependency=afterok" << ids << "\n";
+  if (!o.partition.empty()) s << "#SBATCH --partition=" << o.partition << "\n";
+  for (const auto& a : o.sbatch_args) s << "#SBATCH " << a << "\n";
+  s << "set -eo pipefail\n"
+    << "# The launch's runs and registry, and the launching lar first on PATH.\n"
+    << "export LAR_HOME=" << shell_quote(clean_absolute(lar_home())) << "\n"
+    << "export LAR_DB=" << shell_quote(clean_absolute(default_db_path())) << "\n"
+    << "export PATH=" << shell_quote(fs::path(o.lar_binary).parent_path().string()) << ":\"$PATH\"\n"
+    << o.then_cmd << (o.then_cmd.ends_with("\n") ? "" : "\n");
+  return s.str();
+}
+
 SlurmExecutor::SlurmExecutor(std::string experiment, SlurmOptions opts)
     : experiment_(std::move(experiment)), opts_(std::move(opts)) {
   if (opts_.lar_binary.empty()) opts_.lar_binary = this_executable();
 }
 
 void SlurmExecutor::submit(const std::vector<Job>& jobs) {
-  if (jobs.empty()) return;
+  if (jobs.empty() && opts_.then_cmd.empty()) return;
+  cancel_stale_followups();
   fs::path dir = fs::absolute(runs_root() / experiment_ / "slurm" / launch_id());
   fs::create_directories(dir / "logs");
   std::string manifest;
   for (const auto& j : jobs) manifest += j.cell_id + "\t" + fs::absolute(j.run_dir).string() + "\n";
   atomic_write(dir / "manifest.tsv", manifest);
 
-  int chunk = opts_.max_array_size > 0 ? opts_.max_array_size : query_max_array_size();
+  int chunk = jobs.empty() ? 1 : opts_.max_array_size > 0 ? opts_.max_array_size : query_max_array_size();
   json ids = json::array();
+  json arrays = json::array();
   for (int offset = 0, k = 0; offset < static_cast<int>(jobs.size()); offset += chunk, ++k) {
     int count = std::min(chunk, static_cast<int>(jobs.size()) - offset);
     fs::path script = dir / ("array-" + std::to_string(k) + ".sbatch");
@@ -173,6 +235,7 @@ void SlurmExecutor::submit(const std::vector<Job>& jobs) {
     id = split(id, '\n').back();
     job_ids_.push_back(id);
     ids.push_back(id);
+    arrays.push_back({{"job", id}, {"offset", offset}, {"count", count}});
     for (int i = 0; i < count; ++i) {
       Task t;
       t.job = jobs[offset + i];
@@ -180,7 +243,79 @@ void SlurmExecutor::submit(const std::vector<Job>& jobs) {
       live_[t.slurm_id] = t;
     }
   }
-  atomic_write(dir / "jobs.json", json{{"experiment", experiment_}, {"job_ids", ids}}.dump(2) + "\n");
+  json record = {{"experiment", experiment_}, {"job_ids", ids}, {"arrays", arrays}};
+  atomic_write(dir / "jobs.json", record.dump(2) + "\n");
+
+  if (!opts_.then_cmd.empty()) {
+    FollowUp f;
+    f.script = (dir / "then.sbatch").string();
+    f.output = (dir / "then.out").string();
+    atomic_write(f.script, render_then_script(experiment_, dir.string(), job_ids_, opts_));
+    CommandResult r = run_command({"sbatch", "--parsable", f.script});
+    ++sbatch_calls_;
+    if (r.exit_code != 0) {
+      // No half-submitted launch: the arrays would train with nobody to run the step.
+      std::vector<std::string> cancel = {"scancel"};
+      cancel.insert(cancel.end(), job_ids_.begin(), job_ids_.end());
+      if (!job_ids_.empty()) run_command(cancel);
+      throw RuntimeError("sbatch " + f.script + " failed: " + trim(r.out) +
+                         (job_ids_.empty() ? "" : " (the training array(s) were cancelled again)"));
+    }
+    f.job_id = split(trim(split(trim(r.out), ';').front()), '\n').back();
+    f.state = "PENDING";
+    record["then_job"] = f.job_id;
+    atomic_write(dir / "jobs.json", record.dump(2) + "\n");
+    notes_.push_back("follow-up job " + f.job_id + " submitted" +
+                     (job_ids_.empty() ? "" : " (afterok on array job(s) " + join_ids(job_ids_) + ")") + ": " + f.script);
+    then_ = f;
+  }
+}
+
+// Follow-ups of earlier launches that can never run (a task of theirs failed): this
+// launch submits its own, so they would only linger in the queue.
+void SlurmExecutor::cancel_stale_followups() {
+  std::vector<std::string> ids;
+  for (const auto& l : read_slurm_launches(experiment_))
+    if (!l.then_job.empty()) ids.push_back(l.then_job);
+  auto queue = query_queue(ids);
+  if (!queue) return;
+  for (const auto& [id, j] : *queue) {
+    if (j.reason != "DependencyNeverSatisfied") continue;
+    run_command({"scancel", id});
+    notes_.push_back("cancelled follow-up job " + id + " of an earlier launch (its dependency could never be satisfied)");
+  }
+}
+
+void SlurmExecutor::refresh_followup(PollResult& out) {
+  if (!then_ || then_->done) return;
+  // Every poll while the arrays are done; otherwise now and then (it cannot start earlier).
+  auto now = std::chrono::steady_clock::now();
+  if (!live_.empty() && now < next_followup_check_) return;
+  next_followup_check_ = now + std::chrono::seconds(10);
+  FollowUp& f = *then_;
+  auto queue = query_queue({f.job_id});
+  if (!queue) return;
+  if (auto it = queue->find(f.job_id); it != queue->end()) {
+    bool changed = it->second.state != f.state;
+    f.state = it->second.state;
+    f.reason = it->second.reason;
+    if (f.reason == "DependencyNeverSatisfied") {
+      f.done = true;
+      out.notes.push_back("follow-up job " + f.job_id +
+                          " will never run: a training task did not complete (DependencyNeverSatisfied); it stays "
+                          "queued so that `lar status` shows it: scancel " + f.job_id + ", or relaunch to retry");
+    } else if (changed && f.state == "RUNNING") {
+      out.notes.push_back("follow-up job " + f.job_id + " running; output: " + f.output);
+    }
+    return;
+  }
+  std::string state = scontrol_job_state(f.job_id);
+  if (state.empty()) state = "UNKNOWN";  // purged already (MinJobAge)
+  else if (!map_slurm_state(state).terminal) return;  // between two squeue views
+  f.state = state;
+  f.reason.clear();
+  f.done = true;
+  out.notes.push_back("follow-up job " + f.job_id + " " + state + "; output: " + f.output);
 }
 
 int SlurmExecutor::running() const {
@@ -206,8 +341,9 @@ JobExit SlurmExecutor::finish(Task& t, const std::string& final_state) {
   auto st = rd.read_status();
   bool trainer_final = st && (is_terminal(st->state) || st->state == RunState::timeout);
   if (m.state == RunState::cancelled) {
-    // settle_after_exit honours the marker unless the trainer had already finished.
-    atomic_write(cancel_marker_path(t.job.run_dir), m.reason + "\n");
+    // settle_after_exit honours the marker unless the trainer had already finished; a
+    // marker from `lar cancel` carries who cancelled it, so keep that one.
+    if (!cancel_requested(t.job.run_dir)) atomic_write(cancel_marker_path(t.job.run_dir), m.reason + "\n");
     e.never_started = !ran;
   } else if (!trainer_final && st && m.state != RunState::completed) {
     RunStatus s = *st;
@@ -221,28 +357,22 @@ void SlurmExecutor::refresh(PollResult& out) {
   std::set<std::string> arrays;
   for (const auto& [id, t] : live_) arrays.insert(split(id, '_').front());
   if (arrays.empty()) return;
-  std::string list;
-  for (const auto& a : arrays) list += (list.empty() ? "" : ",") + a;
-  CommandResult r = run_command({"squeue", "-h", "-r", "-j", list, "-o", "%i|%T|%N"});
-  if (r.exit_code != 0) return;  // controller busy or restarting: try again next poll
-  std::map<std::string, std::pair<std::string, std::string>> seen;  // id → (state, node)
-  for (const auto& line : split(r.out, '\n')) {
-    auto f = split(trim(line), '|');
-    if (f.size() >= 2) seen[f[0]] = {f[1], f.size() > 2 ? f[2] : ""};
-  }
+  auto queue = query_queue(std::vector<std::string>(arrays.begin(), arrays.end()));
+  if (!queue) return;  // controller busy or restarting: try again next poll
   for (auto it = live_.begin(); it != live_.end();) {
     Task& t = it->second;
-    auto s = seen.find(t.slurm_id);
-    std::string state = s != seen.end() ? s->second.first : "";
+    auto s = queue->find(t.slurm_id);
+    std::string state = s != queue->end() ? s->second.state : "";
     if (state.empty()) {
-      // Left the queue: its final state from scontrol (kept MinJobAge seconds).
-      CommandResult j = run_command({"scontrol", "show", "job", t.slurm_id});
-      std::string final_state = "COMPLETED";
-      auto pos = j.out.find("JobState=");
-      if (j.exit_code == 0 && pos != std::string::npos)
-        final_state = j.out.substr(pos + 9, j.out.find_first_of(" \n", pos) - pos - 9);
-      else if (auto st = RunDir(t.job.run_dir).read_status(); !st || st->state != RunState::completed)
-        final_state = "FAILED";
+      // Left the queue: its final state from scontrol (kept MinJobAge seconds). Slurm
+      // forgets a pending array task that was cancelled at once: no start → cancelled.
+      std::string final_state = scontrol_job_state(t.slurm_id);
+      if (final_state.empty()) {
+        auto st = RunDir(t.job.run_dir).read_status();
+        if (st && st->state == RunState::completed) final_state = "COMPLETED";
+        else if (!last_event(t.job.run_dir, "start")) final_state = "CANCELLED";
+        else final_state = "FAILED";
+      }
       if (map_slurm_state(final_state).terminal) {
         if (!t.started && last_event(t.job.run_dir, "start")) {
           out.started.push_back({t.job, std::stol(split(t.slurm_id, '_').front()), "slurm", unix_now()});
@@ -258,8 +388,9 @@ void SlurmExecutor::refresh(PollResult& out) {
     if (!t.started && map_slurm_state(state).state == RunState::running) {
       t.started = true;
       t.started_at = unix_now();
-      std::string node = s != seen.end() ? s->second.second : "";
-      out.started.push_back({t.job, std::stol(split(t.slurm_id, '_').front()), "slurm " + node, t.started_at});
+      std::string node = s != queue->end() ? s->second.node : "";
+      out.started.push_back({t.job, std::stol(split(t.slurm_id, '_').front()), "slurm " + t.slurm_id + " on " + node,
+                             t.started_at});
     }
     ++it;
   }
@@ -269,7 +400,10 @@ PollResult SlurmExecutor::poll(std::chrono::milliseconds wait) {
   PollResult out;
   auto deadline = std::chrono::steady_clock::now() + wait;
   for (;;) {
+    for (auto& n : notes_) out.notes.push_back(std::move(n));
+    notes_.clear();
     refresh(out);
+    refresh_followup(out);
     if (!out.empty() || idle() || std::chrono::steady_clock::now() >= deadline) return out;
     std::this_thread::sleep_for(std::min<std::chrono::milliseconds>(
         std::chrono::milliseconds(1000),
@@ -278,10 +412,11 @@ PollResult SlurmExecutor::poll(std::chrono::milliseconds wait) {
 }
 
 void SlurmExecutor::stop(bool force) {
-  if (job_ids_.empty()) return;
+  if (job_ids_.empty() && (!then_ || then_->done)) return;
   std::vector<std::string> cmd = {"scancel"};
   if (force) cmd.push_back("--signal=KILL");
   for (const auto& id : job_ids_) cmd.push_back(id);
+  if (then_ && !then_->done) cmd.push_back(then_->job_id);
   for (auto& [id, t] : live_) t.stop_requested = true;
   run_command(cmd);
 }

@@ -22,9 +22,18 @@
 //                           task (--requeue), and the next attempt resumes from the
 //                           checkpoint. A cancelled task is recorded `cancelled`.
 //
+// Follow-up step (--then CMD, and `lar reproduce --executor slurm`): after the arrays,
+// submit() writes <launch dir>/then.sbatch and submits it with
+// --dependency=afterok:<every array of the launch>, so CMD runs once every task completed.
+// If a task fails, times out or is cancelled, Slurm never starts it: it stays PENDING
+// with reason DependencyNeverSatisfied; the launch reports that, `lar status` shows it,
+// and the next launch of the experiment cancels it (it submits its own follow-up).
+//
 // poll(): reconciles Slurm's view (squeue; `scontrol show job` for tasks that left the
 // queue; sacct is not needed) with the run directories.
+#include <chrono>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -47,6 +56,18 @@ struct SlurmOptions {
   std::string lar_binary;            // absolute path of lar on the cluster (default: this one)
   std::string dependency;            // --dependency for the arrays (e.g. "afterok:123")
   int max_array_size = 0;            // 0: read MaxArraySize from `scontrol show config`
+  std::string then_cmd;              // follow-up shell command, afterok on the arrays (empty: none)
+};
+
+// The follow-up job of a launch, as the launch last saw it.
+struct FollowUp {
+  std::string job_id;
+  std::string script;       // <launch dir>/then.sbatch
+  std::string output;       // <launch dir>/then.out
+  std::string state;        // Slurm's state: PENDING, RUNNING, COMPLETED, FAILED, CANCELLED…
+  std::string reason;       // squeue's reason while pending (Dependency, DependencyNeverSatisfied)
+  bool done = false;        // ended, or will never run
+  bool ok() const { return state == "COMPLETED"; }
 };
 
 // A Slurm job state mapped to a run state, with the reason to record.
@@ -61,6 +82,15 @@ SlurmStateMapping map_slurm_state(const std::string& slurm_state);
 std::string render_array_script(const std::string& experiment, const std::string& manifest,
                                 const std::string& log_dir, int offset, int count,
                                 const SlurmOptions& o);
+
+// The follow-up script: runs `o.then_cmd` after every job in `after_ok` completed (none:
+// right away). LAR_HOME and LAR_DB are exported as absolute paths and this lar's folder
+// leads PATH, so `lar …` in the command means the launching lar on the same runs.
+std::string render_then_script(const std::string& experiment, const std::string& launch_dir,
+                               const std::vector<std::string>& after_ok, const SlurmOptions& o);
+
+// A word for bash: single-quoted unless it is plainly safe (paths, ids).
+std::string shell_quote(const std::string& s);
 
 // This program's absolute path: the array tasks run the same `lar` (its slurm-task).
 std::string this_executable();
@@ -82,13 +112,14 @@ class SlurmExecutor : public Executor {
   int parallelism() const override { return opts_.array_throttle > 0 ? opts_.array_throttle : 0; }
   void submit(const std::vector<Job>& jobs) override;
   PollResult poll(std::chrono::milliseconds wait) override;
-  bool idle() const override { return live_.empty(); }
+  bool idle() const override { return live_.empty() && (!then_ || then_->done); }
   int running() const override;
   int queued() const override;
   void stop(bool force) override;
 
   const std::vector<std::string>& job_ids() const { return job_ids_; }
   int sbatch_calls() const { return sbatch_calls_; }
+  const std::optional<FollowUp>& followup() const { return then_; }
 
  private:
   struct Task {
@@ -100,6 +131,8 @@ class SlurmExecutor : public Executor {
     bool stop_requested = false;
   };
   void refresh(PollResult& out);
+  void refresh_followup(PollResult& out);
+  void cancel_stale_followups();
   JobExit finish(Task& t, const std::string& final_state);
 
   std::string experiment_;
@@ -107,6 +140,9 @@ class SlurmExecutor : public Executor {
   std::vector<std::string> job_ids_;
   std::map<std::string, Task> live_;  // by slurm id
   int sbatch_calls_ = 0;
+  std::optional<FollowUp> then_;
+  std::chrono::steady_clock::time_point next_followup_check_{};
+  std::vector<std::string> notes_;  // for the next poll()
 };
 
 }  // namespace lar::runner

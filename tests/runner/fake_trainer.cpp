@@ -13,7 +13,8 @@
 //   only_on_attempt    the fail/crash/exit/preempt options apply on this attempt only
 // Or LAR_FAKE_TRAINER_OPTIONS (JSON: cell id or "*" → options), for CLI tests.
 // A resumed run (an existing status) continues from status.step, as if from a checkpoint.
-// SIGTERM: finish the current step, write preempted, exit 3 (like the real trainer).
+// SIGTERM, SIGUSR2 (Slurm's time-limit warning): finish the current step, write
+// preempted, exit 3 (like the real trainer).
 #include <signal.h>
 #include <unistd.h>
 
@@ -29,8 +30,8 @@
 
 using namespace lar;
 
-static volatile sig_atomic_t g_term = 0;
-static void on_term(int) { g_term = 1; }
+static volatile sig_atomic_t g_term = 0;  // the signal that asked us to stop
+static void on_term(int sig) { g_term = sig; }
 
 int main(int argc, char** argv) {
   std::string dir;
@@ -45,6 +46,7 @@ int main(int argc, char** argv) {
   sigemptyset(&sa.sa_mask);
   ::sigaction(SIGTERM, &sa, nullptr);
   ::sigaction(SIGINT, &sa, nullptr);
+  ::sigaction(SIGUSR2, &sa, nullptr);
 
   RunDir rd(dir);
   json cfg;
@@ -90,7 +92,7 @@ int main(int argc, char** argv) {
     // Sleep in small slices so that SIGTERM is noticed promptly.
     for (long t = 0; t < step_ms && !g_term; t += 5) std::this_thread::sleep_for(std::chrono::milliseconds(5));
     if (g_term) {
-      rd.transition(s, RunState::preempted, "SIGTERM");
+      rd.transition(s, RunState::preempted, g_term == SIGUSR2 ? "SIGUSR2" : "SIGTERM");
       std::cout << "fake_trainer: preempted at step " << s.step << std::endl;
       return 3;
     }

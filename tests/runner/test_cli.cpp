@@ -135,6 +135,33 @@ TEST(CliLaunch, FailureExitCodeAndDryRun) {
   EXPECT_NE(unknown.out.find("no runs of experiment 'no-such-exp'"), std::string::npos) << unknown.out;
 }
 
+TEST(CliLaunch, ThenNeedsTheSlurmExecutorAndDryRunPrintsTheFollowUpScript) {
+  CliEnv env("cli_then");
+  fs::path spec = env.spec("cli-then", 2, 4);
+  Result local = run_lar(env, {"launch", spec.string(), "--then", "lar sync"});
+  EXPECT_EQ(local.code, 2) << local.out;
+  EXPECT_NE(local.out.find("--then needs --executor slurm (it submits a Slurm job that runs after the training "
+                           "arrays); with --executor local, run the command after `lar launch` returns"),
+            std::string::npos) << local.out;
+  Result empty = run_lar(env, {"launch", spec.string(), "--executor", "slurm", "--then", " "});
+  EXPECT_EQ(empty.code, 2) << empty.out;
+  EXPECT_NE(empty.out.find("--then: the command is empty"), std::string::npos) << empty.out;
+  EXPECT_FALSE(fs::exists(runs_root())) << "a bad flag writes nothing";
+
+  // The dry run prints both scripts (no cluster needed) and writes nothing.
+  Result dry = run_lar(env, {"launch", spec.string(), "--executor", "slurm", "--dry-run", "--then", "echo 'all done'"});
+  ASSERT_EQ(dry.code, 0) << dry.out;
+  EXPECT_NE(dry.out.find("/slurm/<launch-id>/array-0.sbatch ---\n"), std::string::npos) << dry.out;
+  EXPECT_NE(dry.out.find("/slurm/<launch-id>/then.sbatch ---\n"), std::string::npos) << dry.out;
+  EXPECT_NE(dry.out.find("#SBATCH --dependency=afterok:<array-0 job id>\n"), std::string::npos) << dry.out;
+  EXPECT_NE(dry.out.find("\necho 'all done'\n"), std::string::npos) << dry.out;
+  EXPECT_FALSE(fs::exists(runs_root()));
+
+  Result help = run_lar(env, {"launch", "--help"});
+  EXPECT_NE(help.out.find("--then"), std::string::npos) << help.out;
+  EXPECT_NE(help.out.find("afterok"), std::string::npos) << help.out;
+}
+
 TEST(CliLaunch, CtrlCLeavesConsistentStateAndARelaunchCompletes) {
   CliEnv env("cli_sigint");
   fs::path spec = env.spec("cli-int", 3, 30);

@@ -17,6 +17,7 @@
 #include "tests/runner/lar_process.hpp"
 #include "core/run_dir.hpp"
 #include "runner/slurm_executor.hpp"
+#include "runner/slurm_queue.hpp"
 
 
 using namespace lar;
@@ -105,6 +106,25 @@ std::vector<std::string> job_ids(const fs::path& launch) {
   json doc = json::parse(read_file(launch / "jobs.json"));
   for (const auto& id : doc["job_ids"]) ids.push_back(id);
   return ids;
+}
+
+// Slurm holds a requeued job for 2 minutes (EligibleTime, reason BeginTime); the tests
+// let it start at once so that the `slurm` label stays short. Returns true when it did.
+bool hurry_requeued(const std::string& task) {
+  auto q = runner::query_queue({task});
+  if (!q || !q->count(task) || (*q)[task].reason != "BeginTime") return false;
+  return runner::run_command({"scontrol", "update", "JobId=" + task, "StartTime=now"}).exit_code == 0;
+}
+
+// Waits for the launch `pid` to exit while hurrying its requeued task along.
+int wait_hurrying(pid_t pid, const std::string& task, int* hurried = nullptr) {
+  for (;;) {
+    int st = 0;
+    pid_t r = ::waitpid(pid, &st, WNOHANG);
+    if (r == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    if (hurry_requeued(task) && hurried) ++*hurried;
+    std::this_thread::sleep_for(500ms);
+  }
 }
 
 class Slurm : public ::testing::Test {
@@ -245,7 +265,7 @@ TEST_F(Slurm, PreemptedTaskResumesFromItsCheckpointWithTheSameFinalLoss) {
   std::string task = job_ids(h.launches("pre")[0])[0] + "_0";
   auto r = runner::run_command({"scontrol", "requeue", task});
   ASSERT_EQ(r.exit_code, 0) << r.out;
-  EXPECT_EQ(wait_exit(pid), 0) << read_file(h.dir / "launch.log");
+  EXPECT_EQ(wait_hurrying(pid, task), 0) << read_file(h.dir / "launch.log");
   auto st = status_of(rd);
   ASSERT_TRUE(st.has_value());
   EXPECT_EQ(st->state, RunState::completed) << st->reason;
@@ -257,4 +277,163 @@ TEST_F(Slurm, PreemptedTaskResumesFromItsCheckpointWithTheSameFinalLoss) {
   for (const auto& l : read_metrics(rd / "slurm.jsonl").lines) starts += l["event"] == "start";
   EXPECT_EQ(starts, 2);
   EXPECT_EQ(st->summary["final_loss"].get<double>(), reference) << "resume must be bit-identical";
+}
+
+namespace {
+
+std::string then_job(const fs::path& launch) {
+  return json::parse(read_file(launch / "jobs.json")).value("then_job", "");
+}
+
+// The time of the last "exit" event any task of the experiment wrote.
+double last_task_exit(const Home& h, const std::string& exp) {
+  double last = 0;
+  for (const auto& e : fs::directory_iterator(h.dir / "runs" / exp))
+    for (const auto& l : read_metrics(e.path() / "slurm.jsonl").lines)
+      if (l["event"] == "exit") last = std::max(last, l["at"].get<double>());
+  return last;
+}
+
+}  // namespace
+
+TEST_F(Slurm, FollowUpJobRunsAfterokOnceEveryTaskOfEveryArrayCompleted) {
+  Home h("then");
+  fs::path spec = h.write("thn.yaml", "name: thn\nbase: {budget: {steps: 5}}\nmatrix: {seed: [0, 1, 2]}\n");
+  // Two arrays (split at 2): the follow-up waits for both.
+  Output o = run_lar("launch " + spec.string() +
+                     " --executor slurm --no-registry --max-array-size 2"
+                     " --then 'date +%s.%N > $LAR_HOME/then-at && lar status thn --once > $LAR_HOME/then-status'");
+  ASSERT_EQ(o.code, 0) << o.text;
+  auto launches = h.launches("thn");
+  ASSERT_EQ(launches.size(), 1u);
+  auto ids = job_ids(launches[0]);
+  ASSERT_EQ(ids.size(), 2u);
+  std::string then = then_job(launches[0]);
+  ASSERT_FALSE(then.empty());
+  std::string script = read_file(launches[0] / "then.sbatch");
+  EXPECT_NE(script.find("#SBATCH --dependency=afterok:" + ids[0] + ":" + ids[1] + "\n"), std::string::npos) << script;
+  EXPECT_NE(o.text.find("follow-up job " + then + " submitted (afterok on array job(s) " + ids[0] + ", " + ids[1]),
+            std::string::npos) << o.text;
+  EXPECT_NE(o.text.find("follow-up job " + then + ": COMPLETED"), std::string::npos) << o.text;
+  ASSERT_TRUE(fs::exists(h.dir / "then-at")) << read_file(launches[0] / "then.out");
+  EXPECT_GT(std::stod(read_file(h.dir / "then-at")), last_task_exit(h, "thn")) << "afterok: it ran after every task";
+  EXPECT_NE(read_file(h.dir / "then-status").find("thn: 3 cells — 3 done"), std::string::npos)
+      << read_file(h.dir / "then-status");
+}
+
+TEST_F(Slurm, FollowUpNeverRunsWhenATaskFailsAndStatusSaysSo) {
+  Home h("thenfail");
+  ::setenv("LAR_FAKE_TRAINER_OPTIONS", R"({"s1": {"fail_at_step": 2}})", 1);
+  fs::path spec = h.write("thf.yaml", "name: thf\nbase: {budget: {steps: 5}}\nmatrix: {seed: [0, 1]}\n");
+  std::string launch = "launch " + spec.string() + " --executor slurm --no-registry --then 'touch $LAR_HOME/ran'";
+  Output o = run_lar(launch);
+  EXPECT_EQ(o.code, 1) << o.text;
+  auto launches = h.launches("thf");
+  ASSERT_EQ(launches.size(), 1u);
+  std::string then = then_job(launches[0]);
+  EXPECT_NE(o.text.find("follow-up job " + then + " will never run: a training task did not complete (DependencyNeverSatisfied)"), std::string::npos)
+      << o.text;
+  EXPECT_NE(o.text.find("follow-up job " + then + ": PENDING (DependencyNeverSatisfied: a training task did not "
+                        "complete, so it will never run)"),
+            std::string::npos) << o.text;
+  EXPECT_FALSE(fs::exists(h.dir / "ran"));
+  Output st = run_lar("status thf --once");
+  EXPECT_NE(st.text.find("failed    s1"), std::string::npos) << st.text;
+  EXPECT_NE(st.text.find("  slurm: follow-up job " + then + " PENDING — DependencyNeverSatisfied"), std::string::npos)
+      << st.text;
+
+  // Relaunch: s1 resumes, the stale follow-up is cancelled and the new one runs.
+  ::unsetenv("LAR_FAKE_TRAINER_OPTIONS");
+  o = run_lar(launch);
+  EXPECT_EQ(o.code, 0) << o.text;
+  EXPECT_NE(o.text.find("cancelled follow-up job " + then + " of an earlier launch"), std::string::npos) << o.text;
+  EXPECT_TRUE(fs::exists(h.dir / "ran"));
+  EXPECT_TRUE(runner::query_queue({then})->empty());
+}
+
+TEST_F(Slurm, LarCancelScancelsPendingAndRunningTasksWithOrWithoutTheLaunch) {
+  Home h("larcancel");
+  ::setenv("LAR_FAKE_TRAINER_OPTIONS", R"({"*": {"step_ms": 50}})", 1);
+  fs::path spec = h.write("lc.yaml", "name: lc\nbase: {budget: {steps: 100000}}\nmatrix: {seed: [0, 1, 2]}\n");
+  pid_t pid = spawn_lar({"launch", spec.string(), "--executor", "slurm", "--array-throttle", "1", "--no-registry"},
+                        h.dir / "launch.log");
+  fs::path s0 = h.run_dir("lc", "s0");
+  ASSERT_TRUE(wait_until([&] { return last_metric_step(s0) >= 3; }, 60s)) << read_file(h.dir / "launch.log");
+  std::string array = job_ids(h.launches("lc")[0])[0];
+
+  // A pending cell, the launch alive: its task is scancelled and the launch records it.
+  Output c = run_lar("cancel lc --cell s2 --wait 30");
+  EXPECT_EQ(c.code, 0) << c.text;
+  EXPECT_NE(c.text.find("scancel " + array + "_2\n"), std::string::npos) << c.text;
+  EXPECT_NE(c.text.find("cancelled: s2\n"), std::string::npos) << c.text;
+  auto st2 = status_of(h.run_dir("lc", "s2"));
+  ASSERT_TRUE(st2.has_value());
+  EXPECT_EQ(st2->state, RunState::cancelled);
+  EXPECT_NE(st2->reason.find("cancelled by lar cancel"), std::string::npos) << st2->reason;
+  EXPECT_FALSE(fs::exists(h.run_dir("lc", "s2") / "slurm.jsonl")) << "it never started";
+  EXPECT_EQ(status_of(s0)->state, RunState::running);
+
+  // The launch dies (say, its login session ended); the tasks go on, and lar cancel
+  // stops the running and the pending one without it.
+  ::kill(pid, SIGKILL);
+  wait_exit(pid);
+  c = run_lar("cancel lc --wait 60");
+  EXPECT_EQ(c.code, 0) << c.text;
+  EXPECT_NE(c.text.find("scancel " + array + "_0, " + array + "_1\n"), std::string::npos) << c.text;
+  EXPECT_NE(c.text.find("cancelled: s0, s1\n"), std::string::npos) << c.text;
+  for (const char* cell : {"s0", "s1"}) {
+    auto st = status_of(h.run_dir("lc", cell));
+    ASSERT_TRUE(st.has_value());
+    EXPECT_EQ(st->state, RunState::cancelled) << cell << ": " << st->reason;
+    EXPECT_FALSE(fs::exists(h.run_dir("lc", cell) / "cancel_requested"));
+  }
+  MetricsChunk m = read_metrics(s0 / "metrics.jsonl");
+  EXPECT_EQ(m.skipped_bad_lines, 0);
+  EXPECT_EQ(m.next_offset, fs::file_size(s0 / "metrics.jsonl")) << "a torn metrics line was left behind";
+  EXPECT_TRUE(runner::query_queue({array})->empty());
+  Output st = run_lar("status lc --once");
+  EXPECT_NE(st.text.find("lc: 3 cells — 0 done, 0 running, 0 failed, 3 stopped, 0 pending"), std::string::npos)
+      << st.text;
+}
+
+TEST_F(Slurm, TimeLimitWarningRequeuesUpToTheCapThenRecordsTimeout) {
+  Home h("tlimit");
+  // --time 1 (minute) with USR2 50 s before it: slurmctld checks time limits every 30 s,
+  // so each attempt gets the warning within about half a minute.
+  fs::path spec = h.write("tl.yaml", "name: tl\nbase: {budget: {steps: 100000000}}\nmatrix: {seed: [0]}\n");
+  pid_t pid = spawn_lar({"launch", spec.string(), "--executor", "slurm", "--no-registry", "--time", "1",
+                         "--signal-lead", "50", "--max-timeout-requeues", "1"},
+                        h.dir / "launch.log");
+  ASSERT_TRUE(wait_until([&] { return !h.launches("tl").empty() && fs::exists(h.launches("tl")[0] / "jobs.json"); }, 60s));
+  int hurried = 0;
+  EXPECT_EQ(wait_hurrying(pid, job_ids(h.launches("tl")[0])[0] + "_0", &hurried), 1);
+  EXPECT_EQ(hurried, 1) << "one requeue after the first time limit, none after the second";
+  Output o{0, read_file(h.dir / "launch.log")};
+  fs::path rd = h.run_dir("tl", "s0");
+  auto st = status_of(rd);
+  ASSERT_TRUE(st.has_value());
+  EXPECT_EQ(st->state, RunState::timeout) << st->reason;
+  EXPECT_EQ(st->reason, "time limit reached 2 times (max_timeout_requeues 1)");
+  EXPECT_EQ(st->attempt, 2);
+  int preempted_by_usr2 = 0;
+  for (const auto& e : st->history) {
+    preempted_by_usr2 += e.state == RunState::preempted && e.reason == "SIGUSR2";
+    EXPECT_NE(e.state, RunState::cancelled);
+  }
+  EXPECT_EQ(preempted_by_usr2, 2) << "both attempts checkpointed on the warning";
+  int starts = 0, requeues = 0, usr2_exits = 0;
+  for (const auto& l : read_metrics(rd / "slurm.jsonl").lines) {
+    starts += l["event"] == "start";
+    requeues += l["event"] == "requeue";
+    usr2_exits += l["event"] == "exit" && l.value("usr2", false) && l.value("rc", 0) == 3;
+  }
+  EXPECT_EQ(starts, 2);
+  EXPECT_EQ(requeues, 1);
+  EXPECT_EQ(usr2_exits, 2);
+  EXPECT_NE(o.text.find("  timeout  s0: time limit reached 2 times (max_timeout_requeues 1)"), std::string::npos)
+      << o.text;
+  MetricsChunk m = read_metrics(rd / "metrics.jsonl");
+  EXPECT_EQ(m.skipped_bad_lines, 0);
+  ASSERT_GE(m.lines.size(), 2u);
+  EXPECT_EQ(m.lines.back().value("step", 0L), static_cast<long>(m.lines.size())) << "resumed, not restarted";
 }

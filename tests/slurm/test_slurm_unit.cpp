@@ -1,7 +1,15 @@
-// The Slurm executor's pure parts: state mapping and the generated array script.
+// The Slurm executor's pure parts: state mapping, the generated scripts, the launch
+// records and the `lar status` lines (no cluster needed).
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+
+#include "core/fs.hpp"
 #include "runner/slurm_executor.hpp"
+#include "runner/slurm_queue.hpp"
 
 using namespace lar;
 using namespace lar::runner;
@@ -42,4 +50,95 @@ TEST(SlurmScript, ArrayThrottleSignalRequeueAndResources) {
                            "--max-timeout-requeues 5\n"})
     EXPECT_NE(s.find(line), std::string::npos) << line << "\nin\n" << s;
   EXPECT_EQ(s.find("USR1"), std::string::npos) << "NCCL uses USR1";
+}
+
+TEST(SlurmScript, FollowUpDependsAfterokOnEveryArrayAndRunsTheCommandWithTheLaunchHome) {
+  SlurmOptions o;
+  o.lar_binary = "/opt/lar/bin/lar";
+  o.partition = "cpu";
+  o.sbatch_args = {"--account=proj"};
+  o.time = "04:00:00";  // the training limit: not for the follow-up
+  o.gpus_per_job = 2;
+  o.then_cmd = "lar sync --quiet\nlar table laa/table2 -o '/r/t.md'";
+  ::setenv("LAR_HOME", "/data/lar/./home/", 1);
+  ::setenv("LAR_DB", "/data/lar/reg.db", 1);
+  std::string s = render_then_script("exp1", "/runs/exp1/slurm/L", {"123", "124"}, o);
+  ::unsetenv("LAR_HOME");
+  ::unsetenv("LAR_DB");
+  EXPECT_EQ(s.rfind("#!/bin/bash\n", 0), 0u);
+  for (const char* line : {"#SBATCH --job-name=lar-exp1-then\n", "#SBATCH --output=/runs/exp1/slurm/L/then.out\n",
+                           "#SBATCH --dependency=afterok:123:124\n", "#SBATCH --partition=cpu\n",
+                           "#SBATCH --account=proj\n", "set -eo pipefail\n", "export LAR_HOME=/data/lar/home\n",
+                           "export LAR_DB=/data/lar/reg.db\n", "export PATH=/opt/lar/bin:\"$PATH\"\n",
+                           "lar sync --quiet\nlar table laa/table2 -o '/r/t.md'\n"})
+    EXPECT_NE(s.find(line), std::string::npos) << line << "\nin\n" << s;
+  EXPECT_EQ(s.find("--time"), std::string::npos) << s;
+  EXPECT_EQ(s.find("--gres"), std::string::npos) << s;
+  EXPECT_EQ(s.find("--array"), std::string::npos) << s;
+
+  // Nothing to train: no dependency, it runs right away.
+  std::string now = render_then_script("exp1", "/L", {}, o);
+  EXPECT_EQ(now.find("--dependency"), std::string::npos) << now;
+  EXPECT_NE(now.find("runs right away"), std::string::npos) << now;
+}
+
+TEST(SlurmScript, ShellQuote) {
+  EXPECT_EQ(shell_quote("/a/b-c_d.yaml"), "/a/b-c_d.yaml");
+  EXPECT_EQ(shell_quote("a b"), "'a b'");
+  EXPECT_EQ(shell_quote("it's"), "'it'\\''s'");
+  EXPECT_EQ(shell_quote(""), "''");
+}
+
+TEST(SlurmQueue, LaunchRecordsMapManifestLinesToArrayTasks) {
+  namespace fs = std::filesystem;
+  fs::path home = fs::temp_directory_path() / ("lar_slurm_unit_" + std::to_string(::getpid()));
+  fs::remove_all(home);
+  ::setenv("LAR_HOME", home.c_str(), 1);
+  fs::path l1 = home / "runs" / "exp" / "slurm" / "20261129-100000-1";
+  fs::path l2 = home / "runs" / "exp" / "slurm" / "20261129-110000-2";
+  fs::path broken = home / "runs" / "exp" / "slurm" / "20261129-120000-3";  // sbatch failed: no jobs.json
+  fs::create_directories(l1);
+  fs::create_directories(l2);
+  fs::create_directories(broken);
+  atomic_write(l1 / "manifest.tsv", "a\t/r/a\nb\t/r/b\nc\t/r/c\n");
+  atomic_write(l1 / "jobs.json", R"({"experiment":"exp","job_ids":["10","11"],
+    "arrays":[{"job":"10","offset":0,"count":2},{"job":"11","offset":2,"count":1}],"then_job":"12"})");
+  atomic_write(l2 / "manifest.tsv", "b\t/r/b\n");
+  atomic_write(l2 / "jobs.json", R"({"experiment":"exp","job_ids":["20"]})");  // older record format
+  auto launches = read_slurm_launches("exp");
+  ::unsetenv("LAR_HOME");
+  fs::remove_all(home);
+  ASSERT_EQ(launches.size(), 2u);
+  EXPECT_EQ(launches[0].task_id(0), "10_0");
+  EXPECT_EQ(launches[0].task_id(1), "10_1");
+  EXPECT_EQ(launches[0].task_id(2), "11_0");
+  EXPECT_EQ(launches[0].task_id(3), "");
+  EXPECT_EQ(launches[0].then_job, "12");
+  EXPECT_EQ(launches[0].manifest[2].first, "c");
+  EXPECT_EQ(launches[0].manifest[2].second, "/r/c");
+  EXPECT_EQ(launches[1].task_id(0), "20_0");
+  EXPECT_EQ(launches[1].then_job, "");
+}
+
+TEST(SlurmQueue, StatusLinesSayStateAndReason) {
+  SlurmView v;
+  EXPECT_TRUE(render_slurm_view(v).empty()) << "never used Slurm: no lines";
+  v.used = true;
+  auto lines = render_slurm_view(v);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_NE(lines[0].find("squeue did not answer"), std::string::npos);
+
+  v.available = true;
+  v.tasks = {{"a", "/r/a", {"10_0", "RUNNING", "", "n1"}},
+             {"b", "/r/b", {"10_1", "PENDING", "JobArrayTaskLimit", ""}},
+             {"c", "/r/c", {"10_2", "PENDING", "JobArrayTaskLimit", ""}}};
+  v.followups = {{"12", "PENDING", "DependencyNeverSatisfied", ""}};
+  lines = render_slurm_view(v);
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_EQ(lines[0], "  slurm: 1 task(s) running, 2 pending (JobArrayTaskLimit: the array's throttle (%K)); array job(s) 10");
+  EXPECT_EQ(lines[1],
+            "  slurm: follow-up job 12 PENDING — DependencyNeverSatisfied: a training task did not complete, so it "
+            "will never run (scancel 12, or relaunch to retry)");
+  EXPECT_EQ(explain_slurm_reason("Dependency"), "Dependency: waits for the training array(s) to complete");
+  EXPECT_EQ(explain_slurm_reason("SomethingNew"), "SomethingNew");
 }
