@@ -180,27 +180,28 @@ __global__ void __launch_bounds__(NT, 1) cfwd_kernel(const CParams p) {
     build_tiles<MODE>(p, b, h, t0, n, sQ, sK, sGt, sQb, sEb, sKb, sQt, sEt, sKh);
     __syncthreads();
     const bf16* Kw = sKb + L.wm * TILE;  // this warp's row block's K̄
+    Acc o;
+    zero(o);
     {
-      Acc a;
+      Acc a, a2;
+      zero(a2);
       if (MODE != kGla) {
         zero(a);
-        gemm<false, false>(a, sEb, Kw, L);
+        gemm2<false, false, false, false>(a, sEb, Kw, a2, sQb, Kw, L);  // Ē K̄ᵀ, Q̄ K̄ᵀ
         store_f(sAw, a, L, [](float x, int t, int j) { return t > j ? x : 0.f; });
+        store_bf(sP, a2, L, [](float x, int t, int j) { return t >= j ? x : 0.f; });
         zero(a);
-        gemm<false, false>(a, sEt, sS, L);  // Ẽ S0ᵀ
+        gemm2<false, false, false, false>(a, sEt, sS, o, sQt, sS, L);  // Ẽ S0ᵀ, Q̃ S0ᵀ
         store_f(sX, a, L, [&](float x, int t, int c) {
           float z = bf(sV, t, c);
           if (MODE == kGdn2) z = t < n ? z * __bfloat162float(p.wg[crow(p, b, t0 + t, h) + c]) : 0.f;
           return z - x;
         });
+      } else {
+        gemm2<false, false, false, false>(a2, sQb, Kw, o, sQt, sS, L);  // Q̄ K̄ᵀ, Q̃ S0ᵀ
+        store_bf(sP, a2, L, [](float x, int t, int j) { return t >= j ? x : 0.f; });
       }
-      zero(a);
-      gemm<false, false>(a, sQb, Kw, L);
-      store_bf(sP, a, L, [](float x, int t, int j) { return t >= j ? x : 0.f; });
     }
-    Acc o;
-    zero(o);
-    gemm<false, false>(o, sQt, sS, L);  // Q̃ S0ᵀ
     __syncthreads();
     const bf16* U = sV;
     if (MODE != kGla) {
@@ -295,10 +296,11 @@ __global__ void __launch_bounds__(NT, 1) cbwd_kernel(const CParams p) {
     __syncthreads();
     const bf16* Kw = sKb + L.wm * TILE;
     {
-      Acc a;
+      Acc a, a2;
+      zero(a2);
       if (MODE != kGla) {
         zero(a);
-        gemm<false, false>(a, sEb, Kw, L);
+        gemm2<false, false, false, false>(a, sEb, Kw, a2, sQb, Kw, L);  // Ē K̄ᵀ, Q̄ K̄ᵀ
         store_f(sAw, a, L, [](float x, int t, int j) { return t > j ? x : 0.f; });
         zero(a);
         gemm<false, false>(a, sEt, sS0, L);
@@ -308,9 +310,8 @@ __global__ void __launch_bounds__(NT, 1) cbwd_kernel(const CParams p) {
           return z - x;
         });
       }
-      zero(a);
-      gemm<false, false>(a, sQb, Kw, L);
-      store_bf(sP, a, L, [](float x, int t, int j) { return t >= j ? x : 0.f; });
+      if (MODE == kGla) gemm<false, false>(a2, sQb, Kw, L);
+      store_bf(sP, a2, L, [](float x, int t, int j) { return t >= j ? x : 0.f; });
     }
     __syncthreads();
     const bf16* U = sV;
@@ -332,8 +333,7 @@ __global__ void __launch_bounds__(NT, 1) cbwd_kernel(const CParams p) {
       Acc a, c2;  // dU = K̂ dSᵀ + scale Pᵀ dO
       zero(a);
       zero(c2);
-      gemm<false, false>(a, sKh, sdS, L);
-      gemm<true, true>(c2, sP, sdO, L);
+      gemm2<false, false, true, true>(a, sKh, sdS, c2, sP, sdO, L);  // K̂ dSᵀ, Pᵀ dO
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
@@ -361,8 +361,10 @@ __global__ void __launch_bounds__(NT, 1) cbwd_kernel(const CParams p) {
       Acc da, dp;
       zero(da);
       zero(dp);
-      if (MODE != kGla) gemm<false, false>(da, sdR, U, L);  // dR Uᵀ
-      gemm<false, false>(dp, sdO, U, L);                     // dO Uᵀ
+      if (MODE != kGla)
+        gemm2<false, false, false, false>(da, sdR, U, dp, sdO, U, L);  // dR Uᵀ, dO Uᵀ
+      else
+        gemm<false, false>(dp, sdO, U, L);
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
@@ -385,8 +387,7 @@ __global__ void __launch_bounds__(NT, 1) cbwd_kernel(const CParams p) {
       Acc a, c2;  // dq = (dP K̄) ∘ e^{G − G_s} + scale e^G (dO S0)
       zero(a);
       zero(c2);
-      gemm<false, true>(a, sP, Kw, L);
-      gemm<false, true>(c2, sdO, sS0, L);
+      gemm2<false, true, false, true>(a, sP, Kw, c2, sdO, sS0, L);  // dP K̄, dO S0
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
@@ -413,8 +414,7 @@ __global__ void __launch_bounds__(NT, 1) cbwd_kernel(const CParams p) {
     if (MODE != kGla) {
       zero(deA);
       zero(deX);
-      gemm<false, true>(deA, sdAw, Kw, L);
-      gemm<false, true>(deX, sdR, sS0, L);
+      gemm2<false, true, false, true>(deA, sdAw, Kw, deX, sdR, sS0, L);  // dAw K̄, dR S0
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
@@ -506,8 +506,10 @@ __global__ void __launch_bounds__(NT, 1) cbwd_kernel(const CParams p) {
       Acc a, c2;  // dS at the chunk start = dS ∘ e^{G_last} + scale dOᵀ Q̃ − dRᵀ Ẽ
       zero(a);
       zero(c2);
-      gemm<true, true>(a, sdO, sQt, L);
-      if (MODE != kGla) gemm<true, true>(c2, sdR, sEt, L);
+      if (MODE != kGla)
+        gemm2<true, true, true, true>(a, sdO, sQt, c2, sdR, sEt, L);  // dOᵀ Q̃, dRᵀ Ẽ
+      else
+        gemm<true, true>(a, sdO, sQt, L);
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt)
 #pragma unroll

@@ -94,6 +94,42 @@ __device__ __forceinline__ void gemm(Acc& c, const bf16* A, const bf16* B, const
     }
   }
 }
+// Two independent GEMMs with their k loops interleaved: 8 independent MMA chains per warp
+// instead of 4, so one GEMM's MMAs fill the other's latency.
+template <bool A1_KM, bool B1_KN, bool A2_KM, bool B2_KN>
+__device__ __forceinline__ void gemm2(Acc& c1, const bf16* A1, const bf16* B1, Acc& c2, const bf16* A2,
+                                      const bf16* B2, const Lane& L) {
+  const int lane = L.lane;
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    uint32_t a1[4], a2[4];
+    if (!A1_KM)
+      ldsm_x4(a1, A1 + (16 * L.wm + (lane & 15)) * LD + 16 * kk + (lane >> 4) * 8);
+    else
+      ldsm_x4_t(a1, A1 + (16 * kk + (lane & 7) + ((lane >> 4) << 3)) * LD + 16 * L.wm + ((lane >> 3) & 1) * 8);
+    if (!A2_KM)
+      ldsm_x4(a2, A2 + (16 * L.wm + (lane & 15)) * LD + 16 * kk + (lane >> 4) * 8);
+    else
+      ldsm_x4_t(a2, A2 + (16 * kk + (lane & 7) + ((lane >> 4) << 3)) * LD + 16 * L.wm + ((lane >> 3) & 1) * 8);
+#pragma unroll
+    for (int nn = 0; nn < 2; ++nn) {
+      const int n0 = 32 * L.wn + 16 * nn;
+      uint32_t b1[4], b2[4];
+      if (!B1_KN)
+        ldsm_x4(b1, B1 + (n0 + (lane & 7) + ((lane >> 4) << 3)) * LD + 16 * kk + ((lane >> 3) & 1) * 8);
+      else
+        ldsm_x4_t(b1, B1 + (16 * kk + (lane & 7) + (((lane >> 3) & 1) << 3)) * LD + n0 + (lane >> 4) * 8);
+      if (!B2_KN)
+        ldsm_x4(b2, B2 + (n0 + (lane & 7) + ((lane >> 4) << 3)) * LD + 16 * kk + ((lane >> 3) & 1) * 8);
+      else
+        ldsm_x4_t(b2, B2 + (16 * kk + (lane & 7) + (((lane >> 3) & 1) << 3)) * LD + n0 + (lane >> 4) * 8);
+      mma(c1[2 * nn], a1, b1[0], b1[1]);
+      mma(c2[2 * nn], a2, b2[0], b2[1]);
+      mma(c1[2 * nn + 1], a1, b1[2], b1[3]);
+      mma(c2[2 * nn + 1], a2, b2[2], b2[3]);
+    }
+  }
+}
 // c += A·B over k = 16·kk .. 16·kk+15 only (one k-step of gemm above).
 template <bool A_KM, bool B_KN>
 __device__ __forceinline__ void gemm_k(Acc& c, const bf16* A, const bf16* B, const Lane& L, int kk) {

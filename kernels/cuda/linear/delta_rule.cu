@@ -133,20 +133,21 @@ __global__ void __launch_bounds__(NT, 1) fwd_kernel(const Params p) {
     }
     const float Gl = sG[C - 1];
     {
-      Acc a;
+      Acc a, a2;
       zero(a);
-      gemm<false, false>(a, K, K, L);  // K Kᵀ
+      zero(a2);
+      gemm2<false, false, false, false>(a, K, K, a2, Q, K, L);  // K Kᵀ, Q Kᵀ
       store_f(sAw, a, L, [&](float x, int t, int j) { return t > j ? x * __expf(sG[t] - sG[j]) : 0.f; });
-      zero(a);
-      gemm<false, false>(a, Q, K, L);  // Q Kᵀ
-      store_bf(sP, a, L, [&](float x, int t, int j) { return t >= j ? x * __expf(sG[t] - sG[j]) : 0.f; });
-      zero(a);
-      gemm<false, false>(a, K, sS, L);  // K S0ᵀ
-      store_f(sX, a, L, [&](float x, int t, int c) { return bf(V, t, c) - __expf(sG[t]) * x; });
+      store_bf(sP, a2, L, [&](float x, int t, int j) { return t >= j ? x * __expf(sG[t] - sG[j]) : 0.f; });
     }
     Acc o;
-    zero(o);
-    gemm<false, false>(o, Q, sS, L);  // Q S0ᵀ
+    {
+      Acc a;
+      zero(a);
+      zero(o);
+      gemm2<false, false, false, false>(a, K, sS, o, Q, sS, L);  // K S0ᵀ, Q S0ᵀ
+      store_f(sX, a, L, [&](float x, int t, int c) { return bf(V, t, c) - __expf(sG[t]) * x; });
+    }
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
@@ -259,14 +260,13 @@ __global__ void __launch_bounds__(NT, 1) bwd_kernel(const Params p) {
     {
       Acc a;
       zero(a);
-      gemm<false, false>(a, sK, sK, L);
+      zero(pf);
+      gemm2<false, false, false, false>(a, sK, sK, pf, sQ, sK, L);  // K Kᵀ, Q Kᵀ
       store_f(sAw, a, L, [&](float x, int t, int j) {
         const float y = t > j ? x * __expf(sG[t] - sG[j]) : 0.f;
         sAwT[j * LDF + t] = y;
         return y;
       });
-      zero(pf);
-      gemm<false, false>(pf, sQ, sK, L);
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
@@ -299,8 +299,7 @@ __global__ void __launch_bounds__(NT, 1) bwd_kernel(const Params p) {
       Acc a, c2;
       zero(a);
       zero(c2);
-      gemm<false, false>(a, sK, sdS, L);   // K dSᵀ
-      gemm<true, true>(c2, sP, sdO, L);    // Pᵀ dO
+      gemm2<false, false, true, true>(a, sK, sdS, c2, sP, sdO, L);  // K dSᵀ, Pᵀ dO
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
@@ -325,8 +324,7 @@ __global__ void __launch_bounds__(NT, 1) bwd_kernel(const Params p) {
       Acc da, dp;
       zero(da);
       zero(dp);
-      gemm<false, false>(da, sdR, sU, L);  // dR Uᵀ
-      gemm<false, false>(dp, sdO, sU, L);  // dO Uᵀ
+      gemm2<false, false, false, false>(da, sdR, sU, dp, sdO, sU, L);  // dR Uᵀ, dO Uᵀ
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
@@ -351,8 +349,7 @@ __global__ void __launch_bounds__(NT, 1) bwd_kernel(const Params p) {
       Acc a, c2;  // dq
       zero(a);
       zero(c2);
-      gemm<false, true>(a, sdQK, sK, L);  // dQK K
-      gemm<false, true>(c2, sdO, sS0, L);  // dO S0
+      gemm2<false, true, false, true>(a, sdQK, sK, c2, sdO, sS0, L);  // dQK K, dO S0
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
@@ -377,11 +374,9 @@ __global__ void __launch_bounds__(NT, 1) bwd_kernel(const Params p) {
       zero(a);
       zero(c2);
       zero(c3);
-      gemm<true, true>(a, sdQK, sQ, L);   // dQKᵀ Q
-      gemm<false, true>(a, sdKK, sK, L);  // dKK K
-      gemm<true, true>(a, sdKK, sK, L);   // dKKᵀ K
-      gemm<false, true>(c2, sU, sdS, L);  // U dS  (dK̂)
-      gemm<false, true>(c3, sdR, sS0, L); // dR S0
+      gemm2<true, true, false, true>(a, sdQK, sQ, c2, sU, sdS, L);   // dQKᵀ Q, U dS (dK̂)
+      gemm2<false, true, false, true>(a, sdKK, sK, c3, sdR, sS0, L); // dKK K, dR S0
+      gemm<true, true>(a, sdKK, sK, L);                               // dKKᵀ K
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
@@ -420,8 +415,7 @@ __global__ void __launch_bounds__(NT, 1) bwd_kernel(const Params p) {
       Acc a, c2;  // dS at the chunk start
       zero(a);
       zero(c2);
-      gemm<true, true>(a, sdO, sQt, L);  // dOᵀ Q̃
-      gemm<true, true>(c2, sdR, sKt, L); // dRᵀ K̃
+      gemm2<true, true, true, true>(a, sdO, sQt, c2, sdR, sKt, L);  // dOᵀ Q̃, dRᵀ K̃
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
