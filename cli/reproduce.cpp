@@ -44,6 +44,23 @@ int default_jobs(const lar::experiments::Plan& plan) {
   return static_cast<int>(std::max(1L, cores / std::max(1L, threads)));
 }
 
+// --executor slurm: after the training array(s), one follow-up job (afterok on all of them)
+// syncs the registry and writes the table and audit into the experiment folder, so the
+// result lands even when this process is gone by then (logged out, killed).
+std::string slurm_followup(const ReproduceArgs& a, const lar::experiments::Plan& plan, const std::string& spec) {
+  namespace fs = std::filesystem;
+  using lar::runner::shell_quote;
+  const std::string dir = fs::absolute(lar::runs_root() / plan.experiment).lexically_normal().string();
+  const std::string table = shell_quote(a.table.ends_with(".yaml") ? fs::absolute(spec).string() : a.table);
+  std::string sel = plan.scale.empty() ? "" : " --scale " + shell_quote(plan.scale);
+  if (a.seeds > 0) sel += " --seeds " + std::to_string(a.seeds);
+  const std::string ext = a.format == "latex" ? "tex" : a.format;
+  std::string cmd = "lar sync --quiet\nlar table " + table + sel + " --format " + a.format + " -o " +
+                    shell_quote(dir + "/table." + ext) + "\n";
+  if (!a.no_audit) cmd += "lar audit " + table + sel + " > " + shell_quote(dir + "/audit.md") + "\n";
+  return cmd;
+}
+
 int run_reproduce(const ReproduceArgs& a) {
   using namespace lar;
   const auto spec = report::resolve_paper_spec(a.table);
@@ -53,6 +70,7 @@ int run_reproduce(const ReproduceArgs& a) {
   runner::LaunchOptions o;
   o.jobs = a.jobs > 0 ? a.jobs : default_jobs(plan);
   o.executor = a.executor;
+  if (a.executor == "slurm") o.slurm.then_cmd = slurm_followup(a, plan, spec.string());
   const bool tty = cli::stdout_is_tty();
   auto console = std::make_shared<runner::ConsoleProgress>(std::cout, tty, false);
   o.hooks = runner::registry_hooks(default_db_path(), [console](const std::string& msg) {
@@ -60,11 +78,14 @@ int run_reproduce(const ReproduceArgs& a) {
   });
   std::cout << "reproducing " << a.table << ": " << plan.experiment
             << (plan.scale.empty() ? "" : " at scale " + plan.scale) << ", " << plan.cells.size() << " cells, "
-            << o.jobs << " at a time → " << (runs_root() / plan.experiment).string() << "\n";
+            << (a.executor == "slurm" ? "as Slurm job arrays" : std::to_string(o.jobs) + " at a time") << " → "
+            << (runs_root() / plan.experiment).string() << "\n";
   runner::LaunchSummary s = runner::launch(plan, o, [console](const runner::ProgressEvent& ev) { (*console)(ev); });
   console->finish();
   const int launch_rc = runner::print_summary(std::cout, s);
   if (s.interrupted) return launch_rc;
+  if (s.followup && s.followup->ok())
+    std::cout << "the follow-up job wrote the table and audit to " << (runs_root() / plan.experiment).string() << "/\n";
 
   report::TableInput in = report::make_table_input(plan, spec, default_db_path());
   report::Report rep = report::build_report(in);
@@ -81,7 +102,9 @@ static lar::cli::CommandRegistration reg{
       auto a = std::make_shared<ReproduceArgs>();
       app.add_option("table", a->table, "paper table, e.g. laa/table2 (the list is below), or a spec .yaml")->required();
       app.add_option("--scale", a->scale, "smoke (2 CPU cores, minutes) | mini (1 GPU, ~1 h) | paper; default: the spec's");
-      app.add_option("--executor", a->executor, "where cells run: local | slurm")
+      app.add_option("--executor", a->executor,
+                     "where cells run: local | slurm (job arrays, then one job afterok on them that syncs "
+                     "the registry and writes table.<ext> + audit.md into runs/<experiment>/)")
           ->check(CLI::IsMember({"local", "slurm"}));
       app.add_option("--seeds", a->seeds, "run seeds 0..N-1 of every cell (default: the spec's seeds)")
           ->check(CLI::PositiveNumber);

@@ -437,3 +437,29 @@ TEST_F(Slurm, TimeLimitWarningRequeuesUpToTheCapThenRecordsTimeout) {
   ASSERT_GE(m.lines.size(), 2u);
   EXPECT_EQ(m.lines.back().value("step", 0L), static_cast<long>(m.lines.size())) << "resumed, not restarted";
 }
+
+TEST_F(Slurm, ReproduceSubmitsTheArraysAndAFollowUpThatWritesTableAndAudit) {
+  Home h("repro");
+  // The fake trainer records no eval metrics, so the table's rows fail; what is checked
+  // here is the chaining: one command, the follow-up job wrote table + audit.
+  ::setenv("LAR_FAKE_TRAINER_OPTIONS", R"({"*": {"step_ms": 1}})", 1);
+  Output o = run_lar("reproduce laa/table2 --scale smoke --executor slurm");
+  fs::path exp = h.dir / "runs" / "laa-table2";
+  auto launches = h.launches("laa-table2");
+  ASSERT_EQ(launches.size(), 1u) << o.text;
+  std::string then = then_job(launches[0]);
+  EXPECT_NE(o.text.find("as Slurm job arrays"), std::string::npos) << o.text;
+  EXPECT_NE(o.text.find("follow-up job " + then + ": COMPLETED"), std::string::npos) << o.text;
+  EXPECT_NE(o.text.find("the follow-up job wrote the table and audit to " + exp.string() + "/"), std::string::npos)
+      << o.text;
+  std::string script = read_file(launches[0] / "then.sbatch");
+  EXPECT_NE(script.find("#SBATCH --dependency=afterok:" + job_ids(launches[0])[0] + "\n"), std::string::npos) << script;
+  EXPECT_NE(script.find("lar sync --quiet\nlar table laa/table2 --scale smoke --format md -o " + exp.string() +
+                        "/table.md\nlar audit laa/table2 --scale smoke > " + exp.string() + "/audit.md\n"),
+            std::string::npos) << script;
+  ASSERT_TRUE(fs::exists(exp / "table.md")) << read_file(launches[0] / "then.out");
+  EXPECT_EQ(read_file(exp / "table.md").rfind("### LAA Table 2", 0), 0u) << read_file(exp / "table.md");
+  EXPECT_NE(read_file(exp / "audit.md").find("### Verdict"), std::string::npos) << read_file(exp / "audit.md");
+  EXPECT_NE(read_file(launches[0] / "then.out").find("synced 18 run(s) from " + (h.dir / "runs").string()),
+            std::string::npos) << read_file(launches[0] / "then.out");
+}
