@@ -134,6 +134,22 @@ RunQuery parse_run_query(const std::multimap<std::string, std::string>& params) 
   return q;
 }
 
+// "WHERE …" over runs for the experiment (?1, "" = any) and the states (?2, ?3, …).
+static std::string runs_where(size_t n_states) {
+  std::string sql = " WHERE (?1 = '' OR experiment = ?1)";
+  if (n_states > 0) {
+    sql += " AND status IN (";
+    for (size_t i = 0; i < n_states; ++i) sql += fmt::format("{}?{}", i ? ", " : "", i + 2);
+    sql += ")";
+  }
+  return sql;
+}
+
+static void bind_where(Stmt& s, const std::string& experiment, const std::vector<RunState>& states) {
+  s.bind(1, experiment);
+  for (size_t i = 0; i < states.size(); ++i) s.bind(static_cast<int>(i + 2), to_string(states[i]));
+}
+
 json runs_json(Connection& c, const RunQuery& q) {
   registry::RunFilter f;
   f.experiment = q.experiment;
@@ -141,19 +157,48 @@ json runs_json(Connection& c, const RunQuery& q) {
   f.status = registry::parse_states(q.status);
   f.sort = q.sort;
   f.with_config = false;
-  auto runs = c.reg.runs(f);
-  json page = json::array();
-  for (size_t i = q.offset; i < runs.size() && i < q.offset + q.limit; ++i) {
-    json j = registry::to_json(runs[i]);
+  auto row = [](const registry::RunRecord& r) {
+    json j = registry::to_json(r);
     j.erase("history");
-    page.push_back(std::move(j));
+    j.erase("config");
+    return j;
+  };
+  json page = json::array();
+  json total;
+  bool has_more = false;
+  if (q.axes.empty()) {
+    Stmt n(c.raw, "SELECT COUNT(*) FROM runs" + runs_where(f.status.size()));
+    bind_where(n, q.experiment, f.status);
+    total = n.step() ? n.col_int(0) : 0;
+    has_more = q.offset + q.limit < total.get<size_t>();
   }
-  return {{"runs", page},
-          {"offset", q.offset},
-          {"limit", q.limit},
-          {"count", page.size()},
-          {"total", runs.size()},
-          {"has_more", q.offset + q.limit < runs.size()}};
+  // A deep page of the plain listing: OFFSET over the runs' unique index, then load only
+  // the page's runs by id (each costs ~10x a listed record: its config is parsed), so a
+  // deep page costs what the first one does. Shallow pages read offset + limit records.
+  if (q.axes.empty() && (q.sort == "run_id" || q.sort == "-run_id") && q.offset > kDeepPageFactor * q.limit) {
+    const int at = static_cast<int>(f.status.size()) + 2;
+    Stmt s(c.raw, "SELECT run_id FROM runs" + runs_where(f.status.size()) + " ORDER BY run_id" + (q.sort[0] == '-' ? " DESC" : "") +
+                      fmt::format(" LIMIT ?{} OFFSET ?{}", at, at + 1));
+    bind_where(s, q.experiment, f.status);
+    s.bind(at, static_cast<long long>(q.limit)).bind(at + 1, static_cast<long long>(q.offset));
+    std::vector<std::string> ids;
+    while (s.step()) ids.push_back(s.col_text(0));
+    for (const auto& id : ids)
+      if (auto r = c.reg.run(id)) page.push_back(row(*r));
+  } else {
+    // Everything else goes through the registry's query builder (axis aliases, config
+    // paths, summary keys, numeric comparison), which sorts in SQLite and stops after the
+    // page: offset + limit + 1 records are read (the extra one tells whether more follow).
+    f.limit = q.offset + q.limit + 1;
+    auto runs = c.reg.runs(f);
+    has_more = runs.size() > q.offset + q.limit;
+    for (size_t i = q.offset; i < runs.size() && i < q.offset + q.limit; ++i) page.push_back(row(runs[i]));
+    // With axis filters the total is exact only once the last page is reached; counting
+    // every match would read them all.
+    if (!q.axes.empty() && !has_more) total = std::max(runs.size(), q.offset);
+  }
+  const size_t count = page.size();
+  return {{"runs", std::move(page)}, {"offset", q.offset}, {"limit", q.limit}, {"count", count}, {"total", total}, {"has_more", has_more}};
 }
 
 registry::RunRecord find_run(Connection& c, const std::string& run_id) {
@@ -203,8 +248,8 @@ json metric_json(Connection& c, const std::string& run_id, const std::string& na
 
 std::vector<std::string> axis_names(Connection& c, const std::string& experiment) {
   Stmt s(c.raw,
-         "SELECT DISTINCT j.key FROM cells, json_each(cells.axes) AS j "
-         "WHERE (?1 = '' OR cells.experiment = ?1) ORDER BY j.key LIMIT 64");
+         "SELECT DISTINCT j.key FROM (SELECT axes FROM cells WHERE (?1 = '' OR experiment = ?1) LIMIT 2000) AS c, "
+         "json_each(c.axes) AS j ORDER BY j.key LIMIT 64");
   s.bind(1, experiment);
   std::vector<std::string> out;
   while (s.step()) out.push_back(s.col_text(0));

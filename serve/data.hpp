@@ -28,6 +28,8 @@ inline constexpr size_t kMaxAxisFilters = 16;
 inline constexpr size_t kDefaultPoints = 1000;
 inline constexpr size_t kMaxPoints = 10000;
 inline constexpr size_t kMaxCompare = 8;
+// Plain listings page by SQL OFFSET once offset > kDeepPageFactor × limit.
+inline constexpr size_t kDeepPageFactor = 16;
 
 // One reader: the registry (opened read-only) and a raw read-only connection.
 struct Connection {
@@ -87,7 +89,9 @@ struct RunQuery {
 // Throws HttpError 400 naming the parameter for anything malformed or out of bounds.
 RunQuery parse_run_query(const std::multimap<std::string, std::string>& params);
 
-// {"runs": [...], "offset", "limit", "count" (on this page), "has_more", "total"}.
+// {"runs": [...], "offset", "limit", "count" (on this page), "has_more", "total"}; total
+// is null when axis filters are given and more pages follow (counting would read every
+// match).
 json runs_json(Connection& c, const RunQuery& q);
 
 // The run (404 when unknown): registry record with config and history, plus
@@ -99,7 +103,8 @@ json run_json(Connection& c, const std::string& run_id);
 // downsampled to at most max_points; without a name, {"run", "names": [...]}.
 json metric_json(Connection& c, const std::string& run_id, const std::string& name, size_t max_points);
 
-// Axis names the cells of `experiment` (all experiments when "") have, sorted (≤ 64).
+// Axis names the cells of `experiment` (all experiments when "") have, sorted (≤ 64;
+// read from at most 2,000 cells: the filter form needs names, not a census).
 std::vector<std::string> axis_names(Connection& c, const std::string& experiment);
 
 // Changes whenever the registry's runs change (a sync added rows or moved a status):

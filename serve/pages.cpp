@@ -166,7 +166,8 @@ std::string runs_page(Connection& c, const RunQuery& q, const PageContext& ctx) 
   b += fmt::format("<label>sort<input name=\"sort\" value=\"{}\" size=\"12\"></label>", esc(q.sort));
   b += fmt::format("<input type=\"hidden\" name=\"limit\" value=\"{}\"><button>filter</button></form>", q.limit);
 
-  const size_t total = page["total"].get<size_t>(), count = page["count"].get<size_t>();
+  const size_t count = page["count"].get<size_t>();
+  const std::string total = page["total"].is_null() ? "more than " + std::to_string(q.offset + count) : page["total"].dump();
   b += fmt::format("<p id=\"run-count\">{} run(s) match; showing {}–{}.</p>", total, count ? q.offset + 1 : 0, q.offset + count);
   // The run table is its own form: tick runs, then compare them.
   b += "<form method=\"get\" action=\"/compare\"><table id=\"runs\"><tr><th></th><th>run</th><th>status</th><th>step</th>";

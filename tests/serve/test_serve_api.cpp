@@ -101,6 +101,24 @@ TEST_F(ServeApi, RunsFilterByAxisStatusAndPage) {
   json last = get_json("/api/runs?limit=2&offset=2");
   EXPECT_FALSE(last["has_more"].get<bool>());
 
+  // With axis filters the total is known only once the last page is reached.
+  json first = get_json("/api/runs?axis.architecture=gdn&limit=1");
+  EXPECT_TRUE(first["has_more"].get<bool>());
+  EXPECT_TRUE(first["total"].is_null());
+  EXPECT_EQ(get_json("/api/runs?status=running,failed&limit=1")["total"], 2);  // counted without axis filters
+
+  // The plain listing (SQL OFFSET) and the registry's query builder return the same objects.
+  json plain = get_json("/api/runs?limit=1&offset=1");
+  json built = get_json("/api/runs?axis.architecture=gdn&limit=1");
+  ASSERT_EQ(plain["runs"].size(), 1u);
+  EXPECT_EQ(plain["runs"][0], built["runs"][0]);
+  json desc = get_json("/api/runs?sort=-run_id&limit=4");
+  ASSERT_EQ(desc["count"], 4);
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(desc["runs"][i]["run_id"], all["runs"][3 - i]["run_id"]);
+  json beyond = get_json("/api/runs?offset=10");
+  EXPECT_EQ(beyond["count"], 0);
+  EXPECT_EQ(beyond["total"], 4);
+
   json sorted = get_json("/api/runs?sort=-step&limit=1");
   EXPECT_EQ(sorted["runs"][0]["run_id"], "alpha/gdn.s0");
 
@@ -323,5 +341,40 @@ TEST(ServeCli, RefusesNonLoopbackWithoutTheFlagAndMissingDb) {
     ASSERT_TRUE(r);
     EXPECT_EQ(r->status, 200);
   }
+  fs::remove_all(home);
+}
+
+TEST(ServeDeepPages, OffsetPagingMatchesTheListing) {
+  // 40 runs: a page at offset 20 of size 1 takes the OFFSET path (20 > 16 x 1), the same
+  // run read as the last of a first page of 21 takes the registry's query builder.
+  const fs::path home = temp_dir("deep");
+  for (int i = 0; i < 40; ++i)
+    make_run(home / "runs", "many", "c" + std::to_string(100 + i), {{"architecture", "gdn"}, {"seed", i}},
+             lar::RunState::completed, 2, 2);
+  {
+    auto reg = lar::registry::Registry::open(home / "lar.db");
+    reg.sync(home / "runs");
+  }
+  ServeProcess server(home / "lar.db", home / "serve.log");
+  ASSERT_GT(server.port(), 0) << server.log();
+  httplib::Client c("127.0.0.1", server.port());
+  auto get = [&](const std::string& path) {
+    auto r = c.Get(path.c_str());
+    EXPECT_TRUE(r && r->status == 200) << path;
+    return r ? json::parse(r->body) : json();
+  };
+  json deep = get("/api/runs?limit=1&offset=20");
+  json shallow = get("/api/runs?limit=21&offset=0");
+  ASSERT_EQ(deep["count"], 1);
+  EXPECT_EQ(deep["runs"][0]["run_id"], "many/c120");
+  EXPECT_EQ(deep["runs"][0], shallow["runs"][20]);
+  EXPECT_EQ(deep["total"], 40);
+  EXPECT_TRUE(deep["has_more"].get<bool>());
+  json last = get("/api/runs?limit=2&offset=38");
+  EXPECT_FALSE(last["has_more"].get<bool>());
+  EXPECT_EQ(last["runs"][1]["run_id"], "many/c139");
+  json desc = get("/api/runs?limit=1&offset=39&sort=-run_id");
+  EXPECT_EQ(desc["runs"][0]["run_id"], "many/c100");
+  server.stop();
   fs::remove_all(home);
 }
