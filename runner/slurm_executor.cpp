@@ -73,6 +73,34 @@ std::string scontrol_job_state(const std::string& id) {
   return j.out.substr(pos + 9, j.out.find_first_of(" \n", pos) - pos - 9);
 }
 
+// JobState of every task of an array Slurm still remembers ("<array>_<i>" → state), from
+// one `scontrol show job <array>` (records separated by blank lines) instead of one call
+// per task: a 1,000-task array that left the queue is settled in one call.
+std::map<std::string, std::string> scontrol_array_states(const std::string& array) {
+  std::map<std::string, std::string> out;
+  CommandResult j = run_command({"scontrol", "show", "job", array});
+  if (j.exit_code != 0) return out;
+  // KEY=VALUE at the start of a word ("JobId=" must not match inside "ArrayJobId=").
+  auto field = [](const std::string& rec, const std::string& key) -> std::string {
+    for (size_t pos = rec.find(key + "="); pos != std::string::npos; pos = rec.find(key + "=", pos + 1)) {
+      if (pos > 0 && !std::isspace(static_cast<unsigned char>(rec[pos - 1]))) continue;
+      size_t from = pos + key.size() + 1;
+      return rec.substr(from, rec.find_first_of(" \n", from) - from);
+    }
+    return "";
+  };
+  size_t start = 0;
+  while (start < j.out.size()) {
+    size_t end = j.out.find("\n\n", start);
+    std::string rec = j.out.substr(start, end == std::string::npos ? std::string::npos : end - start);
+    start = end == std::string::npos ? j.out.size() : end + 2;
+    std::string task = field(rec, "ArrayTaskId"), state = field(rec, "JobState");
+    bool single = !task.empty() && std::all_of(task.begin(), task.end(), ::isdigit);  // not "3-999%2"
+    if (single && !state.empty() && field(rec, "ArrayJobId") == array) out[array + "_" + task] = state;
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string shell_quote(const std::string& s) {
@@ -359,6 +387,7 @@ void SlurmExecutor::refresh(PollResult& out) {
   if (arrays.empty()) return;
   auto queue = query_queue(std::vector<std::string>(arrays.begin(), arrays.end()));
   if (!queue) return;  // controller busy or restarting: try again next poll
+  std::map<std::string, std::map<std::string, std::string>> left;  // array → task → final state
   for (auto it = live_.begin(); it != live_.end();) {
     Task& t = it->second;
     auto s = queue->find(t.slurm_id);
@@ -366,7 +395,10 @@ void SlurmExecutor::refresh(PollResult& out) {
     if (state.empty()) {
       // Left the queue: its final state from scontrol (kept MinJobAge seconds). Slurm
       // forgets a pending array task that was cancelled at once: no start → cancelled.
-      std::string final_state = scontrol_job_state(t.slurm_id);
+      std::string array = split(t.slurm_id, '_').front();
+      if (!left.count(array)) left[array] = scontrol_array_states(array);
+      auto known = left[array].find(t.slurm_id);
+      std::string final_state = known != left[array].end() ? known->second : "";
       if (final_state.empty()) {
         auto st = RunDir(t.job.run_dir).read_status();
         if (st && st->state == RunState::completed) final_state = "COMPLETED";
