@@ -328,7 +328,7 @@ std::string table_page(const report::Report& r, const std::string& paper_table, 
                               esc(r.scale));
   b += fmt::format("<form class=\"filters\" method=\"get\"><label>scale<input name=\"scale\" value=\"{}\" size=\"8\"></label>"
                    "<button>show</button></form>",
-                   esc(scale));
+                   esc(scale.empty() ? r.scale : scale));
   if (!r.description.empty()) b += "<p>" + esc(r.description) + "</p>";
   std::vector<std::string> axes;
   for (const auto& row : r.rows)

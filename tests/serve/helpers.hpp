@@ -72,7 +72,7 @@ class ServeProcess {
     pid_ = lar::test::spawn_lar(args, log);
     // The server prints "lar serve: http://127.0.0.1:PORT/ …" once it listens.
     const std::regex url_re(R"(lar serve: http://[^:]+:(\d+)/)");
-    for (int i = 0; i < 200 && port_ == 0; ++i) {
+    for (int i = 0; i < 600 && port_ == 0; ++i) {  // up to 30 s on a loaded machine
       std::smatch m;
       const std::string text = read_file(log_);
       if (std::regex_search(text, m, url_re)) port_ = std::stoi(m[1]);
