@@ -36,6 +36,7 @@ SchemaNode build_schema() {
     {"seed", integer(0, "seed of every random stream (init, data order)")},
     {"backend", choice({"auto", "cpu", "cuda"}, "auto", "compute backend; auto = cuda when built with it and a GPU is present")},
     {"deterministic", boolean(false, "bit-identical results on the GPU (slower reductions)")},
+    {"precision", choice({"auto", "fp32", "tf32", "mixed"}, "auto", "cuda backend: fp32 = every op in fp32 (the GPU reference); mixed = bf16 tensor-core GEMMs (fp32 accumulation) and bf16 flash attention over fp32 weights and activations; tf32 = the same with TF32 GEMMs; auto = mixed. The cpu backend is always fp32")},
     {"threads", integer(0, "CPU threads for the cpu backend; 0 = all cores")},
     {"model", map("the network", {
       {"architecture", choice({"softmax", "linear", "gla", "deltanet", "gdn", "kda", "gdn2", "carve"}, "softmax", "token mixer of the linear layers (softmax: every layer softmax)")},

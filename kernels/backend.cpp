@@ -152,10 +152,15 @@ bool backend_usable(const std::string& name) {
   return it != registry().end() && (!it->second.usable || it->second.usable());
 }
 
-std::unique_ptr<Backend> make_backend(const std::string& kind, int threads, DType dtype) {
-  std::string k = kind;
+std::string resolve_backend(const std::string& kind) {
   // A CUDA build on a machine without a GPU (CI) runs on the CPU.
-  if (k == "auto") k = backend_usable("cuda") ? "cuda" : "cpu";
+  if (kind == "auto") return backend_usable("cuda") ? "cuda" : "cpu";
+  return kind;
+}
+
+std::unique_ptr<Backend> make_backend(const std::string& kind, int threads, DType dtype,
+                                      const Backend::Options& options) {
+  const std::string k = resolve_backend(kind);
   auto it = registry().find(k);
   if (it == registry().end())
     throw UserError("backend '" + kind + "' is not available in this build (available: " +
@@ -165,7 +170,9 @@ std::unique_ptr<Backend> make_backend(const std::string& kind, int threads, DTyp
                       return s;
                     }() + ")");
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  return it->second.factory(threads, dtype);
+  auto be = it->second.factory(threads, dtype);
+  be->set_options(options);
+  return be;
 }
 
 }  // namespace lar::kernels

@@ -179,6 +179,52 @@ class Backend {
   // dlogits may alias logits).
   virtual void cross_entropy_bwd(const Tensor& logits, const Tensor& targets, const Tensor& mask,
                                  double grad_scale, const Tensor& dlogits) = 0;
+
+  // ---- optimiser updates (trainer/optim/device_optimizer.hpp) ----
+  // fp32 master weights, gradients and state in backend memory; every op is elementwise
+  // (or per row/column) and evaluates exactly the float expressions of the host
+  // Optimizer (trainer/optim/optimizer.cpp), without FMA contraction, so the same inputs
+  // give the same bits on every backend.
+  struct AdamWStep {
+    float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
+    float step_size = 0;     // lr / (1 − β1^t)
+    float inv_sqrt_bc2 = 1;  // 1 / sqrt(1 − β2^t)
+    float decay = 1;         // 1 − lr·wd
+  };
+  // m ← β1·m + (1−β1)·g;  v ← β2·v + (1−β2)·g·g;
+  // w ← w·decay − step_size·(m / (sqrt(v)·inv_sqrt_bc2 + eps)). All f32, same numel.
+  virtual void adamw_step(const Tensor& w, const Tensor& g, const Tensor& m, const Tensor& v,
+                          const AdamWStep& s) = 0;
+  // Muon momentum: buf ← μ·buf + (1−μ)·g;  u = nesterov ? (1−μ)·g + μ·buf : buf.
+  virtual void momentum_step(const Tensor& g, const Tensor& buf, const Tensor& u, double mu, bool nesterov) = 0;
+  // x ← alpha·x (gradient clipping).
+  virtual void scale(const Tensor& x, double alpha) = 0;
+  // dst [c,r] = alpha·srcᵀ for src [r,c] (2-D views).
+  virtual void transpose(const Tensor& src, const Tensor& dst, double alpha) = 0;
+  // NorMuon on o [rows, cols]: one second moment per row when rows ≥ cols (else per
+  // column), V ← β2·V + (1−β2)·mean(o²) over the other dim; o ← o / (sqrt(V) + eps), then
+  // rescaled to its former Frobenius norm. V [max(rows, cols)].
+  virtual void normuon_normalize(const Tensor& o, const Tensor& V, double beta2, double eps) = 0;
+  // w ← w·decay − step·o (Muon's decoupled decay and update).
+  virtual void decayed_update(const Tensor& w, const Tensor& o, double decay, double step) = 0;
+
+  // ---- run options ----
+  // Set once, right after construction (make_backend). CPU backends are deterministic
+  // and fp32/fp64 throughout, so they ignore both.
+  struct Options {
+    bool deterministic = false;  // bit-identical results for the same inputs
+    // "fp32": every op in fp32 (the GPU reference); "mixed": bf16 tensor-core GEMMs with
+    // fp32 accumulation and bf16 flash attention over fp32 storage (the fast path);
+    // "tf32": the same with TF32 GEMMs; "auto": mixed on GPUs.
+    std::string precision = "auto";
+  };
+  virtual void set_options(const Options& o) { options_ = o; }
+  const Options& options() const { return options_; }
+  // Bytes of device memory in use at the high-water mark (0 on the CPU: see peak RSS).
+  virtual std::size_t device_peak_bytes() const { return 0; }
+
+ protected:
+  Options options_;
 };
 
 // Backends register themselves by name ("cpu" in kernels/cpu/, "cuda" in kernels/cuda/):
@@ -195,6 +241,9 @@ bool backend_usable(const std::string& name);  // registered, and its `usable` s
 // The backend a run config asks for: kind "cpu" | "cuda" | "auto" (cuda when registered,
 // else cpu); threads 0 = all cores. Throws lar::UserError for a backend this build
 // does not have.
-std::unique_ptr<Backend> make_backend(const std::string& kind, int threads, DType dtype = DType::f32);
+std::unique_ptr<Backend> make_backend(const std::string& kind, int threads, DType dtype = DType::f32,
+                                      const Backend::Options& options = {});
+// The backend `make_backend(kind, …)` would build on this machine ("auto" resolved).
+std::string resolve_backend(const std::string& kind);
 
 }  // namespace lar::kernels

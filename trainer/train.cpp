@@ -22,7 +22,9 @@
 #include "kernels/backend.hpp"
 #include "trainer/checkpoint.hpp"
 #include "trainer/data/dataset.hpp"
+#include "trainer/mixer.hpp"
 #include "trainer/model.hpp"
+#include "trainer/optim/device_optimizer.hpp"
 #include "trainer/optim/optimizer.hpp"
 #include "trainer/optim/param_views.hpp"
 #include "trainer/optim/schedule.hpp"
@@ -42,6 +44,24 @@ long total_steps(const json& config) {
   return config.at("budget").at("steps").get<long>();
 }
 
+// Token mixers with CUDA kernels today. The linear mixers' CUDA kernels are issue 8;
+// until they land such a model trains on the CPU.
+static bool mixer_on_cuda(const std::string& kind) { return kind == "softmax"; }
+
+std::string cuda_unsupported_mixer(const json& config) {
+  for (const auto& k : layer_kinds(config.at("model")))
+    if (!mixer_on_cuda(k)) return k;
+  return "";
+}
+
+std::string resolve_train_backend(const json& config) {
+  const std::string asked = config.at("backend").get<std::string>();
+  const std::string k = kernels::resolve_backend(asked);
+  // `auto` on a GPU machine: a model the GPU cannot run yet trains on the CPU.
+  if (asked == "auto" && k == "cuda" && !cuda_unsupported_mixer(config).empty()) return "cpu";
+  return k;
+}
+
 json prepare_config(const json& raw) {
   if (!raw.is_object()) throw UserError("run config: expected a mapping, got " + raw.dump());
   auto issues = validate_config(raw);
@@ -54,6 +74,13 @@ json prepare_config(const json& raw) {
   if (cfg.at("backend").get<std::string>() != "auto" && !kernels::backend_available(cfg.at("backend")))
     throw UserError("backend: '" + cfg.at("backend").get<std::string>() + "' is not available in this build");
   validate_model_config(cfg);
+  if (cfg.at("backend").get<std::string>() == "cuda") {
+    const std::string bad = cuda_unsupported_mixer(cfg);
+    if (!bad.empty())
+      throw UserError("backend: cuda cannot run the '" + bad +
+                      "' mixer yet (the CUDA backend runs softmax models; the linear mixers' GPU kernels are "
+                      "not in this build): use backend: cpu (or auto, which picks the CPU for this model)");
+  }
   // These constructors check their sections and throw UserError naming the key.
   (void)optim::OptimizerConfig::from_json(cfg);
   (void)optim::Schedule::from_json(cfg, total_steps(cfg));
@@ -233,7 +260,8 @@ class Trainer {
   std::unique_ptr<kernels::Backend> be_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<data::Dataset> ds_;
-  std::unique_ptr<optim::Optimizer> opt_;
+  std::unique_ptr<optim::Optimizer> opt_;         // cpu backend: host fp32 buffers
+  std::unique_ptr<optim::DeviceOptimizer> dopt_;  // other backends: state in device memory
   json summary_ = json::object();  // recorded so far (saturation_loss, ...)
   long tokens_ = 0;
   double wall_offset_ = 0;  // wall time of earlier attempts
@@ -251,8 +279,14 @@ void Trainer::save(long step) {
   Checkpoint ck;
   ck.step = step;
   const auto& ps = model_->params();
-  ck.params.assign(static_cast<const char*>(ps.params().data), ps.params().bytes());
-  ck.optimizer = opt_->save_state();
+  if (opt_) {
+    ck.params.assign(static_cast<const char*>(ps.params().data), ps.params().bytes());
+    ck.optimizer = opt_->save_state();
+  } else {
+    ck.params.resize(ps.params().bytes());
+    be_->download(ps.params(), ck.params.data());
+    ck.optimizer = dopt_->save_state();
+  }
   const double wall = wall_offset_ + std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start_).count();
   ck.state = {{"data", ds_->state()}, {"tokens", tokens_}, {"summary", summary_}, {"wall_time", wall},
               {"config_hash", sha256_hex(canonical_dump(cfg_))}};
@@ -274,16 +308,22 @@ int Trainer::run() {
     return 0;
   }
   // Build everything before touching the run directory.
-  be_ = kernels::make_backend(cfg_.at("backend"), cfg_.at("threads").get<int>());
+  kernels::Backend::Options bopts;
+  bopts.deterministic = cfg_.at("deterministic").get<bool>();
+  bopts.precision = cfg_.value("precision", std::string("auto"));
+  be_ = kernels::make_backend(resolve_train_backend(cfg_), cfg_.at("threads").get<int>(), kernels::DType::f32, bopts);
   model_ = std::make_unique<Model>(cfg_, *be_);
   model_->init(static_cast<uint64_t>(cfg_.at("seed").get<int64_t>()));
   ds_ = data::make_dataset(cfg_);
   float* params = model_->params().host_params();
   float* grads = model_->params().host_grads();
-  if (!params || !grads) throw RuntimeError("the optimiser needs host fp32 parameters (cpu backend)");
-  opt_ = std::make_unique<optim::Optimizer>(optim::OptimizerConfig::from_json(cfg_),
-                                            optim::param_views(model_->params().table()),
-                                            static_cast<std::size_t>(model_->params().numel()));
+  const auto ocfg = optim::OptimizerConfig::from_json(cfg_);
+  const auto views = optim::param_views(model_->params().table());
+  const auto numel = static_cast<std::size_t>(model_->params().numel());
+  if (params && grads)
+    opt_ = std::make_unique<optim::Optimizer>(ocfg, views, numel);
+  else
+    dopt_ = std::make_unique<optim::DeviceOptimizer>(*be_, ocfg, views, numel);
   const optim::Schedule sched = optim::Schedule::from_json(cfg_, total);
   const auto stable_end = sched.stable_end_step();
   const int B = cfg_.at("data").at("batch_size").get<int>(), T = cfg_.at("data").at("seq_len").get<int>();
@@ -309,8 +349,13 @@ int Trainer::run() {
     if (ck->params.size() != model_->params().params().bytes())
       throw RuntimeError("checkpoint step " + std::to_string(ck->step) + " holds " + std::to_string(ck->params.size()) +
                          " parameter bytes, the model has " + std::to_string(model_->params().params().bytes()));
-    std::memcpy(params, ck->params.data(), ck->params.size());
-    opt_->load_state(ck->optimizer);
+    if (opt_) {
+      std::memcpy(params, ck->params.data(), ck->params.size());
+      opt_->load_state(ck->optimizer);
+    } else {
+      be_->upload(ck->params.data(), model_->params().params());
+      dopt_->load_state(ck->optimizer);
+    }
     ds_->restore(ck->state.at("data"));
     tokens_ = ck->state.at("tokens").get<long>();
     summary_ = ck->state.at("summary");
@@ -378,14 +423,15 @@ int Trainer::run() {
         finish_status(RunState::diverged, "non-finite loss at step " + std::to_string(step + 1));
         return kExitDiverged;
       }
-      const double gnorm = opt_->clip_gradients(grads);
+      const double gnorm = opt_ ? opt_->clip_gradients(grads) : dopt_->clip_gradients(model_->params().grads());
       if (!std::isfinite(gnorm)) {
         st_.step = step;
         log("diverged: gradient norm " + fmt_num(gnorm) + " at step " + std::to_string(step + 1));
         finish_status(RunState::diverged, "non-finite gradients at step " + std::to_string(step + 1));
         return kExitDiverged;
       }
-      opt_->step(params, grads, sched, step);
+      if (opt_) opt_->step(params, grads, sched, step);
+      else dopt_->step(model_->params().params(), model_->params().grads(), sched, step);
       const double lr = sched.lr(step);
       ++step;
       ++steps_this_attempt_;
@@ -395,8 +441,11 @@ int Trainer::run() {
       compute_seconds_ += dt;
       const double tps = B * T / std::max(dt, 1e-9);
       if (step % log_every == 0 || step == total) {
-        metrics.append({{"step", step}, {"tokens", tokens_}, {"wall_time", wall()}, {"loss", r.loss}, {"lr", lr},
-                        {"grad_norm", gnorm}, {"tokens_per_s", tps}, {"iter_time", dt}, {"peak_mem_mb", peak_mem_mb()}});
+        json line = {{"step", step}, {"tokens", tokens_}, {"wall_time", wall()}, {"loss", r.loss}, {"lr", lr},
+                     {"grad_norm", gnorm}, {"tokens_per_s", tps}, {"iter_time", dt}, {"peak_mem_mb", peak_mem_mb()}};
+        // On a GPU: the device memory high-water mark too (peak_mem_mb is the host's RSS).
+        if (be_->device() != kernels::Device::cpu) line["gpu_peak_mem_mb"] = be_->device_peak_bytes() / 1048576.0;
+        metrics.append(line);
       }
       if ((eval_every > 0 && step % eval_every == 0) || (stable_end && step == *stable_end) || step == total)
         run_eval(step);
@@ -433,6 +482,7 @@ int Trainer::run() {
       summary_["iter_time_s"] = compute_seconds_ / steps_this_attempt_;
     }
     summary_["peak_mem_mb"] = peak_mem_mb();
+    if (be_->device() != kernels::Device::cpu) summary_["gpu_peak_mem_mb"] = be_->device_peak_bytes() / 1048576.0;
     save(step);  // holds the complete summary, should the process die before the status write
     log("completed: final_loss " + fmt_num(summary_["final_loss"].get<double>(), 6));
     finish_status(RunState::completed, "");

@@ -40,6 +40,14 @@ struct TrainOptions {
 // Train (or resume) the run in `run_dir` whose config.json exists. Returns the exit code.
 int train_run(const std::filesystem::path& run_dir, const TrainOptions& opts = {});
 
+// The backend `lar train` runs this config on, here: `backend` resolved (auto = cuda when
+// built with CUDA and a GPU is present), except that auto picks cpu for a model with a
+// mixer the CUDA backend cannot run yet.
+std::string resolve_train_backend(const json& config);
+// The first mixer kind of the model that the CUDA backend cannot run ("" when none);
+// prepare_config throws UserError for such a model under backend: cuda.
+std::string cuda_unsupported_mixer(const json& config);
+
 // Total optimiser steps of a config: budget.tokens / (batch·seq_len) when > 0, else budget.steps.
 long total_steps(const json& config);
 

@@ -643,6 +643,100 @@ void CpuBackend<T>::cross_entropy_bwd(const Tensor& logits, const Tensor& target
   }
 }
 
+// ---- optimiser updates: the host Optimizer's loops (trainer/optim/optimizer.cpp), float
+// for float, so a device optimiser on this backend reproduces it bit for bit.
+
+template <class T>
+void CpuBackend<T>::adamw_step(const Tensor& w, const Tensor& g, const Tensor& m, const Tensor& v,
+                               const AdamWStep& s) {
+  const int64_t n = w.numel();
+  if (g.numel() != n || m.numel() != n || v.numel() != n) throw RuntimeError("adamw_step: sizes differ");
+  T* __restrict wp = w.ptr<T>();
+  const T* __restrict gp = g.ptr<T>();
+  T* __restrict mp = m.ptr<T>();
+  T* __restrict vp = v.ptr<T>();
+  const T b1 = s.beta1, b2 = s.beta2, step_size = s.step_size, isb = s.inv_sqrt_bc2, eps = s.eps, decay = s.decay;
+  for (int64_t i = 0; i < n; ++i) {
+    mp[i] = b1 * mp[i] + (T(1) - b1) * gp[i];
+    vp[i] = b2 * vp[i] + (T(1) - b2) * gp[i] * gp[i];
+    const T denom = std::sqrt(vp[i]) * isb + eps;
+    wp[i] = wp[i] * decay - step_size * (mp[i] / denom);
+  }
+}
+
+template <class T>
+void CpuBackend<T>::momentum_step(const Tensor& g, const Tensor& buf, const Tensor& u, double mu, bool nesterov) {
+  const int64_t n = g.numel();
+  if (buf.numel() != n || u.numel() != n) throw RuntimeError("momentum_step: sizes differ");
+  const T* gp = g.ptr<T>();
+  T* bp = buf.ptr<T>();
+  T* up = u.ptr<T>();
+  const T m = static_cast<T>(static_cast<float>(mu));
+  for (int64_t i = 0; i < n; ++i) {
+    bp[i] = m * bp[i] + (T(1) - m) * gp[i];
+    up[i] = nesterov ? (T(1) - m) * gp[i] + m * bp[i] : bp[i];
+  }
+}
+
+template <class T>
+void CpuBackend<T>::scale(const Tensor& x, double alpha) {
+  T* p = x.ptr<T>();
+  const T a = static_cast<T>(static_cast<float>(alpha));
+  for (int64_t i = 0; i < x.numel(); ++i) p[i] *= a;
+}
+
+template <class T>
+void CpuBackend<T>::transpose(const Tensor& src, const Tensor& dst, double alpha) {
+  const int64_t r = src.rows(), c = src.last();
+  if (dst.numel() != r * c) throw RuntimeError("transpose: " + src.shape_str() + " → " + dst.shape_str());
+  const T* s = src.ptr<T>();
+  T* d = dst.ptr<T>();
+  const T a = static_cast<T>(alpha);
+  for (int64_t i = 0; i < r; ++i)
+    for (int64_t j = 0; j < c; ++j) d[j * r + i] = s[i * c + j] * a;
+}
+
+template <class T>
+void CpuBackend<T>::normuon_normalize(const Tensor& o, const Tensor& V, double beta2, double eps) {
+  const int64_t rows = o.rows(), cols = o.last();
+  const bool per_row = rows >= cols;
+  const int64_t len = per_row ? rows : cols, other = per_row ? cols : rows;
+  if (V.numel() != len) throw RuntimeError("normuon_normalize: V has " + V.shape_str());
+  T* x = o.ptr<T>();
+  T* v = V.ptr<T>();
+  std::vector<double> mean(static_cast<std::size_t>(len), 0.0);
+  double before = 0;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      const double e = x[r * cols + c];
+      mean[per_row ? r : c] += e * e;
+      before += e * e;
+    }
+  std::vector<T> inv(static_cast<std::size_t>(len));
+  for (int64_t k = 0; k < len; ++k) {
+    v[k] = static_cast<T>(beta2 * v[k] + (1.0 - beta2) * (mean[k] / other));
+    inv[k] = static_cast<T>(1.0 / (std::sqrt(static_cast<double>(v[k])) + eps));
+  }
+  double after = 0;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      T& e = x[r * cols + c];
+      e *= inv[per_row ? r : c];
+      after += static_cast<double>(e) * e;
+    }
+  const T rescale = after > 0 ? static_cast<T>(std::sqrt(before / after)) : T(0);
+  for (int64_t i = 0; i < rows * cols; ++i) x[i] *= rescale;
+}
+
+template <class T>
+void CpuBackend<T>::decayed_update(const Tensor& w, const Tensor& o, double decay, double step) {
+  if (w.numel() != o.numel()) throw RuntimeError("decayed_update: sizes differ");
+  T* wp = w.ptr<T>();
+  const T* op = o.ptr<T>();
+  const T d = static_cast<T>(decay), st = static_cast<T>(step);
+  for (int64_t i = 0; i < w.numel(); ++i) wp[i] = wp[i] * d - st * op[i];
+}
+
 template class CpuBackend<float>;
 template class CpuBackend<double>;
 

@@ -52,6 +52,14 @@ class CpuBackend final : public Backend {
   void cross_entropy_bwd(const Tensor& logits, const Tensor& targets, const Tensor& mask,
                          double grad_scale, const Tensor& dlogits) override;
 
+  void adamw_step(const Tensor& w, const Tensor& g, const Tensor& m, const Tensor& v,
+                  const AdamWStep& s) override;
+  void momentum_step(const Tensor& g, const Tensor& buf, const Tensor& u, double mu, bool nesterov) override;
+  void scale(const Tensor& x, double alpha) override;
+  void transpose(const Tensor& src, const Tensor& dst, double alpha) override;
+  void normuon_normalize(const Tensor& o, const Tensor& V, double beta2, double eps) override;
+  void decayed_update(const Tensor& w, const Tensor& o, double decay, double step) override;
+
   // Seconds spent inside gemm()/gemm_batched() and inside attention_fwd/bwd since
   // construction (lar bench train).
   double gemm_seconds() const { return gemm_seconds_; }

@@ -2,12 +2,15 @@
 // reduces in double). Written to be obviously right first: one warp per attention row,
 // one block per normalisation row, no atomics so every result is bit-reproducible.
 // The tensor-core bf16 paths that make it fast build on this and are checked against it.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <vector>
 
+#include "kernels/cuda/attention/flash_attention.hpp"
 #include "kernels/cuda/cuda_backend.hpp"
 #include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/optim/optim_kernels.hpp"
 
 namespace lar::kernels::cuda {
 
@@ -107,11 +110,18 @@ __global__ void embedding_fwd_kernel(const int* ids, const float* table, float* 
   }
 }
 
-// One thread per column walks the tokens in order: deterministic without atomics.
-__global__ void embedding_bwd_kernel(const int* ids, const float* dout, float* dtable, int64_t n, int64_t d) {
-  int64_t col = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+// One block row per distinct id (blockIdx.y), threads over columns; each walks the
+// positions holding that id in token order (a stable counting sort on the host), so the
+// sum has a fixed order without atomics and distinct rows run in parallel.
+__global__ void embedding_bwd_kernel(const int* uniq, const int* starts, const int* order, const float* dout,
+                                     float* dtable, int64_t d) {
+  const int u = blockIdx.y;
+  const int64_t col = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
   if (col >= d) return;
-  for (int64_t r = 0; r < n; ++r) dtable[static_cast<int64_t>(ids[r]) * d + col] += dout[r * d + col];
+  float* row = dtable + static_cast<int64_t>(uniq[u]) * d + col;
+  float acc = *row;
+  for (int i = starts[u]; i < starts[u + 1]; ++i) acc += dout[static_cast<int64_t>(order[i]) * d + col];
+  *row = acc;
 }
 
 // ---------------------------------------------------------------- RMSNorm
@@ -140,14 +150,34 @@ __global__ void rmsnorm_bwd_dx_kernel(const float* x, const float* w, const floa
   for (int64_t i = threadIdx.x; i < d; i += blockDim.x) dx[row * d + i] += r * dyr[i] * w[i] - xr[i] * c;
 }
 
-// dw[i] += Σ_rows dy·x·r, one thread per column, rows in order.
-__global__ void rmsnorm_bwd_dw_kernel(const float* x, const float* rstd, const float* dy, float* dw, int64_t n,
-                                      int64_t d) {
+// dw[i] += Σ_rows dy·x·r in two deterministic stages: per chunk of rows (one thread per
+// column, rows in order) into partial[chunk][col], then the chunks in order.
+__global__ void rmsnorm_bwd_dw_partial(const float* x, const float* rstd, const float* dy, double* partial,
+                                       int64_t n, int64_t d, int64_t rows_per_chunk) {
+  int64_t col = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (col >= d) return;
+  const int64_t r0 = blockIdx.y * rows_per_chunk, r1 = r0 + rows_per_chunk < n ? r0 + rows_per_chunk : n;
+  double acc = 0;
+  for (int64_t r = r0; r < r1; ++r) acc += static_cast<double>(dy[r * d + col]) * x[r * d + col] * rstd[r];
+  partial[blockIdx.y * d + col] = acc;
+}
+
+__global__ void rmsnorm_bwd_dw_final(const double* partial, float* dw, int64_t d, int chunks) {
   int64_t col = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
   if (col >= d) return;
   double acc = 0;
-  for (int64_t r = 0; r < n; ++r) acc += static_cast<double>(dy[r * d + col]) * x[r * d + col] * rstd[r];
+  for (int c = 0; c < chunks; ++c) acc += partial[c * d + col];
   dw[col] += static_cast<float>(acc);
+}
+
+__global__ void f32_to_bf16_kernel(const float* __restrict__ x, __nv_bfloat16* __restrict__ y, int64_t n) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    y[i] = __float2bfloat16_rn(x[i]);
+}
+
+__global__ void bf16_to_f32_kernel(const __nv_bfloat16* __restrict__ x, float* __restrict__ y, int64_t n) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    y[i] = __bfloat162float(x[i]);
 }
 
 // ---------------------------------------------------------------- SwiGLU
@@ -404,7 +434,8 @@ CudaBackend::CudaBackend(int device) {
   LAR_CUDA_CHECK(cudaSetDevice(device));
   cudaDeviceProp prop{};
   LAR_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
-  name_ = std::string("cuda-f32 (") + prop.name + ")";
+  gpu_name_ = prop.name;
+  name_ = "cuda-f32 (" + gpu_name_ + ")";
   LAR_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   LAR_CUBLAS_CHECK(cublasCreate(&cublas_));
   LAR_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
@@ -414,11 +445,56 @@ CudaBackend::CudaBackend(int device) {
 
 CudaBackend::~CudaBackend() {
   if (scratch_) cudaFree(scratch_);
+  if (big_scratch_) cudaFree(big_scratch_);
+  if (idx_scratch_) cudaFree(idx_scratch_);
   if (cublas_) cublasDestroy(cublas_);
   if (stream_) cudaStreamDestroy(stream_);
 }
 
 void CudaBackend::synchronize() { LAR_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+void CudaBackend::set_options(const Options& o) {
+  if (o.precision != "auto" && o.precision != "fp32" && o.precision != "tf32" && o.precision != "mixed")
+    throw UserError("precision: '" + o.precision + "' is not one of auto, fp32, tf32, mixed");
+  Backend::set_options(o);
+  mixed_ = o.precision != "fp32";
+  bf16_gemm_ = o.precision == "mixed" || o.precision == "auto";
+  // fp32 keeps pedantic fp32 GEMMs, so that path stays the GPU's fp32 reference.
+  LAR_CUBLAS_CHECK(cublasSetMathMode(cublas_, mixed_ ? CUBLAS_DEFAULT_MATH : CUBLAS_PEDANTIC_MATH));
+  name_ = std::string(!mixed_ ? "cuda-f32" : bf16_gemm_ ? "cuda-mixed-bf16" : "cuda-mixed-tf32") +
+          (o.deterministic ? " deterministic" : "") + " (" + gpu_name_ + ")";
+}
+
+void CudaBackend::track_alloc(void* p, std::size_t bytes) {
+  allocs_.emplace_back(p, bytes);
+  live_bytes_ += bytes;
+  peak_bytes_ = std::max(peak_bytes_, live_bytes_);
+}
+
+void CudaBackend::track_free(void* p) {
+  for (std::size_t i = 0; i < allocs_.size(); ++i)
+    if (allocs_[i].first == p) {
+      live_bytes_ -= allocs_[i].second;
+      allocs_[i] = allocs_.back();
+      allocs_.pop_back();
+      return;
+    }
+}
+
+void* CudaBackend::scratch_bytes(std::size_t bytes) {
+  if (bytes > big_scratch_n_) {
+    if (big_scratch_) {
+      synchronize();
+      track_free(big_scratch_);
+      LAR_CUDA_CHECK(cudaFree(big_scratch_));
+      big_scratch_ = nullptr;
+    }
+    LAR_CUDA_CHECK(cudaMalloc(&big_scratch_, bytes));
+    track_alloc(big_scratch_, bytes);
+    big_scratch_n_ = bytes;
+  }
+  return big_scratch_;
+}
 
 double* CudaBackend::scratch_doubles(std::size_t n) {
   if (n > scratch_n_) {
@@ -432,12 +508,14 @@ double* CudaBackend::scratch_doubles(std::size_t n) {
 void* CudaBackend::alloc_bytes(std::size_t bytes) {
   void* p = nullptr;
   LAR_CUDA_CHECK(cudaMalloc(&p, bytes ? bytes : 64));
+  track_alloc(p, bytes ? bytes : 64);
   return p;
 }
 
 void CudaBackend::free_bytes(void* p) {
   if (p) {
     synchronize();
+    track_free(p);
     LAR_CUDA_CHECK(cudaFree(p));
   }
 }
@@ -485,10 +563,20 @@ void CudaBackend::gemm_batched(const Tensor& A, bool ta, const Tensor& B, bool t
                        (tb ? "ᵀ" : "") + " → " + C.shape_str() + " do not match");
   float fa = static_cast<float>(alpha), fb = static_cast<float>(beta);
   int lda = static_cast<int>(A.last()), ldb = static_cast<int>(B.last()), ldc = static_cast<int>(N);
-  LAR_CUBLAS_CHECK(cublasSgemmStridedBatched(
+  if (!mixed_) {
+    LAR_CUBLAS_CHECK(cublasSgemmStridedBatched(
+        cublas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(N),
+        static_cast<int>(M), static_cast<int>(K), &fa, B.ptr<float>(), ldb, b_rows * B.last(), A.ptr<float>(),
+        lda, a_rows * A.last(), &fb, C.ptr<float>(), ldc, M * N, static_cast<int>(batches)));
+    return;
+  }
+  // fp32 tensors, tensor-core products: TF32, or operands rounded to bf16 (FAST_16BF);
+  // fp32 accumulation and output either way.
+  LAR_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
       cublas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(N),
-      static_cast<int>(M), static_cast<int>(K), &fa, B.ptr<float>(), ldb, b_rows * B.last(), A.ptr<float>(),
-      lda, a_rows * A.last(), &fb, C.ptr<float>(), ldc, M * N, static_cast<int>(batches)));
+      static_cast<int>(M), static_cast<int>(K), &fa, B.data, CUDA_R_32F, ldb, b_rows * B.last(), A.data, CUDA_R_32F,
+      lda, a_rows * A.last(), &fb, C.data, CUDA_R_32F, ldc, M * N, static_cast<int>(batches),
+      bf16_gemm_ ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT));
 }
 
 void CudaBackend::axpy(double alpha, const Tensor& x, const Tensor& y) {
@@ -523,10 +611,50 @@ void CudaBackend::embedding_fwd(const Tensor& ids, const Tensor& table, const Te
 }
 
 void CudaBackend::embedding_bwd(const Tensor& ids, const Tensor& dout, const Tensor& dtable) {
-  int64_t n = ids.numel(), d = dtable.last();
-  embedding_bwd_kernel<<<blocks_for(d, 128), 128, 0, stream_>>>(ids.ptr<int>(), dout.ptr<float>(),
-                                                                dtable.ptr<float>(), n, d);
+  const int64_t n = ids.numel(), d = dtable.last(), V = dtable.rows();
+  // A stable counting sort of the token positions by id, on the host (N ints each way).
+  host_ids_.resize(n);
+  download(ids, host_ids_.data());
+  std::vector<int32_t> count(static_cast<std::size_t>(V) + 1, 0);
+  for (int32_t id : host_ids_) {
+    if (id < 0 || id >= V) throw RuntimeError("embedding_bwd: id " + std::to_string(id) + " outside the table");
+    ++count[id];
+  }
+  host_starts_.clear();
+  std::vector<int32_t> uniq, pos(static_cast<std::size_t>(V));
+  int32_t run = 0;
+  for (int64_t v = 0; v < V; ++v)
+    if (count[v]) {
+      uniq.push_back(static_cast<int32_t>(v));
+      host_starts_.push_back(run);
+      pos[v] = run;
+      run += count[v];
+    }
+  host_starts_.push_back(run);
+  host_order_.resize(n);
+  for (int64_t i = 0; i < n; ++i) host_order_[pos[host_ids_[i]]++] = static_cast<int32_t>(i);
+  const std::size_t nu = uniq.size(), need = 2 * nu + 1 + n;
+  if (nu == 0) return;
+  if (need > idx_scratch_n_) {
+    if (idx_scratch_) {
+      synchronize();
+      track_free(idx_scratch_);
+      LAR_CUDA_CHECK(cudaFree(idx_scratch_));
+    }
+    LAR_CUDA_CHECK(cudaMalloc(&idx_scratch_, need * sizeof(int32_t)));
+    track_alloc(idx_scratch_, need * sizeof(int32_t));
+    idx_scratch_n_ = need;
+  }
+  int32_t* d_uniq = idx_scratch_;
+  int32_t* d_starts = d_uniq + nu;
+  int32_t* d_order = d_starts + nu + 1;
+  LAR_CUDA_CHECK(cudaMemcpyAsync(d_uniq, uniq.data(), nu * 4, cudaMemcpyHostToDevice, stream_));
+  LAR_CUDA_CHECK(cudaMemcpyAsync(d_starts, host_starts_.data(), (nu + 1) * 4, cudaMemcpyHostToDevice, stream_));
+  LAR_CUDA_CHECK(cudaMemcpyAsync(d_order, host_order_.data(), n * 4, cudaMemcpyHostToDevice, stream_));
+  dim3 grid(static_cast<unsigned>((d + 127) / 128), static_cast<unsigned>(nu));
+  embedding_bwd_kernel<<<grid, 128, 0, stream_>>>(d_uniq, d_starts, d_order, dout.ptr<float>(), dtable.ptr<float>(), d);
   LAR_CUDA_LAUNCHED();
+  synchronize();  // the host vectors are reused by the next call
 }
 
 void CudaBackend::rmsnorm_fwd(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& rstd, double eps) {
@@ -543,8 +671,13 @@ void CudaBackend::rmsnorm_bwd(const Tensor& x, const Tensor& w, const Tensor& rs
                                                                        rstd.ptr<float>(), dy.ptr<float>(),
                                                                        dx.ptr<float>(), d);
   LAR_CUDA_LAUNCHED();
-  rmsnorm_bwd_dw_kernel<<<blocks_for(d, 128), 128, 0, stream_>>>(x.ptr<float>(), rstd.ptr<float>(),
-                                                                 dy.ptr<float>(), dw.ptr<float>(), n, d);
+  const int chunks = static_cast<int>(std::min<int64_t>(128, std::max<int64_t>(1, n / 64)));
+  const int64_t rows_per = (n + chunks - 1) / chunks;
+  double* partial = scratch_doubles(static_cast<std::size_t>(chunks) * d);
+  rmsnorm_bwd_dw_partial<<<dim3(static_cast<unsigned>((d + 127) / 128), chunks), 128, 0, stream_>>>(
+      x.ptr<float>(), rstd.ptr<float>(), dy.ptr<float>(), partial, n, d, rows_per);
+  LAR_CUDA_LAUNCHED();
+  rmsnorm_bwd_dw_final<<<blocks_for(d, 128), 128, 0, stream_>>>(partial, dw.ptr<float>(), d, chunks);
   LAR_CUDA_LAUNCHED();
 }
 
@@ -582,8 +715,81 @@ static AttnShape attn_shape(const Tensor& q, const Tensor& k, const Tensor& v, d
   return s;
 }
 
+// ---- bf16 flash attention over fp32 tensors (mixed precision) ----
+// q, k, v (and dout) are rounded to bf16 in a scratch buffer, the flash kernels run, and
+// their bf16 outputs widen back into the fp32 tensors. The forward's o is a widened bf16,
+// so the backward's re-rounding of o gives the forward's bf16 o exactly.
+
+namespace {
+void to_bf16(const Tensor& x, __nv_bfloat16* y, cudaStream_t st) {
+  f32_to_bf16_kernel<<<blocks_for(x.numel(), 256), 256, 0, st>>>(x.ptr<float>(), y, x.numel());
+  LAR_CUDA_LAUNCHED();
+}
+void to_f32(const __nv_bfloat16* x, const Tensor& y, cudaStream_t st) {
+  bf16_to_f32_kernel<<<blocks_for(y.numel(), 256), 256, 0, st>>>(x, y.ptr<float>(), y.numel());
+  LAR_CUDA_LAUNCHED();
+}
+attention::FlashShape flash_shape(const Tensor& q, const Tensor& k, double scale, int64_t window) {
+  attention::FlashShape f;
+  f.B = q.size(0), f.T = q.size(1), f.S = k.size(1), f.Hq = q.size(2), f.Hkv = k.size(2), f.D = q.size(3);
+  f.scale = scale;
+  f.window = window;
+  return f;
+}
+std::size_t align256(std::size_t b) { return (b + 255) / 256 * 256; }
+}  // namespace
+
+bool CudaBackend::flash_ok(const Tensor& q, const Tensor& v) const {
+  return mixed_ && (q.size(3) == 64 || q.size(3) == 128) && v.size(3) == q.size(3);
+}
+
+void CudaBackend::flash_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse,
+                            double scale, int64_t window) {
+  using bf = __nv_bfloat16;
+  const std::size_t nq = align256(q.numel() * 2), nk = align256(k.numel() * 2);
+  char* base = static_cast<char*>(scratch_bytes(2 * nq + 2 * nk));
+  bf* qb = reinterpret_cast<bf*>(base);
+  bf* kb = reinterpret_cast<bf*>(base + nq);
+  bf* vb = reinterpret_cast<bf*>(base + nq + nk);
+  bf* ob = reinterpret_cast<bf*>(base + nq + 2 * nk);
+  to_bf16(q, qb, stream_);
+  to_bf16(k, kb, stream_);
+  to_bf16(v, vb, stream_);
+  attention::flash_attention_fwd(flash_shape(q, k, scale, window), qb, kb, vb, ob, lse.ptr<float>(), stream_);
+  to_f32(ob, o, stream_);
+}
+
+void CudaBackend::flash_bwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse,
+                            const Tensor& dout, const Tensor& dq, const Tensor& dk, const Tensor& dv, double scale,
+                            int64_t window) {
+  using bf = __nv_bfloat16;
+  const attention::FlashShape fs = flash_shape(q, k, scale, window);
+  const std::size_t nq = align256(q.numel() * 2), nk = align256(k.numel() * 2);
+  const std::size_t ws = align256(attention::flash_attention_bwd_workspace_bytes(fs));
+  char* base = static_cast<char*>(scratch_bytes(4 * nq + 4 * nk + ws));
+  bf* qb = reinterpret_cast<bf*>(base);
+  bf* ob = reinterpret_cast<bf*>(base + nq);
+  bf* dob = reinterpret_cast<bf*>(base + 2 * nq);
+  bf* dqb = reinterpret_cast<bf*>(base + 3 * nq);
+  bf* kb = reinterpret_cast<bf*>(base + 4 * nq);
+  bf* vb = reinterpret_cast<bf*>(base + 4 * nq + nk);
+  bf* dkb = reinterpret_cast<bf*>(base + 4 * nq + 2 * nk);
+  bf* dvb = reinterpret_cast<bf*>(base + 4 * nq + 3 * nk);
+  void* work = base + 4 * nq + 4 * nk;
+  to_bf16(q, qb, stream_);
+  to_bf16(k, kb, stream_);
+  to_bf16(v, vb, stream_);
+  to_bf16(o, ob, stream_);
+  to_bf16(dout, dob, stream_);
+  attention::flash_attention_bwd(fs, qb, kb, vb, ob, lse.ptr<float>(), dob, dqb, dkb, dvb, work, stream_);
+  to_f32(dqb, dq, stream_);
+  to_f32(dkb, dk, stream_);
+  to_f32(dvb, dv, stream_);
+}
+
 void CudaBackend::attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                                 const Tensor& lse, double scale, int64_t window) {
+  if (flash_ok(q, v)) return flash_fwd(q, k, v, o, lse, scale, window);
   AttnShape s = attn_shape(q, k, v, scale, window);
   int64_t warps = s.B * s.T * s.Hq;
   attention_fwd_kernel<<<blocks_for(warps * kWarp, 256), 256, 0, stream_>>>(
@@ -594,6 +800,7 @@ void CudaBackend::attention_fwd(const Tensor& q, const Tensor& k, const Tensor& 
 void CudaBackend::attention_bwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                                 const Tensor& lse, const Tensor& dout, const Tensor& dq, const Tensor& dk,
                                 const Tensor& dv, double scale, int64_t window) {
+  if (flash_ok(q, v)) return flash_bwd(q, k, v, o, lse, dout, dq, dk, dv, scale, window);
   AttnShape s = attn_shape(q, k, v, scale, window);
   float* delta = nullptr;
   LAR_CUDA_CHECK(cudaMallocAsync(&delta, sizeof(float) * s.B * s.Hq * s.T, stream_));
@@ -633,6 +840,43 @@ void CudaBackend::cross_entropy_bwd(const Tensor& logits, const Tensor& targets,
                                                                mask.ptr<float>(), static_cast<float>(grad_scale),
                                                                dlogits.ptr<float>(), V);
   LAR_CUDA_LAUNCHED();
+}
+
+// ---- optimiser updates (kernels/cuda/optim) ----
+
+void CudaBackend::adamw_step(const Tensor& w, const Tensor& g, const Tensor& m, const Tensor& v,
+                             const AdamWStep& s) {
+  const int64_t n = w.numel();
+  if (g.numel() != n || m.numel() != n || v.numel() != n) throw RuntimeError("cuda adamw_step: sizes differ");
+  optim::adamw_step(w.ptr<float>(), g.ptr<float>(), m.ptr<float>(), v.ptr<float>(), n, s, stream_);
+}
+
+void CudaBackend::momentum_step(const Tensor& g, const Tensor& buf, const Tensor& u, double mu, bool nesterov) {
+  if (buf.numel() != g.numel() || u.numel() != g.numel()) throw RuntimeError("cuda momentum_step: sizes differ");
+  optim::momentum_step(g.ptr<float>(), buf.ptr<float>(), u.ptr<float>(), g.numel(), static_cast<float>(mu), nesterov,
+                       stream_);
+}
+
+void CudaBackend::scale(const Tensor& x, double alpha) {
+  optim::scale(x.ptr<float>(), x.numel(), static_cast<float>(alpha), stream_);
+}
+
+void CudaBackend::transpose(const Tensor& src, const Tensor& dst, double alpha) {
+  if (src.numel() != dst.numel()) throw RuntimeError("cuda transpose: " + src.shape_str() + " → " + dst.shape_str());
+  optim::transpose(src.ptr<float>(), dst.ptr<float>(), src.rows(), src.last(), static_cast<float>(alpha), stream_);
+}
+
+void CudaBackend::normuon_normalize(const Tensor& o, const Tensor& V, double beta2, double eps) {
+  const int64_t rows = o.rows(), cols = o.last();
+  if (V.numel() != std::max(rows, cols)) throw RuntimeError("cuda normuon_normalize: V has " + V.shape_str());
+  double* scratch = scratch_doubles(static_cast<std::size_t>(optim::normuon_scratch_doubles(rows, cols)));
+  optim::normuon_normalize(o.ptr<float>(), V.ptr<float>(), rows, cols, beta2, eps, scratch, stream_);
+}
+
+void CudaBackend::decayed_update(const Tensor& w, const Tensor& o, double decay, double step) {
+  if (w.numel() != o.numel()) throw RuntimeError("cuda decayed_update: sizes differ");
+  optim::decayed_update(w.ptr<float>(), o.ptr<float>(), w.numel(), static_cast<float>(decay),
+                        static_cast<float>(step), stream_);
 }
 
 // Registered as "cuda"; usable only when a device is present, so `backend: auto` falls

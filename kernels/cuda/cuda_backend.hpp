@@ -6,6 +6,9 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <utility>
+#include <vector>
+
 #include "kernels/backend.hpp"
 
 namespace lar::kernels::cuda {
@@ -54,10 +57,47 @@ class CudaBackend final : public Backend {
   void cross_entropy_bwd(const Tensor& logits, const Tensor& targets, const Tensor& mask,
                          double grad_scale, const Tensor& dlogits) override;
 
+  void adamw_step(const Tensor& w, const Tensor& g, const Tensor& m, const Tensor& v,
+                  const AdamWStep& s) override;
+  void momentum_step(const Tensor& g, const Tensor& buf, const Tensor& u, double mu, bool nesterov) override;
+  void scale(const Tensor& x, double alpha) override;
+  void transpose(const Tensor& src, const Tensor& dst, double alpha) override;
+  void normuon_normalize(const Tensor& o, const Tensor& V, double beta2, double eps) override;
+  void decayed_update(const Tensor& w, const Tensor& o, double decay, double step) override;
+
+  // precision "fp32": pedantic fp32 GEMMs and the fp32 attention kernels (the reference);
+  // "mixed"/"auto": bf16 tensor-core GEMMs (operands rounded to bf16, fp32 accumulation,
+  // cuBLAS FAST_16BF) and the bf16 flash attention (head dim 64/128) over the same fp32
+  // tensors; "tf32": the same with TF32 GEMMs. Deterministic in every mode (no atomics,
+  // one stream, cuBLAS is run-to-run reproducible on one GPU).
+  void set_options(const Options& o) override;
+  std::size_t device_peak_bytes() const override { return peak_bytes_; }
+  bool mixed() const { return mixed_; }
+
   cudaStream_t stream() const { return stream_; }
   void synchronize();
 
  private:
+  // Device scratch of at least `bytes` (grown, never shrunk; one user at a time).
+  void* scratch_bytes(std::size_t bytes);
+  bool flash_ok(const Tensor& q, const Tensor& v) const;
+  void flash_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse,
+                 double scale, int64_t window);
+  void flash_bwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse,
+                 const Tensor& dout, const Tensor& dq, const Tensor& dk, const Tensor& dv, double scale,
+                 int64_t window);
+  void track_alloc(void* p, std::size_t bytes);
+  void track_free(void* p);
+  bool mixed_ = false;      // tensor-core GEMMs and flash attention
+  bool bf16_gemm_ = false;  // GEMM products in bf16 (else TF32)
+  std::string gpu_name_;
+  void* big_scratch_ = nullptr;
+  std::size_t big_scratch_n_ = 0;
+  int32_t* idx_scratch_ = nullptr;  // embedding backward's CSR, device side
+  std::size_t idx_scratch_n_ = 0;
+  std::size_t live_bytes_ = 0, peak_bytes_ = 0;
+  std::vector<std::pair<void*, std::size_t>> allocs_;  // live cudaMalloc blocks (few: arena, params, state)
+  std::vector<int32_t> host_ids_, host_order_, host_starts_;  // embedding backward's CSR, host side
   double* scratch_doubles(std::size_t n);  // device scratch for reductions
   double reduce_to_host(void (*partial_kernel)(const float*, int64_t, double*), const Tensor& x);
   std::string name_;

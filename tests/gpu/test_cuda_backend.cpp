@@ -4,6 +4,8 @@
 
 #include <cmath>
 #include <random>
+#include <string>
+#include <tuple>
 
 #include "kernels/backend.hpp"
 
@@ -11,8 +13,17 @@ using namespace lar::kernels;
 
 namespace {
 
+// precision "fp32": the reference path (cuBLAS pedantic fp32, fp32 attention);
+// "mixed": TF32 GEMMs and the bf16 flash attention over the same fp32 tensors.
+Backend::Options with_precision(const std::string& p) {
+  Backend::Options o;
+  o.precision = p;
+  return o;
+}
+
 struct Pair {
-  std::unique_ptr<Backend> gpu = make_backend("cuda", 1, DType::f32);
+  explicit Pair(const std::string& precision = "fp32") : gpu(make_backend("cuda", 1, DType::f32, with_precision(precision))) {}
+  std::unique_ptr<Backend> gpu;
   std::unique_ptr<Backend> cpu = make_backend("cpu", 1, DType::f64);
   Arena ga{*gpu}, ca{*cpu};
   std::mt19937_64 rng{std::random_device{}()};
@@ -108,28 +119,31 @@ TEST(CudaBackend, ReductionsAndAxpy) {
 
 TEST(CudaBackend, Embedding) {
   Pair p;
-  auto table = p.randn({50, 48});
-  auto ids = p.ids({4, 33}, 50);
-  auto out = p.poisoned({132, 48});
-  p.gpu->embedding_fwd(ids.first, table.first, out.first);
-  p.cpu->embedding_fwd(ids.second, table.second, out.second);
-  EXPECT_LT(p.rel_rms(out), kTol);
-  auto dout = p.randn({132, 48});
-  auto dtable = p.randn({50, 48});
-  p.gpu->embedding_bwd(ids.first, dout.first, dtable.first);
-  p.cpu->embedding_bwd(ids.second, dout.second, dtable.second);
-  EXPECT_LT(p.rel_rms(dtable), kTol);
+  // 132 tokens over 50 ids (repeats and unused rows); 5000 tokens over 3000 ids, d = 200.
+  for (auto [N, V, d] : {std::tuple<int64_t, int, int64_t>{132, 50, 48}, {5000, 3000, 200}}) {
+    auto table = p.randn({V, d});
+    auto ids = p.ids({N}, V);
+    auto out = p.poisoned({N, d});
+    p.gpu->embedding_fwd(ids.first, table.first, out.first);
+    p.cpu->embedding_fwd(ids.second, table.second, out.second);
+    EXPECT_LT(p.rel_rms(out), kTol);
+    auto dout = p.randn({N, d});
+    auto dtable = p.randn({V, d});
+    p.gpu->embedding_bwd(ids.first, dout.first, dtable.first);
+    p.cpu->embedding_bwd(ids.second, dout.second, dtable.second);
+    EXPECT_LT(p.rel_rms(dtable), kTol) << N;
+  }
 }
 
 TEST(CudaBackend, RmsNorm) {
   Pair p;
-  for (int64_t d : {64, 1000, 1024}) {
-    auto x = p.randn({37, d}), w = p.randn({d}), y = p.poisoned({37, d}), r = p.poisoned({37});
+  for (auto [n, d] : {std::pair<int64_t, int64_t>{37, 64}, {37, 1000}, {37, 1024}, {4099, 96}}) {
+    auto x = p.randn({n, d}), w = p.randn({d}), y = p.poisoned({n, d}), r = p.poisoned({n});
     p.gpu->rmsnorm_fwd(x.first, w.first, y.first, r.first, 1e-6);
     p.cpu->rmsnorm_fwd(x.second, w.second, y.second, r.second, 1e-6);
     EXPECT_LT(p.rel_rms(y), kTol) << d;
     EXPECT_LT(p.rel_rms(r), kTol) << d;
-    auto dy = p.randn({37, d}), dx = p.randn({37, d}), dw = p.randn({d});
+    auto dy = p.randn({n, d}), dx = p.randn({n, d}), dw = p.randn({d});
     p.gpu->rmsnorm_bwd(x.first, w.first, r.first, dy.first, dx.first, dw.first);
     p.cpu->rmsnorm_bwd(x.second, w.second, r.second, dy.second, dx.second, dw.second);
     EXPECT_LT(p.rel_rms(dx), kTol) << d;
@@ -206,4 +220,52 @@ TEST(CudaBackend, CrossEntropy) {
   p.gpu->cross_entropy_bwd(logits.first, tg.first, mask.first, 0.25, dl.first);
   p.cpu->cross_entropy_bwd(logits.second, tg.second, mask.second, 0.25, dl.second);
   EXPECT_LT(p.rel_rms(dl), kTol);
+}
+
+// Mixed precision: bf16-product GEMMs (≈3e-3 relative; TF32 ≈3e-4) and the bf16 flash
+// attention (head dims 64 and 128) behind the same fp32 tensors, at the bf16
+// tolerance 1e-2.
+TEST(CudaBackend, MixedPrecisionGemmAndFlashAttention) {
+  Pair p("mixed");
+  for (bool ta : {false, true}) {
+    Pair t("tf32");
+    const int64_t M = 300, N = 257, K = 520;
+    auto A = t.randn(ta ? std::vector<int64_t>{K, M} : std::vector<int64_t>{M, K});
+    auto B = t.randn({N, K});
+    auto C = t.randn({M, N});
+    t.gpu->gemm(A.first, ta, B.first, true, C.first, 1.0, 0.5);
+    t.cpu->gemm(A.second, ta, B.second, true, C.second, 1.0, 0.5);
+    EXPECT_LT(t.rel_rms(C), 2e-3) << "tf32";
+  }
+  for (bool ta : {false, true}) {
+    const int64_t M = 300, N = 257, K = 520;
+    auto A = p.randn(ta ? std::vector<int64_t>{K, M} : std::vector<int64_t>{M, K});
+    auto B = p.randn({N, K});
+    auto C = p.randn({M, N});
+    p.gpu->gemm(A.first, ta, B.first, true, C.first, 1.0, 0.5);
+    p.cpu->gemm(A.second, ta, B.second, true, C.second, 1.0, 0.5);
+    EXPECT_LT(p.rel_rms(C), 1e-2) << "bf16";
+    EXPECT_GT(p.rel_rms(C), 1e-5) << "bf16 products must differ from fp32";
+  }
+  struct Case { int64_t B, T, S, Hq, Hkv, D, window; };
+  for (Case c : {Case{2, 200, 200, 4, 2, 64, 0}, Case{1, 130, 130, 4, 1, 128, 37}, Case{2, 33, 100, 2, 2, 64, 0}}) {
+    auto q = p.randn({c.B, c.T, c.Hq, c.D}), k = p.randn({c.B, c.S, c.Hkv, c.D});
+    auto v = p.randn({c.B, c.S, c.Hkv, c.D});
+    auto o = p.poisoned({c.B, c.T, c.Hq, c.D}), lse = p.poisoned({c.B, c.Hq, c.T});
+    double scale = 1.0 / std::sqrt(static_cast<double>(c.D));
+    p.gpu->attention_fwd(q.first, k.first, v.first, o.first, lse.first, scale, c.window);
+    p.cpu->attention_fwd(q.second, k.second, v.second, o.second, lse.second, scale, c.window);
+    EXPECT_LT(p.rel_rms(o), 1e-2) << c.T << " " << c.D;
+    EXPECT_LT(p.rel_rms(lse), 1e-2);
+    auto dout = p.randn({c.B, c.T, c.Hq, c.D});
+    auto dq = p.poisoned({c.B, c.T, c.Hq, c.D}), dk = p.poisoned({c.B, c.S, c.Hkv, c.D});
+    auto dv = p.poisoned({c.B, c.S, c.Hkv, c.D});
+    p.gpu->attention_bwd(q.first, k.first, v.first, o.first, lse.first, dout.first, dq.first, dk.first, dv.first,
+                         scale, c.window);
+    p.cpu->attention_bwd(q.second, k.second, v.second, o.second, lse.second, dout.second, dq.second, dk.second,
+                         dv.second, scale, c.window);
+    EXPECT_LT(p.rel_rms(dq), 1e-2) << c.T << " " << c.D;
+    EXPECT_LT(p.rel_rms(dk), 1e-2);
+    EXPECT_LT(p.rel_rms(dv), 1e-2);
+  }
 }

@@ -120,6 +120,7 @@ class Optimizer {
   double muon_scale(int rows, int cols) const;
 
  private:
+  friend class DeviceOptimizer;  // shares the slot layout and the state format
   struct Slot {           // per-tensor state layout
     bool muon = false;    // Muon/NorMuon (true) or AdamW (false)
     bool own_lr = false;  // AdamW group under muon/normuon with its own scalar_lr

@@ -1,0 +1,111 @@
+// `lar bench gpu-train` — end-to-end training throughput on the CUDA backend: the
+// 350M-class dense model of issue 7 (20 layers, d=1024, 16 heads, 4 kv groups, FFN 2816,
+// vocab 32000) at B=8 × T=4096 by default; forward + backward + global-norm clip + AdamW
+// (or --optimizer muon/normuon) per step, all on the device. Prints tokens/s, s/step,
+// device memory high-water mark and MFU (6·params·tokens over the measured 790 TFLOP/s
+// bf16 matrix rate of the H200, KINDS.md — the convention of the issue's PyTorch anchor).
+// Only in CUDA builds (LAR_HAVE_CUDA comes from kernels/cuda/CMakeLists.txt).
+#ifdef LAR_HAVE_CUDA
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <vector>
+
+#include "cli/bench.hpp"
+#include "core/config_schema.hpp"
+#include "kernels/backend.hpp"
+#include "trainer/model.hpp"
+#include "trainer/optim/device_optimizer.hpp"
+#include "trainer/optim/param_views.hpp"
+#include "trainer/rng.hpp"
+
+namespace {
+
+struct Args {
+  int layers = 20, d_model = 1024, heads = 16, kv = 4, d_ff = 2816, vocab = 32000, seq = 4096, batch = 8;
+  int steps = 5, warmup = 2;
+  std::string precision = "mixed", optimizer = "adamw";
+};
+
+int run(const Args& a) {
+  using namespace lar;
+  json cfg = with_defaults({{"model", {{"n_layers", a.layers}, {"d_model", a.d_model}, {"n_heads", a.heads},
+                                       {"n_kv_heads", a.kv}, {"d_ff", a.d_ff}, {"vocab_size", a.vocab}}},
+                            {"optimizer", {{"name", a.optimizer}}},
+                            {"data", {{"seq_len", a.seq}, {"batch_size", a.batch}}}});
+  trainer::validate_model_config(cfg);
+  kernels::Backend::Options o;
+  o.precision = a.precision;
+  auto be = kernels::make_backend("cuda", 1, kernels::DType::f32, o);
+  trainer::Model model(cfg, *be);
+  model.init(0);
+  auto& ps = model.params();
+  optim::DeviceOptimizer opt(*be, optim::OptimizerConfig::from_json(cfg), optim::param_views(ps.table()),
+                             static_cast<std::size_t>(ps.numel()));
+  trainer::Rng rng(1);
+  data::Batch b;
+  b.batch = a.batch;
+  b.seq_len = a.seq;
+  for (int i = 0; i < a.batch * a.seq; ++i) {
+    b.inputs.push_back(static_cast<int32_t>(rng.next() % a.vocab));
+    b.targets.push_back(static_cast<int32_t>(rng.next() % a.vocab));
+    b.loss_mask.push_back(1.0f);
+  }
+  double loss = 0, gnorm = 0;
+  auto step = [&] {
+    ps.zero_grads();
+    loss = model.forward_backward(b).loss;
+    gnorm = opt.clip_gradients(ps.grads());  // syncs: the norm comes back to the host
+    opt.step(ps.params(), ps.grads(), 1.0, 1.0);
+  };
+  float probe = 0;
+  auto sync = [&] { be->download(kernels::Tensor(ps.params().data, kernels::DType::f32, {1}), &probe); };
+  for (int i = 0; i < a.warmup; ++i) step();
+  sync();
+  std::vector<double> times;
+  for (int i = 0; i < a.steps; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    step();
+    sync();
+    times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(times.begin(), times.end());
+  const double med = times[times.size() / 2];
+  const double tokens = double(a.batch) * a.seq;
+  const double n = double(ps.numel());
+  std::printf("lar bench gpu-train — %s, %s, %d layers, d=%d, heads=%d/%d kv, FFN %d, vocab %d, B=%d, T=%d, %.1fM params\n",
+              be->name().c_str(), a.optimizer.c_str(), a.layers, a.d_model, a.heads, a.kv, a.d_ff, a.vocab, a.batch,
+              a.seq, n / 1e6);
+  std::printf("%-34s %12s\n", "measure", "value");
+  std::printf("%-34s %12.0f\n", "tokens/s (median step)", tokens / med);
+  std::printf("%-34s %12.4f\n", "s/step (median; min / max)", med);
+  std::printf("%-34s %5.4f / %5.4f\n", "", times.front(), times.back());
+  std::printf("%-34s %12.2f\n", "device memory peak GiB (ours)", be->device_peak_bytes() / 1073741824.0);
+  std::printf("%-34s %12.2f\n", "activation arena GiB", model.activation_bytes() / 1073741824.0);
+  std::printf("%-34s %11.1f%%\n", "MFU (6·N·tokens / 790 TFLOP/s)", 100.0 * 6.0 * n * tokens / med / 790e12);
+  std::printf("%-34s %12.4f\n", "loss / grad norm (last step)", loss);
+  std::printf("%-34s %12.4f\n", "", gnorm);
+  return 0;
+}
+
+}  // namespace
+
+static lar::cli::BenchRegistration reg{
+    "gpu-train", "Training tokens/s on the CUDA backend (350M-class dense model, B=8×4096)",
+    [](CLI::App& app) -> lar::cli::Runner {
+      auto a = std::make_shared<Args>();
+      app.add_option("--layers", a->layers, "blocks")->capture_default_str();
+      app.add_option("--d-model", a->d_model, "residual width")->capture_default_str();
+      app.add_option("--heads", a->heads, "attention heads")->capture_default_str();
+      app.add_option("--kv", a->kv, "key/value heads")->capture_default_str();
+      app.add_option("--d-ff", a->d_ff, "SwiGLU width")->capture_default_str();
+      app.add_option("--vocab", a->vocab, "vocabulary")->capture_default_str();
+      app.add_option("--seq", a->seq, "sequence length")->capture_default_str();
+      app.add_option("--batch", a->batch, "sequences per step")->capture_default_str();
+      app.add_option("--steps", a->steps, "timed steps")->capture_default_str();
+      app.add_option("--warmup", a->warmup, "untimed steps first")->capture_default_str();
+      app.add_option("--precision", a->precision, "fp32 | mixed")->capture_default_str();
+      app.add_option("--optimizer", a->optimizer, "adamw | muon | normuon")->capture_default_str();
+      return [a] { return run(*a); };
+    }};
+#endif  // LAR_HAVE_CUDA

@@ -1,0 +1,179 @@
+// Optimiser updates on the device. The elementwise kernels mirror the host loops of
+// trainer/optim/optimizer.cpp operation for operation with __fmul_rn/__fadd_rn/__fsub_rn
+// (which nvcc never fuses into FMAs), __fsqrt_rn and __fdiv_rn, so AdamW, the momentum
+// update and the final decayed update are bit-identical to the CPU. NorMuon's row/column
+// statistics are reduced in double in a fixed order (one thread per row or column, then
+// one block for the Frobenius sums), so results are deterministic.
+#include "kernels/cuda/optim/optim_kernels.hpp"
+
+#include <cmath>
+
+#include "kernels/cuda/cuda_check.hpp"
+
+namespace lar::kernels::cuda::optim {
+namespace {
+
+int grid_for(int64_t n, int threads) {
+  int64_t b = (n + threads - 1) / threads;
+  return static_cast<int>(b < 65535 * 16 ? (b > 0 ? b : 1) : 65535 * 16);
+}
+
+#define LAR_GRID_LOOP(i, n) \
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
+
+__global__ void adamw_kernel(float* __restrict__ w, const float* __restrict__ g, float* __restrict__ m,
+                             float* __restrict__ v, int64_t n, Backend::AdamWStep s) {
+  const float one_b1 = __fsub_rn(1.0f, s.beta1), one_b2 = __fsub_rn(1.0f, s.beta2);
+  LAR_GRID_LOOP(i, n) {
+    const float gi = g[i];
+    const float mi = __fadd_rn(__fmul_rn(s.beta1, m[i]), __fmul_rn(one_b1, gi));
+    // (1−β2)·g·g evaluates left to right on the host: ((1−β2)·g)·g.
+    const float vi = __fadd_rn(__fmul_rn(s.beta2, v[i]), __fmul_rn(__fmul_rn(one_b2, gi), gi));
+    m[i] = mi;
+    v[i] = vi;
+    const float denom = __fadd_rn(__fmul_rn(__fsqrt_rn(vi), s.inv_sqrt_bc2), s.eps);
+    w[i] = __fsub_rn(__fmul_rn(w[i], s.decay), __fmul_rn(s.step_size, __fdiv_rn(mi, denom)));
+  }
+}
+
+__global__ void momentum_kernel(const float* __restrict__ g, float* __restrict__ buf, float* __restrict__ u,
+                                int64_t n, float mu, bool nesterov) {
+  const float one_mu = __fsub_rn(1.0f, mu);
+  LAR_GRID_LOOP(i, n) {
+    const float gi = g[i];
+    const float b = __fadd_rn(__fmul_rn(mu, buf[i]), __fmul_rn(one_mu, gi));
+    buf[i] = b;
+    u[i] = nesterov ? __fadd_rn(__fmul_rn(one_mu, gi), __fmul_rn(mu, b)) : b;
+  }
+}
+
+__global__ void scale_kernel(float* x, int64_t n, float a) {
+  LAR_GRID_LOOP(i, n) x[i] = __fmul_rn(x[i], a);
+}
+
+// 32×32 tiles through shared memory (padded: no bank conflicts) so reads and writes are
+// both coalesced.
+__global__ void transpose_kernel(const float* __restrict__ src, float* __restrict__ dst, int64_t r, int64_t c,
+                                 float a) {
+  __shared__ float tile[32][33];
+  const int64_t c0 = blockIdx.x * 32LL, r0 = blockIdx.y * 32LL;
+  for (int k = threadIdx.y; k < 32; k += blockDim.y) {
+    const int64_t i = r0 + k, j = c0 + threadIdx.x;
+    if (i < r && j < c) tile[k][threadIdx.x] = src[i * c + j];
+  }
+  __syncthreads();
+  for (int k = threadIdx.y; k < 32; k += blockDim.y) {
+    const int64_t j = c0 + k, i = r0 + threadIdx.x;  // dst row j, column i
+    if (i < r && j < c) dst[j * r + i] = __fmul_rn(tile[threadIdx.x][k], a);
+  }
+}
+
+// sums[k] = Σ o² over row k (per_row) or column k, in double, in index order.
+__global__ void normuon_stats_kernel(const float* o, int64_t rows, int64_t cols, bool per_row, double* sums) {
+  const int64_t len = per_row ? rows : cols, other = per_row ? cols : rows;
+  const int64_t k = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (k >= len) return;
+  double acc = 0;
+  for (int64_t j = 0; j < other; ++j) {
+    const double e = per_row ? o[k * cols + j] : o[j * cols + k];
+    acc += e * e;
+  }
+  sums[k] = acc;
+}
+
+__global__ void normuon_v_kernel(float* V, const double* sums, int64_t len, int64_t other, double beta2, double eps,
+                                 float* inv) {
+  const int64_t k = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (k >= len) return;
+  const float vk = static_cast<float>(beta2 * V[k] + (1.0 - beta2) * (sums[k] / other));
+  V[k] = vk;
+  inv[k] = static_cast<float>(1.0 / (sqrt(static_cast<double>(vk)) + eps));
+}
+
+__global__ void normuon_apply_kernel(float* o, const float* inv, int64_t rows, int64_t cols, bool per_row) {
+  LAR_GRID_LOOP(i, rows * cols) o[i] = __fmul_rn(o[i], inv[per_row ? i / cols : i % cols]);
+}
+
+// One block: before = Σ sums_before, after = Σ sums_after (fixed order), rescale factor.
+__global__ void normuon_total_kernel(const double* before, const double* after, int64_t len, float* rescale) {
+  __shared__ double sb[256], sa[256];
+  double b = 0, a = 0;
+  for (int64_t k = threadIdx.x; k < len; k += blockDim.x) b += before[k], a += after[k];
+  sb[threadIdx.x] = b;
+  sa[threadIdx.x] = a;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double tb = 0, ta = 0;
+    for (int i = 0; i < blockDim.x; ++i) tb += sb[i], ta += sa[i];
+    *rescale = ta > 0 ? static_cast<float>(sqrt(tb / ta)) : 0.0f;
+  }
+}
+
+__global__ void scale_by_kernel(float* x, int64_t n, const float* a) {
+  const float f = *a;
+  LAR_GRID_LOOP(i, n) x[i] = __fmul_rn(x[i], f);
+}
+
+__global__ void decayed_update_kernel(float* __restrict__ w, const float* __restrict__ o, int64_t n, float decay,
+                                      float step) {
+  LAR_GRID_LOOP(i, n) w[i] = __fsub_rn(__fmul_rn(w[i], decay), __fmul_rn(step, o[i]));
+}
+
+}  // namespace
+
+void adamw_step(float* w, const float* g, float* m, float* v, int64_t n, const Backend::AdamWStep& s,
+                cudaStream_t st) {
+  adamw_kernel<<<grid_for(n, 256), 256, 0, st>>>(w, g, m, v, n, s);
+  LAR_CUDA_LAUNCHED();
+}
+
+void momentum_step(const float* g, float* buf, float* u, int64_t n, float mu, bool nesterov, cudaStream_t st) {
+  momentum_kernel<<<grid_for(n, 256), 256, 0, st>>>(g, buf, u, n, mu, nesterov);
+  LAR_CUDA_LAUNCHED();
+}
+
+void scale(float* x, int64_t n, float alpha, cudaStream_t st) {
+  scale_kernel<<<grid_for(n, 256), 256, 0, st>>>(x, n, alpha);
+  LAR_CUDA_LAUNCHED();
+}
+
+void transpose(const float* src, float* dst, int64_t r, int64_t c, float alpha, cudaStream_t st) {
+  dim3 grid(static_cast<unsigned>((c + 31) / 32), static_cast<unsigned>((r + 31) / 32));
+  transpose_kernel<<<grid, dim3(32, 8), 0, st>>>(src, dst, r, c, alpha);
+  LAR_CUDA_LAUNCHED();
+}
+
+int64_t normuon_scratch_doubles(int64_t rows, int64_t cols) {
+  const int64_t len = rows >= cols ? rows : cols;
+  return 2 * len + len / 2 + 2;  // sums before, sums after, inv (floats) and the rescale
+}
+
+void normuon_normalize(float* o, float* V, int64_t rows, int64_t cols, double beta2, double eps, double* scratch,
+                       cudaStream_t st) {
+  const bool per_row = rows >= cols;
+  const int64_t len = per_row ? rows : cols, other = per_row ? cols : rows;
+  double* before = scratch;
+  double* after = scratch + len;
+  float* inv = reinterpret_cast<float*>(scratch + 2 * len);
+  float* rescale = reinterpret_cast<float*>(scratch + 2 * len + len / 2 + 1);
+  const int blocks = grid_for(len, 128);
+  normuon_stats_kernel<<<blocks, 128, 0, st>>>(o, rows, cols, per_row, before);
+  LAR_CUDA_LAUNCHED();
+  normuon_v_kernel<<<blocks, 128, 0, st>>>(V, before, len, other, beta2, eps, inv);
+  LAR_CUDA_LAUNCHED();
+  normuon_apply_kernel<<<grid_for(rows * cols, 256), 256, 0, st>>>(o, inv, rows, cols, per_row);
+  LAR_CUDA_LAUNCHED();
+  normuon_stats_kernel<<<blocks, 128, 0, st>>>(o, rows, cols, per_row, after);
+  LAR_CUDA_LAUNCHED();
+  normuon_total_kernel<<<1, 256, 0, st>>>(before, after, len, rescale);
+  LAR_CUDA_LAUNCHED();
+  scale_by_kernel<<<grid_for(rows * cols, 256), 256, 0, st>>>(o, rows * cols, rescale);
+  LAR_CUDA_LAUNCHED();
+}
+
+void decayed_update(float* w, const float* o, int64_t n, float decay, float step, cudaStream_t st) {
+  decayed_update_kernel<<<grid_for(n, 256), 256, 0, st>>>(w, o, n, decay, step);
+  LAR_CUDA_LAUNCHED();
+}
+
+}  // namespace lar::kernels::cuda::optim

@@ -1,0 +1,59 @@
+#pragma once
+// The optimisers of optimizer.hpp with parameters, gradients and state in backend memory
+// (the CUDA backend: fp32 master weights and moments on the device). Every update is a
+// backend op (kernels/backend.hpp, "optimiser updates") and Newton–Schulz runs through
+// the backend's GEMMs, so the same code runs on any backend; on the CPU backend it gives
+// the host Optimizer's results (AdamW bit for bit; Muon to rounding, as its GEMMs and
+// Frobenius sums run in another order).
+//
+//   DeviceOptimizer opt(be, OptimizerConfig::from_json(cfg), param_views(table), numel);
+//   double norm = opt.clip_gradients(store.grads());   // pre-clip global norm
+//   opt.step(store.params(), store.grads(), schedule, step);
+//   std::string blob = opt.save_state();               // Optimizer::save_state's format
+//
+// The state blob is the host Optimizer's format, so a checkpoint written on the GPU
+// resumes on the CPU and the other way round.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernels/backend.hpp"
+#include "trainer/optim/optimizer.hpp"
+
+namespace lar::optim {
+
+class DeviceOptimizer {
+ public:
+  DeviceOptimizer(kernels::Backend& be, OptimizerConfig config, std::vector<ParamView> params,
+                  std::size_t total_size);
+  ~DeviceOptimizer();
+  DeviceOptimizer(const DeviceOptimizer&) = delete;
+  DeviceOptimizer& operator=(const DeviceOptimizer&) = delete;
+
+  // As Optimizer::clip_gradients, on the flat gradient buffer in backend memory.
+  double clip_gradients(const kernels::Tensor& grads);
+  void step(const kernels::Tensor& params, const kernels::Tensor& grads, const Schedule& schedule,
+            std::int64_t step);
+  void step(const kernels::Tensor& params, const kernels::Tensor& grads, double lr_factor, double scalar_factor);
+
+  std::string save_state();
+  void load_state(const std::string& blob);
+  std::int64_t steps_taken() const { return host_.t_; }
+  const OptimizerConfig& config() const { return host_.config(); }
+
+ private:
+  kernels::Tensor at(const kernels::Tensor& flat, std::size_t offset, std::size_t n) const;
+  void muon_update(const ParamView& p, const Optimizer::Slot& s, const kernels::Tensor& params,
+                   const kernels::Tensor& grads, double lr);
+  void newton_schulz(const kernels::Tensor& g, const kernels::Tensor& out, int rows, int cols);
+
+  kernels::Backend& be_;
+  Optimizer host_;  // config, slot layout and the state format; its m_/v_ stage save/load
+  bool covers_all_ = false;  // the table tiles [0, total): one norm over the flat buffer
+  void* m_ = nullptr;        // moments / momentum buffers, host_.m_'s layout
+  void* v_ = nullptr;        // second moments, host_.v_'s layout
+  void* work_ = nullptr;     // Muon: u, o, X, Y (largest matrix each) and A, B (largest r²)
+  std::size_t largest_ = 0, largest_rr_ = 0;
+};
+
+}  // namespace lar::optim
