@@ -25,7 +25,8 @@ int run_cancel(const CancelArgs& a) {
   o.wait_s = a.wait_s;
   lar::runner::CancelReport r = lar::runner::cancel(a.experiment, o);
   if (r.launch_pid)
-    std::cout << "told lar launch (pid " << *r.launch_pid << ") to stop; cells it had not started stay pending\n";
+    std::cout << "told lar launch (pid " << *r.launch_pid << ") to stop"
+              << (r.slurm_jobs.empty() ? "; cells it had not started stay pending" : "") << "\n";
   if (!r.slurm_jobs.empty()) std::cout << "scancel " << join(r.slurm_jobs) << "\n";
   if (!r.cancelled.empty()) std::cout << "cancelled: " << join(r.cancelled) << "\n";
   if (!r.will_not_start.empty()) std::cout << "will not start: " << join(r.will_not_start) << "\n";

@@ -27,6 +27,7 @@ struct LaunchArgs {
   double grace_s = 300;
   lar::runner::SlurmOptions slurm;
   bool then_given = false;  // --then on the command line (even as '')
+  std::vector<std::string> slurm_flags_given;  // Slurm-group flags on the command line
 };
 
 // --dry-run --executor slurm: the sbatch script(s) the launch would submit.
@@ -50,19 +51,29 @@ void print_slurm_dry_run(const lar::experiments::Plan& plan, const lar::runner::
     std::cout << "\n--- " << dir << "/then.sbatch ---\n" << render_then_script(plan.experiment, dir, arrays, o);
 }
 
-// --then is a Slurm job: say so precisely rather than ignore it.
-void check_then(const LaunchArgs& a) {
-  if (!a.then_given) return;
-  if (a.executor != "slurm")
+// Slurm options with another executor would be silently ignored: say so instead. Then
+// the values the flag parser cannot judge alone (formats Slurm expects, --signal-lead
+// against --time). All before anything is written.
+void check_slurm_flags(const LaunchArgs& a) {
+  if (a.then_given && a.executor != "slurm")
     throw lar::UserError("--then needs --executor slurm (it submits a Slurm job that runs after the training "
                          "arrays); with --executor " + a.executor + ", run the command after `lar launch` returns");
-  if (a.slurm.then_cmd.find_first_not_of(" \t\n") == std::string::npos)
+  if (!a.slurm_flags_given.empty() && a.executor != "slurm") {
+    std::string names;
+    for (const auto& n : a.slurm_flags_given) names += (names.empty() ? "" : ", ") + n;
+    throw lar::UserError(names + (a.slurm_flags_given.size() == 1 ? " is a Slurm option" : " are Slurm options") +
+                         ": add --executor slurm, or leave " + (a.slurm_flags_given.size() == 1 ? "it" : "them") +
+                         " out with --executor " + a.executor);
+  }
+  if (a.then_given && a.slurm.then_cmd.find_first_not_of(" \t\n") == std::string::npos)
     throw lar::UserError("--then: the command is empty (give a shell command, e.g. --then 'lar sync')");
+  if (a.executor == "slurm")
+    if (std::string why = lar::runner::check_slurm_options(a.slurm); !why.empty()) throw lar::UserError(why);
 }
 
 int run_launch(const LaunchArgs& a) {
   using namespace lar;
-  check_then(a);
+  check_slurm_flags(a);
   experiments::Plan plan = experiments::load_plan(a.spec, a.scale);  // UserError on a bad spec
   for (const auto& w : plan.warnings) std::cerr << w << "\n";
 
@@ -108,9 +119,13 @@ static lar::cli::CommandRegistration reg{
           ->check(CLI::IsMember({"local", "slurm"}));
       auto* sl = "Slurm (--executor slurm)";
       app.add_option("--partition", a->slurm.partition, "Slurm partition")->group(sl);
-      app.add_option("--time", a->slurm.time, "time limit per task, e.g. 04:00:00")->group(sl);
-      app.add_option("--gpus-per-job", a->slurm.gpus_per_job, "GPUs per array task (--gres=gpu:G)")->group(sl);
-      app.add_option("--cpus-per-task", a->slurm.cpus_per_task, "CPUs per array task")->group(sl);
+      app.add_option("--time", a->slurm.time,
+                     "time limit per task: minutes, M:S, H:M:S, D-H, D-H:M, D-H:M:S, e.g. 04:00:00")
+          ->group(sl);
+      app.add_option("--gpus-per-job", a->slurm.gpus_per_job, "GPUs per array task (--gres=gpu:G)")
+          ->group(sl)->check(CLI::NonNegativeNumber);
+      app.add_option("--cpus-per-task", a->slurm.cpus_per_task, "CPUs per array task")
+          ->group(sl)->check(CLI::NonNegativeNumber);
       app.add_option("--mem", a->slurm.mem, "memory per task, e.g. 32G")->group(sl);
       app.add_option("--array-throttle", a->slurm.array_throttle, "at most K tasks of the array at once (%K)")
           ->group(sl)->check(CLI::NonNegativeNumber);
@@ -143,5 +158,10 @@ static lar::cli::CommandRegistration reg{
           "running cells checkpoint and are marked preempted, unstarted ones stay pending; launch\n"
           "again to resume. A second Ctrl-C kills the running cells. Exit code: 0 when every cell\n"
           "completed, 1 when some did not, 130 when interrupted, 2 for a bad spec or flag.");
-      return [a] { return run_launch(*a); };
+      CLI::App* parsed = &app;
+      return [a, parsed, sl] {
+        for (const CLI::Option* opt : parsed->get_options())
+          if (opt->get_group() == sl && opt->count() > 0) a->slurm_flags_given.push_back(opt->get_name());
+        return run_launch(*a);
+      };
     }};

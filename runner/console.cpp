@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <cstdio>
 #include <ostream>
 
@@ -153,7 +154,7 @@ int print_summary(std::ostream& out, const LaunchSummary& s) {
     out << "follow-up job " << f->job_id << ": " << f->state;
     if (!f->reason.empty()) out << " (" << explain_slurm_reason(f->reason) << ")";
     out << "\n    " << f->script << "\n";
-    if (f->state != "PENDING") out << "    output: " << f->output << "\n";
+    if (std::filesystem::exists(f->output)) out << "    output: " << f->output << "\n";
     followup_ok = f->ok();
   }
   if (s.interrupted) {

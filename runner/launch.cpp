@@ -170,7 +170,9 @@ LaunchSummary launch(const experiments::Plan& plan, const LaunchOptions& options
         summary.interrupted = true;
         executor->stop(false);
         stop_deadline = clock::now() + std::chrono::milliseconds(static_cast<long>(options.stop_grace_s * 1000));
-        emit(Kind::stopping, "", RunState::pending, "stopping: sent SIGTERM to " + std::to_string(executor->running()) +
+        std::string how = executor->name() == "slurm" ? "scancelled the launch's jobs; Slurm sent SIGTERM to "
+                                                      : "sent SIGTERM to ";
+        emit(Kind::stopping, "", RunState::pending, "stopping: " + how + std::to_string(executor->running()) +
                          " running cell(s), waiting for their checkpoints (again to kill them now)", executor.get());
       } else if (!forced) {
         forced = true;

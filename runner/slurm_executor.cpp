@@ -178,6 +178,54 @@ int query_max_array_size() {
   return 1001;  // Slurm's built-in default
 }
 
+std::optional<long> slurm_time_seconds(const std::string& t) {
+  if (t == "UNLIMITED" || t == "INFINITE" || t == "unlimited" || t == "infinite") return -1;
+  std::string rest = t;
+  long days = -1;
+  if (auto dash = rest.find('-'); dash != std::string::npos) {
+    std::string d = rest.substr(0, dash);
+    if (d.empty() || !std::all_of(d.begin(), d.end(), ::isdigit) || d.size() > 6) return std::nullopt;
+    days = std::stol(d);
+    rest = rest.substr(dash + 1);
+  }
+  std::vector<long> parts;
+  for (const auto& p : split(rest, ':')) {
+    if (p.empty() || p.size() > 9 || !std::all_of(p.begin(), p.end(), ::isdigit)) return std::nullopt;
+    parts.push_back(std::stol(p));
+  }
+  if (rest.empty() || rest.back() == ':' || parts.empty() || parts.size() > 3) return std::nullopt;
+  if (days >= 0) {  // D-H, D-H:M, D-H:M:S
+    long s = days * 86400 + parts[0] * 3600;
+    if (parts.size() > 1) s += parts[1] * 60;
+    if (parts.size() > 2) s += parts[2];
+    return s;
+  }
+  if (parts.size() == 1) return parts[0] * 60;                 // M
+  if (parts.size() == 2) return parts[0] * 60 + parts[1];      // M:S
+  return parts[0] * 3600 + parts[1] * 60 + parts[2];           // H:M:S
+}
+
+std::string check_slurm_options(const SlurmOptions& o) {
+  std::optional<long> limit;
+  if (!o.time.empty()) {
+    limit = slurm_time_seconds(o.time);
+    if (!limit)
+      return "--time '" + o.time + "' is not a Slurm time limit (minutes, M:S, H:M:S, D-H, D-H:M, D-H:M:S or UNLIMITED)";
+    if (*limit == 0) return "--time '" + o.time + "' is zero: a task would get no time at all";
+  }
+  if (limit && *limit > 0 && o.signal_lead_s >= *limit)
+    return "--signal-lead " + std::to_string(o.signal_lead_s) + " is not shorter than --time " + o.time + " (" +
+           std::to_string(*limit) + " s): the time-limit warning would come before the task starts";
+  if (!o.mem.empty()) {
+    size_t digits = 0;
+    while (digits < o.mem.size() && std::isdigit(static_cast<unsigned char>(o.mem[digits]))) ++digits;
+    std::string unit = o.mem.substr(digits);
+    if (digits == 0 || !(unit.empty() || unit == "K" || unit == "M" || unit == "G" || unit == "T"))
+      return "--mem '" + o.mem + "' is not a Slurm memory size (a number with an optional K, M, G or T, e.g. 32G)";
+  }
+  return "";
+}
+
 std::string render_array_script(const std::string& experiment, const std::string& manifest,
                                 const std::string& log_dir, int offset, int count, const SlurmOptions& o) {
   std::ostringstream s;

@@ -78,6 +78,14 @@ struct SlurmStateMapping {
 };
 SlurmStateMapping map_slurm_state(const std::string& slurm_state);
 
+// Seconds of a Slurm time limit: "M", "M:S", "H:M:S", "D-H", "D-H:M", "D-H:M:S"; -1 for
+// UNLIMITED/INFINITE; nullopt when it is none of these (sbatch would reject it).
+std::optional<long> slurm_time_seconds(const std::string& time);
+
+// A user mistake in the Slurm options (bad --time or --mem, a signal lead not shorter
+// than the time limit), in words; "" when they are fine. Checked before anything is written.
+std::string check_slurm_options(const SlurmOptions& o);
+
 // The readable sbatch script of one array (also what --dry-run prints).
 std::string render_array_script(const std::string& experiment, const std::string& manifest,
                                 const std::string& log_dir, int offset, int count,

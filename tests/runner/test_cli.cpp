@@ -143,6 +143,17 @@ TEST(CliLaunch, ThenNeedsTheSlurmExecutorAndDryRunPrintsTheFollowUpScript) {
   EXPECT_NE(local.out.find("--then needs --executor slurm (it submits a Slurm job that runs after the training "
                            "arrays); with --executor local, run the command after `lar launch` returns"),
             std::string::npos) << local.out;
+  Result flags = run_lar(env, {"launch", spec.string(), "--partition", "gpu", "--time=1:00:00"});
+  EXPECT_EQ(flags.code, 2) << flags.out;
+  EXPECT_NE(flags.out.find("--partition, --time are Slurm options: add --executor slurm, or leave them out with "
+                           "--executor local"),
+            std::string::npos) << flags.out;
+  Result time = run_lar(env, {"launch", spec.string(), "--executor", "slurm", "--time", "2h"});
+  EXPECT_EQ(time.code, 2) << time.out;
+  EXPECT_NE(time.out.find("--time '2h' is not a Slurm time limit"), std::string::npos) << time.out;
+  Result lead = run_lar(env, {"launch", spec.string(), "--executor", "slurm", "--time", "2", "--signal-lead", "300"});
+  EXPECT_EQ(lead.code, 2) << lead.out;
+  EXPECT_NE(lead.out.find("--signal-lead 300 is not shorter than --time 2 (120 s)"), std::string::npos) << lead.out;
   Result empty = run_lar(env, {"launch", spec.string(), "--executor", "slurm", "--then", " "});
   EXPECT_EQ(empty.code, 2) << empty.out;
   EXPECT_NE(empty.out.find("--then: the command is empty"), std::string::npos) << empty.out;

@@ -142,3 +142,31 @@ TEST(SlurmQueue, StatusLinesSayStateAndReason) {
   EXPECT_EQ(explain_slurm_reason("Dependency"), "Dependency: waits for the training array(s) to complete");
   EXPECT_EQ(explain_slurm_reason("SomethingNew"), "SomethingNew");
 }
+
+TEST(SlurmOptionsCheck, TimeFormatsMemAndSignalLead) {
+  EXPECT_EQ(slurm_time_seconds("1"), 60);
+  EXPECT_EQ(slurm_time_seconds("1:30"), 90);
+  EXPECT_EQ(slurm_time_seconds("04:00:00"), 4 * 3600);
+  EXPECT_EQ(slurm_time_seconds("2-3"), 2 * 86400 + 3 * 3600);
+  EXPECT_EQ(slurm_time_seconds("2-3:04"), 2 * 86400 + 3 * 3600 + 4 * 60);
+  EXPECT_EQ(slurm_time_seconds("1-00:00:05"), 86400 + 5);
+  EXPECT_EQ(slurm_time_seconds("UNLIMITED"), -1);
+  for (const char* bad : {"", "4h", "1:2:3:4", "-1", "1-", "1:", ":5", "abc", "1-2-3"})
+    EXPECT_FALSE(slurm_time_seconds(bad).has_value()) << bad;
+
+  SlurmOptions o;
+  EXPECT_EQ(check_slurm_options(o), "");
+  o.time = "4h";
+  EXPECT_EQ(check_slurm_options(o),
+            "--time '4h' is not a Slurm time limit (minutes, M:S, H:M:S, D-H, D-H:M, D-H:M:S or UNLIMITED)");
+  o.time = "1";  // 60 s, with the default lead of 120 s
+  EXPECT_EQ(check_slurm_options(o), "--signal-lead 120 is not shorter than --time 1 (60 s): the time-limit warning "
+                                    "would come before the task starts");
+  o.signal_lead_s = 50;
+  EXPECT_EQ(check_slurm_options(o), "");
+  o.mem = "32GB";
+  EXPECT_EQ(check_slurm_options(o),
+            "--mem '32GB' is not a Slurm memory size (a number with an optional K, M, G or T, e.g. 32G)");
+  o.mem = "32G";
+  EXPECT_EQ(check_slurm_options(o), "");
+}
