@@ -140,14 +140,21 @@ std::vector<std::string> render_slurm_view(const SlurmView& v) {
   }
   if (!v.tasks.empty()) {
     int running = 0;
+    std::string where;                   // "s0 = 240_0 on n1, …" for the first few
     std::map<std::string, int> pending;  // reason → tasks
     std::set<std::string> arrays;
     for (const auto& t : v.tasks) {
       arrays.insert(t.job.id.substr(0, t.job.id.find('_')));
-      if (t.job.state == "PENDING" || t.job.state == "REQUEUED") ++pending[t.job.reason];
-      else ++running;
+      if (t.job.state == "PENDING" || t.job.state == "REQUEUED") {
+        ++pending[t.job.reason];
+        continue;
+      }
+      if (++running <= 3)
+        where += (where.empty() ? "" : ", ") + t.cell_id + " = " + t.job.id + (t.job.node.empty() ? "" : " on " + t.job.node);
+      else if (running == 4)
+        where += ", …";
     }
-    std::string line = "  slurm: " + std::to_string(running) + " task(s) running";
+    std::string line = "  slurm: " + std::to_string(running) + " task(s) running" + (where.empty() ? "" : " (" + where + ")");
     for (const auto& [reason, n] : pending)
       line += ", " + std::to_string(n) + " pending" + (reason.empty() ? "" : " (" + explain_slurm_reason(reason) + ")");
     line += "; array job(s)";

@@ -360,6 +360,10 @@ TEST_F(Slurm, LarCancelScancelsPendingAndRunningTasksWithOrWithoutTheLaunch) {
   fs::path s0 = h.run_dir("lc", "s0");
   ASSERT_TRUE(wait_until([&] { return last_metric_step(s0) >= 3; }, 60s)) << read_file(h.dir / "launch.log");
   std::string array = job_ids(h.launches("lc")[0])[0];
+  Output status = run_lar("status lc --once");
+  EXPECT_NE(status.text.find("  slurm: 1 task(s) running (s0 = " + array + "_0 on "), std::string::npos) << status.text;
+  EXPECT_NE(status.text.find(", 2 pending (JobArrayTaskLimit: the array's throttle (%K)); array job(s) " + array),
+            std::string::npos) << status.text;
 
   // A pending cell, the launch alive: its task is scancelled and the launch records it.
   Output c = run_lar("cancel lc --cell s2 --wait 30");

@@ -135,7 +135,7 @@ TEST(SlurmQueue, StatusLinesSayStateAndReason) {
   v.followups = {{"12", "PENDING", "DependencyNeverSatisfied", ""}};
   lines = render_slurm_view(v);
   ASSERT_EQ(lines.size(), 2u);
-  EXPECT_EQ(lines[0], "  slurm: 1 task(s) running, 2 pending (JobArrayTaskLimit: the array's throttle (%K)); array job(s) 10");
+  EXPECT_EQ(lines[0], "  slurm: 1 task(s) running (a = 10_0 on n1), 2 pending (JobArrayTaskLimit: the array's throttle (%K)); array job(s) 10");
   EXPECT_EQ(lines[1],
             "  slurm: follow-up job 12 PENDING — DependencyNeverSatisfied: a training task did not complete, so it "
             "will never run (scancel 12, or relaunch to retry)");
