@@ -52,16 +52,25 @@ int run(const Args& a) {
     b.loss_mask.push_back(1.0f);
   }
   double loss = 0, gnorm = 0;
-  auto step = [&] {
-    ps.zero_grads();
-    loss = model.forward_backward(b).loss;
-    gnorm = opt.clip_gradients(ps.grads());  // syncs: the norm comes back to the host
-    opt.step(ps.params(), ps.grads(), 1.0, 1.0);
-  };
   float probe = 0;
   auto sync = [&] { be->download(kernels::Tensor(ps.params().data, kernels::DType::f32, {1}), &probe); };
+  std::vector<double> fb_times, opt_times;  // forward+backward, clip+update (each synced)
+  auto step = [&] {
+    auto t0 = std::chrono::steady_clock::now();
+    ps.zero_grads();
+    loss = model.forward_backward(b).loss;
+    sync();
+    auto t1 = std::chrono::steady_clock::now();
+    gnorm = opt.clip_gradients(ps.grads());  // syncs: the norm comes back to the host
+    opt.step(ps.params(), ps.grads(), 1.0, 1.0);
+    sync();
+    fb_times.push_back(std::chrono::duration<double>(t1 - t0).count());
+    opt_times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count());
+  };
   for (int i = 0; i < a.warmup; ++i) step();
   sync();
+  fb_times.clear();
+  opt_times.clear();
   std::vector<double> times;
   for (int i = 0; i < a.steps; ++i) {
     auto t0 = std::chrono::steady_clock::now();
@@ -70,6 +79,8 @@ int run(const Args& a) {
     times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   std::sort(times.begin(), times.end());
+  std::sort(fb_times.begin(), fb_times.end());
+  std::sort(opt_times.begin(), opt_times.end());
   const double med = times[times.size() / 2];
   const double tokens = double(a.batch) * a.seq;
   const double n = double(ps.numel());
@@ -80,6 +91,8 @@ int run(const Args& a) {
   std::printf("%-34s %12.0f\n", "tokens/s (median step)", tokens / med);
   std::printf("%-34s %12.4f\n", "s/step (median; min / max)", med);
   std::printf("%-34s %5.4f / %5.4f\n", "", times.front(), times.back());
+  std::printf("%-34s %12.4f\n", "  forward+backward s (median)", fb_times[fb_times.size() / 2]);
+  std::printf("%-34s %12.4f\n", "  clip + optimiser s (median)", opt_times[opt_times.size() / 2]);
   std::printf("%-34s %12.2f\n", "device memory peak GiB (ours)", be->device_peak_bytes() / 1073741824.0);
   std::printf("%-34s %12.2f\n", "activation arena GiB", model.activation_bytes() / 1073741824.0);
   std::printf("%-34s %11.1f%%\n", "MFU (6·N·tokens / 790 TFLOP/s)", 100.0 * 6.0 * n * tokens / med / 790e12);
