@@ -354,28 +354,35 @@ TEST_F(Slurm, FollowUpNeverRunsWhenATaskFailsAndStatusSaysSo) {
 TEST_F(Slurm, LarCancelScancelsPendingAndRunningTasksWithOrWithoutTheLaunch) {
   Home h("larcancel");
   ::setenv("LAR_FAKE_TRAINER_OPTIONS", R"({"*": {"step_ms": 50}})", 1);
-  fs::path spec = h.write("lc.yaml", "name: lc\nbase: {budget: {steps: 100000}}\nmatrix: {seed: [0, 1, 2]}\n");
+  fs::path spec = h.write("lc.yaml", "name: lc\nbase: {budget: {steps: 100000}}\nmatrix: {seed: [0, 1, 2, 3]}\n");
   pid_t pid = spawn_lar({"launch", spec.string(), "--executor", "slurm", "--array-throttle", "1", "--no-registry"},
                         h.dir / "launch.log");
-  fs::path s0 = h.run_dir("lc", "s0");
+  fs::path s0 = h.run_dir("lc", "s0"), s1 = h.run_dir("lc", "s1");
   ASSERT_TRUE(wait_until([&] { return last_metric_step(s0) >= 3; }, 60s)) << read_file(h.dir / "launch.log");
   std::string array = job_ids(h.launches("lc")[0])[0];
   Output status = run_lar("status lc --once");
   EXPECT_NE(status.text.find("  slurm: 1 task(s) running (s0 = " + array + "_0 on "), std::string::npos) << status.text;
-  EXPECT_NE(status.text.find(", 2 pending (JobArrayTaskLimit: the array's throttle (%K)); array job(s) " + array),
+  EXPECT_NE(status.text.find(", 3 pending (JobArrayTaskLimit: the array's throttle (%K)); array job(s) " + array),
             std::string::npos) << status.text;
 
-  // A pending cell, the launch alive: its task is scancelled and the launch records it.
-  Output c = run_lar("cancel lc --cell s2 --wait 30");
+  // The launch alive: a pending cell, then the running one; the launch records both and
+  // goes on with the next cell.
+  Output c = run_lar("cancel lc --cell s3 --wait 30");
   EXPECT_EQ(c.code, 0) << c.text;
-  EXPECT_NE(c.text.find("scancel " + array + "_2\n"), std::string::npos) << c.text;
-  EXPECT_NE(c.text.find("cancelled: s2\n"), std::string::npos) << c.text;
-  auto st2 = status_of(h.run_dir("lc", "s2"));
-  ASSERT_TRUE(st2.has_value());
-  EXPECT_EQ(st2->state, RunState::cancelled);
-  EXPECT_NE(st2->reason.find("cancelled by lar cancel"), std::string::npos) << st2->reason;
-  EXPECT_FALSE(fs::exists(h.run_dir("lc", "s2") / "slurm.jsonl")) << "it never started";
-  EXPECT_EQ(status_of(s0)->state, RunState::running);
+  EXPECT_NE(c.text.find("scancel " + array + "_3\n"), std::string::npos) << c.text;
+  EXPECT_NE(c.text.find("cancelled: s3\n"), std::string::npos) << c.text;
+  c = run_lar("cancel lc --cell s0 --wait 30");
+  EXPECT_EQ(c.code, 0) << c.text;
+  EXPECT_NE(c.text.find("scancel " + array + "_0\n"), std::string::npos) << c.text;
+  EXPECT_NE(c.text.find("cancelled: s0\n"), std::string::npos) << c.text;
+  for (const char* cell : {"s0", "s3"}) {
+    auto st = status_of(h.run_dir("lc", cell));
+    ASSERT_TRUE(st.has_value());
+    EXPECT_EQ(st->state, RunState::cancelled) << cell;
+    EXPECT_NE(st->reason.find("cancelled by lar cancel"), std::string::npos) << cell << ": " << st->reason;
+  }
+  EXPECT_FALSE(fs::exists(h.run_dir("lc", "s3") / "slurm.jsonl")) << "it never started";
+  ASSERT_TRUE(wait_until([&] { return last_metric_step(s1) >= 3; }, 60s)) << read_file(h.dir / "launch.log");
 
   // The launch dies (say, its login session ended); the tasks go on, and lar cancel
   // stops the running and the pending one without it.
@@ -383,20 +390,22 @@ TEST_F(Slurm, LarCancelScancelsPendingAndRunningTasksWithOrWithoutTheLaunch) {
   wait_exit(pid);
   c = run_lar("cancel lc --wait 60");
   EXPECT_EQ(c.code, 0) << c.text;
-  EXPECT_NE(c.text.find("scancel " + array + "_0, " + array + "_1\n"), std::string::npos) << c.text;
-  EXPECT_NE(c.text.find("cancelled: s0, s1\n"), std::string::npos) << c.text;
-  for (const char* cell : {"s0", "s1"}) {
+  EXPECT_NE(c.text.find("scancel " + array + "_1, " + array + "_2\n"), std::string::npos) << c.text;
+  EXPECT_NE(c.text.find("cancelled: s1, s2\n"), std::string::npos) << c.text;
+  for (const char* cell : {"s1", "s2"}) {
     auto st = status_of(h.run_dir("lc", cell));
     ASSERT_TRUE(st.has_value());
     EXPECT_EQ(st->state, RunState::cancelled) << cell << ": " << st->reason;
     EXPECT_FALSE(fs::exists(h.run_dir("lc", cell) / "cancel_requested"));
   }
-  MetricsChunk m = read_metrics(s0 / "metrics.jsonl");
-  EXPECT_EQ(m.skipped_bad_lines, 0);
-  EXPECT_EQ(m.next_offset, fs::file_size(s0 / "metrics.jsonl")) << "a torn metrics line was left behind";
+  for (const fs::path& rd : {s0, s1}) {
+    MetricsChunk m = read_metrics(rd / "metrics.jsonl");
+    EXPECT_EQ(m.skipped_bad_lines, 0);
+    EXPECT_EQ(m.next_offset, fs::file_size(rd / "metrics.jsonl")) << "a torn metrics line was left behind";
+  }
   EXPECT_TRUE(runner::query_queue({array})->empty());
   Output st = run_lar("status lc --once");
-  EXPECT_NE(st.text.find("lc: 3 cells — 0 done, 0 running, 0 failed, 3 stopped, 0 pending"), std::string::npos)
+  EXPECT_NE(st.text.find("lc: 4 cells — 0 done, 0 running, 0 failed, 4 stopped, 0 pending"), std::string::npos)
       << st.text;
 }
 
