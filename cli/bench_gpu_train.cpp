@@ -4,6 +4,7 @@
 // (or --optimizer muon/normuon) per step, all on the device. Prints tokens/s, s/step,
 // device memory high-water mark and MFU (6·params·tokens over the measured 790 TFLOP/s
 // bf16 matrix rate of the H200, KINDS.md — the convention of the PyTorch anchor).
+// With LAR_CUDA_PROFILE=1 it adds device milliseconds per step for each op kind.
 // Only in CUDA builds (LAR_HAVE_CUDA comes from kernels/cuda/CMakeLists.txt).
 #ifdef LAR_HAVE_CUDA
 #include <algorithm>
@@ -14,6 +15,7 @@
 #include "cli/bench.hpp"
 #include "core/config_schema.hpp"
 #include "kernels/backend.hpp"
+#include "kernels/cuda/cuda_backend.hpp"
 #include "trainer/model.hpp"
 #include "trainer/optim/device_optimizer.hpp"
 #include "trainer/optim/param_views.hpp"
@@ -71,6 +73,8 @@ int run(const Args& a) {
   sync();
   fb_times.clear();
   opt_times.clear();
+  auto* cuda = dynamic_cast<kernels::cuda::CudaBackend*>(be.get());
+  if (cuda) cuda->profile_report();  // drop the warm-up's events
   std::vector<double> times;
   for (int i = 0; i < a.steps; ++i) {
     auto t0 = std::chrono::steady_clock::now();
@@ -98,6 +102,10 @@ int run(const Args& a) {
   std::printf("%-34s %11.1f%%\n", "MFU (6·N·tokens / 790 TFLOP/s)", 100.0 * 6.0 * n * tokens / med / 790e12);
   std::printf("%-34s %12.4f\n", "loss / grad norm (last step)", loss);
   std::printf("%-34s %12.4f\n", "", gnorm);
+  // LAR_CUDA_PROFILE=1: device time per op kind and step (events add a little overhead).
+  if (cuda)
+    for (const auto& [op, secs] : cuda->profile_report())
+      std::printf("  %-32s %9.2f ms/step %5.1f%%\n", op.c_str(), 1e3 * secs / a.steps, 100.0 * secs / a.steps / med);
   return 0;
 }
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <vector>
 
 #include "kernels/cuda/attention/flash_attention.hpp"
@@ -202,25 +203,6 @@ __global__ void swiglu_bwd_kernel(const float* gu, const float* dh, float* dgu, 
   }
 }
 
-// ---------------------------------------------------------------- RoPE (rotate-half)
-__global__ void rope_kernel(float* x, int64_t B, int64_t T, int64_t H, int64_t D, double base, int64_t pos0,
-                            double sign) {
-  int64_t half = D / 2;
-  int64_t n = B * T * H * half;
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-    int64_t p = i % half;
-    int64_t row = i / half;            // (b, t, h)
-    int64_t t = (row / H) % T;
-    double theta = pow(base, -2.0 * p / D);
-    double ang = sign * (pos0 + t) * theta;
-    float c = static_cast<float>(cos(ang)), s = static_cast<float>(sin(ang));
-    float* xr = x + row * D;
-    float a = xr[p], b = xr[p + half];
-    xr[p] = a * c - b * s;
-    xr[p + half] = b * c + a * s;
-  }
-}
-
 // ---------------------------------------------------------------- attention
 struct AttnShape {
   int64_t B, T, S, Hq, Hkv, D, Dv;
@@ -413,6 +395,29 @@ __global__ void ce_bwd_kernel(const float* logits, const int* targets, const flo
   }
 }
 
+// The table of RoPE rotations for positions pos0 … pos0+T−1: cs[t·half + p] = (cos, sin)
+// of sign·(pos0+t)·base^(−2p/D), in double like the CPU reference, rounded to float.
+__global__ void rope_table_kernel(float2* cs, int64_t T, int64_t D, double base, int64_t pos0, double sign) {
+  const int64_t half = D / 2;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < T * half; i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t t = i / half, p = i % half;
+    const double ang = sign * (pos0 + t) * pow(base, -2.0 * p / D);
+    cs[i] = make_float2(static_cast<float>(cos(ang)), static_cast<float>(sin(ang)));
+  }
+}
+
+__global__ void rope_apply_kernel(float* x, const float2* cs, int64_t B, int64_t T, int64_t H, int64_t D) {
+  const int64_t half = D / 2, n = B * T * H * half;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t p = i % half, row = i / half, t = (row / H) % T;
+    const float2 r = cs[t * half + p];
+    float* xr = x + row * D;
+    const float a = xr[p], b = xr[p + half];
+    xr[p] = a * r.x - b * r.y;
+    xr[p + half] = b * r.x + a * r.y;
+  }
+}
+
 void require_f32(const Tensor& t, const char* what) {
   if (t.dtype != DType::f32) throw RuntimeError(std::string("cuda backend: ") + what + " must be f32");
 }
@@ -420,6 +425,43 @@ void require_f32(const Tensor& t, const char* what) {
 }  // namespace
 
 // ================================================================== CudaBackend
+
+// LAR_CUDA_PROFILE=1: every op records a pair of CUDA events around its launches;
+// profile_report() sums them per op (lar bench gpu-train prints the table). Off by
+// default: then an OpTimer costs one branch.
+struct CudaBackend::OpTimer {
+  CudaBackend& be;
+  const char* name;
+  cudaEvent_t a = nullptr;
+  OpTimer(CudaBackend& b, const char* n) : be(b), name(n) {
+    if (!be.profile_) return;
+    LAR_CUDA_CHECK(cudaEventCreate(&a));
+    LAR_CUDA_CHECK(cudaEventRecord(a, be.stream_));
+  }
+  ~OpTimer() {
+    if (!a) return;
+    cudaEvent_t b = nullptr;
+    if (cudaEventCreate(&b) == cudaSuccess && cudaEventRecord(b, be.stream_) == cudaSuccess)
+      be.prof_.push_back({name, a, b});
+  }
+};
+
+std::vector<std::pair<std::string, double>> CudaBackend::profile_report() {
+  synchronize();
+  std::vector<std::pair<std::string, double>> out;
+  for (const auto& e : prof_) {
+    float ms = 0;
+    LAR_CUDA_CHECK(cudaEventElapsedTime(&ms, e.a, e.b));
+    auto it = std::find_if(out.begin(), out.end(), [&](const auto& p) { return p.first == e.name; });
+    if (it == out.end()) out.emplace_back(e.name, ms * 1e-3);
+    else it->second += ms * 1e-3;
+    cudaEventDestroy(e.a);
+    cudaEventDestroy(e.b);
+  }
+  prof_.clear();
+  std::sort(out.begin(), out.end(), [](const auto& x, const auto& y) { return x.second > y.second; });
+  return out;
+}
 
 int cuda_device_count() {
   int n = 0;
@@ -441,12 +483,17 @@ CudaBackend::CudaBackend(int device) {
   LAR_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
   // Plain fp32 (no TF32) so that this path is the GPU's fp32 reference.
   LAR_CUBLAS_CHECK(cublasSetMathMode(cublas_, CUBLAS_PEDANTIC_MATH));
+  const char* prof = std::getenv("LAR_CUDA_PROFILE");
+  profile_ = prof && std::string(prof) == "1";
 }
 
 CudaBackend::~CudaBackend() {
   if (scratch_) cudaFree(scratch_);
   if (big_scratch_) cudaFree(big_scratch_);
   if (idx_scratch_) cudaFree(idx_scratch_);
+  if (rope_table_) cudaFree(rope_table_);
+  if (gemm_scratch_) cudaFree(gemm_scratch_);
+  for (const auto& e : prof_) cudaEventDestroy(e.a), cudaEventDestroy(e.b);
   if (cublas_) cublasDestroy(cublas_);
   if (stream_) cudaStreamDestroy(stream_);
 }
@@ -530,7 +577,10 @@ void CudaBackend::download(const Tensor& src, void* host) {
   synchronize();
 }
 
-void CudaBackend::zero(const Tensor& t) { LAR_CUDA_CHECK(cudaMemsetAsync(t.data, 0, t.bytes(), stream_)); }
+void CudaBackend::zero(const Tensor& t) {
+  OpTimer timer(*this, "zero");
+  LAR_CUDA_CHECK(cudaMemsetAsync(t.data, 0, t.bytes(), stream_));
+}
 
 void CudaBackend::fill(const Tensor& t, double value) {
   require_f32(t, "fill");
@@ -539,6 +589,7 @@ void CudaBackend::fill(const Tensor& t, double value) {
 }
 
 void CudaBackend::copy(const Tensor& src, const Tensor& dst) {
+  OpTimer timer(*this, "copy");
   if (src.numel() != dst.numel() || src.dtype != dst.dtype)
     throw RuntimeError("cuda copy: " + src.shape_str() + " → " + dst.shape_str());
   LAR_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, src.bytes(), cudaMemcpyDeviceToDevice, stream_));
@@ -552,6 +603,7 @@ void CudaBackend::gemm(const Tensor& A, bool ta, const Tensor& B, bool tb, const
 
 void CudaBackend::gemm_batched(const Tensor& A, bool ta, const Tensor& B, bool tb, const Tensor& C,
                                int64_t batches, double alpha, double beta) {
+  OpTimer timer(*this, "gemm");
   require_f32(A, "gemm A");
   require_f32(B, "gemm B");
   require_f32(C, "gemm C");
@@ -570,16 +622,44 @@ void CudaBackend::gemm_batched(const Tensor& A, bool ta, const Tensor& B, bool t
         lda, a_rows * A.last(), &fb, C.ptr<float>(), ldc, M * N, static_cast<int>(batches)));
     return;
   }
-  // fp32 tensors, tensor-core products: TF32, or operands rounded to bf16 (FAST_16BF);
-  // fp32 accumulation and output either way.
+  if (bf16_gemm_) {
+    // Operands rounded to bf16 (one pass each over A and B), bf16 tensor-core products,
+    // fp32 accumulation and fp32 C. Measured faster than cuBLAS's FAST_16BF on the same
+    // fp32 operands (docs/perf.md), which spent 175 ms of a 0.38 s step in GEMMs.
+    const std::size_t na = A.numel(), nb = B.numel(), abytes = (na * 2 + 255) / 256 * 256;
+    if (abytes + nb * 2 > gemm_scratch_n_) {
+      if (gemm_scratch_) {
+        synchronize();
+        track_free(gemm_scratch_);
+        LAR_CUDA_CHECK(cudaFree(gemm_scratch_));
+      }
+      gemm_scratch_n_ = abytes + nb * 2;
+      LAR_CUDA_CHECK(cudaMalloc(&gemm_scratch_, gemm_scratch_n_));
+      track_alloc(gemm_scratch_, gemm_scratch_n_);
+    }
+    auto* ab = static_cast<__nv_bfloat16*>(gemm_scratch_);
+    auto* bb = reinterpret_cast<__nv_bfloat16*>(static_cast<char*>(gemm_scratch_) + abytes);
+    f32_to_bf16_kernel<<<blocks_for(na, 256), 256, 0, stream_>>>(A.ptr<float>(), ab, na);
+    LAR_CUDA_LAUNCHED();
+    f32_to_bf16_kernel<<<blocks_for(nb, 256), 256, 0, stream_>>>(B.ptr<float>(), bb, nb);
+    LAR_CUDA_LAUNCHED();
+    LAR_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+        cublas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(N),
+        static_cast<int>(M), static_cast<int>(K), &fa, bb, CUDA_R_16BF, ldb, b_rows * B.last(), ab, CUDA_R_16BF,
+        lda, a_rows * A.last(), &fb, C.data, CUDA_R_32F, ldc, M * N, static_cast<int>(batches), CUBLAS_COMPUTE_32F,
+        CUBLAS_GEMM_DEFAULT));
+    return;
+  }
+  // fp32 tensors, TF32 tensor-core products, fp32 accumulation and output.
   LAR_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
       cublas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(N),
       static_cast<int>(M), static_cast<int>(K), &fa, B.data, CUDA_R_32F, ldb, b_rows * B.last(), A.data, CUDA_R_32F,
       lda, a_rows * A.last(), &fb, C.data, CUDA_R_32F, ldc, M * N, static_cast<int>(batches),
-      bf16_gemm_ ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT));
+      CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT));
 }
 
 void CudaBackend::axpy(double alpha, const Tensor& x, const Tensor& y) {
+  OpTimer timer(*this, "axpy");
   axpy_kernel<<<blocks_for(x.numel(), 256), 256, 0, stream_>>>(static_cast<float>(alpha), x.ptr<float>(),
                                                               y.ptr<float>(), x.numel());
   LAR_CUDA_LAUNCHED();
@@ -588,6 +668,7 @@ void CudaBackend::axpy(double alpha, const Tensor& x, const Tensor& y) {
 // Runs a per-block partial kernel over x, adds the partials in a fixed order on the
 // device and returns the total (deterministic for a fixed grid).
 double CudaBackend::reduce_to_host(void (*partial_kernel)(const float*, int64_t, double*), const Tensor& x) {
+  OpTimer timer(*this, "reduce (norms)");
   double* partial = scratch_doubles(kReduceBlocks + 1);
   partial_kernel<<<kReduceBlocks, 256, 0, stream_>>>(x.ptr<float>(), x.numel(), partial);
   LAR_CUDA_LAUNCHED();
@@ -604,6 +685,7 @@ double CudaBackend::sum_squares(const Tensor& x) { return reduce_to_host(sum_squ
 bool CudaBackend::all_finite(const Tensor& x) { return reduce_to_host(nonfinite_partial, x) == 0; }
 
 void CudaBackend::embedding_fwd(const Tensor& ids, const Tensor& table, const Tensor& out) {
+  OpTimer timer(*this, "embedding");
   int64_t n = ids.numel(), d = table.last();
   embedding_fwd_kernel<<<blocks_for(n * d, 256), 256, 0, stream_>>>(ids.ptr<int>(), table.ptr<float>(),
                                                                     out.ptr<float>(), n, d);
@@ -611,6 +693,7 @@ void CudaBackend::embedding_fwd(const Tensor& ids, const Tensor& table, const Te
 }
 
 void CudaBackend::embedding_bwd(const Tensor& ids, const Tensor& dout, const Tensor& dtable) {
+  OpTimer timer(*this, "embedding");
   const int64_t n = ids.numel(), d = dtable.last(), V = dtable.rows();
   // A stable counting sort of the token positions by id, on the host (N ints each way).
   host_ids_.resize(n);
@@ -658,6 +741,7 @@ void CudaBackend::embedding_bwd(const Tensor& ids, const Tensor& dout, const Ten
 }
 
 void CudaBackend::rmsnorm_fwd(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& rstd, double eps) {
+  OpTimer timer(*this, "rmsnorm");
   int64_t n = x.rows(), d = x.last();
   rmsnorm_fwd_kernel<<<static_cast<unsigned>(n), 256, 0, stream_>>>(x.ptr<float>(), w.ptr<float>(), y.ptr<float>(),
                                                                     rstd.ptr<float>(), d, static_cast<float>(eps));
@@ -666,6 +750,7 @@ void CudaBackend::rmsnorm_fwd(const Tensor& x, const Tensor& w, const Tensor& y,
 
 void CudaBackend::rmsnorm_bwd(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
                               const Tensor& dx, const Tensor& dw) {
+  OpTimer timer(*this, "rmsnorm");
   int64_t n = x.rows(), d = x.last();
   rmsnorm_bwd_dx_kernel<<<static_cast<unsigned>(n), 256, 0, stream_>>>(x.ptr<float>(), w.ptr<float>(),
                                                                        rstd.ptr<float>(), dy.ptr<float>(),
@@ -682,28 +767,47 @@ void CudaBackend::rmsnorm_bwd(const Tensor& x, const Tensor& w, const Tensor& rs
 }
 
 void CudaBackend::swiglu_fwd(const Tensor& gu, const Tensor& h) {
+  OpTimer timer(*this, "swiglu");
   int64_t n = h.rows(), f = h.last();
   swiglu_fwd_kernel<<<blocks_for(n * f, 256), 256, 0, stream_>>>(gu.ptr<float>(), h.ptr<float>(), n, f);
   LAR_CUDA_LAUNCHED();
 }
 
 void CudaBackend::swiglu_bwd(const Tensor& gu, const Tensor& dh, const Tensor& dgu) {
+  OpTimer timer(*this, "swiglu");
   int64_t n = dh.rows(), f = dh.last();
   swiglu_bwd_kernel<<<blocks_for(n * f, 256), 256, 0, stream_>>>(gu.ptr<float>(), dh.ptr<float>(),
                                                                  dgu.ptr<float>(), n, f);
   LAR_CUDA_LAUNCHED();
 }
 
-void CudaBackend::rope_fwd(const Tensor& x, double base, int64_t pos0) {
-  rope_kernel<<<blocks_for(x.numel() / 2, 256), 256, 0, stream_>>>(x.ptr<float>(), x.size(0), x.size(1), x.size(2),
-                                                                   x.size(3), base, pos0, 1.0);
+void CudaBackend::rope(const Tensor& x, double base, int64_t pos0, double sign) {
+  const int64_t T = x.size(1), D = x.size(3), half = D / 2;
+  if (static_cast<std::size_t>(T * half) > rope_table_n_) {
+    if (rope_table_) {
+      synchronize();
+      track_free(rope_table_);
+      LAR_CUDA_CHECK(cudaFree(rope_table_));
+    }
+    LAR_CUDA_CHECK(cudaMalloc(&rope_table_, T * half * sizeof(float2)));
+    track_alloc(rope_table_, T * half * sizeof(float2));
+    rope_table_n_ = T * half;
+  }
+  float2* cs = static_cast<float2*>(rope_table_);
+  rope_table_kernel<<<blocks_for(T * half, 256), 256, 0, stream_>>>(cs, T, D, base, pos0, sign);
+  LAR_CUDA_LAUNCHED();
+  rope_apply_kernel<<<blocks_for(x.numel() / 2, 256), 256, 0, stream_>>>(x.ptr<float>(), cs, x.size(0), T, x.size(2), D);
   LAR_CUDA_LAUNCHED();
 }
 
+void CudaBackend::rope_fwd(const Tensor& x, double base, int64_t pos0) {
+  OpTimer timer(*this, "rope");
+  rope(x, base, pos0, 1.0);
+}
+
 void CudaBackend::rope_bwd(const Tensor& dx, double base, int64_t pos0) {
-  rope_kernel<<<blocks_for(dx.numel() / 2, 256), 256, 0, stream_>>>(dx.ptr<float>(), dx.size(0), dx.size(1),
-                                                                    dx.size(2), dx.size(3), base, pos0, -1.0);
-  LAR_CUDA_LAUNCHED();
+  OpTimer timer(*this, "rope");
+  rope(dx, base, pos0, -1.0);
 }
 
 static AttnShape attn_shape(const Tensor& q, const Tensor& k, const Tensor& v, double scale, int64_t window) {
@@ -789,6 +893,7 @@ void CudaBackend::flash_bwd(const Tensor& q, const Tensor& k, const Tensor& v, c
 
 void CudaBackend::attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                                 const Tensor& lse, double scale, int64_t window) {
+  OpTimer timer(*this, "attention fwd");
   if (flash_ok(q, v)) return flash_fwd(q, k, v, o, lse, scale, window);
   AttnShape s = attn_shape(q, k, v, scale, window);
   int64_t warps = s.B * s.T * s.Hq;
@@ -800,6 +905,7 @@ void CudaBackend::attention_fwd(const Tensor& q, const Tensor& k, const Tensor& 
 void CudaBackend::attention_bwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                                 const Tensor& lse, const Tensor& dout, const Tensor& dq, const Tensor& dk,
                                 const Tensor& dv, double scale, int64_t window) {
+  OpTimer timer(*this, "attention bwd");
   if (flash_ok(q, v)) return flash_bwd(q, k, v, o, lse, dout, dq, dk, dv, scale, window);
   AttnShape s = attn_shape(q, k, v, scale, window);
   float* delta = nullptr;
@@ -820,6 +926,7 @@ void CudaBackend::attention_bwd(const Tensor& q, const Tensor& k, const Tensor& 
 
 double CudaBackend::cross_entropy_fwd(const Tensor& logits, const Tensor& targets, const Tensor& mask,
                                       const Tensor& losses, const Tensor& argmax) {
+  OpTimer timer(*this, "cross-entropy");
   int64_t n = logits.rows(), V = logits.last();
   ce_fwd_kernel<<<static_cast<unsigned>(n), 256, 0, stream_>>>(logits.ptr<float>(), targets.ptr<int>(),
                                                                mask.ptr<float>(), losses.ptr<float>(),
@@ -835,6 +942,7 @@ double CudaBackend::cross_entropy_fwd(const Tensor& logits, const Tensor& target
 
 void CudaBackend::cross_entropy_bwd(const Tensor& logits, const Tensor& targets, const Tensor& mask,
                                     double grad_scale, const Tensor& dlogits) {
+  OpTimer timer(*this, "cross-entropy");
   int64_t n = logits.rows(), V = logits.last();
   ce_bwd_kernel<<<static_cast<unsigned>(n), 256, 0, stream_>>>(logits.ptr<float>(), targets.ptr<int>(),
                                                                mask.ptr<float>(), static_cast<float>(grad_scale),
@@ -846,27 +954,32 @@ void CudaBackend::cross_entropy_bwd(const Tensor& logits, const Tensor& targets,
 
 void CudaBackend::adamw_step(const Tensor& w, const Tensor& g, const Tensor& m, const Tensor& v,
                              const AdamWStep& s) {
+  OpTimer timer(*this, "optimiser");
   const int64_t n = w.numel();
   if (g.numel() != n || m.numel() != n || v.numel() != n) throw RuntimeError("cuda adamw_step: sizes differ");
   optim::adamw_step(w.ptr<float>(), g.ptr<float>(), m.ptr<float>(), v.ptr<float>(), n, s, stream_);
 }
 
 void CudaBackend::momentum_step(const Tensor& g, const Tensor& buf, const Tensor& u, double mu, bool nesterov) {
+  OpTimer timer(*this, "optimiser");
   if (buf.numel() != g.numel() || u.numel() != g.numel()) throw RuntimeError("cuda momentum_step: sizes differ");
   optim::momentum_step(g.ptr<float>(), buf.ptr<float>(), u.ptr<float>(), g.numel(), static_cast<float>(mu), nesterov,
                        stream_);
 }
 
 void CudaBackend::scale(const Tensor& x, double alpha) {
+  OpTimer timer(*this, "optimiser");
   optim::scale(x.ptr<float>(), x.numel(), static_cast<float>(alpha), stream_);
 }
 
 void CudaBackend::transpose(const Tensor& src, const Tensor& dst, double alpha) {
+  OpTimer timer(*this, "optimiser");
   if (src.numel() != dst.numel()) throw RuntimeError("cuda transpose: " + src.shape_str() + " → " + dst.shape_str());
   optim::transpose(src.ptr<float>(), dst.ptr<float>(), src.rows(), src.last(), static_cast<float>(alpha), stream_);
 }
 
 void CudaBackend::normuon_normalize(const Tensor& o, const Tensor& V, double beta2, double eps) {
+  OpTimer timer(*this, "optimiser");
   const int64_t rows = o.rows(), cols = o.last();
   if (V.numel() != std::max(rows, cols)) throw RuntimeError("cuda normuon_normalize: V has " + V.shape_str());
   double* scratch = scratch_doubles(static_cast<std::size_t>(optim::normuon_scratch_doubles(rows, cols)));
@@ -874,6 +987,7 @@ void CudaBackend::normuon_normalize(const Tensor& o, const Tensor& V, double bet
 }
 
 void CudaBackend::decayed_update(const Tensor& w, const Tensor& o, double decay, double step) {
+  OpTimer timer(*this, "optimiser");
   if (w.numel() != o.numel()) throw RuntimeError("cuda decayed_update: sizes differ");
   optim::decayed_update(w.ptr<float>(), o.ptr<float>(), w.numel(), static_cast<float>(decay),
                         static_cast<float>(step), stream_);

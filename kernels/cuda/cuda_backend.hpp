@@ -6,6 +6,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -66,8 +67,8 @@ class CudaBackend final : public Backend {
   void decayed_update(const Tensor& w, const Tensor& o, double decay, double step) override;
 
   // precision "fp32": pedantic fp32 GEMMs and the fp32 attention kernels (the reference);
-  // "mixed"/"auto": bf16 tensor-core GEMMs (operands rounded to bf16, fp32 accumulation,
-  // cuBLAS FAST_16BF) and the bf16 flash attention (head dim 64/128) over the same fp32
+  // "mixed"/"auto": bf16 tensor-core GEMMs (operands rounded to bf16 in a scratch
+  // buffer, fp32 accumulation and output) and the bf16 flash attention (head dim 64/128) over the same fp32
   // tensors; "tf32": the same with TF32 GEMMs. Deterministic in every mode (no atomics,
   // one stream, cuBLAS is run-to-run reproducible on one GPU).
   void set_options(const Options& o) override;
@@ -76,6 +77,9 @@ class CudaBackend final : public Backend {
 
   cudaStream_t stream() const { return stream_; }
   void synchronize();
+  // With LAR_CUDA_PROFILE=1 in the environment: device seconds per op kind since the last
+  // report (CUDA events around every op), largest first; empty otherwise.
+  std::vector<std::pair<std::string, double>> profile_report();
 
  private:
   // Device scratch of at least `bytes` (grown, never shrunk; one user at a time).
@@ -86,8 +90,20 @@ class CudaBackend final : public Backend {
   void flash_bwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse,
                  const Tensor& dout, const Tensor& dq, const Tensor& dk, const Tensor& dv, double scale,
                  int64_t window);
+  void rope(const Tensor& x, double base, int64_t pos0, double sign);
   void track_alloc(void* p, std::size_t bytes);
   void track_free(void* p);
+  struct OpTimer;
+  struct ProfEvent {
+    const char* name;
+    cudaEvent_t a, b;
+  };
+  bool profile_ = false;
+  std::vector<ProfEvent> prof_;
+  void* rope_table_ = nullptr;  // float2 (cos, sin) per position and frequency
+  void* gemm_scratch_ = nullptr;  // bf16 copies of a GEMM's operands (precision mixed)
+  std::size_t gemm_scratch_n_ = 0;
+  std::size_t rope_table_n_ = 0;
   bool mixed_ = false;      // tensor-core GEMMs and flash attention
   bool bf16_gemm_ = false;  // GEMM products in bf16 (else TF32)
   std::string gpu_name_;

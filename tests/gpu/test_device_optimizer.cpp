@@ -1,7 +1,7 @@
 // DeviceOptimizer (trainer/optim/device_optimizer.hpp) against the host Optimizer on
 // fresh random parameters and gradients: on the CPU backend (exact for AdamW) and on the
 // CUDA backend (AdamW bit-identical too: the kernels evaluate the host's float
-// expressions without FMA; Muon/NorMuon to the GEMMs' rounding). Also the state blob: a
+// expressions without FMA; Muon/NorMuon to the GEMMs' rounding: fp32, or bf16 operands). Also the state blob: a
 // checkpoint written from device state loads into the host optimiser and back.
 #include <gtest/gtest.h>
 
@@ -165,7 +165,8 @@ TEST(DeviceOptimizer, MuonAndNorMuonMatchHost) {
     EXPECT_LT(delta_err(run(cpu.get(), name, 1.0, 3, 5)), 1e-5) << name << " cpu";
     if (!gpu) continue;
     EXPECT_LT(delta_err(run(gpu.get(), name, 1.0, 3, 5)), 1e-5) << name << " cuda fp32";
-    EXPECT_LT(delta_err(run(gpu_mixed.get(), name, 1.0, 3, 5)), 1e-2) << name << " cuda tf32";
+    // Newton–Schulz with bf16 GEMM operands: 5 iterations of bf16 rounding (1.2e-2 measured).
+    EXPECT_LT(delta_err(run(gpu_mixed.get(), name, 1.0, 3, 5)), 3e-2) << name << " cuda bf16";
   }
 }
 

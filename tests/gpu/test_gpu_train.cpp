@@ -149,16 +149,17 @@ TEST(GpuTrain, OneStepMatchesTheCpuBackend) {
       auto gpu = backend("cuda", precision);
       const StepOut got = one_step(*gpu, cfg, batch);
       const bool fp32 = std::string(precision) == "fp32";
-      const double tol = fp32 ? 1e-4 : 2e-2;  // fp32 vs bf16 attention + TF32 GEMMs
+      const double tol = fp32 ? 1e-4 : 2e-2;  // fp32 vs bf16 attention + bf16 GEMMs (4.5e-3 measured)
       const double du = rel_rms(got.update, ref.update);
       std::printf("%s %s: loss %.8f vs cpu %.8f, grads rel RMS %.3g, update rel RMS %.3g\n", opt, precision,
                   got.loss, ref.loss, rel_rms(got.grads, ref.grads), du);
       EXPECT_NEAR(got.loss, ref.loss, (fp32 ? 1e-6 : 1e-3) * ref.loss) << opt << " " << precision;
       EXPECT_LT(rel_rms(got.grads, ref.grads), tol) << opt << " " << precision;
       // AdamW's first update is ≈ lr·sign(g): a gradient within rounding of 0 may flip, so
-      // its tolerance is looser than Muon's (smooth in g).
+      // its tolerance is looser than Muon's (smooth in g). Mixed: bf16 GEMMs in the model
+      // and in Newton–Schulz (measured on the H200: 8.2e-2 AdamW, 3.5e-2 Muon).
       const bool adam = std::string(opt) == "adamw";
-      EXPECT_LT(du, fp32 ? (adam ? 2e-2 : 1e-3) : (adam ? 0.15 : 3e-2)) << opt << " " << precision;
+      EXPECT_LT(du, fp32 ? (adam ? 2e-2 : 1e-3) : (adam ? 0.15 : 6e-2)) << opt << " " << precision;
     }
   }
 }
@@ -184,7 +185,7 @@ TEST(GpuTrain, HundredStepLossCurveTracksTheCpuRun) {
   std::printf("100 steps: loss %.4f → %.4f (cpu); worst rel diff fp32 %.3g, mixed %.3g; last-20 mean cpu %.4f "
               "fp32 %.4f mixed %.4f\n", lc.front(), lc.back(), worst32, worstmix, tail_c, tail_32, tail_mix);
   // Rounding differences grow over 100 chaotic steps (measured on the H200: worst step
-  // 1.1% in fp32, 3.3% mixed; last-20 means within 0.1%).
+  // 1.1% in fp32, 2.9% mixed; last-20 means within 0.3%).
   EXPECT_LT(lc.back(), lc.front() * 0.9);  // it learns
   EXPECT_LT(worst32, 0.03);
   EXPECT_LT(worstmix, 0.1);
