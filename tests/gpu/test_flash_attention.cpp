@@ -12,48 +12,18 @@
 
 #include "kernels/backend.hpp"
 #include "kernels/cuda/attention/flash_attention.hpp"
+#include "tests/gpu/device_buffer.hpp"
 
 using namespace lar::kernels;
 using lar::kernels::cuda::attention::FlashShape;
-using bf16 = __nv_bfloat16;
+using lar::gpu_test::bf16;
 
 namespace {
 
 #define CK(x) ASSERT_EQ((x), cudaSuccess) << #x
 
-// A device buffer that frees itself.
-template <class T>
-struct Dev {
-  T* p = nullptr;
-  size_t n = 0;
-  explicit Dev(size_t count) : n(count) {
-    if (cudaMalloc(&p, n * sizeof(T)) != cudaSuccess) p = nullptr;
-  }
-  ~Dev() { cudaFree(p); }
-  void poison() { cudaMemset(p, 0xff, n * sizeof(T)); }  // all-ones bits: NaN in bf16 and fp32
-  std::vector<double> get() const {
-    std::vector<T> h(n);
-    cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost);
-    std::vector<double> out(n);
-    for (size_t i = 0; i < n; ++i) {
-      if constexpr (std::is_same_v<T, bf16>)
-        out[i] = __bfloat162float(h[i]);
-      else
-        out[i] = h[i];
-    }
-    return out;
-  }
-};
-
-double rel_rms(const std::vector<double>& got, const std::vector<double>& ref) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (!std::isfinite(got[i])) return INFINITY;
-    num += (got[i] - ref[i]) * (got[i] - ref[i]);
-    den += ref[i] * ref[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-300));
-}
+using lar::gpu_test::Dev;
+using lar::gpu_test::rel_rms;
 
 struct Harness {
   std::mt19937_64 rng{std::random_device{}()};

@@ -14,58 +14,17 @@
 
 #include "kernels/cpu/linear/mixers.hpp"
 #include "kernels/cuda/linear/linear_attention.hpp"
+#include "tests/gpu/device_buffer.hpp"
 
 namespace cl = lar::kernels::cpu::linear;
 namespace gl = lar::kernels::cuda::linear;
-using bf16 = __nv_bfloat16;
+using lar::gpu_test::bf16;
 
 namespace {
 
-template <class T>
-struct Dev {
-  T* p = nullptr;
-  size_t n = 0;
-  explicit Dev(size_t count) : n(count) {
-    if (cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)) != cudaSuccess) p = nullptr;
-  }
-  ~Dev() { cudaFree(p); }
-  Dev(const Dev&) = delete;
-  void poison() { cudaMemset(p, 0xff, n * sizeof(T)); }
-  void put(const std::vector<double>& x) {
-    std::vector<T> h(n);
-    for (size_t i = 0; i < n; ++i) {
-      if constexpr (std::is_same_v<T, bf16>)
-        h[i] = __float2bfloat16(static_cast<float>(x[i]));
-      else
-        h[i] = static_cast<T>(x[i]);
-    }
-    cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice);
-  }
-  std::vector<double> get() const {
-    std::vector<T> h(n);
-    cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost);
-    std::vector<double> out(n);
-    for (size_t i = 0; i < n; ++i) {
-      if constexpr (std::is_same_v<T, bf16>)
-        out[i] = __bfloat162float(h[i]);
-      else
-        out[i] = h[i];
-    }
-    return out;
-  }
-};
-
-double rel_rms(const std::vector<double>& got, const std::vector<double>& ref) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (!std::isfinite(got[i])) return INFINITY;
-    num += (got[i] - ref[i]) * (got[i] - ref[i]);
-    den += ref[i] * ref[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-300));
-}
-
-double to_bf(double x) { return __bfloat162float(__float2bfloat16(static_cast<float>(x))); }
+using lar::gpu_test::Dev;
+using lar::gpu_test::rel_rms;
+using lar::gpu_test::to_bf;
 
 // Per-head slice of a [B,T,H,w] array into [T,w].
 std::vector<double> head(const std::vector<double>& x, int b, int h, int w, int T, int H) {
