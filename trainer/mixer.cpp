@@ -25,6 +25,8 @@ std::vector<std::string> registered_mixers() {
   return out;
 }
 
+bool mixer_runs_on_cuda(const std::string& kind) { return kind == "softmax"; }
+
 std::unique_ptr<Mixer> make_mixer(const MixerConfig& cfg) {
   auto it = registry().find(cfg.kind);
   if (it == registry().end()) {

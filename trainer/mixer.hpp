@@ -117,6 +117,9 @@ struct MixerRegistration {
 std::unique_ptr<Mixer> make_mixer(const MixerConfig& cfg);
 bool mixer_registered(const std::string& kind);
 std::vector<std::string> registered_mixers();
+// Whether this build can run a layer of this kind on the CUDA backend (the trainer
+// refuses, or with backend: auto falls back to the CPU, when a layer cannot).
+bool mixer_runs_on_cuda(const std::string& kind);
 
 // The layer list (SPEC §3): the mixer kind of each layer. Layer l is softmax when
 // architecture == softmax, or stack == dense, or (stack == hybrid and

@@ -46,11 +46,9 @@ long total_steps(const json& config) {
 
 // Token mixers with CUDA kernels today. The linear mixers' CUDA kernels are issue 8;
 // until they land such a model trains on the CPU.
-static bool mixer_on_cuda(const std::string& kind) { return kind == "softmax"; }
-
 std::string cuda_unsupported_mixer(const json& config) {
   for (const auto& k : layer_kinds(config.at("model")))
-    if (!mixer_on_cuda(k)) return k;
+    if (!mixer_runs_on_cuda(k)) return k;
   return "";
 }
 
