@@ -272,6 +272,7 @@ void Model::backward() {
   be_.gemm(A.logits, false, ps.param(head_), false, dxn);
   Tensor dh = ar.zeros(dt, {A.B, A.T, d});
   be_.rmsnorm_bwd(A.hf, ps.param(final_norm_), A.rstdf, dxn, dh, ps.grad(final_norm_));
+  if (grads_ready_) grads_ready_({head_, final_norm_});
   Tensor dact = ar.alloc(dt, {N, F});
   Tensor dgu = ar.alloc(dt, {N, 2 * F});
   // Side-channel gradients, zeroed up front (consumers above accumulate into them).
@@ -312,8 +313,18 @@ void Model::backward() {
     // Mixer branch: h1 = h0 + Mixer(RMSNorm(h0)).
     mixers_[l]->backward(ctx, dh, dxn, r);
     be_.rmsnorm_bwd(A.h[2 * l], ps.param(ly.norm1), A.rstd1[l], dxn, dh, ps.grad(ly.norm1));
+    if (grads_ready_) grads_ready(l);
   }
   be_.embedding_bwd(A.ids, dh, ps.grad(embed_));
+  if (grads_ready_) grads_ready_({embed_});
+}
+
+void Model::grads_ready(int layer) {
+  std::vector<int> idx;
+  const auto& table = params_->table();
+  for (int i = 0; i < static_cast<int>(table.size()); ++i)
+    if (table[i].layer == layer) idx.push_back(i);
+  grads_ready_(idx);
 }
 
 StepResult Model::forward_backward(const data::Batch& batch) {

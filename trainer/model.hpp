@@ -5,6 +5,7 @@
 // final RMSNorm, LM head, cross-entropy with a loss mask. Explicit forward and backward
 // per module (no autograd); every tensor op goes through kernels::Backend; parameters
 // and gradients live in one ParamStore (flat buffers).
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -56,6 +57,14 @@ class Model {
   std::size_t activation_bytes() const;
   const std::vector<std::unique_ptr<Mixer>>& mixers() const { return mixers_; }
 
+  // Data parallelism (dist/, trainer/train.cpp): called during backward each time the
+  // gradients of a group of parameters (indices into params().table()) are final for this
+  // step — head and final norm first, then each block from the last down, the embedding
+  // last — so their all-reduce can start while backward goes on. Called in stream order:
+  // on a GPU the gradient kernels are queued, not necessarily finished. Empty: no calls.
+  using GradsReadyHook = std::function<void(const std::vector<int>& params)>;
+  void set_grads_ready_hook(GradsReadyHook hook) { grads_ready_ = std::move(hook); }
+
  private:
   struct Layer;
   StepResult forward(const data::Batch& batch, bool training, std::vector<int32_t>* predictions);
@@ -71,6 +80,8 @@ class Model {
   int embed_ = -1, final_norm_ = -1, head_ = -1;
   struct Acts;
   std::unique_ptr<Acts> acts_;
+  GradsReadyHook grads_ready_;
+  void grads_ready(int layer);  // the hook with the parameters of block `layer`
 };
 
 }  // namespace lar::trainer
