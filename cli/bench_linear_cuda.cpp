@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -20,6 +21,7 @@
 #include "core/error.hpp"
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/linear/linear_attention.hpp"
+#include "kernels/cuda/linear/linear_methods.hpp"
 #include "registry/text_table.hpp"
 
 namespace {
@@ -35,7 +37,18 @@ constexpr double kBandwidthTBs = 4.3;
 struct Options {
   int reps = 20, warmup = 3;
   bool quick = false;
-  std::string only;
+  bool long_seq = true;
+  std::string only;  // comma-separated case names; empty = all
+  bool wants(const std::string& name) const {
+    if (only.empty()) return true;
+    size_t a = 0;
+    while (a <= only.size()) {
+      const size_t b = std::min(only.find(',', a), only.size());
+      if (only.compare(a, b - a, name) == 0) return true;
+      a = b + 1;
+    }
+    return false;
+  }
 };
 
 template <class T>
@@ -113,19 +126,27 @@ double median_ms(F&& f, int reps, int warmup) {
 }
 
 // Everything one problem needs on the device. mixer: deltanet, gdn (delta_fwd/bwd) or gla,
-// kda, gdn2 (channel_fwd/bwd).
+// kda, gdn2 (channel_fwd/bwd), carve (carve_fwd/bwd, content rank 16), each optionally
+// "+ccq" (ccq_fwd in front of the backbone's forward, ccq_bwd after its backward).
 struct Problem {
-  std::string mixer;
-  bool channel, gated;
+  std::string mixer, base;
+  bool ccq, carve, channel, gated;
   ll::ChannelMixer cm = ll::ChannelMixer::gla;
   ll::DeltaShape s;
   size_t nx, nr, ns;
   DevBuf<bf16> q, k, v, o, dO, dq, dk, dv, bound, bg, wg, dbg, dwg;
   DevBuf<float> g, beta, S, dg, dbeta, dS0;
+  // CARVE: scalar w, U1, U2, content workspace; CCQ: corrected q, λ, statistics, dq_c
+  static constexpr int kRank = 16;
+  DevBuf<float> wsc, U1, U2, content, dwsc, dU1, dU2, lam, Kst, mst, dlam;
+  DevBuf<bf16> qc, dqc;
   Problem(const std::string& m, int64_t B, int64_t T, int64_t H, uint64_t seed)
       : mixer(m),
-        channel(m == "gla" || m == "kda" || m == "gdn2"),
-        gated(m != "deltanet"),
+        base(m.substr(0, m.find('+'))),
+        ccq(m.find("+ccq") != std::string::npos),
+        carve(base == "carve"),
+        channel(base == "gla" || base == "kda" || base == "gdn2" || base == "carve"),
+        gated(base != "deltanet"),
         s{B, T, H, 64, 64, 0.125},
         nx(static_cast<size_t>(B * T * H) * 64),
         nr(static_cast<size_t>(B * T * H)),
@@ -133,9 +154,14 @@ struct Problem {
         q(nx), k(nx), v(nx), o(nx), dO(nx), dq(nx), dk(nx), dv(nx),
         bound(ll::delta_boundary_bytes(s) / sizeof(bf16)),
         bg(channel ? nx : 1), wg(channel ? nx : 1), dbg(channel ? nx : 1), dwg(channel ? nx : 1),
-        g(channel ? nx : nr), beta(nr), S(ns), dg(channel ? nx : nr), dbeta(nr), dS0(ns) {
-    if (m == "kda") cm = ll::ChannelMixer::kda;
-    if (m == "gdn2") cm = ll::ChannelMixer::gdn2;
+        g(channel ? nx : nr), beta(nr), S(ns), dg(channel ? nx : nr), dbeta(nr), dS0(ns),
+        wsc(carve ? nr : 1), U1(carve ? static_cast<size_t>(H) * kRank * 64 : 1),
+        U2(carve ? static_cast<size_t>(H) * kRank * 64 : 1), content(carve ? ll::carve_content_bytes(s) / 4 : 1),
+        dwsc(carve ? nr : 1), dU1(carve ? static_cast<size_t>(H) * kRank * 64 : 1),
+        dU2(carve ? static_cast<size_t>(H) * kRank * 64 : 1), lam(ccq ? nr : 1), Kst(ccq ? ns : 1),
+        mst(ccq ? static_cast<size_t>(B * H) * 64 : 1), dlam(ccq ? nr : 1), qc(ccq ? nx : 1), dqc(ccq ? nx : 1) {
+    if (base == "kda") cm = ll::ChannelMixer::kda;
+    if (base == "gdn2") cm = ll::ChannelMixer::gdn2;
     Rng r(seed);
     q.put(bf_round(rows_unit(nr, r))), k.put(bf_round(rows_unit(nr, r)));
     v.put(bf_round(normal(nx, r))), dO.put(bf_round(normal(nx, r)));
@@ -150,29 +176,61 @@ struct Problem {
       bg.put(u);
       for (auto& x : u) x = static_cast<float>(0.05 + 0.9 * r.uniform());
       wg.put(u);
+      if (carve) bg.put(bf_round(normal(nx, r)));  // erase logits
     }
+    if (carve) {
+      for (auto& x : hb) x = static_cast<float>(0.05 + 0.9 * r.uniform());
+      wsc.put(hb);
+      U1.put(normal(U1.n, r)), U2.put(normal(U2.n, r, 0.3));
+    }
+    if (ccq) {
+      for (auto& x : hb) x = static_cast<float>(0.01 + 0.2 * r.uniform());
+      lam.put(hb);
+    }
+  }
+  const bf16* qin() const { return ccq ? qc.p : q.p; }  // what the backbone reads
+  ll::CcqInputs ccq_inputs() const {
+    ll::CcqInputs in;
+    in.q = q.p, in.k = k.p, in.lambda = lam.p;
+    return in;
+  }
+  ll::CarveInputs carve_inputs() const {
+    ll::CarveInputs in;
+    in.q = qin(), in.k = k.p, in.v = v.p, in.g = g.p, in.bx = bg.p, in.w = wsc.p, in.U1 = U1.p, in.U2 = U2.p;
+    in.rank = kRank;
+    return in;
   }
   ll::ChannelInputs inputs() const {
     ll::ChannelInputs in;
-    in.q = q.p, in.k = k.p, in.v = v.p, in.g = g.p, in.beta = beta.p, in.b = bg.p, in.w = wg.p;
+    in.q = qin(), in.k = k.p, in.v = v.p, in.g = g.p, in.beta = beta.p, in.b = bg.p, in.w = wg.p;
     return in;
   }
   void fwd() {
-    if (channel)
+    if (ccq) ll::ccq_fwd(s, ccq_inputs(), qc.p, {Kst.p, mst.p}, nullptr);
+    if (carve)
+      ll::carve_fwd(s, carve_inputs(), o.p, S.p, bound.p, content.p, nullptr);
+    else if (channel)
       ll::channel_fwd(cm, s, inputs(), o.p, S.p, bound.p, nullptr);
     else
-      ll::delta_fwd(s, q.p, k.p, v.p, gated ? g.p : nullptr, beta.p, nullptr, o.p, S.p, bound.p, nullptr);
+      ll::delta_fwd(s, qin(), k.p, v.p, gated ? g.p : nullptr, beta.p, nullptr, o.p, S.p, bound.p, nullptr);
   }
   void bwd() {
-    if (channel) {
+    bf16* dq_b = ccq ? dqc.p : dq.p;  // the backbone's gradient on the q it read
+    if (carve) {
+      ll::CarveGrads gr;
+      gr.dq = dq_b, gr.dk = dk.p, gr.dv = dv.p, gr.dbx = dbg.p, gr.dg = dg.p, gr.dw = dwsc.p, gr.dU1 = dU1.p;
+      gr.dU2 = dU2.p, gr.dS0 = dS0.p;
+      ll::carve_bwd(s, carve_inputs(), bound.p, content.p, dO.p, nullptr, gr, nullptr);
+    } else if (channel) {
       ll::ChannelGrads gr;
-      gr.dq = dq.p, gr.dk = dk.p, gr.dv = dv.p, gr.dg = dg.p, gr.dbeta = dbeta.p, gr.db = dbg.p, gr.dw = dwg.p;
+      gr.dq = dq_b, gr.dk = dk.p, gr.dv = dv.p, gr.dg = dg.p, gr.dbeta = dbeta.p, gr.db = dbg.p, gr.dw = dwg.p;
       gr.dS0 = dS0.p;
       ll::channel_bwd(cm, s, inputs(), bound.p, dO.p, nullptr, gr, nullptr);
     } else {
-      ll::delta_bwd(s, q.p, k.p, v.p, gated ? g.p : nullptr, beta.p, bound.p, dO.p, nullptr, dq.p, dk.p, dv.p,
+      ll::delta_bwd(s, qin(), k.p, v.p, gated ? g.p : nullptr, beta.p, bound.p, dO.p, nullptr, dq_b, dk.p, dv.p,
                     gated ? dg.p : nullptr, dbeta.p, dS0.p, nullptr);
     }
+    if (ccq) ll::ccq_bwd(s, ccq_inputs(), {Kst.p, mst.p}, dqc.p, dq.p, dk.p, dlam.p, nullptr);
   }
 };
 
@@ -186,19 +244,24 @@ int bench_linear(const Options& o) {
     int64_t B, T, H;
   };
   std::vector<Case> cases = {{8, 4096, 16}, {1, 32768, 16}};
+  if (!o.long_seq) cases = {{8, 4096, 16}};
   if (o.quick) cases = {{1, 1024, 4}};
   std::cout << fmt::format(
       "linear-cuda: fused chunkwise linear mixers (chunk 64, dk=dv=64, bf16 in/out, fp32 state) on {} ({} SMs); "
       "median of {} after {} warm-up; floors at {:.0f} TFLOP/s and {:.1f} TB/s\n",
       prop.name, prop.multiProcessorCount, o.reps, o.warmup, kPeakTflops, kBandwidthTBs);
   lar::registry::TextTable table;
-  table.headers = {"mixer", "shape", "pass", "ms", "floor ms (bytes | flops)", "fla ms", "fla/ours"};
+  table.headers = {"mixer", "shape", "pass", "ms", "floor ms (bytes | flops)", "anchor ms", "anchor/ours"};
   table.right_align = {false, false, false, true, true, true, true};
-  for (const std::string mixer : {"deltanet", "gdn", "gla", "kda", "gdn2"}) {
+  // our own times of each case, for the carve (vs gdn2) and +ccq (vs backbone) anchors
+  std::map<std::string, double> ours;
+  for (const std::string mixer : {"deltanet", "gdn", "gla", "kda", "gdn2", "carve", "gdn+ccq", "gla+ccq"}) {
     // fla fwd+bwd on this H200 at B=8, T=4096, H=16 (issue 8's anchors).
     const double anchor = mixer == "deltanet" ? 1.98 : mixer == "gdn" ? 2.28 : mixer == "gla" ? 3.04
-                        : mixer == "kda" ? 4.83 : 5.42;
-    if (!o.only.empty() && o.only != mixer) continue;
+                        : mixer == "kda" ? 4.83 : mixer == "gdn2" ? 5.42 : 0.0;
+    // carve is anchored on our gdn2, a +ccq mixer on its backbone (same call)
+    const std::string own_anchor = mixer == "carve" ? "gdn2" : mixer.substr(0, mixer.find('+'));
+    if (!o.wants(mixer)) continue;
     for (const Case& c : cases) {
       Problem p(mixer, c.B, c.T, c.H, 7);
       auto fwd = [&] { p.fwd(); };
@@ -212,39 +275,77 @@ int bench_linear(const Options& o) {
       const double rows = static_cast<double>(c.B * c.T * c.H), nc = std::ceil(c.T / 64.0);
       const double bound_bytes = c.B * c.H * nc * 64 * 64 * 2;
       const double gemm = 2.0 * 64 * 64 * 64 * c.B * c.H * nc;  // one 64³ product per chunk and head
-      const double extra = p.channel ? 64 * 4 + (mixer == "gdn2" ? 2 * 64 * 2 : 0) : 0;  // gates per token
-      const double fwd_bytes = rows * (4 * 64 * 2 + 8 + extra) + bound_bytes;
-      const double bwd_bytes = rows * (7 * 64 * 2 + 16 + 2 * extra) + bound_bytes;
-      const double fwd_flops = 6 * gemm, bwd_flops = 16 * gemm;
+      // gates per token: channel log-gate; gdn2 b, w; carve bx and the scalar w
+      const double extra = p.channel ? 64 * 4 + (mixer == "gdn2" ? 2 * 64 * 2 : p.carve ? 64 * 2 + 4 : 0) : 0;
+      // CCQ: q read again, q_c written and read (fwd); dq_c written and read, q, k, dk again (bwd); λ
+      const double cx_fwd = p.ccq ? 3 * 64 * 2 + 4 : 0, cx_bwd = p.ccq ? 6 * 64 * 2 + 8 : 0;
+      const double fwd_bytes = rows * (4 * 64 * 2 + 8 + extra + cx_fwd) + bound_bytes;
+      const double bwd_bytes = rows * (7 * 64 * 2 + 16 + 2 * extra + cx_bwd) + bound_bytes;
+      const double fwd_flops = (6 + (p.ccq ? 4 : 0)) * gemm, bwd_flops = (16 + (p.ccq ? 12 : 0)) * gemm;
       auto floor_ms = [&](double bytes, double flops) {
         const double b = bytes / (kBandwidthTBs * 1e9), f = flops / (kPeakTflops * 1e9);
         return fmt::format("{:.3f} ({:.3f} | {:.3f})", std::max(b, f), b, f);
       };
       const std::string name = fmt::format("B={} T={} H={}", c.B, c.T, c.H);
-      const bool anchored = c.B == 8 && c.T == 4096 && c.H == 16;
-      table.rows.push_back({mixer, name, "fwd", fmt::format("{:.3f}", t_fwd), floor_ms(fwd_bytes, fwd_flops), "-", "-"});
-      table.rows.push_back({mixer, name, "bwd", fmt::format("{:.3f}", t_bwd), floor_ms(bwd_bytes, bwd_flops), "-", "-"});
-      table.rows.push_back({mixer, name, "fwd+bwd", fmt::format("{:.3f}", t_all),
-                            floor_ms(fwd_bytes + bwd_bytes, fwd_flops + bwd_flops),
-                            anchored ? fmt::format("{:.2f}", anchor) : "-",
-                            anchored ? fmt::format("{:.2f}x", anchor / t_all) : "-"});
+      const bool anchored = c.B == 8 && c.T == 4096 && c.H == 16 && anchor > 0;
+      for (const auto& [pass, t] : {std::pair<std::string, double>{"fwd", t_fwd}, {"bwd", t_bwd}, {"fwd+bwd", t_all}})
+        ours[mixer + name + pass] = t;
+      auto own = [&](const std::string& pass, double t) -> std::vector<std::string> {
+        const auto it = ours.find(own_anchor + name + pass);
+        if (own_anchor == mixer || it == ours.end()) return {"-", "-"};
+        return {fmt::format("{:.3f} ({})", it->second, own_anchor), fmt::format("{:.3f}x", it->second / t)};
+      };
+      auto row = [&](const std::string& pass, double t, const std::string& floor, bool fla) {
+        std::vector<std::string> a = fla ? std::vector<std::string>{fmt::format("{:.2f} (fla)", anchor),
+                                                                     fmt::format("{:.2f}x", anchor / t)}
+                                         : own(pass, t);
+        table.rows.push_back({mixer, name, pass, fmt::format("{:.3f}", t), floor, a[0], a[1]});
+      };
+      row("fwd", t_fwd, floor_ms(fwd_bytes, fwd_flops), false);
+      row("bwd", t_bwd, floor_ms(bwd_bytes, bwd_flops), false);
+      row("fwd+bwd", t_all, floor_ms(fwd_bytes + bwd_bytes, fwd_flops + bwd_flops), anchored);
     }
   }
+  // recurrent single-token decode of the channel mixers: one launch per token, state read
+  // and written once (floor: 2 · B·H·16 KiB at the copy bandwidth)
+  for (const std::string mixer : {"gla", "kda", "gdn2", "carve"}) {
+    if (!o.wants(mixer + "-decode")) continue;
+    const int64_t B = o.quick ? 1 : 8, H = o.quick ? 4 : 16;
+    Problem p(mixer, B, 1, H, 11);
+    const double t = median_ms(
+        [&] {
+          if (p.carve) {
+            ll::CarveInputs in = p.carve_inputs();
+            ll::carve_decode(p.s, in, 5, p.S.p, p.content.p, p.o.p, nullptr);
+          } else {
+            ll::channel_decode(p.cm, p.s, p.inputs(), p.S.p, p.o.p, nullptr);
+          }
+        },
+        std::max(o.reps, 50), o.warmup + 5);
+    const double bytes = 2.0 * B * H * 64 * 64 * 4;
+    table.rows.push_back({mixer + " decode", fmt::format("B={} H={} (1 token)", B, H), "step",
+                          fmt::format("{:.4f}", t), fmt::format("{:.4f} (bytes)", bytes / (kBandwidthTBs * 1e9)), "-",
+                          "-"});
+  }
   std::cout << table.to_table();
-  std::cout << "fla: chunk kernels fwd+bwd at B=8 T=4096 H=16 d=64 (issue 8); goal fla/ours >= 1.5x\n";
+  std::cout << "anchors: fla chunk kernels fwd+bwd at B=8 T=4096 H=16 d=64 (issue 8; goal fla/ours >= 1.5x); carve vs "
+               "our gdn2 (goal >= 0.91x: within 10%); +ccq vs its backbone (goal >= 0.83x: CCQ adds <= 20%)\n";
   return 0;
 }
 
 }  // namespace
 
 static lar::cli::BenchRegistration linear_cuda_reg{
-    "linear-cuda", "CUDA: fused chunkwise deltanet/gdn/gla/kda/gdn2 fwd/bwd (B=8,T=4096,H=16,d=64; B=1,T=32K)",
+    "linear-cuda", "CUDA: fused chunkwise deltanet/gdn/gla/kda/gdn2/carve (+ccq) fwd/bwd (B=8,T=4096,H=16,d=64; B=1,T=32K), decode",
     [](CLI::App& app) -> lar::cli::Runner {
       auto o = std::make_shared<Options>();
       app.add_option("--reps", o->reps, "Timed repetitions (median reported)")->check(CLI::Range(1, 100000));
       app.add_option("--warmup", o->warmup, "Untimed warm-up calls")->check(CLI::Range(0, 100000));
       app.add_flag("--quick", o->quick, "One small shape (a smoke run)");
-      app.add_option("--mixer", o->only, "Only this mixer (deltanet, gdn, gla, kda, gdn2)");
+      app.add_flag("!--no-long", o->long_seq, "Skip the B=1, T=32K shape");
+      app.add_option("--mixer", o->only,
+                     "Only these cases, comma-separated (deltanet, gdn, gla, kda, gdn2, carve, gdn+ccq, gla+ccq, "
+                     "<gla|kda|gdn2|carve>-decode)");
       return [o] { return bench_linear(*o); };
     }};
 #endif  // LAR_HAVE_CUDA

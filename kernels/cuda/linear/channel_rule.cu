@@ -18,11 +18,12 @@
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/linear/chunk_common.cuh"
 #include "kernels/cuda/linear/linear_attention.hpp"
+#include "kernels/cuda/linear/linear_methods.hpp"
 
 namespace lar::kernels::cuda::linear {
 namespace {
 
-enum Mode { kGla = 0, kKda = 1, kGdn2 = 2 };
+enum Mode { kGla = 0, kKda = 1, kGdn2 = 2, kCarve = 3 };
 
 struct CParams {
   const bf16 *q, *k, *v, *dout, *bg, *wg;
@@ -30,12 +31,58 @@ struct CParams {
   bf16 *o, *bound, *dq, *dk, *dv, *dbg, *dwg;
   const bf16* bound_in;
   float *S_out, *dg, *dbeta, *dS0;
+  // CARVE: erase logits bx, scalar write gate w, content projection U1 [H,r,64], U2 [H,64,r],
+  // the content signal m per chunk (written by the forward, read by the backward).
+  const bf16* bx;
+  const float *wsc, *U1, *U2;
+  float* cm;
+  bf16* dbx;
+  float *dwsc, *dU1, *dU2;
+  int rank, cgrad;
   int B, T, H, nc;
   float scale;
 };
 
 __device__ __forceinline__ size_t crow(const CParams& p, int b, int t, int h) {
   return ((static_cast<size_t>(b) * p.T + t) * p.H + h) * D;
+}
+
+__device__ __forceinline__ float sigm(float x) { return 1.f / (1.f + __expf(-x)); }
+
+// CARVE content path, U_b(m) = U2 tanh(U1 m) (rank ≤ 32), in two barrier-separated steps.
+// h = tanh(U1 m) into sH: thread (r = tid/8, part = tid%8) sums 8 products. m_j is
+// Σ_w sCol[w·64 + j] over `nparts` partial column sums (the forward's per-warp-row output
+// sums, already divided by 64), or sCol itself with nparts = 1.
+__device__ __forceinline__ void carve_h(const CParams& p, int h, const float* sCol, int nparts, float* sH) {
+  const int r = threadIdx.x >> 3, part = threadIdx.x & 7;
+  float s = 0.f;
+  if (r < p.rank) {
+    const float* u1 = p.U1 + (static_cast<size_t>(h) * p.rank + r) * D + 8 * part;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      float m = 0.f;
+      for (int w = 0; w < nparts; ++w) m += sCol[w * C + 8 * part + j];
+      s += __ldg(u1 + j) * m;
+    }
+  }
+  s += __shfl_xor_sync(FULL, s, 1);
+  s += __shfl_xor_sync(FULL, s, 2);
+  s += __shfl_xor_sync(FULL, s, 4);
+  if (part == 0 && r < p.rank) sH[r] = tanhf(s);
+}
+// u = U2 h into sUc: thread (c = tid/4, part = tid%4) sums ranks 8·part..8·part+7.
+__device__ __forceinline__ void carve_u(const CParams& p, int h, const float* sH, float* sUc) {
+  const int c = threadIdx.x >> 2, part = threadIdx.x & 3;
+  const float* u2 = p.U2 + (static_cast<size_t>(h) * D + c) * p.rank;
+  float s = 0.f;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int r = 8 * part + j;
+    if (r < p.rank) s += __ldg(u2 + r) * sH[r];
+  }
+  s += __shfl_xor_sync(FULL, s, 1);
+  s += __shfl_xor_sync(FULL, s, 2);
+  if (part == 0) sUc[c] = s;
 }
 
 // fp32 [64 rows][64] gate tile (rows ≥ n → 0).
@@ -88,7 +135,7 @@ __device__ __forceinline__ void rcumsum_cols(float* s) {
 template <int MODE>
 __device__ __forceinline__ void build_tiles(const CParams& p, int b, int h, int t0, int n, const bf16* Q, const bf16* K,
                                             const float* sGt, bf16* sQb, bf16* sEb, bf16* sKb, bf16* sQt, bf16* sEt,
-                                            bf16* sKh) {
+                                            bf16* sKh, const float* sUc) {
   for (int i = threadIdx.x; i < C * 32; i += NT) {
     const int t = i >> 5, c = 2 * (i & 31);
     float qb[2], eb[2], qt[2], et[2], kh[2], kb[4][2];
@@ -98,6 +145,7 @@ __device__ __forceinline__ void build_tiles(const CParams& p, int b, int h, int 
       const float qv = bf(Q, t, c + u), kv = bf(K, t, c + u);
       float ev = kv;
       if (MODE == kGdn2) ev = t < n ? kv * __bfloat162float(p.bg[crow(p, b, t0 + t, h) + c + u]) : 0.f;
+      if (MODE == kCarve) ev = t < n ? kv * sigm(__bfloat162float(p.bx[crow(p, b, t0 + t, h) + c + u]) + sUc[c + u]) : 0.f;
       const float f = __expf(G - Gs), e0 = __expf(G);
       qb[u] = qv * f, eb[u] = ev * f, qt[u] = qv * e0, et[u] = ev * e0, kh[u] = kv * __expf(Gl - G);
 #pragma unroll
@@ -118,15 +166,19 @@ __device__ __forceinline__ void build_tiles(const CParams& p, int b, int h, int 
 
 // β of the chunk (kda), 1 on valid rows otherwise; 0 on padded rows.
 template <int MODE>
-__device__ __forceinline__ void load_beta(const CParams& p, int b, int h, int t0, int n, float* sB) {
+__device__ __forceinline__ void load_beta(const CParams& p, int b, int h, int t0, int n, float* sB, float* sW) {
   const int t = threadIdx.x;
   if (t < C)
     sB[t] = t < n ? (MODE == kKda ? p.beta[(static_cast<size_t>(b) * p.T + t0 + t) * p.H + h] : 1.f) : 0.f;
+  if (MODE == kCarve && t >= C && t < 2 * C) {  // CARVE's scalar write gate w (0 past n)
+    const int r = t - C;
+    sW[r] = r < n ? p.wsc[(static_cast<size_t>(b) * p.T + t0 + r) * p.H + h] : 0.f;
+  }
 }
 
 // ---------------------------------------------------------------- forward
-// Q K V S P U Qb Eb Kb×4 Qt Et Kh (bf16), G, Aw, X (fp32), β.
-constexpr size_t kCFwdSmem = 15 * TILE * sizeof(bf16) + (3 * TILEF + C) * sizeof(float);
+// Q K V S P U Qb Eb Kb×4 Qt Et Kh (bf16), G, Aw, X (fp32), β, and CARVE's w, u, column sums, h.
+constexpr size_t kCFwdSmem = 15 * TILE * sizeof(bf16) + (3 * TILEF + C + C + C + 4 * C + 32) * sizeof(float);
 
 template <int MODE>
 __global__ void __launch_bounds__(NT, 1) cfwd_kernel(const CParams p) {
@@ -147,9 +199,17 @@ __global__ void __launch_bounds__(NT, 1) cfwd_kernel(const CParams p) {
   float* sAw = sGt + TILEF;
   float* sX = sAw + TILEF;
   float* sB = sX + TILEF;
+  float* sW = sB + C;       // CARVE: w of the chunk's rows
+  float* sUc = sW + C;      // CARVE: u = U_b(m) of the chunk
+  float* sColS = sUc + C;   // CARVE: [4][C] per warp-row output column sums / 64
+  float* sH = sColS + 4 * C;  // CARVE: tanh(U1 m)
   const Lane L;
   const int h = blockIdx.x, b = blockIdx.y, tid = threadIdx.x;
   const size_t bh = static_cast<size_t>(b) * p.H + h, stride = static_cast<size_t>(p.H) * D;
+  if (MODE == kCarve && tid < C) {  // m_0 = 0, so u = U2 tanh(0) = 0 for the first chunk
+    sUc[tid] = 0.f;
+    p.cm[bh * p.nc * D + tid] = 0.f;
+  }
 
   Acc st;
 #pragma unroll
@@ -165,7 +225,7 @@ __global__ void __launch_bounds__(NT, 1) cfwd_kernel(const CParams p) {
     load_tile(sV, p.v + crow(p, b, t0, h), stride, n);
     load_gate_tile(sGt, p.g + crow(p, b, t0, h), stride, n);
     cp_async_commit();
-    load_beta<MODE>(p, b, h, t0, n, sB);
+    load_beta<MODE>(p, b, h, t0, n, sB, sW);
     cp_async_wait<0>();
     __syncthreads();
     if (p.bound) {
@@ -177,7 +237,7 @@ __global__ void __launch_bounds__(NT, 1) cfwd_kernel(const CParams p) {
     }
     cumsum_cols(sGt);
     __syncthreads();
-    build_tiles<MODE>(p, b, h, t0, n, sQ, sK, sGt, sQb, sEb, sKb, sQt, sEt, sKh);
+    build_tiles<MODE>(p, b, h, t0, n, sQ, sK, sGt, sQb, sEb, sKb, sQt, sEt, sKh, sUc);
     __syncthreads();
     const bf16* Kw = sKb + L.wm * TILE;  // this warp's row block's K̄
     Acc o;
@@ -195,6 +255,7 @@ __global__ void __launch_bounds__(NT, 1) cfwd_kernel(const CParams p) {
         store_f(sX, a, L, [&](float x, int t, int c) {
           float z = bf(sV, t, c);
           if (MODE == kGdn2) z = t < n ? z * __bfloat162float(p.wg[crow(p, b, t0 + t, h) + c]) : 0.f;
+          if (MODE == kCarve) z *= sW[t];
           return z - x;
         });
       } else {
@@ -223,6 +284,18 @@ __global__ void __launch_bounds__(NT, 1) cfwd_kernel(const CParams p) {
           *reinterpret_cast<uint32_t*>(p.o + crow(p, b, t0 + t, h) + L.col(nt, 0)) =
               pack(o[nt][2 * hh] * p.scale, o[nt][2 * hh + 1] * p.scale);
       }
+    const bool content = MODE == kCarve && ci + 1 < p.nc;  // the next chunk's m_c = mean of these outputs
+    if (content)  // (every chunk but the last is full)
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+          float x = o[nt][u] + o[nt][2 + u];
+          x += __shfl_xor_sync(FULL, x, 4);
+          x += __shfl_xor_sync(FULL, x, 8);
+          x += __shfl_xor_sync(FULL, x, 16);
+          if (L.g == 0) sColS[L.wm * C + L.col(nt, u)] = x * (p.scale / C);
+        }
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
@@ -230,6 +303,12 @@ __global__ void __launch_bounds__(NT, 1) cfwd_kernel(const CParams p) {
     gemm<true, true>(st, U, sKh, L);  // + Uᵀ K̂
     __syncthreads();
     store_bf(sS, st, L, [](float x, int, int) { return x; });
+    if (content) {  // u for the next chunk; the loop top's barrier publishes sUc
+      if (tid < C) p.cm[(bh * p.nc + ci + 1) * D + tid] = sColS[tid] + sColS[C + tid] + sColS[2 * C + tid] + sColS[3 * C + tid];
+      carve_h(p, h, sColS, 4, sH);
+      __syncthreads();
+      carve_u(p, h, sH, sUc);
+    }
   }
   if (p.S_out)
 #pragma unroll
@@ -240,7 +319,9 @@ __global__ void __launch_bounds__(NT, 1) cfwd_kernel(const CParams p) {
 
 // ---------------------------------------------------------------- backward
 // Q K V dO S0 dS P/dP U dR Qb Eb Kb×4 Qt Et Kh/dAw (bf16), G, Aw, X/dU/dR (fp32), β, sums.
-constexpr size_t kCBwdSmem = 18 * TILE * sizeof(bf16) + (3 * TILEF + C + 2 * C + 4 * C + 8) * sizeof(float);
+// CARVE adds w, u, m, dm (C each), h, dh (32 each) and the per-warp-row du sums (4 C).
+constexpr size_t kCBwdSmem =
+    18 * TILE * sizeof(bf16) + (3 * TILEF + C + 2 * C + 4 * C + 8 + 4 * C + 64 + 4 * C) * sizeof(float);
 
 template <int MODE>
 __global__ void __launch_bounds__(NT, 1) cbwd_kernel(const CParams p) {
@@ -266,10 +347,19 @@ __global__ void __launch_bounds__(NT, 1) cbwd_kernel(const CParams p) {
   float* sB = sX + TILEF;
   float* sRowB = sB + C;      // [2][C]
   float* sColL = sRowB + 2 * C;  // [4][C] per wm: Σ over rows of the G_last terms
+  float* sW = sColL + 4 * C + 8;  // CARVE: w, u, m, dm/64 of the chunk, h, dh, du sums [4][C]
+  float* sUc = sW + C;
+  float* sM = sUc + C;
+  float* sDm = sM + C;
+  float* sH = sDm + C;
+  float* sDh = sH + 32;
+  float* sDu = sDh + 32;
   const Lane L;
   const int h = blockIdx.x, b = blockIdx.y, tid = threadIdx.x;
   const size_t bh = static_cast<size_t>(b) * p.H + h, stride = static_cast<size_t>(p.H) * D;
   const float scale = p.scale;
+  float aU1[8] = {}, aU2[8] = {};  // CARVE: this thread's dU1 [r = tid/8][8·(tid%8)..], dU2 [c = tid/4][8·(tid%4)..]
+  if (MODE == kCarve && tid < C) sDm[tid] = 0.f;
 
   Acc dS;
 #pragma unroll
@@ -284,15 +374,26 @@ __global__ void __launch_bounds__(NT, 1) cbwd_kernel(const CParams p) {
     load_tile(sK, p.k + crow(p, b, t0, h), stride, n);
     load_tile(sV, p.v + crow(p, b, t0, h), stride, n);
     load_tile(sdO, p.dout + crow(p, b, t0, h), stride, n);
+    if (MODE == kCarve && tid < C) sM[tid] = p.cm[(bh * p.nc + ci) * D + tid];
     load_tile(sS0, p.bound_in + (bh * p.nc + ci) * D * D, D, C);
     load_gate_tile(sGt, p.g + crow(p, b, t0, h), stride, n);
     cp_async_commit();
-    load_beta<MODE>(p, b, h, t0, n, sB);
+    load_beta<MODE>(p, b, h, t0, n, sB, sW);
     cp_async_wait<0>();
     __syncthreads();
     cumsum_cols(sGt);
+    if (MODE == kCarve) {
+      carve_h(p, h, sM, 1, sH);
+      if (p.cgrad && ci + 1 < p.nc)  // o of this (full) chunk feeds m_{c+1}: dO += dm / 64
+        for (int i = tid; i < C * D; i += NT) {
+          const int t = i >> 6, c = i & 63;
+          sdO[t * LD + c] = __float2bfloat16(__bfloat162float(sdO[t * LD + c]) + sDm[c]);
+        }
+      __syncthreads();
+      carve_u(p, h, sH, sUc);
+    }
     __syncthreads();
-    build_tiles<MODE>(p, b, h, t0, n, sQ, sK, sGt, sQb, sEb, sKb, sQt, sEt, sKh);
+    build_tiles<MODE>(p, b, h, t0, n, sQ, sK, sGt, sQb, sEb, sKb, sQt, sEt, sKh, sUc);
     __syncthreads();
     const bf16* Kw = sKb + L.wm * TILE;
     {
@@ -307,6 +408,7 @@ __global__ void __launch_bounds__(NT, 1) cbwd_kernel(const CParams p) {
         store_f(sX, a, L, [&](float x, int t, int c) {
           float z = bf(sV, t, c);
           if (MODE == kGdn2) z = t < n ? z * __bfloat162float(p.wg[crow(p, b, t0 + t, h) + c]) : 0.f;
+          if (MODE == kCarve) z *= sW[t];
           return z - x;
         });
       }
@@ -355,7 +457,7 @@ __global__ void __launch_bounds__(NT, 1) cbwd_kernel(const CParams p) {
       }
       __syncthreads();
     }
-    float rowB[2] = {0.f, 0.f}, colL[4][2] = {};
+    float rowB[2] = {0.f, 0.f}, colL[4][2] = {}, colU[4][2] = {};
     bf16* sdAw = sKh;  // K̂ is not read as a tile any more
     {
       Acc da, dp;
@@ -470,6 +572,14 @@ __global__ void __launch_bounds__(NT, 1) cbwd_kernel(const CParams p) {
             dG[nt][e] += de * bv * kv;
             if (t < n) p.dbg[crow(p, b, t0 + t, h) + c] = __float2bfloat16(de * kv);
             dk[nt][e] += bv * de;
+          } else if (MODE == kCarve) {  // ê = b ⊙ k, b = σ(bx + u): dbx = db b (1 − b), du = Σ_t dbx
+            const float bv = t < n ? sigm(__bfloat162float(p.bx[crow(p, b, t0 + t, h) + c]) + sUc[c]) : 0.f;
+            const float de = deA[nt][e] + deX[nt][e];
+            dG[nt][e] += de * bv * kv;
+            const float dbx = de * kv * bv * (1.f - bv);
+            if (t < n) p.dbx[crow(p, b, t0 + t, h) + c] = __float2bfloat16(dbx);
+            colU[nt][e & 1] += dbx;
+            dk[nt][e] += bv * de;
           }
         }
 #pragma unroll
@@ -495,6 +605,9 @@ __global__ void __launch_bounds__(NT, 1) cbwd_kernel(const CParams p) {
         if (MODE == kKda) {
           rowB[hh] += r.x * bf(sV, t, c) + r.y * bf(sV, t, c + 1);
           d0 *= sB[t], d1 *= sB[t];
+        } else if (MODE == kCarve) {  // z = w v with a scalar w: dw = Σ_c dz v
+          rowB[hh] += r.x * bf(sV, t, c) + r.y * bf(sV, t, c + 1);
+          d0 *= sW[t], d1 *= sW[t];
         } else if (MODE == kGdn2) {
           const float w0 = __bfloat162float(p.wg[gi]), w1 = __bfloat162float(p.wg[gi + 1]);
           *reinterpret_cast<uint32_t*>(p.dwg + gi) = pack(r.x * bf(sV, t, c), r.y * bf(sV, t, c + 1));
@@ -531,7 +644,18 @@ __global__ void __launch_bounds__(NT, 1) cbwd_kernel(const CParams p) {
         x += __shfl_xor_sync(FULL, x, 16);
         if (L.g == 0) sColL[L.wm * C + L.col(nt, e)] = x;
       }
-    if (MODE == kKda)
+    if (MODE == kCarve)
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float x = colU[nt][e];
+          x += __shfl_xor_sync(FULL, x, 4);
+          x += __shfl_xor_sync(FULL, x, 8);
+          x += __shfl_xor_sync(FULL, x, 16);
+          if (L.g == 0) sDu[L.wm * C + L.col(nt, e)] = x;
+        }
+    if (MODE == kKda || MODE == kCarve)
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         float x = rowB[hh];
@@ -546,7 +670,51 @@ __global__ void __launch_bounds__(NT, 1) cbwd_kernel(const CParams p) {
     });
     if (MODE == kKda && tid < C && tid < n)
       p.dbeta[(static_cast<size_t>(b) * p.T + t0 + tid) * p.H + h] = sRowB[tid] + sRowB[C + tid];
+    if (MODE == kCarve) {
+      if (tid < C && tid < n) p.dwsc[(static_cast<size_t>(b) * p.T + t0 + tid) * p.H + h] = sRowB[tid] + sRowB[C + tid];
+      // u = U2 h, h = tanh(U1 m): dU2 += du hᵀ, dh = (U2ᵀ du) ⊙ (1 − h²)
+      {
+        const int c = tid >> 2, part = tid & 3;
+        const float du = sDu[c] + sDu[C + c] + sDu[2 * C + c] + sDu[3 * C + c];
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+          if (8 * part + j < p.rank) aU2[j] += du * sH[8 * part + j];
+      }
+      {
+        const int r = tid >> 3, part = tid & 7;
+        float x = 0.f;
+        if (r < p.rank)
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            const int c = 8 * part + j;
+            x += __ldg(p.U2 + (static_cast<size_t>(h) * D + c) * p.rank + r) *
+                 (sDu[c] + sDu[C + c] + sDu[2 * C + c] + sDu[3 * C + c]);
+          }
+        x += __shfl_xor_sync(FULL, x, 1);
+        x += __shfl_xor_sync(FULL, x, 2);
+        x += __shfl_xor_sync(FULL, x, 4);
+        if (part == 0 && r < p.rank) sDh[r] = x * (1.f - sH[r] * sH[r]);
+      }
+    }
     __syncthreads();
+    if (MODE == kCarve) {  // dU1 += dh mᵀ, dm = U1ᵀ dh (into the previous chunk's dO, / 64)
+      {
+        const int r = tid >> 3, part = tid & 7;
+        if (r < p.rank)
+#pragma unroll
+          for (int j = 0; j < 8; ++j) aU1[j] += sDh[r] * sM[8 * part + j];
+      }
+      const int jc = tid >> 2, part = tid & 3;
+      float x = 0.f;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int r = 8 * part + j;
+        if (r < p.rank) x += __ldg(p.U1 + (static_cast<size_t>(h) * p.rank + r) * D + jc) * sDh[r];
+      }
+      x += __shfl_xor_sync(FULL, x, 1);
+      x += __shfl_xor_sync(FULL, x, 2);
+      if (part == 0) sDm[jc] = p.cgrad ? x * (1.f / C) : 0.f;
+    }
     rcumsum_cols(sAw);  // g_t enters every G_s, s ≥ t, of the chunk
     __syncthreads();
     for (int i = tid; i < C * D; i += NT) {
@@ -560,6 +728,18 @@ __global__ void __launch_bounds__(NT, 1) cbwd_kernel(const CParams p) {
     for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) p.dS0[bh * D * D + L.row(e) * D + L.col(nt, e)] = dS[nt][e];
+  if (MODE == kCarve) {  // U1, U2 are per head: the batch's CTAs add into the same gradient
+    {
+      const int r = tid >> 3, part = tid & 7;
+      if (r < p.rank)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) atomicAdd(p.dU1 + (static_cast<size_t>(h) * p.rank + r) * D + 8 * part + j, aU1[j]);
+    }
+    const int c = tid >> 2, part = tid & 3;
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      if (8 * part + j < p.rank) atomicAdd(p.dU2 + (static_cast<size_t>(h) * D + c) * p.rank + 8 * part + j, aU2[j]);
+  }
 }
 
 CParams make_cparams(const DeltaShape& s, const char* what) {
@@ -631,6 +811,52 @@ void channel_bwd(ChannelMixer m, const DeltaShape& s, const ChannelInputs& in, c
     case ChannelMixer::kda: launch(cbwd_kernel<kKda>, kCBwdSmem, p, stream); break;
     case ChannelMixer::gdn2: launch(cbwd_kernel<kGdn2>, kCBwdSmem, p, stream); break;
   }
+}
+
+}  // namespace lar::kernels::cuda::linear
+
+namespace lar::kernels::cuda::linear {
+
+std::size_t carve_content_bytes(const DeltaShape& s) {
+  return static_cast<std::size_t>(s.B) * s.H * delta_num_chunks(s) * 64 * sizeof(float);
+}
+
+namespace {
+void check_carve(const CarveInputs& in, const char* what) {
+  if (!in.q || !in.k || !in.v || !in.g || !in.bx || !in.w || !in.U1 || !in.U2)
+    throw RuntimeError(std::string(what) + ": q, k, v, g, bx, w, U1 and U2 are required");
+  if (in.rank < 1 || in.rank > 32)
+    throw RuntimeError(std::string(what) + ": content rank " + std::to_string(in.rank) + " (supported: 1..32)");
+}
+}  // namespace
+
+void carve_fwd(const DeltaShape& s, const CarveInputs& in, __nv_bfloat16* o, float* S_out,
+               __nv_bfloat16* boundary, float* content, cudaStream_t stream) {
+  CParams p = make_cparams(s, "carve_fwd");
+  check_carve(in, "carve_fwd");
+  if (!o || !content) throw RuntimeError("carve_fwd: o and content are required");
+  p.q = in.q, p.k = in.k, p.v = in.v, p.g = in.g, p.bx = in.bx, p.wsc = in.w, p.U1 = in.U1, p.U2 = in.U2;
+  p.rank = in.rank, p.S0 = in.S0;
+  p.o = o, p.S_out = S_out, p.bound = boundary, p.cm = content;
+  launch(cfwd_kernel<kCarve>, kCFwdSmem, p, stream);
+}
+
+void carve_bwd(const DeltaShape& s, const CarveInputs& in, const __nv_bfloat16* boundary, const float* content,
+               const __nv_bfloat16* dout, const float* dST, const CarveGrads& gr, cudaStream_t stream) {
+  CParams p = make_cparams(s, "carve_bwd");
+  check_carve(in, "carve_bwd");
+  if (!boundary || !content || !dout || !gr.dq || !gr.dk || !gr.dv || !gr.dg || !gr.dbx || !gr.dw || !gr.dU1 ||
+      !gr.dU2)
+    throw RuntimeError("carve_bwd: boundary, content, dout, dq, dk, dv, dg, dbx, dw, dU1 and dU2 are required");
+  p.q = in.q, p.k = in.k, p.v = in.v, p.g = in.g, p.bx = in.bx, p.wsc = in.w, p.U1 = in.U1, p.U2 = in.U2;
+  p.rank = in.rank, p.cgrad = in.content_grad ? 1 : 0;
+  p.bound_in = boundary, p.cm = const_cast<float*>(content), p.dout = dout, p.dST = dST;
+  p.dq = gr.dq, p.dk = gr.dk, p.dv = gr.dv, p.dg = gr.dg, p.dbx = gr.dbx, p.dwsc = gr.dw, p.dU1 = gr.dU1,
+  p.dU2 = gr.dU2, p.dS0 = gr.dS0;
+  const size_t nu = static_cast<size_t>(s.H) * in.rank * 64 * sizeof(float);
+  LAR_CUDA_CHECK(cudaMemsetAsync(gr.dU1, 0, nu, stream));
+  LAR_CUDA_CHECK(cudaMemsetAsync(gr.dU2, 0, nu, stream));
+  launch(cbwd_kernel<kCarve>, kCBwdSmem, p, stream);
 }
 
 }  // namespace lar::kernels::cuda::linear
