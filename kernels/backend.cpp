@@ -13,6 +13,7 @@ std::size_t dtype_size(DType t) {
     case DType::f32: return 4;
     case DType::f64: return 8;
     case DType::i32: return 4;
+    case DType::bf16: return 2;
   }
   return 0;
 }
@@ -22,6 +23,7 @@ std::string to_string(DType t) {
     case DType::f32: return "f32";
     case DType::f64: return "f64";
     case DType::i32: return "i32";
+    case DType::bf16: return "bf16";
   }
   return "?";
 }
@@ -69,6 +71,29 @@ Tensor Tensor::slice0(int64_t begin, int64_t count) const {
   return t;
 }
 
+// ---- Backend defaults of the additive ops ----
+
+void Backend::convert(const Tensor& src, const Tensor& dst) {
+  if (src.dtype != dst.dtype)
+    throw RuntimeError(name() + ": convert " + to_string(src.dtype) + " → " + to_string(dst.dtype) +
+                       " is not supported");
+  copy(src, dst);
+}
+
+void Backend::add_rmsnorm_fwd(const Tensor& x, const Tensor& r, const Tensor& h, const Tensor& w, const Tensor& y,
+                              const Tensor& rstd, double eps) {
+  if (h.data != x.data) copy(x, h);
+  axpy(1.0, r, h);
+  rmsnorm_fwd(h, w, y, rstd, eps);
+}
+
+double Backend::cross_entropy_fwd_bwd(const Tensor& logits, const Tensor& targets, const Tensor& mask,
+                                      const Tensor& losses, double grad_scale, const Tensor& dlogits) {
+  const double total = cross_entropy_fwd(logits, targets, mask, losses, Tensor());
+  cross_entropy_bwd(logits, targets, mask, grad_scale, dlogits);
+  return total;
+}
+
 // ---- Arena ----
 
 Arena::~Arena() {
@@ -77,11 +102,22 @@ Arena::~Arena() {
 
 void* Arena::take(std::size_t bytes) {
   bytes = (bytes + 63) / 64 * 64;  // every tensor 64-byte aligned
+  if (!blocks_.empty() && used_ + bytes > blocks_.back().size) {
+    // Overflow: first try to extend the current block in place (CUDA: mapped on demand
+    // into reserved address space), in steps of 32 MiB, so one block follows the peak.
+    constexpr std::size_t kGrowStep = std::size_t(32) << 20;
+    const std::size_t want = (used_ + bytes + kGrowStep - 1) / kGrowStep * kGrowStep;
+    if (be_.grow_bytes(blocks_.back().ptr, want)) blocks_.back().size = want;
+  }
   if (blocks_.empty() || used_ + bytes > blocks_.back().size) {
     // Overflow: open a new block (old ones stay valid until reset, which coalesces).
     if (!blocks_.empty()) full_blocks_used_ += used_;
-    std::size_t size = std::max<std::size_t>(bytes, blocks_.empty() ? (1u << 20) : blocks_.back().size * 2);
-    blocks_.push_back({be_.alloc_bytes(size), size});
+    // Blocks double up to 1 GiB, then grow by 1 GiB: the first step's blocks (all live
+    // until reset coalesces them) overshoot the peak by at most about a block, not 2×.
+    constexpr std::size_t kMaxGrowth = std::size_t(1) << 30;
+    std::size_t size = std::max<std::size_t>(
+        bytes, blocks_.empty() ? (1u << 20) : std::min(blocks_.back().size * 2, kMaxGrowth));
+    blocks_.push_back({be_.alloc_growable(size), size});
     used_ = 0;
   }
   void* p = static_cast<char*>(blocks_.back().ptr) + used_;
@@ -119,8 +155,8 @@ void Arena::reset() {
     // Coalesce into one block that holds the peak, so the next steps never overflow.
     for (auto& b : blocks_) be_.free_bytes(b.ptr);
     blocks_.clear();
-    std::size_t size = peak_ + peak_ / 8;
-    blocks_.push_back({be_.alloc_bytes(size), size});
+    std::size_t size = peak_ + std::min<std::size_t>(peak_ / 8, std::size_t(64) << 20);
+    blocks_.push_back({be_.alloc_growable(size), size});
   }
   used_ = 0;
   full_blocks_used_ = 0;

@@ -29,7 +29,8 @@
 
 namespace lar::kernels {
 
-enum class DType : uint8_t { f32, f64, i32 };
+// bf16: reduced-precision activation storage of the CUDA backend (Backend::act_dtype()).
+enum class DType : uint8_t { f32, f64, i32, bf16 };
 std::size_t dtype_size(DType t);
 std::string to_string(DType t);
 
@@ -109,6 +110,15 @@ class Backend {
   // ---- memory ----
   virtual void* alloc_bytes(std::size_t bytes) = 0;  // aligned to 64 bytes
   virtual void free_bytes(void* p) = 0;
+  // Growable blocks (the Arena's): alloc_growable backs `bytes` and may reserve address
+  // space beyond; grow_bytes extends such a block in place to `bytes` (the pointer stays
+  // valid) and returns false where it cannot (then the Arena opens another block). The
+  // defaults: a plain alloc_bytes that never grows. free_bytes frees either kind.
+  virtual void* alloc_growable(std::size_t bytes) { return alloc_bytes(bytes); }
+  virtual bool grow_bytes(void* p, std::size_t bytes) {
+    (void)p, (void)bytes;
+    return false;
+  }
   virtual void upload(const void* host, const Tensor& dst) = 0;  // dst.bytes() bytes
   virtual void download(const Tensor& src, void* host) = 0;
   virtual void zero(const Tensor& t) = 0;
@@ -207,6 +217,39 @@ class Backend {
   virtual void normuon_normalize(const Tensor& o, const Tensor& V, double beta2, double eps) = 0;
   // w ← w·decay − step·o (Muon's decoupled decay and update).
   virtual void decayed_update(const Tensor& w, const Tensor& o, double decay, double step) = 0;
+
+  // ---- reduced-precision activations (additive; CPU backends keep dtype() everywhere) ----
+  // The dtype in which the model and mixers may keep tensors that live inside an op or are
+  // saved for backward (GEMM operands and outputs, SwiGLU gate/up/hidden, attention
+  // q/k/v/o/dO/dq/dk/dv, dlogits): bf16 on the CUDA backend in mixed precision, dtype()
+  // elsewhere. Ops that accept such tensors (either dtype): gemm (A, B and C each),
+  // rmsnorm_fwd's y, swiglu_fwd/bwd, rope_fwd/bwd, attention_fwd/bwd (all but lse),
+  // cross_entropy_bwd's dlogits, add_rmsnorm_fwd's y, convert.
+  virtual DType act_dtype() const { return dtype(); }
+  // dst = src with dst's dtype (same numel). The default handles equal dtypes (a copy).
+  virtual void convert(const Tensor& src, const Tensor& dst);
+  // h = x + r, then y = RMSNorm(h) (as rmsnorm_fwd): the residual add fused with the next
+  // norm. x, r, h [N,d] (h may alias x), y [N,d], w [d], rstd [N]. The default runs
+  // copy + axpy + rmsnorm_fwd.
+  virtual void add_rmsnorm_fwd(const Tensor& x, const Tensor& r, const Tensor& h, const Tensor& w, const Tensor& y,
+                               const Tensor& rstd, double eps);
+  // cross_entropy_fwd (no argmax) and cross_entropy_bwd in one pass over the logits
+  // (training); returns Σ losses. dlogits may be act_dtype(). The default calls the two.
+  virtual double cross_entropy_fwd_bwd(const Tensor& logits, const Tensor& targets, const Tensor& mask,
+                                       const Tensor& losses, double grad_scale, const Tensor& dlogits);
+  // One GEMM for the q, k and v projections: qkv [B,T,Hq+2·Hkv,D] holds each token's
+  // [q heads | k heads | v heads]. rope_split_qkv writes q [B,T,Hq,D] = RoPE(q heads),
+  // k [B,T,Hkv,D] = RoPE(k heads) and v [B,T,Hkv,D] = the v heads (as rope_fwd);
+  // rope_merge_qkv is its transpose, dqkv = [RoPE⁻¹(dq) | RoPE⁻¹(dk) | dv] (overwrite).
+  // Both accept act_dtype() tensors (all of one dtype).
+  virtual void rope_split_qkv(const Tensor& qkv, const Tensor& q, const Tensor& k, const Tensor& v, double base,
+                              int64_t pos0) = 0;
+  virtual void rope_merge_qkv(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dqkv, double base,
+                              int64_t pos0) = 0;
+  // The flat parameter buffer (trainer/params.hpp). A backend may keep a bf16 mirror of it
+  // for its GEMMs, refreshed lazily after any op wrote into the region (optimiser steps,
+  // uploads). Called once by the model after allocation; the default ignores it.
+  virtual void register_weights(const Tensor& flat) { (void)flat; }
 
   // ---- run options ----
   // Set once, right after construction (make_backend). CPU backends are deterministic

@@ -1,5 +1,6 @@
 #include "trainer/model.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.hpp"
@@ -11,6 +12,9 @@ using kernels::Tensor;
 
 namespace {
 constexpr double kNormEps = 1e-5;
+// Rows of logits per head/cross-entropy chunk: at most 2^27 logits (512 MB in f32) live at
+// once instead of N·V (4.2 GB at B=8, T=4096, V=32000).
+constexpr int64_t kLogitsPerChunk = int64_t(1) << 27;
 
 int get_int(const json& j, const char* key) { return j.at(key).get<int>(); }
 }  // namespace
@@ -101,10 +105,15 @@ struct Model::Acts {
   double mask_sum = 0;
   Tensor ids, targets, mask;
   std::vector<Tensor> h;                 // residual stream: h[2l] block input, h[2l+1] after the mixer
-  std::vector<Tensor> rstd1, xn1, rstd2, xn2, gu, act, mix_y;
+  // xn2, gu, act (and xnf) have the backend's act_dtype() (bf16 on the GPU in mixed
+  // precision); act is kept only when act_dtype() == dtype(), else recomputed in backward.
+  std::vector<Tensor> rstd1, xn1, rstd2, xn2, gu, act;
+  Tensor mix_y;                          // the mixers' output, one buffer for all layers
+  Tensor act_tmp;                        // silu(gate)·up of one layer when act is not kept
   std::vector<Routing> route;
   std::vector<Tensor> route_low;         // low-rank routing: side·D_lᵀ [N, r]
-  Tensor hf, rstdf, xnf, logits, losses, argmax;
+  Tensor hf, rstdf, xnf, losses, argmax;
+  Tensor dxnf;                           // ∂L/∂xnf, computed chunk by chunk in the forward (training)
 };
 
 Model::Model(const json& config, kernels::Backend& be)
@@ -149,6 +158,7 @@ Model::Model(const json& config, kernels::Backend& be)
   final_norm_ = ps.add({"final_norm", {d}, ParamKind::norm, InitRule::Constant(1.0)}, "", -1);
   head_ = ps.add({"head", {shape_.vocab, d}, ParamKind::head, InitRule::Normal(std_)}, "", -1);
   ps.allocate();
+  be_.register_weights(ps.params());  // the GPU keeps a bf16 mirror of them for its GEMMs
   for (int l = 0; l < L; ++l) {
     std::vector<Tensor> p, g;
     for (int i : layers_[l].mixer_params) {
@@ -193,13 +203,18 @@ StepResult Model::forward(const data::Batch& batch, bool training, std::vector<i
     be_.upload(batch.loss_mask.data(), A.mask);
   }
 
+  const DType at = be_.act_dtype();
+  const bool keep_act = at == dt;  // bf16 storage: recompute silu(gate)·up in backward instead
   A.h.assign(2 * L + 1, Tensor());
   A.rstd1.assign(L, Tensor());
-  A.xn1 = A.rstd2 = A.xn2 = A.gu = A.act = A.mix_y = A.rstd1;
+  A.xn1 = A.rstd2 = A.xn2 = A.gu = A.act = A.rstd1;
   A.route.assign(L, Routing());
   A.route_low.assign(L, Tensor());
   A.h[0] = ar.alloc(dt, {B, T, d});
   be_.embedding_fwd(A.ids, ps.param(embed_), A.h[0]);
+  // Mixers overwrite y and keep nothing of it, so one buffer serves every layer.
+  A.mix_y = ar.alloc(dt, {B, T, d});
+  A.act_tmp = keep_act ? Tensor() : ar.alloc(at, {N, F});
   ForwardContext ctx{be_, ar, training};
   for (int l = 0; l < L; ++l) {
     const Layer& ly = layers_[l];
@@ -207,46 +222,74 @@ StepResult Model::forward(const data::Batch& batch, bool training, std::vector<i
     A.rstd1[l] = ar.alloc(dt, {N});
     A.xn1[l] = ar.alloc(dt, {B, T, d});
     be_.rmsnorm_fwd(A.h[2 * l], ps.param(ly.norm1), A.xn1[l], A.rstd1[l], kNormEps);
-    A.mix_y[l] = ar.alloc(dt, {B, T, d});
     Routing& r = A.route[l];
     if (ly.prev_linear >= 0) r.in = A.route[ly.prev_linear].out;
-    mixers_[l]->forward(ctx, A.xn1[l], A.mix_y[l], r);
+    mixers_[l]->forward(ctx, A.xn1[l], A.mix_y, r);
     A.h[2 * l + 1] = ar.alloc(dt, {B, T, d});
-    be_.copy(A.h[2 * l], A.h[2 * l + 1]);
-    be_.axpy(1.0, A.mix_y[l], A.h[2 * l + 1]);
-    if (ly.route_p >= 0) {  // cler_h / clvr: h += side·P_lᵀ
-      if (r.out.empty()) throw RuntimeError("layer " + std::to_string(l) + " publishes no side channel");
-      be_.gemm(r.out, false, ps.param(ly.route_p), true, A.h[2 * l + 1], 1.0, 1.0);
-    }
-    if (ly.route_d >= 0) {  // low rank: h += (side·Dᵀ)·Uᵀ
-      if (r.out.empty()) throw RuntimeError("layer " + std::to_string(l) + " publishes no side channel");
-      const Tensor& D = ps.param(ly.route_d);
-      A.route_low[l] = ar.alloc(dt, {N, D.size(0)});
-      be_.gemm(r.out, false, D, true, A.route_low[l]);
-      be_.gemm(A.route_low[l], false, ps.param(ly.route_u), true, A.h[2 * l + 1], 1.0, 1.0);
+    A.rstd2[l] = ar.alloc(dt, {N});
+    A.xn2[l] = ar.alloc(at, {B, T, d});
+    if (ly.route_p < 0 && ly.route_d < 0) {
+      // h1 = h0 + y and the SwiGLU branch's norm in one pass.
+      be_.add_rmsnorm_fwd(A.h[2 * l], A.mix_y, A.h[2 * l + 1], ps.param(ly.norm2), A.xn2[l], A.rstd2[l], kNormEps);
+    } else {
+      be_.copy(A.h[2 * l], A.h[2 * l + 1]);
+      be_.axpy(1.0, A.mix_y, A.h[2 * l + 1]);
+      if (ly.route_p >= 0) {  // cler_h / clvr: h += side·P_lᵀ
+        if (r.out.empty()) throw RuntimeError("layer " + std::to_string(l) + " publishes no side channel");
+        be_.gemm(r.out, false, ps.param(ly.route_p), true, A.h[2 * l + 1], 1.0, 1.0);
+      }
+      if (ly.route_d >= 0) {  // low rank: h += (side·Dᵀ)·Uᵀ
+        if (r.out.empty()) throw RuntimeError("layer " + std::to_string(l) + " publishes no side channel");
+        const Tensor& D = ps.param(ly.route_d);
+        A.route_low[l] = ar.alloc(dt, {N, D.size(0)});
+        be_.gemm(r.out, false, D, true, A.route_low[l]);
+        be_.gemm(A.route_low[l], false, ps.param(ly.route_u), true, A.h[2 * l + 1], 1.0, 1.0);
+      }
+      be_.rmsnorm_fwd(A.h[2 * l + 1], ps.param(ly.norm2), A.xn2[l], A.rstd2[l], kNormEps);
     }
     // SwiGLU branch.
-    A.rstd2[l] = ar.alloc(dt, {N});
-    A.xn2[l] = ar.alloc(dt, {B, T, d});
-    be_.rmsnorm_fwd(A.h[2 * l + 1], ps.param(ly.norm2), A.xn2[l], A.rstd2[l], kNormEps);
-    A.gu[l] = ar.alloc(dt, {N, 2 * F});
+    A.gu[l] = ar.alloc(at, {N, 2 * F});
     Tensor w_gu(ps.param(ly.w_gate).data, dt, {2 * F, d});
     be_.gemm(A.xn2[l], false, w_gu, true, A.gu[l]);
-    A.act[l] = ar.alloc(dt, {N, F});
-    be_.swiglu_fwd(A.gu[l], A.act[l]);
+    Tensor act = keep_act ? ar.alloc(at, {N, F}) : A.act_tmp;
+    if (keep_act) A.act[l] = act;
+    be_.swiglu_fwd(A.gu[l], act);
     A.h[2 * l + 2] = ar.alloc(dt, {B, T, d});
     be_.copy(A.h[2 * l + 1], A.h[2 * l + 2]);
-    be_.gemm(A.act[l], false, ps.param(ly.w_down), true, A.h[2 * l + 2], 1.0, 1.0);
+    be_.gemm(act, false, ps.param(ly.w_down), true, A.h[2 * l + 2], 1.0, 1.0);
   }
   A.hf = A.h[2 * L];
   A.rstdf = ar.alloc(dt, {N});
-  A.xnf = ar.alloc(dt, {N, d});
+  A.xnf = ar.alloc(at, {N, d});
   be_.rmsnorm_fwd(A.hf, ps.param(final_norm_), A.xnf, A.rstdf, kNormEps);
-  A.logits = ar.alloc(dt, {N, V});
-  be_.gemm(A.xnf, false, ps.param(head_), true, A.logits);
   A.losses = ar.alloc(dt, {N});
   A.argmax = predictions ? ar.alloc(DType::i32, {N}) : Tensor();
-  double total = be_.cross_entropy_fwd(A.logits, A.targets, A.mask, A.losses, A.argmax);
+  // The head and the cross-entropy in chunks of rows; in training each chunk's dlogits go
+  // straight into the head's gradient and ∂L/∂xnf, so no N·V logits are ever stored.
+  A.dxnf = training ? ar.alloc(dt, {N, d}) : Tensor();
+  const double grad_scale = A.mask_sum > 0 ? 1.0 / A.mask_sum : 0.0;
+  const int64_t rows = std::max<int64_t>(1, std::min<int64_t>(N, kLogitsPerChunk / V));
+  const auto head_mark = ar.mark();
+  Tensor logits = ar.alloc(dt, {rows, V});
+  Tensor dlogits = training && at != dt ? ar.alloc(at, {rows, V}) : logits;  // f32: in place
+  double total = 0;
+  for (int64_t r0 = 0; r0 < N; r0 += rows) {
+    const int64_t c = std::min(rows, N - r0);
+    Tensor lg = logits.slice0(0, c), x = A.xnf.slice0(r0, c), tg = A.targets.slice0(r0, c), mk = A.mask.slice0(r0, c);
+    be_.gemm(x, false, ps.param(head_), true, lg);
+    if (!training || predictions) {
+      total += be_.cross_entropy_fwd(lg, tg, mk, A.losses.slice0(r0, c), predictions ? A.argmax.slice0(r0, c) : Tensor());
+      if (!training) continue;
+    }
+    Tensor dl = dlogits.slice0(0, c);
+    if (predictions)
+      be_.cross_entropy_bwd(lg, tg, mk, grad_scale, dl);
+    else
+      total += be_.cross_entropy_fwd_bwd(lg, tg, mk, A.losses.slice0(r0, c), grad_scale, dl);
+    be_.gemm(dl, true, x, false, ps.grad(head_), 1.0, 1.0);
+    be_.gemm(dl, false, ps.param(head_), false, A.dxnf.slice0(r0, c));
+  }
+  ar.release(head_mark);
   if (predictions) {
     predictions->resize(N);
     be_.download(A.argmax, predictions->data());
@@ -264,17 +307,16 @@ void Model::backward() {
   const DType dt = be_.dtype();
   const int L = shape_.n_layers;
   const int64_t d = shape_.d_model, F = shape_.d_ff, N = A.N;
-  const double scale = A.mask_sum > 0 ? 1.0 / A.mask_sum : 0.0;
-  // Head and final norm. dlogits overwrite the logits.
-  be_.cross_entropy_bwd(A.logits, A.targets, A.mask, scale, A.logits);
-  be_.gemm(A.logits, true, A.xnf, false, ps.grad(head_), 1.0, 1.0);
+  // The head's gradients came with the forward (chunked cross-entropy); final norm.
+  const DType at = be_.act_dtype();
+  const bool keep_act = at == dt;
   Tensor dxn = ar.alloc(dt, {A.B, A.T, d});
-  be_.gemm(A.logits, false, ps.param(head_), false, dxn);
   Tensor dh = ar.zeros(dt, {A.B, A.T, d});
-  be_.rmsnorm_bwd(A.hf, ps.param(final_norm_), A.rstdf, dxn, dh, ps.grad(final_norm_));
+  be_.rmsnorm_bwd(A.hf, ps.param(final_norm_), A.rstdf, A.dxnf, dh, ps.grad(final_norm_));
   if (grads_ready_) grads_ready_({head_, final_norm_});
-  Tensor dact = ar.alloc(dt, {N, F});
-  Tensor dgu = ar.alloc(dt, {N, 2 * F});
+  Tensor dact = ar.alloc(at, {N, F});
+  Tensor dgu = ar.alloc(at, {N, 2 * F});
+  Tensor dh_a = at != dt ? ar.alloc(at, {N, d}) : dh.matrix(d);  // dh as a GEMM operand
   // Side-channel gradients, zeroed up front (consumers above accumulate into them).
   for (int l = 0; l < L; ++l) {
     Routing& r = A.route[l];
@@ -288,8 +330,14 @@ void Model::backward() {
   for (int l = L - 1; l >= 0; --l) {
     const Layer& ly = layers_[l];
     // SwiGLU branch: h2 = h1 + act·W_downᵀ.
-    be_.gemm(dh, true, A.act[l], false, ps.grad(ly.w_down), 1.0, 1.0);
-    be_.gemm(dh, false, ps.param(ly.w_down), false, dact);
+    if (at != dt) be_.convert(dh, dh_a);
+    Tensor act = A.act[l];
+    if (!keep_act) {
+      act = A.act_tmp;
+      be_.swiglu_fwd(A.gu[l], act);
+    }
+    be_.gemm(dh_a, true, act, false, ps.grad(ly.w_down), 1.0, 1.0);
+    be_.gemm(dh_a, false, ps.param(ly.w_down), false, dact);
     be_.swiglu_bwd(A.gu[l], dact, dgu);
     Tensor g_gu(ps.grad(ly.w_gate).data, dt, {2 * F, d});
     Tensor w_gu(ps.param(ly.w_gate).data, dt, {2 * F, d});

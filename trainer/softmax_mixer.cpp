@@ -33,23 +33,48 @@ void SoftmaxMixer::bind(std::vector<Tensor> p, std::vector<Tensor> g) {
   gwq_ = g[0], gwk_ = g[1], gwv_ = g[2], gwo_ = g[3];
 }
 
+// The q/k/v projections as one GEMM, where the three weights (and their gradients) are
+// adjacent in the flat buffers (they are: declared in that order) — on backends that keep
+// activations in a reduced dtype (the GPU), whose GEMMs and passes this saves; the CPU
+// reference keeps the three GEMMs.
+bool SoftmaxMixer::fused_qkv(bool reduced) const {
+  auto next = [](const Tensor& a, const Tensor& b) { return static_cast<const char*>(a.data) + a.bytes() == b.data; };
+  return reduced && next(wq_, wk_) && next(wk_, wv_) && next(gwq_, gwk_) && next(gwk_, gwv_);
+}
+
 void SoftmaxMixer::forward(ForwardContext& ctx, const Tensor& x, const Tensor& y, Routing&) {
   auto& be = ctx.be;
   auto& ar = ctx.arena;
   const DType dt = be.dtype();
+  // q, k, v, o (and x as a GEMM operand) live in the backend's activation dtype: bf16 on
+  // the GPU in mixed precision, so the flash kernels read them without conversion passes.
+  const DType at = be.act_dtype();
   const int64_t B = x.size(0), T = x.size(1);
   x_ = x;
-  q_ = ar.alloc(dt, {B, T, hq_, hd_});
-  k_ = ar.alloc(dt, {B, T, hkv_, hd_});
-  v_ = ar.alloc(dt, {B, T, hkv_, hd_});
-  o_ = ar.alloc(dt, {B, T, hq_, hd_});
+  if (at != dt) {
+    x_ = ar.alloc(at, std::vector<int64_t>(x.shape()));
+    be.convert(x, x_);
+  }
+  q_ = ar.alloc(at, {B, T, hq_, hd_});
+  k_ = ar.alloc(at, {B, T, hkv_, hd_});
+  v_ = ar.alloc(at, {B, T, hkv_, hd_});
+  o_ = ar.alloc(at, {B, T, hq_, hd_});
   lse_ = ar.alloc(dt, {B, hq_, T});
   const int64_t qd = int64_t(hq_) * hd_, kd = int64_t(hkv_) * hd_;
-  be.gemm(x, false, wq_, true, q_.matrix(qd));
-  be.gemm(x, false, wk_, true, k_.matrix(kd));
-  be.gemm(x, false, wv_, true, v_.matrix(kd));
-  be.rope_fwd(q_, rope_base_, 0);
-  be.rope_fwd(k_, rope_base_, 0);
+  if (fused_qkv(at != dt)) {
+    // One GEMM against [W_q; W_k; W_v], then q/k/v split with RoPE in one pass.
+    auto mark = ar.mark();
+    Tensor qkv = ar.alloc(at, {B, T, hq_ + 2 * hkv_, hd_});
+    be.gemm(x_, false, Tensor(wq_.data, dt, {qd + 2 * kd, int64_t(cfg_.d_model)}), true, qkv.matrix(qd + 2 * kd));
+    be.rope_split_qkv(qkv, q_, k_, v_, rope_base_, 0);
+    ar.release(mark);
+  } else {
+    be.gemm(x_, false, wq_, true, q_.matrix(qd));
+    be.gemm(x_, false, wk_, true, k_.matrix(kd));
+    be.gemm(x_, false, wv_, true, v_.matrix(kd));
+    be.rope_fwd(q_, rope_base_, 0);
+    be.rope_fwd(k_, rope_base_, 0);
+  }
   be.attention_fwd(q_, k_, v_, o_, lse_, scale_, window_);
   be.gemm(o_.matrix(qd), false, wo_, true, y);
 }
@@ -57,16 +82,32 @@ void SoftmaxMixer::forward(ForwardContext& ctx, const Tensor& x, const Tensor& y
 void SoftmaxMixer::backward(ForwardContext& ctx, const Tensor& dy, const Tensor& dx, Routing&) {
   auto& be = ctx.be;
   auto& ar = ctx.arena;
-  const DType dt = be.dtype();
+  const DType at = q_.dtype;
   auto mark = ar.mark();
-  Tensor dout = ar.alloc(dt, std::vector<int64_t>(o_.shape()));
-  Tensor dq = ar.alloc(dt, std::vector<int64_t>(q_.shape()));
-  Tensor dk = ar.alloc(dt, std::vector<int64_t>(k_.shape()));
-  Tensor dv = ar.alloc(dt, std::vector<int64_t>(v_.shape()));
+  Tensor dy_a = dy;  // dy as a GEMM operand, in the activation dtype
+  if (at != dy.dtype) {
+    dy_a = ar.alloc(at, std::vector<int64_t>(dy.shape()));
+    be.convert(dy, dy_a);
+  }
+  Tensor dout = ar.alloc(at, std::vector<int64_t>(o_.shape()));
+  Tensor dq = ar.alloc(at, std::vector<int64_t>(q_.shape()));
+  Tensor dk = ar.alloc(at, std::vector<int64_t>(k_.shape()));
+  Tensor dv = ar.alloc(at, std::vector<int64_t>(v_.shape()));
   const int64_t qd = int64_t(hq_) * hd_, kd = int64_t(hkv_) * hd_;
-  be.gemm(dy, true, o_.matrix(qd), false, gwo_, 1.0, 1.0);
-  be.gemm(dy, false, wo_, false, dout.matrix(qd));
+  be.gemm(dy_a, true, o_.matrix(qd), false, gwo_, 1.0, 1.0);
+  be.gemm(dy_a, false, wo_, false, dout.matrix(qd));
   be.attention_bwd(q_, k_, v_, o_, lse_, dout, dq, dk, dv, scale_, window_);
+  if (fused_qkv(at != dy.dtype)) {
+    // [dq | dk | dv] (RoPE undone) as one matrix: one GEMM for the three weight gradients
+    // and one for dx.
+    const int64_t w = qd + 2 * kd, d = cfg_.d_model;
+    Tensor dqkv = ar.alloc(at, {q_.size(0), q_.size(1), hq_ + 2 * hkv_, hd_});
+    be.rope_merge_qkv(dq, dk, dv, dqkv, rope_base_, 0);
+    be.gemm(dqkv.matrix(w), true, x_, false, Tensor(gwq_.data, gwq_.dtype, {w, d}), 1.0, 1.0);
+    be.gemm(dqkv.matrix(w), false, Tensor(wq_.data, wq_.dtype, {w, d}), false, dx);
+    ar.release(mark);
+    return;
+  }
   be.rope_bwd(dq, rope_base_, 0);
   be.rope_bwd(dk, rope_base_, 0);
   be.gemm(dq.matrix(qd), true, x_, false, gwq_, 1.0, 1.0);

@@ -20,12 +20,14 @@ class SoftmaxMixer final : public Mixer {
             Routing& route) override;
 
  private:
+  bool fused_qkv(bool reduced) const;
   MixerConfig cfg_;
   int hq_, hkv_, hd_;
   double rope_base_, scale_;
   int64_t window_;
   kernels::Tensor wq_, wk_, wv_, wo_, gwq_, gwk_, gwv_, gwo_;
-  // Forward cache (arena tensors of the current step).
+  // Forward cache (arena tensors of the current step): x_ is the input in the backend's
+  // act_dtype() (a bf16 copy on the GPU in mixed precision), q_ … o_ in act_dtype() too.
   kernels::Tensor x_, q_, k_, v_, o_, lse_;
 };
 

@@ -385,7 +385,13 @@ void CpuBackend<T>::swiglu_bwd(const Tensor& gu, const Tensor& dh, const Tensor&
 
 template <class T>
 void CpuBackend<T>::rope(const Tensor& x, double base, int64_t pos0, double sign) {
-  const int64_t B = x.size(0), Tn = x.size(1), H = x.size(2), D = x.size(3), half = D / 2;
+  rope_heads(x.ptr<T>(), x.size(0), x.size(1), x.size(2), 0, x.size(2), x.size(3), base, pos0, sign);
+}
+
+template <class T>
+void CpuBackend<T>::rope_heads(T* p, int64_t B, int64_t Tn, int64_t Htot, int64_t h0, int64_t nh, int64_t D,
+                               double base, int64_t pos0, double sign) {
+  const int64_t half = D / 2;
   if (D % 2) throw RuntimeError("rope: odd head dim " + std::to_string(D));
   std::vector<T> cs(Tn * half), sn(Tn * half);
   for (int64_t t = 0; t < Tn; ++t)
@@ -394,14 +400,13 @@ void CpuBackend<T>::rope(const Tensor& x, double base, int64_t pos0, double sign
       cs[t * half + i] = static_cast<T>(std::cos(ang));
       sn[t * half + i] = static_cast<T>(sign * std::sin(ang));
     }
-  T* p = x.ptr<T>();
-#pragma omp parallel for num_threads(nt(int64_t(B * Tn * H * D))) schedule(static)
+#pragma omp parallel for num_threads(nt(int64_t(B * Tn * nh * D))) schedule(static)
   for (int64_t bt = 0; bt < B * Tn; ++bt) {
     const int64_t t = bt % Tn;
     const T* c = cs.data() + t * half;
     const T* s = sn.data() + t * half;
-    for (int64_t h = 0; h < H; ++h) {
-      T* r = p + (bt * H + h) * D;
+    for (int64_t h = h0; h < h0 + nh; ++h) {
+      T* r = p + (bt * Htot + h) * D;
       for (int64_t i = 0; i < half; ++i) {
         const T a = r[i], b = r[i + half];
         r[i] = a * c[i] - b * s[i];
@@ -409,6 +414,47 @@ void CpuBackend<T>::rope(const Tensor& x, double base, int64_t pos0, double sign
       }
     }
   }
+}
+
+namespace {
+// Checks q [B,T,Hq,D], k and v [B,T,Hkv,D] against qkv [B,T,Hq+2·Hkv,D].
+void check_qkv(const Tensor& qkv, const Tensor& q, const Tensor& k, const Tensor& v) {
+  if (q.ndim != 4 || k.ndim != 4 || v.ndim != 4 || k.shape() != v.shape() || q.size(3) != k.size(3) ||
+      q.size(0) != k.size(0) || q.size(1) != k.size(1) ||
+      qkv.numel() != q.size(0) * q.size(1) * (q.size(2) + 2 * k.size(2)) * q.size(3))
+    throw RuntimeError("rope qkv: qkv " + qkv.shape_str() + " does not hold q " + q.shape_str() + ", k " +
+                       k.shape_str() + ", v " + v.shape_str());
+}
+}  // namespace
+
+template <class T>
+void CpuBackend<T>::rope_split_qkv(const Tensor& qkv, const Tensor& q, const Tensor& k, const Tensor& v,
+                                   double base, int64_t pos0) {
+  check_qkv(qkv, q, k, v);
+  const int64_t N = q.size(0) * q.size(1), Hq = q.size(2), Hkv = k.size(2), D = q.size(3), H3 = Hq + 2 * Hkv;
+  const T* src = qkv.ptr<T>();
+  for (int64_t n = 0; n < N; ++n) {
+    std::copy(src + n * H3 * D, src + (n * H3 + Hq) * D, q.ptr<T>() + n * Hq * D);
+    std::copy(src + (n * H3 + Hq) * D, src + (n * H3 + Hq + Hkv) * D, k.ptr<T>() + n * Hkv * D);
+    std::copy(src + (n * H3 + Hq + Hkv) * D, src + (n + 1) * H3 * D, v.ptr<T>() + n * Hkv * D);
+  }
+  rope(q, base, pos0, 1.0);
+  rope(k, base, pos0, 1.0);
+}
+
+template <class T>
+void CpuBackend<T>::rope_merge_qkv(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dqkv,
+                                   double base, int64_t pos0) {
+  check_qkv(dqkv, dq, dk, dv);
+  const int64_t B = dq.size(0), Tn = dq.size(1), Hq = dq.size(2), Hkv = dk.size(2), D = dq.size(3);
+  const int64_t N = B * Tn, H3 = Hq + 2 * Hkv;
+  T* dst = dqkv.ptr<T>();
+  for (int64_t n = 0; n < N; ++n) {
+    std::copy(dq.ptr<T>() + n * Hq * D, dq.ptr<T>() + (n + 1) * Hq * D, dst + n * H3 * D);
+    std::copy(dk.ptr<T>() + n * Hkv * D, dk.ptr<T>() + (n + 1) * Hkv * D, dst + (n * H3 + Hq) * D);
+    std::copy(dv.ptr<T>() + n * Hkv * D, dv.ptr<T>() + (n + 1) * Hkv * D, dst + (n * H3 + Hq + Hkv) * D);
+  }
+  rope_heads(dst, B, Tn, H3, 0, Hq + Hkv, D, base, pos0, -1.0);
 }
 
 template <class T>

@@ -42,6 +42,10 @@ class CpuBackend final : public Backend {
   void swiglu_bwd(const Tensor& gu, const Tensor& dh, const Tensor& dgu) override;
   void rope_fwd(const Tensor& x, double base, int64_t pos0 = 0) override;
   void rope_bwd(const Tensor& dx, double base, int64_t pos0 = 0) override;
+  void rope_split_qkv(const Tensor& qkv, const Tensor& q, const Tensor& k, const Tensor& v, double base,
+                      int64_t pos0) override;
+  void rope_merge_qkv(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dqkv, double base,
+                      int64_t pos0) override;
   void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                      const Tensor& lse, double scale, int64_t window) override;
   void attention_bwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
@@ -67,6 +71,9 @@ class CpuBackend final : public Backend {
 
  private:
   void rope(const Tensor& x, double base, int64_t pos0, double sign);
+  // RoPE in place on heads [h0, h0+nh) of p [B,Tn,Htot,D] (rope() is h0 = 0, nh = Htot).
+  void rope_heads(T* p, int64_t B, int64_t Tn, int64_t Htot, int64_t h0, int64_t nh, int64_t D, double base,
+                  int64_t pos0, double sign);
   // Threads for a loop of `work` element-operations: tiny loops stay on one thread (a
   // parallel region costs more than they do).
   int nt(int64_t work) const { return work >= (1 << 15) ? threads_ : 1; }

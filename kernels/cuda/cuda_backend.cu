@@ -4,9 +4,13 @@
 // The tensor-core bf16 paths that make it fast build on this and are checked against it.
 #include <algorithm>
 #include <cmath>
+#include <memory>
+#include <type_traits>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
+
+#include <cuda.h>
 
 #include "kernels/cuda/attention/flash_attention.hpp"
 #include "kernels/cuda/cuda_backend.hpp"
@@ -181,26 +185,114 @@ __global__ void bf16_to_f32_kernel(const __nv_bfloat16* __restrict__ x, float* _
     y[i] = __bfloat162float(x[i]);
 }
 
+// ---------------------------------------------------------------- typed storage
+// Activations are f32 or bf16 (Backend::act_dtype()); math is always f32.
+using bf16 = __nv_bfloat16;
+__device__ inline float ldf(const float* p) { return *p; }
+__device__ inline float ldf(const bf16* p) { return __bfloat162float(*p); }
+__device__ inline void stf(float* p, float v) { *p = v; }
+__device__ inline void stf(bf16* p, float v) { *p = __float2bfloat16_rn(v); }
+
+// 8 bf16 ↔ 8 floats through one 16-byte access (p 16-byte aligned).
+__device__ inline void load8(const bf16* p, float (&x)[8]) {
+  const uint4 u = *reinterpret_cast<const uint4*>(p);
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const float2 f = __bfloat1622float2(h[k]);
+    x[2 * k] = f.x;
+    x[2 * k + 1] = f.y;
+  }
+}
+__device__ inline void store8(bf16* p, const float (&x)[8]) {
+  uint4 u;
+  __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&u);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) h[k] = __floats2bfloat162_rn(x[2 * k], x[2 * k + 1]);
+  *reinterpret_cast<uint4*>(p) = u;
+}
+
+// RMSNorm forward with the output in TY (f32 or bf16); the same arithmetic as
+// rmsnorm_fwd_kernel. With r given, h = x + r is formed and written first (the residual
+// add fused with the next norm; h may alias x).
+template <class TY>
+__global__ void add_rmsnorm_fwd_kernel(const float* x, const float* r, float* h, const float* w, TY* y,
+                                       float* rstd, int64_t d, float eps) {
+  const int64_t row = blockIdx.x;
+  const float* xr = x + row * d;
+  float* hr = h + row * d;
+  double ss = 0;
+  for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
+    float v = xr[i];
+    if (r) {
+      v += r[row * d + i];
+      hr[i] = v;
+    }
+    ss += static_cast<double>(v) * v;
+  }
+  ss = block_sum_d(ss);  // its barriers also order the h writes before the reads below
+  const float rs = static_cast<float>(1.0 / sqrt(ss / d + eps));
+  if (threadIdx.x == 0) rstd[row] = rs;
+  const float* src = r ? hr : xr;
+  for (int64_t i = threadIdx.x; i < d; i += blockDim.x) stf(y + row * d + i, src[i] * rs * w[i]);
+}
+
 // ---------------------------------------------------------------- SwiGLU
 __device__ inline float sigmoidf_(float z) { return 1.f / (1.f + expf(-z)); }
 
-__global__ void swiglu_fwd_kernel(const float* gu, float* h, int64_t n, int64_t f) {
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n * f; i += (int64_t)gridDim.x * blockDim.x) {
-    int64_t row = i / f, col = i % f;
-    float g = gu[row * 2 * f + col], u = gu[row * 2 * f + f + col];
-    h[i] = g * sigmoidf_(g) * u;
-  }
+// Typed SwiGLU (any mix of f32/bf16 storage): rows over blocks, columns over threads
+// (no 64-bit division per element).
+template <class TG, class TH>
+__global__ void swiglu_fwd_typed(const TG* gu, TH* h, int64_t n, int64_t f) {
+  for (int64_t row = blockIdx.x; row < n; row += gridDim.x)
+    for (int64_t c = threadIdx.x; c < f; c += blockDim.x) {
+      const float g = ldf(gu + row * 2 * f + c), u = ldf(gu + row * 2 * f + f + c);
+      stf(h + row * f + c, g * sigmoidf_(g) * u);
+    }
 }
 
-__global__ void swiglu_bwd_kernel(const float* gu, const float* dh, float* dgu, int64_t n, int64_t f) {
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n * f; i += (int64_t)gridDim.x * blockDim.x) {
-    int64_t row = i / f, col = i % f;
-    float g = gu[row * 2 * f + col], u = gu[row * 2 * f + f + col];
-    float s = sigmoidf_(g);
-    float d = dh[i];
-    dgu[row * 2 * f + col] = d * u * s * (1.f + g * (1.f - s));
-    dgu[row * 2 * f + f + col] = d * g * s;
-  }
+template <class TG, class TD>
+__global__ void swiglu_bwd_typed(const TG* gu, const TD* dh, TG* dgu, int64_t n, int64_t f) {
+  for (int64_t row = blockIdx.x; row < n; row += gridDim.x)
+    for (int64_t c = threadIdx.x; c < f; c += blockDim.x) {
+      const float g = ldf(gu + row * 2 * f + c), u = ldf(gu + row * 2 * f + f + c);
+      const float sg = sigmoidf_(g), dd = ldf(dh + row * f + c);
+      stf(dgu + row * 2 * f + c, dd * u * sg * (1.f + g * (1.f - sg)));
+      stf(dgu + row * 2 * f + f + c, dd * g * sg);
+    }
+}
+
+// All-bf16 SwiGLU, 8 columns per thread (f % 8 == 0): 16-byte loads and stores.
+__global__ void swiglu_fwd_bf16x8(const bf16* gu, bf16* h, int64_t n, int64_t f) {
+  const int64_t f8 = f / 8;
+  for (int64_t row = blockIdx.x; row < n; row += gridDim.x)
+    for (int64_t c8 = threadIdx.x; c8 < f8; c8 += blockDim.x) {
+      float g[8], u[8], o[8];
+      load8(gu + row * 2 * f + c8 * 8, g);
+      load8(gu + row * 2 * f + f + c8 * 8, u);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) o[k] = g[k] * sigmoidf_(g[k]) * u[k];
+      store8(h + row * f + c8 * 8, o);
+    }
+}
+
+__global__ void swiglu_bwd_bf16x8(const bf16* gu, const bf16* dh, bf16* dgu, int64_t n, int64_t f) {
+  const int64_t f8 = f / 8;
+  for (int64_t row = blockIdx.x; row < n; row += gridDim.x)
+    for (int64_t c8 = threadIdx.x; c8 < f8; c8 += blockDim.x) {
+      float g[8], u[8], dd[8], dg[8], du[8];
+      load8(gu + row * 2 * f + c8 * 8, g);
+      load8(gu + row * 2 * f + f + c8 * 8, u);
+      load8(dh + row * f + c8 * 8, dd);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const float sg = sigmoidf_(g[k]);
+        dg[k] = dd[k] * u[k] * sg * (1.f + g[k] * (1.f - sg));
+        du[k] = dd[k] * g[k] * sg;
+      }
+      store8(dgu + row * 2 * f + c8 * 8, dg);
+      store8(dgu + row * 2 * f + f + c8 * 8, du);
+    }
 }
 
 // ---------------------------------------------------------------- attention
@@ -375,8 +467,9 @@ __global__ void ce_fwd_kernel(const float* logits, const int* targets, const flo
   }
 }
 
+template <class TD>
 __global__ void ce_bwd_kernel(const float* logits, const int* targets, const float* mask, float grad_scale,
-                              float* dlogits, int64_t V) {
+                              TD* dlogits, int64_t V) {
   int64_t row = blockIdx.x;
   const float* lr = logits + row * V;
   float m = -INFINITY;
@@ -391,7 +484,38 @@ __global__ void ce_bwd_kernel(const float* logits, const int* targets, const flo
   float inv = static_cast<float>(1.0 / se);
   for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
     float p = expf(lr[i] - gmax) * inv;
-    dlogits[row * V + i] = w * (p - (i == tgt ? 1.f : 0.f));
+    stf(dlogits + row * V + i, w * (p - (i == tgt ? 1.f : 0.f)));
+  }
+}
+
+// cross-entropy forward and backward of one row per block, the row staged once in shared
+// memory (V floats): one read of the logits, one write of dlogits, instead of five passes.
+// Same arithmetic as ce_fwd_kernel + ce_bwd_kernel (reduction splits differ: not bitwise).
+constexpr int kCeFusedThreads = 1024;
+template <class TD>
+__global__ void __launch_bounds__(kCeFusedThreads) ce_fused_kernel(const float* logits, const int* targets,
+                                                                   const float* mask, float* losses, float grad_scale,
+                                                                   TD* dlogits, int64_t V) {
+  extern __shared__ float srow[];
+  const int64_t row = blockIdx.x;
+  const float* lr = logits + row * V;
+  float m = -INFINITY;
+  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
+    const float x = lr[i];
+    srow[i] = x;
+    m = fmaxf(m, x);
+  }
+  const float gmax = block_max(m);  // its barriers also publish srow
+  double se = 0;
+  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) se += exp(static_cast<double>(srow[i] - gmax));
+  se = block_sum_d(se);
+  const int tgt = targets[row];
+  if (threadIdx.x == 0) losses[row] = static_cast<float>(mask[row] * (gmax + log(se) - srow[tgt]));
+  const float w = grad_scale * mask[row];
+  const float inv = static_cast<float>(1.0 / se);
+  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
+    const float p = expf(srow[i] - gmax) * inv;
+    stf(dlogits + row * V + i, w * (p - (i == tgt ? 1.f : 0.f)));
   }
 }
 
@@ -406,25 +530,77 @@ __global__ void rope_table_kernel(float2* cs, int64_t T, int64_t D, double base,
   }
 }
 
-__global__ void rope_apply_kernel(float* x, const float2* cs, int64_t B, int64_t T, int64_t H, int64_t D) {
-  const int64_t half = D / 2, n = B * T * H * half;
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-    const int64_t p = i % half, row = i / half, t = (row / H) % T;
+// x (f32 or bf16) rotated in place by sign·θ; I is the index type (32-bit when the
+// element count allows: cheaper division).
+template <class T, class I>
+__global__ void rope_apply_kernel(T* x, const float2* cs, I B, I Tn, I H, I D, float sign) {
+  const I half = D / 2, n = B * Tn * H * half;
+  for (I i = blockIdx.x * (I)blockDim.x + threadIdx.x; i < n; i += (I)gridDim.x * blockDim.x) {
+    const I p = i % half, row = i / half, t = (row / H) % Tn;
     const float2 r = cs[t * half + p];
-    float* xr = x + row * D;
-    const float a = xr[p], b = xr[p + half];
-    xr[p] = a * r.x - b * r.y;
-    xr[p + half] = b * r.x + a * r.y;
+    const float c = r.x, sn = sign * r.y;
+    T* xr = x + row * D;
+    const float a = ldf(xr + p), b = ldf(xr + p + half);
+    stf(xr + p, a * c - b * sn);
+    stf(xr + p + half, b * c + a * sn);
+  }
+}
+
+// q/k/v split of one GEMM's qkv [N, Hq+2·Hkv, D] with RoPE on q and k (dir = +1), and
+// its transpose (dir = −1: merge dq, dk, dv into dqkv, rotating back). One thread per
+// (token, head, pair); I the index type.
+template <class T, class I, int DIR>
+__global__ void rope_qkv_kernel(T* qkv, T* q, T* k, T* v, const float2* cs, I N, I Tn, I Hq, I Hkv, I D) {
+  const I half = D / 2, H3 = Hq + 2 * Hkv, n = N * H3 * half;
+  for (I i = blockIdx.x * (I)blockDim.x + threadIdx.x; i < n; i += (I)gridDim.x * blockDim.x) {
+    const I p = i % half, hh = (i / half) % H3, tok = i / (half * H3), t = tok % Tn;
+    T* fused = qkv + (tok * H3 + hh) * D;
+    T* part;
+    bool rotate = true;
+    if (hh < Hq) {
+      part = q + (tok * Hq + hh) * D;
+    } else if (hh < Hq + Hkv) {
+      part = k + (tok * Hkv + hh - Hq) * D;
+    } else {
+      part = v + (tok * Hkv + hh - Hq - Hkv) * D;
+      rotate = false;
+    }
+    const T* src = DIR > 0 ? fused : part;
+    T* dst = DIR > 0 ? part : fused;
+    const float a = ldf(src + p), b = ldf(src + p + half);
+    if (rotate) {
+      const float2 r = cs[t * half + p];
+      const float sn = DIR * r.y;
+      stf(dst + p, a * r.x - b * sn);
+      stf(dst + p + half, b * r.x + a * sn);
+    } else {
+      stf(dst + p, a);
+      stf(dst + p + half, b);
+    }
   }
 }
 
 void require_f32(const Tensor& t, const char* what) {
   if (t.dtype != DType::f32) throw RuntimeError(std::string("cuda backend: ") + what + " must be f32");
 }
+void require_act(const Tensor& t, const char* what) {
+  if (t.dtype != DType::f32 && t.dtype != DType::bf16)
+    throw RuntimeError(std::string("cuda backend: ") + what + " must be f32 or bf16, got " + to_string(t.dtype));
+}
+bool is_bf16(const Tensor& t) { return t.dtype == DType::bf16; }
 
 }  // namespace
 
 // ================================================================== CudaBackend
+
+// An arena block in reserved address space, backed chunk by chunk (alloc_growable).
+struct CudaBackend::Growable {
+  CUdeviceptr base = 0;
+  std::size_t reserved = 0, mapped = 0, gran = 0;
+  std::vector<std::pair<CUmemGenericAllocationHandle, std::size_t>> chunks;  // in address order
+  CUmemAllocationProp prop{};
+};
+
 
 // LAR_CUDA_PROFILE=1: every op records a pair of CUDA events around its launches;
 // profile_report() sums them per op (lar bench gpu-train prints the table). Off by
@@ -477,6 +653,8 @@ CudaBackend::CudaBackend(int device) {
   cudaDeviceProp prop{};
   LAR_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
   gpu_name_ = prop.name;
+  device_ = device;
+  total_mem_ = prop.totalGlobalMem;
   name_ = "cuda-f32 (" + gpu_name_ + ")";
   LAR_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   LAR_CUBLAS_CHECK(cublasCreate(&cublas_));
@@ -493,7 +671,9 @@ CudaBackend::~CudaBackend() {
   if (idx_scratch_) cudaFree(idx_scratch_);
   if (rope_table_) cudaFree(rope_table_);
   if (gemm_scratch_) cudaFree(gemm_scratch_);
+  if (mirror_) cudaFree(mirror_);
   for (const auto& e : prof_) cudaEventDestroy(e.a), cudaEventDestroy(e.b);
+  while (!growables_.empty()) free_bytes(reinterpret_cast<void*>(growables_.back()->base));
   if (cublas_) cublasDestroy(cublas_);
   if (stream_) cudaStreamDestroy(stream_);
 }
@@ -559,15 +739,147 @@ void* CudaBackend::alloc_bytes(std::size_t bytes) {
   return p;
 }
 
+// ---- growable blocks (CUDA virtual memory management through the driver entry points) ----
+
+namespace {
+struct Vmm {
+  decltype(&cuMemAddressReserve) reserve = nullptr;
+  decltype(&cuMemAddressFree) addr_free = nullptr;
+  decltype(&cuMemCreate) create = nullptr;
+  decltype(&cuMemRelease) release = nullptr;
+  decltype(&cuMemMap) map = nullptr;
+  decltype(&cuMemUnmap) unmap = nullptr;
+  decltype(&cuMemSetAccess) set_access = nullptr;
+  decltype(&cuMemGetAllocationGranularity) granularity = nullptr;
+  bool ok = false;
+};
+const Vmm& vmm() {
+  static const Vmm v = [] {
+    Vmm x;
+    auto get = [](const char* name, auto& fn) {
+      void* f = nullptr;
+      cudaDriverEntryPointQueryResult q{};
+      if (cudaGetDriverEntryPointByVersion(name, &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+          q != cudaDriverEntryPointSuccess || f == nullptr) {
+        cudaGetLastError();
+        return false;
+      }
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(f);
+      return true;
+    };
+    x.ok = get("cuMemAddressReserve", x.reserve) && get("cuMemAddressFree", x.addr_free) &&
+           get("cuMemCreate", x.create) && get("cuMemRelease", x.release) && get("cuMemMap", x.map) &&
+           get("cuMemUnmap", x.unmap) && get("cuMemSetAccess", x.set_access) &&
+           get("cuMemGetAllocationGranularity", x.granularity);
+    return x;
+  }();
+  return v;
+}
+}  // namespace
+
+CudaBackend::Growable* CudaBackend::find_growable(void* p) {
+  for (Growable* g : growables_)
+    if (reinterpret_cast<void*>(g->base) == p) return g;
+  return nullptr;
+}
+
+// Backs [mapped, bytes) of g with one new physical chunk; false (nothing changed) on failure.
+bool CudaBackend::map_more(Growable& g, std::size_t bytes) {
+  const Vmm& v = vmm();
+  const std::size_t want = (bytes + g.gran - 1) / g.gran * g.gran;
+  if (want <= g.mapped) return true;
+  if (want > g.reserved) return false;
+  const std::size_t chunk = want - g.mapped;
+  CUmemGenericAllocationHandle h{};
+  if (v.create(&h, chunk, &g.prop, 0) != CUDA_SUCCESS) return false;
+  if (v.map(g.base + g.mapped, chunk, 0, h, 0) != CUDA_SUCCESS) {
+    v.release(h);
+    return false;
+  }
+  CUmemAccessDesc desc{};
+  desc.location = g.prop.location;
+  desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  if (v.set_access(g.base + g.mapped, chunk, &desc, 1) != CUDA_SUCCESS) {
+    v.unmap(g.base + g.mapped, chunk);
+    v.release(h);
+    return false;
+  }
+  g.chunks.emplace_back(h, chunk);
+  g.mapped = want;
+  for (auto& a : allocs_)
+    if (a.first == reinterpret_cast<void*>(g.base)) a.second += chunk;
+  live_bytes_ += chunk;
+  peak_bytes_ = std::max(peak_bytes_, live_bytes_);
+  return true;
+}
+
+void* CudaBackend::alloc_growable(std::size_t bytes) {
+  const Vmm& v = vmm();
+  if (!v.ok) return alloc_bytes(bytes);
+  auto g = std::make_unique<Growable>();
+  g->prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  g->prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  g->prop.location.id = device_;
+  if (v.granularity(&g->gran, &g->prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS || g->gran == 0)
+    return alloc_bytes(bytes);
+  // Address space for the whole device memory (cheap: nothing is backed until mapped).
+  g->reserved = std::max(total_mem_, bytes + g->gran) / g->gran * g->gran + g->gran;
+  if (v.reserve(&g->base, g->reserved, 0, 0, 0) != CUDA_SUCCESS) return alloc_bytes(bytes);
+  track_alloc(reinterpret_cast<void*>(g->base), 0);
+  if (!map_more(*g, std::max<std::size_t>(bytes, 1))) {
+    track_free(reinterpret_cast<void*>(g->base));
+    v.addr_free(g->base, g->reserved);
+    return alloc_bytes(bytes);
+  }
+  growables_.push_back(g.release());
+  return reinterpret_cast<void*>(growables_.back()->base);
+}
+
+bool CudaBackend::grow_bytes(void* p, std::size_t bytes) {
+  Growable* g = find_growable(p);
+  return g != nullptr && map_more(*g, bytes);
+}
+
 void CudaBackend::free_bytes(void* p) {
   if (p) {
     synchronize();
+    // Freeing the registered weights unregisters them: memory allocated later at those
+    // addresses must not be read through the (then meaningless) mirror.
+    std::size_t size = 0;
+    for (const auto& a : allocs_)
+      if (a.first == p) size = a.second;
+    const char* c = static_cast<const char*>(p);
+    if (weights_ && c <= weights_ && weights_ < c + size) {
+      weights_ = nullptr;
+      weights_bytes_ = 0;
+      mirror_fresh_ = false;
+      if (mirror_) {
+        track_free(mirror_);
+        LAR_CUDA_CHECK(cudaFree(mirror_));
+        mirror_ = nullptr;
+      }
+    }
+    if (Growable* g = find_growable(p)) {
+      const Vmm& v = vmm();
+      CUdeviceptr at = g->base;
+      for (auto& [h, n] : g->chunks) {  // each mapping separately, in address order
+        v.unmap(at, n);
+        v.release(h);
+        at += n;
+      }
+      v.addr_free(g->base, g->reserved);
+      track_free(p);
+      growables_.erase(std::find(growables_.begin(), growables_.end(), g));
+      delete g;
+      return;
+    }
     track_free(p);
     LAR_CUDA_CHECK(cudaFree(p));
   }
 }
 
 void CudaBackend::upload(const void* host, const Tensor& dst) {
+  touch(dst);
   LAR_CUDA_CHECK(cudaMemcpyAsync(dst.data, host, dst.bytes(), cudaMemcpyHostToDevice, stream_));
   synchronize();
 }
@@ -579,11 +891,13 @@ void CudaBackend::download(const Tensor& src, void* host) {
 
 void CudaBackend::zero(const Tensor& t) {
   OpTimer timer(*this, "zero");
+  touch(t);
   LAR_CUDA_CHECK(cudaMemsetAsync(t.data, 0, t.bytes(), stream_));
 }
 
 void CudaBackend::fill(const Tensor& t, double value) {
   require_f32(t, "fill");
+  touch(t);
   fill_kernel<<<blocks_for(t.numel(), 256), 256, 0, stream_>>>(t.ptr<float>(), t.numel(), static_cast<float>(value));
   LAR_CUDA_LAUNCHED();
 }
@@ -592,6 +906,7 @@ void CudaBackend::copy(const Tensor& src, const Tensor& dst) {
   OpTimer timer(*this, "copy");
   if (src.numel() != dst.numel() || src.dtype != dst.dtype)
     throw RuntimeError("cuda copy: " + src.shape_str() + " → " + dst.shape_str());
+  touch(dst);
   LAR_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, src.bytes(), cudaMemcpyDeviceToDevice, stream_));
 }
 
@@ -601,20 +916,44 @@ void CudaBackend::gemm(const Tensor& A, bool ta, const Tensor& B, bool tb, const
   gemm_batched(A, ta, B, tb, C, 1, alpha, beta);
 }
 
+const void* CudaBackend::gemm_operand(const Tensor& t, std::size_t off) {
+  if (t.dtype == DType::bf16) return t.data;
+  require_f32(t, "gemm operand");
+  const char* p = static_cast<const char*>(t.data);
+  if (mirror_ && p >= weights_ && p + t.bytes() <= weights_ + weights_bytes_) {
+    if (!mirror_fresh_) {  // one pass over all weights after each optimiser step / upload
+      OpTimer timer(*this, "weights → bf16 mirror");
+      const int64_t n = static_cast<int64_t>(weights_bytes_ / 4);
+      f32_to_bf16_kernel<<<blocks_for(n, 256), 256, 0, stream_>>>(reinterpret_cast<const float*>(weights_),
+                                                                  static_cast<bf16*>(mirror_), n);
+      LAR_CUDA_LAUNCHED();
+      mirror_fresh_ = true;
+    }
+    return static_cast<const bf16*>(mirror_) + (p - weights_) / 4;
+  }
+  auto* dst = reinterpret_cast<bf16*>(static_cast<char*>(gemm_scratch_) + off);
+  f32_to_bf16_kernel<<<blocks_for(t.numel(), 256), 256, 0, stream_>>>(t.ptr<float>(), dst, t.numel());
+  LAR_CUDA_LAUNCHED();
+  return dst;
+}
+
 void CudaBackend::gemm_batched(const Tensor& A, bool ta, const Tensor& B, bool tb, const Tensor& C,
                                int64_t batches, double alpha, double beta) {
   OpTimer timer(*this, "gemm");
-  require_f32(A, "gemm A");
-  require_f32(B, "gemm B");
-  require_f32(C, "gemm C");
   int64_t M = C.rows() / batches, N = C.last();
   int64_t K = ta ? A.rows() / batches : A.last();
   int64_t a_rows = A.rows() / batches, b_rows = B.rows() / batches;
   if ((ta ? A.last() : a_rows) != M || (tb ? b_rows : B.last()) != N || (tb ? B.last() : b_rows) != K)
     throw RuntimeError("cuda gemm: shapes " + A.shape_str() + (ta ? "ᵀ" : "") + " · " + B.shape_str() +
                        (tb ? "ᵀ" : "") + " → " + C.shape_str() + " do not match");
+  touch(C);
   float fa = static_cast<float>(alpha), fb = static_cast<float>(beta);
   int lda = static_cast<int>(A.last()), ldb = static_cast<int>(B.last()), ldc = static_cast<int>(N);
+  if (!mixed_ || !bf16_gemm_) {
+    require_f32(A, "gemm A");
+    require_f32(B, "gemm B");
+    require_f32(C, "gemm C");
+  }
   if (!mixed_) {
     LAR_CUBLAS_CHECK(cublasSgemmStridedBatched(
         cublas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(N),
@@ -623,31 +962,34 @@ void CudaBackend::gemm_batched(const Tensor& A, bool ta, const Tensor& B, bool t
     return;
   }
   if (bf16_gemm_) {
-    // Operands rounded to bf16 (one pass each over A and B), bf16 tensor-core products,
-    // fp32 accumulation and fp32 C. Measured faster than cuBLAS's FAST_16BF on the same
-    // fp32 operands (docs/perf.md), which spent 175 ms of a 0.38 s step in GEMMs.
-    const std::size_t na = A.numel(), nb = B.numel(), abytes = (na * 2 + 255) / 256 * 256;
-    if (abytes + nb * 2 > gemm_scratch_n_) {
+    // bf16 tensor-core products with fp32 accumulation; C in f32 or bf16. bf16 operands
+    // are used as they are, weights through the bf16 mirror (refreshed once per
+    // optimiser step), any other f32 operand is rounded into gemm scratch first.
+    require_act(C, "gemm C");
+    auto scratch_need = [&](const Tensor& t) -> std::size_t {
+      if (t.dtype == DType::bf16) return 0;
+      const char* p = static_cast<const char*>(t.data);
+      if (mirror_ && p >= weights_ && p + t.bytes() <= weights_ + weights_bytes_) return 0;
+      return (t.numel() * 2 + 255) / 256 * 256;
+    };
+    const std::size_t na = scratch_need(A), nb = scratch_need(B);
+    if (na + nb > gemm_scratch_n_) {
       if (gemm_scratch_) {
         synchronize();
         track_free(gemm_scratch_);
         LAR_CUDA_CHECK(cudaFree(gemm_scratch_));
       }
-      gemm_scratch_n_ = abytes + nb * 2;
+      gemm_scratch_n_ = na + nb;
       LAR_CUDA_CHECK(cudaMalloc(&gemm_scratch_, gemm_scratch_n_));
       track_alloc(gemm_scratch_, gemm_scratch_n_);
     }
-    auto* ab = static_cast<__nv_bfloat16*>(gemm_scratch_);
-    auto* bb = reinterpret_cast<__nv_bfloat16*>(static_cast<char*>(gemm_scratch_) + abytes);
-    f32_to_bf16_kernel<<<blocks_for(na, 256), 256, 0, stream_>>>(A.ptr<float>(), ab, na);
-    LAR_CUDA_LAUNCHED();
-    f32_to_bf16_kernel<<<blocks_for(nb, 256), 256, 0, stream_>>>(B.ptr<float>(), bb, nb);
-    LAR_CUDA_LAUNCHED();
+    const void* ab = gemm_operand(A, 0);
+    const void* bb = gemm_operand(B, na);
     LAR_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
         cublas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(N),
         static_cast<int>(M), static_cast<int>(K), &fa, bb, CUDA_R_16BF, ldb, b_rows * B.last(), ab, CUDA_R_16BF,
-        lda, a_rows * A.last(), &fb, C.data, CUDA_R_32F, ldc, M * N, static_cast<int>(batches), CUBLAS_COMPUTE_32F,
-        CUBLAS_GEMM_DEFAULT));
+        lda, a_rows * A.last(), &fb, C.data, is_bf16(C) ? CUDA_R_16BF : CUDA_R_32F, ldc, M * N,
+        static_cast<int>(batches), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     return;
   }
   // fp32 tensors, TF32 tensor-core products, fp32 accumulation and output.
@@ -660,6 +1002,9 @@ void CudaBackend::gemm_batched(const Tensor& A, bool ta, const Tensor& B, bool t
 
 void CudaBackend::axpy(double alpha, const Tensor& x, const Tensor& y) {
   OpTimer timer(*this, "axpy");
+  require_f32(x, "axpy x");
+  require_f32(y, "axpy y");
+  touch(y);
   axpy_kernel<<<blocks_for(x.numel(), 256), 256, 0, stream_>>>(static_cast<float>(alpha), x.ptr<float>(),
                                                               y.ptr<float>(), x.numel());
   LAR_CUDA_LAUNCHED();
@@ -695,6 +1040,7 @@ void CudaBackend::embedding_fwd(const Tensor& ids, const Tensor& table, const Te
 void CudaBackend::embedding_bwd(const Tensor& ids, const Tensor& dout, const Tensor& dtable) {
   OpTimer timer(*this, "embedding");
   const int64_t n = ids.numel(), d = dtable.last(), V = dtable.rows();
+  touch(dtable);
   // A stable counting sort of the token positions by id, on the host (N ints each way).
   host_ids_.resize(n);
   download(ids, host_ids_.data());
@@ -742,15 +1088,46 @@ void CudaBackend::embedding_bwd(const Tensor& ids, const Tensor& dout, const Ten
 
 void CudaBackend::rmsnorm_fwd(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& rstd, double eps) {
   OpTimer timer(*this, "rmsnorm");
+  require_f32(x, "rmsnorm x");
+  require_act(y, "rmsnorm y");
   int64_t n = x.rows(), d = x.last();
-  rmsnorm_fwd_kernel<<<static_cast<unsigned>(n), 256, 0, stream_>>>(x.ptr<float>(), w.ptr<float>(), y.ptr<float>(),
-                                                                    rstd.ptr<float>(), d, static_cast<float>(eps));
+  if (is_bf16(y))
+    add_rmsnorm_fwd_kernel<<<static_cast<unsigned>(n), 256, 0, stream_>>>(
+        x.ptr<float>(), nullptr, nullptr, w.ptr<float>(), y.ptr<bf16>(), rstd.ptr<float>(), d, static_cast<float>(eps));
+  else
+    rmsnorm_fwd_kernel<<<static_cast<unsigned>(n), 256, 0, stream_>>>(x.ptr<float>(), w.ptr<float>(), y.ptr<float>(),
+                                                                      rstd.ptr<float>(), d, static_cast<float>(eps));
+  LAR_CUDA_LAUNCHED();
+}
+
+void CudaBackend::add_rmsnorm_fwd(const Tensor& x, const Tensor& r, const Tensor& h, const Tensor& w, const Tensor& y,
+                                  const Tensor& rstd, double eps) {
+  OpTimer timer(*this, "residual add + rmsnorm");
+  require_f32(x, "add_rmsnorm x");
+  require_f32(r, "add_rmsnorm r");
+  require_f32(h, "add_rmsnorm h");
+  require_act(y, "add_rmsnorm y");
+  if (x.numel() != r.numel() || x.numel() != h.numel() || x.numel() != y.numel())
+    throw RuntimeError("cuda add_rmsnorm_fwd: sizes differ");
+  touch(h);
+  const int64_t n = x.rows(), d = x.last();
+  if (is_bf16(y))
+    add_rmsnorm_fwd_kernel<<<static_cast<unsigned>(n), 256, 0, stream_>>>(
+        x.ptr<float>(), r.ptr<float>(), h.ptr<float>(), w.ptr<float>(), y.ptr<bf16>(), rstd.ptr<float>(), d,
+        static_cast<float>(eps));
+  else
+    add_rmsnorm_fwd_kernel<<<static_cast<unsigned>(n), 256, 0, stream_>>>(
+        x.ptr<float>(), r.ptr<float>(), h.ptr<float>(), w.ptr<float>(), y.ptr<float>(), rstd.ptr<float>(), d,
+        static_cast<float>(eps));
   LAR_CUDA_LAUNCHED();
 }
 
 void CudaBackend::rmsnorm_bwd(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
                               const Tensor& dx, const Tensor& dw) {
   OpTimer timer(*this, "rmsnorm");
+  require_f32(dy, "rmsnorm_bwd dy");
+  touch(dx);
+  touch(dw);
   int64_t n = x.rows(), d = x.last();
   rmsnorm_bwd_dx_kernel<<<static_cast<unsigned>(n), 256, 0, stream_>>>(x.ptr<float>(), w.ptr<float>(),
                                                                        rstd.ptr<float>(), dy.ptr<float>(),
@@ -766,38 +1143,145 @@ void CudaBackend::rmsnorm_bwd(const Tensor& x, const Tensor& w, const Tensor& rs
   LAR_CUDA_LAUNCHED();
 }
 
+namespace {
+unsigned row_blocks(int64_t rows) { return static_cast<unsigned>(std::min<int64_t>(rows, 65535 * 8)); }
+template <class A, class Bt>
+void swiglu_fwd_launch(const Tensor& gu, const Tensor& h, cudaStream_t st) {
+  swiglu_fwd_typed<<<row_blocks(h.rows()), 256, 0, st>>>(gu.ptr<A>(), h.ptr<Bt>(), h.rows(), h.last());
+}
+template <class A, class D>
+void swiglu_bwd_launch(const Tensor& gu, const Tensor& dh, const Tensor& dgu, cudaStream_t st) {
+  swiglu_bwd_typed<<<row_blocks(dh.rows()), 256, 0, st>>>(gu.ptr<A>(), dh.ptr<D>(), dgu.ptr<A>(), dh.rows(),
+                                                          dh.last());
+}
+bool aligned16(const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data) % 16 == 0; }
+}  // namespace
+
 void CudaBackend::swiglu_fwd(const Tensor& gu, const Tensor& h) {
   OpTimer timer(*this, "swiglu");
-  int64_t n = h.rows(), f = h.last();
-  swiglu_fwd_kernel<<<blocks_for(n * f, 256), 256, 0, stream_>>>(gu.ptr<float>(), h.ptr<float>(), n, f);
+  require_act(gu, "swiglu gu");
+  require_act(h, "swiglu h");
+  const int64_t n = h.rows(), f = h.last();
+  if (gu.numel() != 2 * n * f) throw RuntimeError("cuda swiglu_fwd: gu " + gu.shape_str() + ", h " + h.shape_str());
+  if (is_bf16(gu) && is_bf16(h) && f % 8 == 0 && aligned16(gu) && aligned16(h))
+    swiglu_fwd_bf16x8<<<row_blocks(n), 128, 0, stream_>>>(gu.ptr<bf16>(), h.ptr<bf16>(), n, f);
+  else if (is_bf16(gu))
+    is_bf16(h) ? swiglu_fwd_launch<bf16, bf16>(gu, h, stream_) : swiglu_fwd_launch<bf16, float>(gu, h, stream_);
+  else
+    is_bf16(h) ? swiglu_fwd_launch<float, bf16>(gu, h, stream_) : swiglu_fwd_launch<float, float>(gu, h, stream_);
   LAR_CUDA_LAUNCHED();
 }
 
 void CudaBackend::swiglu_bwd(const Tensor& gu, const Tensor& dh, const Tensor& dgu) {
   OpTimer timer(*this, "swiglu");
-  int64_t n = dh.rows(), f = dh.last();
-  swiglu_bwd_kernel<<<blocks_for(n * f, 256), 256, 0, stream_>>>(gu.ptr<float>(), dh.ptr<float>(),
-                                                                 dgu.ptr<float>(), n, f);
+  require_act(gu, "swiglu gu");
+  require_act(dh, "swiglu dh");
+  if (dgu.dtype != gu.dtype) throw RuntimeError("cuda swiglu_bwd: dgu must have gu's dtype");
+  const int64_t n = dh.rows(), f = dh.last();
+  if (gu.numel() != 2 * n * f || dgu.numel() != gu.numel())
+    throw RuntimeError("cuda swiglu_bwd: gu " + gu.shape_str() + ", dh " + dh.shape_str());
+  if (is_bf16(gu) && is_bf16(dh) && f % 8 == 0 && aligned16(gu) && aligned16(dh) && aligned16(dgu))
+    swiglu_bwd_bf16x8<<<row_blocks(n), 128, 0, stream_>>>(gu.ptr<bf16>(), dh.ptr<bf16>(), dgu.ptr<bf16>(), n, f);
+  else if (is_bf16(gu))
+    is_bf16(dh) ? swiglu_bwd_launch<bf16, bf16>(gu, dh, dgu, stream_)
+                : swiglu_bwd_launch<bf16, float>(gu, dh, dgu, stream_);
+  else
+    is_bf16(dh) ? swiglu_bwd_launch<float, bf16>(gu, dh, dgu, stream_)
+                : swiglu_bwd_launch<float, float>(gu, dh, dgu, stream_);
   LAR_CUDA_LAUNCHED();
 }
 
-void CudaBackend::rope(const Tensor& x, double base, int64_t pos0, double sign) {
-  const int64_t T = x.size(1), D = x.size(3), half = D / 2;
-  if (static_cast<std::size_t>(T * half) > rope_table_n_) {
-    if (rope_table_) {
-      synchronize();
-      track_free(rope_table_);
-      LAR_CUDA_CHECK(cudaFree(rope_table_));
+const float2* CudaBackend::rope_table(int64_t T, int64_t D, double base, int64_t pos0) {
+  const int64_t half = D / 2;
+  // The (cos, sin) table of positions pos0 … pos0+T−1 is cached: training calls this four
+  // times per layer with the same T, so it is computed once per run.
+  if (T != rope_T_ || D != rope_D_ || base != rope_base_ || pos0 != rope_pos0_) {
+    if (static_cast<std::size_t>(T * half) > rope_table_n_) {
+      if (rope_table_) {
+        synchronize();
+        track_free(rope_table_);
+        LAR_CUDA_CHECK(cudaFree(rope_table_));
+      }
+      LAR_CUDA_CHECK(cudaMalloc(&rope_table_, T * half * sizeof(float2)));
+      track_alloc(rope_table_, T * half * sizeof(float2));
+      rope_table_n_ = T * half;
     }
-    LAR_CUDA_CHECK(cudaMalloc(&rope_table_, T * half * sizeof(float2)));
-    track_alloc(rope_table_, T * half * sizeof(float2));
-    rope_table_n_ = T * half;
+    rope_table_kernel<<<blocks_for(T * half, 256), 256, 0, stream_>>>(static_cast<float2*>(rope_table_), T, D, base,
+                                                                       pos0, 1.0);
+    LAR_CUDA_LAUNCHED();
+    rope_T_ = T, rope_D_ = D, rope_base_ = base, rope_pos0_ = pos0;
   }
-  float2* cs = static_cast<float2*>(rope_table_);
-  rope_table_kernel<<<blocks_for(T * half, 256), 256, 0, stream_>>>(cs, T, D, base, pos0, sign);
+  return static_cast<const float2*>(rope_table_);
+}
+
+void CudaBackend::rope(const Tensor& x, double base, int64_t pos0, double sign) {
+  require_act(x, "rope x");
+  const int64_t T = x.size(1), D = x.size(3);
+  const float2* cs = rope_table(T, D, base, pos0);
+  const float sg = static_cast<float>(sign);
+  const int64_t pairs = x.numel() / 2;
+  const int blocks = blocks_for(pairs, 256);
+  if (pairs < (int64_t(1) << 31)) {
+    using I = uint32_t;
+    if (is_bf16(x))
+      rope_apply_kernel<bf16, I><<<blocks, 256, 0, stream_>>>(x.ptr<bf16>(), cs, I(x.size(0)), I(T), I(x.size(2)), I(D), sg);
+    else
+      rope_apply_kernel<float, I><<<blocks, 256, 0, stream_>>>(x.ptr<float>(), cs, I(x.size(0)), I(T), I(x.size(2)), I(D), sg);
+  } else {
+    if (is_bf16(x))
+      rope_apply_kernel<bf16, int64_t><<<blocks, 256, 0, stream_>>>(x.ptr<bf16>(), cs, x.size(0), T, x.size(2), D, sg);
+    else
+      rope_apply_kernel<float, int64_t><<<blocks, 256, 0, stream_>>>(x.ptr<float>(), cs, x.size(0), T, x.size(2), D, sg);
+  }
   LAR_CUDA_LAUNCHED();
-  rope_apply_kernel<<<blocks_for(x.numel() / 2, 256), 256, 0, stream_>>>(x.ptr<float>(), cs, x.size(0), T, x.size(2), D);
+}
+
+namespace {
+template <class T, int DIR>
+void rope_qkv_launch(const Tensor& qkv, const Tensor& q, const Tensor& k, const Tensor& v, const float2* cs,
+                     cudaStream_t st) {
+  const int64_t N = q.size(0) * q.size(1), Tn = q.size(1), Hq = q.size(2), Hkv = k.size(2), D = q.size(3);
+  const int64_t n = N * (Hq + 2 * Hkv) * (D / 2);
+  const int blocks = blocks_for(n, 256);
+  if (n < (int64_t(1) << 31)) {
+    using I = uint32_t;
+    rope_qkv_kernel<T, I, DIR><<<blocks, 256, 0, st>>>(qkv.ptr<T>(), q.ptr<T>(), k.ptr<T>(), v.ptr<T>(), cs, I(N),
+                                                       I(Tn), I(Hq), I(Hkv), I(D));
+  } else {
+    rope_qkv_kernel<T, int64_t, DIR><<<blocks, 256, 0, st>>>(qkv.ptr<T>(), q.ptr<T>(), k.ptr<T>(), v.ptr<T>(), cs, N,
+                                                             Tn, Hq, Hkv, D);
+  }
   LAR_CUDA_LAUNCHED();
+}
+void check_qkv(const Tensor& qkv, const Tensor& q, const Tensor& k, const Tensor& v) {
+  if (q.ndim != 4 || k.ndim != 4 || v.ndim != 4 || k.shape() != v.shape() || q.size(3) != k.size(3) ||
+      q.size(0) != k.size(0) || q.size(1) != k.size(1) || q.size(3) % 2 != 0 ||
+      qkv.numel() != q.size(0) * q.size(1) * (q.size(2) + 2 * k.size(2)) * q.size(3))
+    throw RuntimeError("cuda rope qkv: qkv " + qkv.shape_str() + " does not hold q " + q.shape_str() + ", k " +
+                       k.shape_str() + ", v " + v.shape_str());
+  if (q.dtype != qkv.dtype || k.dtype != qkv.dtype || v.dtype != qkv.dtype)
+    throw RuntimeError("cuda rope qkv: q, k, v and qkv must have one dtype");
+  require_act(qkv, "rope qkv");
+}
+}  // namespace
+
+void CudaBackend::rope_split_qkv(const Tensor& qkv, const Tensor& q, const Tensor& k, const Tensor& v, double base,
+                                 int64_t pos0) {
+  OpTimer timer(*this, "rope");
+  check_qkv(qkv, q, k, v);
+  const float2* cs = rope_table(q.size(1), q.size(3), base, pos0);
+  if (is_bf16(qkv)) rope_qkv_launch<bf16, 1>(qkv, q, k, v, cs, stream_);
+  else rope_qkv_launch<float, 1>(qkv, q, k, v, cs, stream_);
+}
+
+void CudaBackend::rope_merge_qkv(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dqkv,
+                                 double base, int64_t pos0) {
+  OpTimer timer(*this, "rope");
+  check_qkv(dqkv, dq, dk, dv);
+  touch(dqkv);
+  const float2* cs = rope_table(dq.size(1), dq.size(3), base, pos0);
+  if (is_bf16(dqkv)) rope_qkv_launch<bf16, -1>(dqkv, dq, dk, dv, cs, stream_);
+  else rope_qkv_launch<float, -1>(dqkv, dq, dk, dv, cs, stream_);
 }
 
 void CudaBackend::rope_fwd(const Tensor& x, double base, int64_t pos0) {
@@ -891,9 +1375,44 @@ void CudaBackend::flash_bwd(const Tensor& q, const Tensor& k, const Tensor& v, c
   to_f32(dvb, dv, stream_);
 }
 
+namespace {
+// bf16 attention tensors: all of them bf16 (lse stays f32).
+bool all_bf16(std::initializer_list<const Tensor*> ts) {
+  int n = 0;
+  for (const Tensor* t : ts) n += is_bf16(*t);
+  if (n != 0 && n != static_cast<int>(ts.size()))
+    throw RuntimeError("cuda attention: q, k, v, o (and dout, dq, dk, dv) must all be f32 or all bf16");
+  return n != 0;
+}
+Tensor as_f32(const Tensor& t, char*& cursor) {
+  Tensor f(cursor, DType::f32, t.shape());
+  cursor += align256(f.bytes());
+  return f;
+}
+}  // namespace
+
 void CudaBackend::attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                                 const Tensor& lse, double scale, int64_t window) {
   OpTimer timer(*this, "attention fwd");
+  require_f32(lse, "attention lse");
+  if (all_bf16({&q, &k, &v, &o})) {
+    if (flash_ok(q, v)) {  // bf16 tensors straight into the flash kernel: no conversions
+      attention::flash_attention_fwd(flash_shape(q, k, scale, window), q.ptr<bf16>(), k.ptr<bf16>(), v.ptr<bf16>(),
+                                     o.ptr<bf16>(), lse.ptr<float>(), stream_);
+      return;
+    }
+    // Head dims the flash kernel lacks: widen, run the fp32 kernels, round o.
+    char* cur = static_cast<char*>(
+        scratch_bytes(align256(q.numel() * 4) + align256(o.numel() * 4) + align256(k.numel() * 4) + align256(v.numel() * 4)));
+    Tensor qf = as_f32(q, cur), kf = as_f32(k, cur), vf = as_f32(v, cur), of = as_f32(o, cur);
+    convert(q, qf), convert(k, kf), convert(v, vf);
+    AttnShape s = attn_shape(qf, kf, vf, scale, window);
+    attention_fwd_kernel<<<blocks_for(s.B * s.T * s.Hq * kWarp, 256), 256, 0, stream_>>>(
+        qf.ptr<float>(), kf.ptr<float>(), vf.ptr<float>(), of.ptr<float>(), lse.ptr<float>(), s);
+    LAR_CUDA_LAUNCHED();
+    convert(of, o);
+    return;
+  }
   if (flash_ok(q, v)) return flash_fwd(q, k, v, o, lse, scale, window);
   AttnShape s = attn_shape(q, k, v, scale, window);
   int64_t warps = s.B * s.T * s.Hq;
@@ -902,26 +1421,52 @@ void CudaBackend::attention_fwd(const Tensor& q, const Tensor& k, const Tensor& 
   LAR_CUDA_LAUNCHED();
 }
 
+// The fp32 reference backward on f32 tensors.
+static void attention_bwd_f32(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse,
+                              const Tensor& dout, const Tensor& dq, const Tensor& dk, const Tensor& dv, double scale,
+                              int64_t window, cudaStream_t stream) {
+  AttnShape s = attn_shape(q, k, v, scale, window);
+  float* delta = nullptr;
+  LAR_CUDA_CHECK(cudaMallocAsync(&delta, sizeof(float) * s.B * s.Hq * s.T, stream));
+  int64_t qwarps = s.B * s.T * s.Hq, kwarps = s.B * s.S * s.Hkv;
+  attention_delta_kernel<<<blocks_for(qwarps * kWarp, 256), 256, 0, stream>>>(o.ptr<float>(), dout.ptr<float>(),
+                                                                              delta, s);
+  LAR_CUDA_LAUNCHED();
+  attention_dq_kernel<<<blocks_for(qwarps * kWarp, 256), 256, 0, stream>>>(
+      q.ptr<float>(), k.ptr<float>(), v.ptr<float>(), lse.ptr<float>(), delta, dout.ptr<float>(), dq.ptr<float>(), s);
+  LAR_CUDA_LAUNCHED();
+  attention_dkv_kernel<<<blocks_for(kwarps * kWarp, 256), 256, 0, stream>>>(
+      q.ptr<float>(), k.ptr<float>(), v.ptr<float>(), lse.ptr<float>(), delta, dout.ptr<float>(), dk.ptr<float>(),
+      dv.ptr<float>(), s);
+  LAR_CUDA_LAUNCHED();
+  LAR_CUDA_CHECK(cudaFreeAsync(delta, stream));
+}
+
 void CudaBackend::attention_bwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                                 const Tensor& lse, const Tensor& dout, const Tensor& dq, const Tensor& dk,
                                 const Tensor& dv, double scale, int64_t window) {
   OpTimer timer(*this, "attention bwd");
+  require_f32(lse, "attention lse");
+  if (all_bf16({&q, &k, &v, &o, &dout, &dq, &dk, &dv})) {
+    if (flash_ok(q, v)) {
+      const attention::FlashShape fs = flash_shape(q, k, scale, window);
+      void* work = scratch_bytes(align256(attention::flash_attention_bwd_workspace_bytes(fs)));
+      attention::flash_attention_bwd(fs, q.ptr<bf16>(), k.ptr<bf16>(), v.ptr<bf16>(), o.ptr<bf16>(), lse.ptr<float>(),
+                                     dout.ptr<bf16>(), dq.ptr<bf16>(), dk.ptr<bf16>(), dv.ptr<bf16>(), work, stream_);
+      return;
+    }
+    const std::size_t nq = align256(q.numel() * 4), no = align256(o.numel() * 4), nk = align256(k.numel() * 4),
+                      nv = align256(v.numel() * 4);
+    char* cur = static_cast<char*>(scratch_bytes(2 * nq + 2 * no + 2 * nk + 2 * nv));
+    Tensor qf = as_f32(q, cur), kf = as_f32(k, cur), vf = as_f32(v, cur), of = as_f32(o, cur);
+    Tensor df = as_f32(dout, cur), dqf = as_f32(dq, cur), dkf = as_f32(dk, cur), dvf = as_f32(dv, cur);
+    convert(q, qf), convert(k, kf), convert(v, vf), convert(o, of), convert(dout, df);
+    attention_bwd_f32(qf, kf, vf, of, lse, df, dqf, dkf, dvf, scale, window, stream_);
+    convert(dqf, dq), convert(dkf, dk), convert(dvf, dv);
+    return;
+  }
   if (flash_ok(q, v)) return flash_bwd(q, k, v, o, lse, dout, dq, dk, dv, scale, window);
-  AttnShape s = attn_shape(q, k, v, scale, window);
-  float* delta = nullptr;
-  LAR_CUDA_CHECK(cudaMallocAsync(&delta, sizeof(float) * s.B * s.Hq * s.T, stream_));
-  int64_t qwarps = s.B * s.T * s.Hq, kwarps = s.B * s.S * s.Hkv;
-  attention_delta_kernel<<<blocks_for(qwarps * kWarp, 256), 256, 0, stream_>>>(o.ptr<float>(), dout.ptr<float>(),
-                                                                               delta, s);
-  LAR_CUDA_LAUNCHED();
-  attention_dq_kernel<<<blocks_for(qwarps * kWarp, 256), 256, 0, stream_>>>(
-      q.ptr<float>(), k.ptr<float>(), v.ptr<float>(), lse.ptr<float>(), delta, dout.ptr<float>(), dq.ptr<float>(), s);
-  LAR_CUDA_LAUNCHED();
-  attention_dkv_kernel<<<blocks_for(kwarps * kWarp, 256), 256, 0, stream_>>>(
-      q.ptr<float>(), k.ptr<float>(), v.ptr<float>(), lse.ptr<float>(), delta, dout.ptr<float>(), dk.ptr<float>(),
-      dv.ptr<float>(), s);
-  LAR_CUDA_LAUNCHED();
-  LAR_CUDA_CHECK(cudaFreeAsync(delta, stream_));
+  attention_bwd_f32(q, k, v, o, lse, dout, dq, dk, dv, scale, window, stream_);
 }
 
 double CudaBackend::cross_entropy_fwd(const Tensor& logits, const Tensor& targets, const Tensor& mask,
@@ -943,11 +1488,90 @@ double CudaBackend::cross_entropy_fwd(const Tensor& logits, const Tensor& target
 void CudaBackend::cross_entropy_bwd(const Tensor& logits, const Tensor& targets, const Tensor& mask,
                                     double grad_scale, const Tensor& dlogits) {
   OpTimer timer(*this, "cross-entropy");
+  require_f32(logits, "cross-entropy logits");
+  require_act(dlogits, "cross-entropy dlogits");
   int64_t n = logits.rows(), V = logits.last();
-  ce_bwd_kernel<<<static_cast<unsigned>(n), 256, 0, stream_>>>(logits.ptr<float>(), targets.ptr<int>(),
-                                                               mask.ptr<float>(), static_cast<float>(grad_scale),
-                                                               dlogits.ptr<float>(), V);
+  if (is_bf16(dlogits))
+    ce_bwd_kernel<<<static_cast<unsigned>(n), 256, 0, stream_>>>(logits.ptr<float>(), targets.ptr<int>(),
+                                                                 mask.ptr<float>(), static_cast<float>(grad_scale),
+                                                                 dlogits.ptr<bf16>(), V);
+  else
+    ce_bwd_kernel<<<static_cast<unsigned>(n), 256, 0, stream_>>>(logits.ptr<float>(), targets.ptr<int>(),
+                                                                 mask.ptr<float>(), static_cast<float>(grad_scale),
+                                                                 dlogits.ptr<float>(), V);
   LAR_CUDA_LAUNCHED();
+}
+
+double CudaBackend::cross_entropy_fwd_bwd(const Tensor& logits, const Tensor& targets, const Tensor& mask,
+                                          const Tensor& losses, double grad_scale, const Tensor& dlogits) {
+  require_f32(logits, "cross-entropy logits");
+  require_act(dlogits, "cross-entropy dlogits");
+  const int64_t n = logits.rows(), V = logits.last();
+  const std::size_t smem = static_cast<std::size_t>(V) * sizeof(float);
+  // The row must fit in shared memory (V ≤ 40960), and dlogits must not alias the logits
+  // (the fused kernel writes dlogits while other rows' logits are still unread: fine, but an
+  // aliased f32 dlogits is what the two-kernel path already handles in place).
+  if (smem > 160 * 1024 || dlogits.data == logits.data)
+    return Backend::cross_entropy_fwd_bwd(logits, targets, mask, losses, grad_scale, dlogits);
+  {
+    OpTimer timer(*this, "cross-entropy");
+    touch(dlogits);
+    if (is_bf16(dlogits)) {
+      LAR_CUDA_CHECK(cudaFuncSetAttribute(ce_fused_kernel<bf16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(smem)));
+      ce_fused_kernel<<<static_cast<unsigned>(n), kCeFusedThreads, smem, stream_>>>(
+          logits.ptr<float>(), targets.ptr<int>(), mask.ptr<float>(), losses.ptr<float>(),
+          static_cast<float>(grad_scale), dlogits.ptr<bf16>(), V);
+    } else {
+      LAR_CUDA_CHECK(cudaFuncSetAttribute(ce_fused_kernel<float>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(smem)));
+      ce_fused_kernel<<<static_cast<unsigned>(n), kCeFusedThreads, smem, stream_>>>(
+          logits.ptr<float>(), targets.ptr<int>(), mask.ptr<float>(), losses.ptr<float>(),
+          static_cast<float>(grad_scale), dlogits.ptr<float>(), V);
+    }
+    LAR_CUDA_LAUNCHED();
+  }
+  std::vector<float> host(static_cast<std::size_t>(n));
+  download(losses, host.data());
+  double total = 0;
+  for (float l : host) total += l;
+  return total;
+}
+
+void CudaBackend::convert(const Tensor& src, const Tensor& dst) {
+  OpTimer timer(*this, "convert");
+  if (src.numel() != dst.numel()) throw RuntimeError("cuda convert: " + src.shape_str() + " → " + dst.shape_str());
+  touch(dst);
+  const int64_t n = src.numel();
+  if (src.dtype == dst.dtype) {
+    LAR_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, src.bytes(), cudaMemcpyDeviceToDevice, stream_));
+  } else if (src.dtype == DType::f32 && dst.dtype == DType::bf16) {
+    f32_to_bf16_kernel<<<blocks_for(n, 256), 256, 0, stream_>>>(src.ptr<float>(), dst.ptr<bf16>(), n);
+    LAR_CUDA_LAUNCHED();
+  } else if (src.dtype == DType::bf16 && dst.dtype == DType::f32) {
+    bf16_to_f32_kernel<<<blocks_for(n, 256), 256, 0, stream_>>>(src.ptr<bf16>(), dst.ptr<float>(), n);
+    LAR_CUDA_LAUNCHED();
+  } else {
+    throw RuntimeError("cuda convert: " + to_string(src.dtype) + " → " + to_string(dst.dtype) + " is not supported");
+  }
+}
+
+void CudaBackend::register_weights(const Tensor& flat) {
+  require_f32(flat, "weights");
+  if (mirror_) {
+    synchronize();
+    track_free(mirror_);
+    LAR_CUDA_CHECK(cudaFree(mirror_));
+    mirror_ = nullptr;
+  }
+  weights_ = static_cast<const char*>(flat.data);
+  weights_bytes_ = flat.bytes();
+  mirror_fresh_ = false;
+  // The mirror is only used by bf16 GEMMs; allocated here so its size counts from the start.
+  if (bf16_gemm_ && weights_bytes_) {
+    LAR_CUDA_CHECK(cudaMalloc(&mirror_, weights_bytes_ / 2));
+    track_alloc(mirror_, weights_bytes_ / 2);
+  }
 }
 
 // ---- optimiser updates (kernels/cuda/optim) ----
@@ -957,24 +1581,29 @@ void CudaBackend::adamw_step(const Tensor& w, const Tensor& g, const Tensor& m, 
   OpTimer timer(*this, "optimiser");
   const int64_t n = w.numel();
   if (g.numel() != n || m.numel() != n || v.numel() != n) throw RuntimeError("cuda adamw_step: sizes differ");
+  touch(w);
   optim::adamw_step(w.ptr<float>(), g.ptr<float>(), m.ptr<float>(), v.ptr<float>(), n, s, stream_);
 }
 
 void CudaBackend::momentum_step(const Tensor& g, const Tensor& buf, const Tensor& u, double mu, bool nesterov) {
   OpTimer timer(*this, "optimiser");
   if (buf.numel() != g.numel() || u.numel() != g.numel()) throw RuntimeError("cuda momentum_step: sizes differ");
+  touch(buf);
+  touch(u);
   optim::momentum_step(g.ptr<float>(), buf.ptr<float>(), u.ptr<float>(), g.numel(), static_cast<float>(mu), nesterov,
                        stream_);
 }
 
 void CudaBackend::scale(const Tensor& x, double alpha) {
   OpTimer timer(*this, "optimiser");
+  touch(x);
   optim::scale(x.ptr<float>(), x.numel(), static_cast<float>(alpha), stream_);
 }
 
 void CudaBackend::transpose(const Tensor& src, const Tensor& dst, double alpha) {
   OpTimer timer(*this, "optimiser");
   if (src.numel() != dst.numel()) throw RuntimeError("cuda transpose: " + src.shape_str() + " → " + dst.shape_str());
+  touch(dst);
   optim::transpose(src.ptr<float>(), dst.ptr<float>(), src.rows(), src.last(), static_cast<float>(alpha), stream_);
 }
 
@@ -982,6 +1611,7 @@ void CudaBackend::normuon_normalize(const Tensor& o, const Tensor& V, double bet
   OpTimer timer(*this, "optimiser");
   const int64_t rows = o.rows(), cols = o.last();
   if (V.numel() != std::max(rows, cols)) throw RuntimeError("cuda normuon_normalize: V has " + V.shape_str());
+  touch(o);
   double* scratch = scratch_doubles(static_cast<std::size_t>(optim::normuon_scratch_doubles(rows, cols)));
   optim::normuon_normalize(o.ptr<float>(), V.ptr<float>(), rows, cols, beta2, eps, scratch, stream_);
 }
@@ -989,6 +1619,7 @@ void CudaBackend::normuon_normalize(const Tensor& o, const Tensor& V, double bet
 void CudaBackend::decayed_update(const Tensor& w, const Tensor& o, double decay, double step) {
   OpTimer timer(*this, "optimiser");
   if (w.numel() != o.numel()) throw RuntimeError("cuda decayed_update: sizes differ");
+  touch(w);
   optim::decayed_update(w.ptr<float>(), o.ptr<float>(), w.numel(), static_cast<float>(decay),
                         static_cast<float>(step), stream_);
 }

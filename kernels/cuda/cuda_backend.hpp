@@ -24,6 +24,12 @@ class CudaBackend final : public Backend {
 
   void* alloc_bytes(std::size_t bytes) override;
   void free_bytes(void* p) override;
+  // Arena blocks: address space reserved for the whole device memory, physical memory
+  // mapped on demand (CUDA virtual memory management), so an arena grows in place and its
+  // first step costs no more device memory than it uses. Falls back to cudaMalloc (and
+  // no growth) where the driver lacks these calls.
+  void* alloc_growable(std::size_t bytes) override;
+  bool grow_bytes(void* p, std::size_t bytes) override;
   void upload(const void* host, const Tensor& dst) override;
   void download(const Tensor& src, void* host) override;
   void zero(const Tensor& t) override;
@@ -48,6 +54,10 @@ class CudaBackend final : public Backend {
   void swiglu_bwd(const Tensor& gu, const Tensor& dh, const Tensor& dgu) override;
   void rope_fwd(const Tensor& x, double base, int64_t pos0) override;
   void rope_bwd(const Tensor& dx, double base, int64_t pos0) override;
+  void rope_split_qkv(const Tensor& qkv, const Tensor& q, const Tensor& k, const Tensor& v, double base,
+                      int64_t pos0) override;
+  void rope_merge_qkv(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dqkv, double base,
+                      int64_t pos0) override;
   void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                      const Tensor& lse, double scale, int64_t window) override;
   void attention_bwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
@@ -57,6 +67,14 @@ class CudaBackend final : public Backend {
                            const Tensor& losses, const Tensor& argmax) override;
   void cross_entropy_bwd(const Tensor& logits, const Tensor& targets, const Tensor& mask,
                          double grad_scale, const Tensor& dlogits) override;
+
+  DType act_dtype() const override { return bf16_gemm_ ? DType::bf16 : DType::f32; }
+  void convert(const Tensor& src, const Tensor& dst) override;
+  void add_rmsnorm_fwd(const Tensor& x, const Tensor& r, const Tensor& h, const Tensor& w, const Tensor& y,
+                       const Tensor& rstd, double eps) override;
+  void register_weights(const Tensor& flat) override;
+  double cross_entropy_fwd_bwd(const Tensor& logits, const Tensor& targets, const Tensor& mask,
+                               const Tensor& losses, double grad_scale, const Tensor& dlogits) override;
 
   void adamw_step(const Tensor& w, const Tensor& g, const Tensor& m, const Tensor& v,
                   const AdamWStep& s) override;
@@ -91,7 +109,23 @@ class CudaBackend final : public Backend {
                  const Tensor& dout, const Tensor& dq, const Tensor& dk, const Tensor& dv, double scale,
                  int64_t window);
   void rope(const Tensor& x, double base, int64_t pos0, double sign);
+  // The cached (cos, sin) table of positions pos0 … pos0+T−1 (recomputed when the key changes).
+  const float2* rope_table(int64_t T, int64_t D, double base, int64_t pos0);
+  // bf16 operand of a mixed GEMM: a bf16 tensor as is, a weight through the mirror, any
+  // other f32 tensor rounded into gemm scratch at byte offset `off`.
+  const void* gemm_operand(const Tensor& t, std::size_t off);
+  // Marks the weight mirror stale when an op writes into the registered weight region.
+  void touch(const Tensor& dst) {
+    const char* p = static_cast<const char*>(dst.data);
+    if (weights_ && p < weights_ + weights_bytes_ && p + dst.bytes() > weights_) mirror_fresh_ = false;
+  }
   void track_alloc(void* p, std::size_t bytes);
+  struct Growable;
+  std::vector<Growable*> growables_;
+  Growable* find_growable(void* p);
+  bool map_more(Growable& g, std::size_t bytes);
+  int device_ = 0;
+  std::size_t total_mem_ = 0;
   void track_free(void* p);
   struct OpTimer;
   struct ProfEvent {
@@ -100,7 +134,14 @@ class CudaBackend final : public Backend {
   };
   bool profile_ = false;
   std::vector<ProfEvent> prof_;
+  // The registered weights (register_weights) and their bf16 mirror for mixed GEMMs.
+  const char* weights_ = nullptr;
+  std::size_t weights_bytes_ = 0;
+  void* mirror_ = nullptr;
+  bool mirror_fresh_ = false;
   void* rope_table_ = nullptr;  // float2 (cos, sin) per position and frequency
+  int64_t rope_T_ = 0, rope_D_ = 0, rope_pos0_ = -1;  // what the table holds (cached)
+  double rope_base_ = 0;
   void* gemm_scratch_ = nullptr;  // bf16 copies of a GEMM's operands (precision mixed)
   std::size_t gemm_scratch_n_ = 0;
   std::size_t rope_table_n_ = 0;

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <string>
 #include <tuple>
@@ -61,7 +62,40 @@ struct Pair {
     cpu->zero(c);
     return {g, c};
   }
+  // bf16 storage (mixed precision): values already representable in bf16, so the CPU
+  // reference sees exactly the GPU's inputs.
+  static float round_bf16(float x) {
+    uint32_t u;
+    std::memcpy(&u, &x, 4);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    u &= 0xffff0000u;
+    std::memcpy(&x, &u, 4);
+    return x;
+  }
+  std::pair<Tensor, Tensor> randn_bf16(std::vector<int64_t> shape, double scale = 1.0) {
+    Tensor g32 = ga.alloc(DType::f32, shape), g = ga.alloc(DType::bf16, shape), c = ca.alloc(DType::f64, shape);
+    std::normal_distribution<double> nd(0.0, scale);
+    std::vector<float> hf(g.numel());
+    std::vector<double> hd(g.numel());
+    for (size_t i = 0; i < hf.size(); ++i) hf[i] = round_bf16(static_cast<float>(nd(rng))), hd[i] = hf[i];
+    gpu->upload(hf.data(), g32);
+    gpu->convert(g32, g);
+    cpu->upload(hd.data(), c);
+    return {g, c};
+  }
+  std::pair<Tensor, Tensor> poisoned_bf16(std::vector<int64_t> shape) {
+    Tensor g32 = ga.alloc(DType::f32, shape), g = ga.alloc(DType::bf16, shape), c = ca.alloc(DType::f64, shape);
+    gpu->fill(g32, NAN);
+    gpu->convert(g32, g);
+    cpu->zero(c);
+    return {g, c};
+  }
   double rel_rms(const std::pair<Tensor, Tensor>& t) {
+    if (t.first.dtype == DType::bf16) {  // widen on the device, then compare
+      Tensor w = ga.alloc(DType::f32, t.first.shape());
+      gpu->convert(t.first, w);
+      return rel_rms({w, t.second});
+    }
     std::vector<float> g(t.first.numel());
     std::vector<double> c(t.second.numel());
     gpu->download(t.first, g.data());
@@ -268,4 +302,235 @@ TEST(CudaBackend, MixedPrecisionGemmAndFlashAttention) {
     EXPECT_LT(p.rel_rms(dk), 1e-2);
     EXPECT_LT(p.rel_rms(dv), 1e-2);
   }
+}
+
+// bf16 activation storage (Backend::act_dtype() in mixed precision): every op that takes
+// bf16 tensors against the fp64 CPU reference on the same (bf16-representable) inputs.
+TEST(CudaBackend, Bf16StorageOps) {
+  Pair p("mixed");
+  ASSERT_EQ(p.gpu->act_dtype(), DType::bf16);
+  {  // convert: f32 → bf16 rounds to nearest even, bf16 → f32 is exact
+    std::vector<float> h = {1.0f, 1.00390625f, 1.01171875f, -3.3f, 1e-3f, 65504.f};
+    Tensor a = p.ga.alloc(DType::f32, {6}), b = p.ga.alloc(DType::bf16, {6}), c = p.ga.alloc(DType::f32, {6});
+    p.gpu->upload(h.data(), a);
+    p.gpu->convert(a, b);
+    p.gpu->convert(b, c);
+    std::vector<float> back(6);
+    p.gpu->download(c, back.data());
+    for (int i = 0; i < 6; ++i) EXPECT_EQ(back[i], Pair::round_bf16(h[i])) << i;
+    EXPECT_EQ(back[1], 1.0f) << "ties round to even";
+  }
+  // GEMMs: bf16 A, weights B through the bf16 mirror, C in bf16 and f32 (β = 0.5).
+  const int64_t M = 300, N = 264, K = 520;
+  auto W = p.randn({N + 8, K});  // the registered "weights"; B is a view into them
+  p.gpu->register_weights(W.first);
+  Tensor Bg = W.first.slice0(8, N), Bc = W.second.slice0(8, N);
+  for (bool ta : {false, true}) {
+    auto A = p.randn_bf16(ta ? std::vector<int64_t>{K, M} : std::vector<int64_t>{M, K});
+    auto C = p.randn({M, N});
+    p.gpu->gemm(A.first, ta, Bg, true, C.first, 1.0, 0.5);
+    p.cpu->gemm(A.second, ta, Bc, true, C.second, 1.0, 0.5);
+    EXPECT_LT(p.rel_rms(C), 1e-2) << "f32 C, ta=" << ta;
+    auto Cb = p.poisoned_bf16({M, N});
+    p.gpu->gemm(A.first, ta, Bg, true, Cb.first);
+    p.cpu->gemm(A.second, ta, Bc, true, Cb.second);
+    EXPECT_LT(p.rel_rms(Cb), 1e-2) << "bf16 C, ta=" << ta;
+  }
+  {  // the mirror follows writes into the weights (upload, optimiser-style scale)
+    auto A = p.randn_bf16({M, K});
+    auto C = p.poisoned({M, N});
+    auto fresh = p.randn({N + 8, K});
+    p.gpu->copy(fresh.first, W.first);
+    p.cpu->copy(fresh.second, W.second);
+    p.gpu->scale(W.first, -2.0);
+    p.cpu->scale(W.second, -2.0);
+    p.gpu->gemm(A.first, false, Bg, true, C.first);
+    p.cpu->gemm(A.second, false, Bc, true, C.second);
+    EXPECT_LT(p.rel_rms(C), 1e-2) << "stale bf16 mirror";
+  }
+  for (int64_t d : {64, 1000, 1024}) {  // RMSNorm with bf16 output, fused residual add
+    const int64_t n = 37;
+    auto x = p.randn({n, d}), r = p.randn({n, d}), w = p.randn({d});
+    auto y = p.poisoned_bf16({n, d}), rs = p.poisoned({n});
+    p.gpu->rmsnorm_fwd(x.first, w.first, y.first, rs.first, 1e-6);
+    p.cpu->rmsnorm_fwd(x.second, w.second, y.second, rs.second, 1e-6);
+    EXPECT_LT(p.rel_rms(y), 1e-2) << d;
+    EXPECT_LT(p.rel_rms(rs), kTol) << d;
+    auto h = p.poisoned({n, d}), yf = p.poisoned({n, d}), yb = p.poisoned_bf16({n, d});
+    p.gpu->add_rmsnorm_fwd(x.first, r.first, h.first, w.first, yf.first, rs.first, 1e-6);
+    p.cpu->add_rmsnorm_fwd(x.second, r.second, h.second, w.second, yf.second, rs.second, 1e-6);
+    EXPECT_LT(p.rel_rms(h), kTol) << d;
+    EXPECT_LT(p.rel_rms(yf), kTol) << d;
+    EXPECT_LT(p.rel_rms(rs), kTol) << d;
+    p.gpu->add_rmsnorm_fwd(x.first, r.first, x.first, w.first, yb.first, rs.first, 1e-6);  // h aliases x
+    p.cpu->add_rmsnorm_fwd(x.second, r.second, x.second, w.second, yb.second, rs.second, 1e-6);
+    EXPECT_LT(p.rel_rms(x), kTol) << d;
+    EXPECT_LT(p.rel_rms(yb), 1e-2) << d;
+  }
+  for (int64_t f : {88, 2816, 45}) {  // SwiGLU: the 16-byte path (f % 8 == 0) and the scalar one
+    const int64_t n = 29;
+    auto gu = p.randn_bf16({n, 2 * f}, 2.0), h = p.poisoned_bf16({n, f});
+    p.gpu->swiglu_fwd(gu.first, h.first);
+    p.cpu->swiglu_fwd(gu.second, h.second);
+    EXPECT_LT(p.rel_rms(h), 1e-2) << f;
+    auto dh = p.randn_bf16({n, f}), dgu = p.poisoned_bf16({n, 2 * f});
+    p.gpu->swiglu_bwd(gu.first, dh.first, dgu.first);
+    p.cpu->swiglu_bwd(gu.second, dh.second, dgu.second);
+    EXPECT_LT(p.rel_rms(dgu), 1e-2) << f;
+    auto dhf = p.randn({n, f}), dgu2 = p.poisoned_bf16({n, 2 * f});  // f32 dh with bf16 gu
+    p.gpu->swiglu_bwd(gu.first, dhf.first, dgu2.first);
+    p.cpu->swiglu_bwd(gu.second, dhf.second, dgu2.second);
+    EXPECT_LT(p.rel_rms(dgu2), 1e-2) << f;
+  }
+  {  // RoPE in place on bf16 (the table is cached between calls: two positions offsets)
+    for (int64_t pos0 : {0, 11, 11}) {
+      auto x = p.randn_bf16({2, 77, 3, 64});
+      p.gpu->rope_fwd(x.first, 5e5, pos0);
+      p.cpu->rope_fwd(x.second, 5e5, pos0);
+      EXPECT_LT(p.rel_rms(x), 1e-2) << pos0;
+      p.gpu->rope_bwd(x.first, 5e5, pos0);
+      p.cpu->rope_bwd(x.second, 5e5, pos0);
+      EXPECT_LT(p.rel_rms(x), 1e-2) << pos0;
+    }
+  }
+  {  // cross-entropy backward into bf16 dlogits
+    const int64_t n = 45, V = 3001;
+    auto logits = p.randn({n, V}, 3.0);
+    auto tg = p.ids({n}, static_cast<int>(V));
+    auto mask = p.randn({n});
+    auto dl = p.poisoned_bf16({n, V});
+    p.gpu->cross_entropy_bwd(logits.first, tg.first, mask.first, 0.25, dl.first);
+    p.cpu->cross_entropy_bwd(logits.second, tg.second, mask.second, 0.25, dl.second);
+    EXPECT_LT(p.rel_rms(dl), 1e-2);
+  }
+  // Attention on bf16 tensors: the flash kernels directly (D = 64, 128) and the fp32
+  // fallback for other head dims (D = 32).
+  struct Case { int64_t B, T, S, Hq, Hkv, D, window; };
+  for (Case c : {Case{2, 200, 200, 4, 2, 64, 0}, Case{1, 130, 130, 4, 1, 128, 37}, Case{2, 33, 100, 2, 2, 64, 0},
+                 Case{1, 70, 70, 4, 2, 32, 9}}) {
+    auto q = p.randn_bf16({c.B, c.T, c.Hq, c.D}), k = p.randn_bf16({c.B, c.S, c.Hkv, c.D});
+    auto v = p.randn_bf16({c.B, c.S, c.Hkv, c.D});
+    auto o = p.poisoned_bf16({c.B, c.T, c.Hq, c.D}), lse = p.poisoned({c.B, c.Hq, c.T});
+    double scale = 1.0 / std::sqrt(static_cast<double>(c.D));
+    p.gpu->attention_fwd(q.first, k.first, v.first, o.first, lse.first, scale, c.window);
+    p.cpu->attention_fwd(q.second, k.second, v.second, o.second, lse.second, scale, c.window);
+    EXPECT_LT(p.rel_rms(o), 1e-2) << c.T << " " << c.D;
+    EXPECT_LT(p.rel_rms(lse), 1e-2);
+    // The backward's o: the GPU's own bf16 o, and the CPU its exact widening.
+    std::vector<float> ho(o.first.numel());
+    Tensor ow = p.ga.alloc(DType::f32, o.first.shape());
+    p.gpu->convert(o.first, ow);
+    p.gpu->download(ow, ho.data());
+    std::vector<double> hd(ho.begin(), ho.end());
+    p.cpu->upload(hd.data(), o.second);
+    auto dout = p.randn_bf16({c.B, c.T, c.Hq, c.D});
+    auto dq = p.poisoned_bf16({c.B, c.T, c.Hq, c.D}), dk = p.poisoned_bf16({c.B, c.S, c.Hkv, c.D});
+    auto dv = p.poisoned_bf16({c.B, c.S, c.Hkv, c.D});
+    p.gpu->attention_bwd(q.first, k.first, v.first, o.first, lse.first, dout.first, dq.first, dk.first, dv.first,
+                         scale, c.window);
+    p.cpu->attention_bwd(q.second, k.second, v.second, o.second, lse.second, dout.second, dq.second, dk.second,
+                         dv.second, scale, c.window);
+    EXPECT_LT(p.rel_rms(dq), 1e-2) << c.T << " " << c.D;
+    EXPECT_LT(p.rel_rms(dk), 1e-2);
+    EXPECT_LT(p.rel_rms(dv), 1e-2);
+  }
+}
+
+// The fp32 path of the fused residual add + RMSNorm (the default precision "fp32").
+TEST(CudaBackend, AddRmsNormFp32) {
+  Pair p;
+  EXPECT_EQ(p.gpu->act_dtype(), DType::f32);
+  auto x = p.randn({4099, 96}), r = p.randn({4099, 96}), w = p.randn({96});
+  auto h = p.poisoned({4099, 96}), y = p.poisoned({4099, 96}), rs = p.poisoned({4099});
+  p.gpu->add_rmsnorm_fwd(x.first, r.first, h.first, w.first, y.first, rs.first, 1e-5);
+  p.cpu->add_rmsnorm_fwd(x.second, r.second, h.second, w.second, y.second, rs.second, 1e-5);
+  EXPECT_LT(p.rel_rms(h), kTol);
+  EXPECT_LT(p.rel_rms(y), kTol);
+  EXPECT_LT(p.rel_rms(rs), kTol);
+}
+
+// The fused cross-entropy forward + backward (one pass over each row in shared memory),
+// f32 and bf16 dlogits, against the CPU's separate forward and backward.
+TEST(CudaBackend, CrossEntropyFusedForwardBackward) {
+  for (const char* precision : {"fp32", "mixed"}) {
+    Pair p(precision);
+    const int64_t N = 37, V = 32000;
+    auto logits = p.randn({N, V}, 3.0);
+    auto tg = p.ids({N}, static_cast<int>(V));
+    auto mask = p.randn({N});
+    auto losses = p.poisoned({N});
+    auto dl = p.poisoned({N, V});
+    const double g = p.gpu->cross_entropy_fwd_bwd(logits.first, tg.first, mask.first, losses.first, 0.5, dl.first);
+    const double c = p.cpu->cross_entropy_fwd_bwd(logits.second, tg.second, mask.second, losses.second, 0.5, dl.second);
+    EXPECT_NEAR(g, c, 1e-5 * std::abs(c) + 1e-6) << precision;
+    EXPECT_LT(p.rel_rms(losses), kTol) << precision;
+    EXPECT_LT(p.rel_rms(dl), kTol) << precision;
+    if (std::string(precision) == "mixed") {
+      auto dlb = p.poisoned_bf16({N, V});
+      const double gb = p.gpu->cross_entropy_fwd_bwd(logits.first, tg.first, mask.first, losses.first, 0.5, dlb.first);
+      EXPECT_NEAR(gb, c, 1e-5 * std::abs(c) + 1e-6);
+      EXPECT_LT(p.rel_rms({dlb.first, dl.second}), 1e-2);  // against the CPU's dlogits
+    }
+  }
+}
+
+// One q/k/v GEMM output split into q, k (RoPE) and v, and the transpose that merges the
+// gradients back (RoPE undone): fp32 and bf16 storage against the CPU.
+TEST(CudaBackend, RopeSplitMergeQkv) {
+  for (const char* precision : {"fp32", "mixed"}) {
+    Pair p(precision);
+    const bool bf = std::string(precision) == "mixed";
+    const double tol = bf ? 1e-2 : kTol;
+    const int64_t B = 2, T = 37, Hq = 4, Hkv = 2, D = 64;
+    auto mk = [&](std::vector<int64_t> s) { return bf ? p.randn_bf16(s) : p.randn(s); };
+    auto out = [&](std::vector<int64_t> s) { return bf ? p.poisoned_bf16(s) : p.poisoned(s); };
+    for (int64_t pos0 : {0, 5}) {
+      auto qkv = mk({B, T, Hq + 2 * Hkv, D});
+      auto q = out({B, T, Hq, D}), k = out({B, T, Hkv, D}), v = out({B, T, Hkv, D});
+      p.gpu->rope_split_qkv(qkv.first, q.first, k.first, v.first, 1e4, pos0);
+      p.cpu->rope_split_qkv(qkv.second, q.second, k.second, v.second, 1e4, pos0);
+      EXPECT_LT(p.rel_rms(q), tol) << precision << " " << pos0;
+      EXPECT_LT(p.rel_rms(k), tol) << precision << " " << pos0;
+      EXPECT_LT(p.rel_rms(v), bf ? 1e-7 : kTol) << "v is copied exactly";
+      auto dq = mk({B, T, Hq, D}), dk = mk({B, T, Hkv, D}), dv = mk({B, T, Hkv, D});
+      auto dqkv = out({B, T, Hq + 2 * Hkv, D});
+      p.gpu->rope_merge_qkv(dq.first, dk.first, dv.first, dqkv.first, 1e4, pos0);
+      p.cpu->rope_merge_qkv(dq.second, dk.second, dv.second, dqkv.second, 1e4, pos0);
+      EXPECT_LT(p.rel_rms(dqkv), tol) << precision << " " << pos0;
+    }
+  }
+}
+
+// The arena's block grows in place on the GPU (reserved address space, memory mapped on
+// demand): an overflow continues the same block, the bytes are usable across the mapped
+// chunks, and the device memory high-water mark follows the bytes used (not 2× them).
+TEST(CudaBackend, ArenaGrowsInPlace) {
+  auto gpu = make_backend("cuda", 1, DType::f32, with_precision("mixed"));
+  const std::size_t before = gpu->device_peak_bytes();
+  Arena ar(*gpu);
+  Tensor a = ar.alloc(DType::f32, {1000});  // the first block (1 MiB)
+  const int64_t n = int64_t(50) << 20;       // 200 MiB: overflows it
+  Tensor b = ar.alloc(DType::f32, {n});
+  Tensor c = ar.alloc(DType::f32, {16});
+  EXPECT_EQ(static_cast<char*>(b.data) - static_cast<char*>(a.data), 4032) << "grown in place";
+  EXPECT_EQ(static_cast<char*>(c.data) - static_cast<char*>(b.data), n * 4);
+  gpu->fill(b, 3.0);
+  gpu->fill(c, -1.0);
+  std::vector<float> tail(16), head(16), cc(16);
+  gpu->download(b.slice0(n - 16, 16), tail.data());
+  gpu->download(b.slice0(0, 16), head.data());
+  gpu->download(c, cc.data());
+  for (int i = 0; i < 16; ++i) {
+    EXPECT_EQ(tail[i], 3.0f);
+    EXPECT_EQ(head[i], 3.0f);
+    EXPECT_EQ(cc[i], -1.0f);
+  }
+  const std::size_t used = 4032 + n * 4 + 64;
+  EXPECT_LE(gpu->device_peak_bytes() - before, used + (std::size_t(34) << 20)) << "no doubling";
+  EXPECT_GE(gpu->device_peak_bytes() - before, used);
+  ar.reset();  // one block already: kept, and the same addresses come back
+  Tensor a2 = ar.alloc(DType::f32, {1000});
+  Tensor b2 = ar.alloc(DType::f32, {n});
+  EXPECT_EQ(a2.data, a.data);
+  EXPECT_EQ(b2.data, b.data);
 }
