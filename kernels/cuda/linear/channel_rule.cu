@@ -47,39 +47,47 @@ __device__ __forceinline__ size_t crow(const CParams& p, int b, int t, int h) {
   return ((static_cast<size_t>(b) * p.T + t) * p.H + h) * D;
 }
 
-__device__ __forceinline__ float sigm(float x) { return 1.f / (1.f + __expf(-x)); }
+__device__ __forceinline__ float sigm(float x) { return __fdividef(1.f, 1.f + __expf(-x)); }
 
-// CARVE content path, U_b(m) = U2 tanh(U1 m) (rank ≤ 32), in two barrier-separated steps.
-// h = tanh(U1 m) into sH: thread (r = tid/8, part = tid%8) sums 8 products. m_j is
-// Σ_w sCol[w·64 + j] over `nparts` partial column sums (the forward's per-warp-row output
-// sums, already divided by 64), or sCol itself with nparts = 1.
-__device__ __forceinline__ void carve_h(const CParams& p, int h, const float* sCol, int nparts, float* sH) {
+// CARVE content path, U_b(m) = U2 tanh(U1 m) (rank ≤ 32). Each thread keeps two fixed
+// 8-element slices of U1 and U2 in registers for the whole sequence (no global loads on the
+// chunk's critical path):
+//   u1[j] = U1[r = tid/8][8·(tid%8) + j],   u2[j] = U2[c = tid/4][8·(tid%4) + j]   (0 past rank)
+struct CarveU {
+  float u1[8], u2[8];
+};
+__device__ __forceinline__ void carve_load_u(const CParams& p, int h, CarveU& U) {
+  const int r = threadIdx.x >> 3, p8 = threadIdx.x & 7, c = threadIdx.x >> 2, p4 = threadIdx.x & 3;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    U.u1[j] = r < p.rank ? p.U1[(static_cast<size_t>(h) * p.rank + r) * D + 8 * p8 + j] : 0.f;
+    U.u2[j] = 8 * p4 + j < p.rank ? p.U2[(static_cast<size_t>(h) * D + c) * p.rank + 8 * p4 + j] : 0.f;
+  }
+}
+// h = tanh(U1 m) into sH (thread (r, part) sums 8 products, the 8 parts reduce by shuffles).
+// m_j = Σ_w sCol[w·64 + j] over `nparts` partial column sums (the forward's per-warp-row
+// output sums, already divided by 64), or sCol itself with nparts = 1.
+__device__ __forceinline__ void carve_h(const CParams& p, const CarveU& U, const float* sCol, int nparts, float* sH) {
   const int r = threadIdx.x >> 3, part = threadIdx.x & 7;
   float s = 0.f;
-  if (r < p.rank) {
-    const float* u1 = p.U1 + (static_cast<size_t>(h) * p.rank + r) * D + 8 * part;
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      float m = 0.f;
-      for (int w = 0; w < nparts; ++w) m += sCol[w * C + 8 * part + j];
-      s += __ldg(u1 + j) * m;
-    }
+  for (int j = 0; j < 8; ++j) {
+    float m = 0.f;
+    for (int w = 0; w < nparts; ++w) m += sCol[w * C + 8 * part + j];
+    s += U.u1[j] * m;
   }
   s += __shfl_xor_sync(FULL, s, 1);
   s += __shfl_xor_sync(FULL, s, 2);
   s += __shfl_xor_sync(FULL, s, 4);
   if (part == 0 && r < p.rank) sH[r] = tanhf(s);
 }
-// u = U2 h into sUc: thread (c = tid/4, part = tid%4) sums ranks 8·part..8·part+7.
-__device__ __forceinline__ void carve_u(const CParams& p, int h, const float* sH, float* sUc) {
+// u = U2 h into sUc: thread (c, part) sums ranks 8·part..8·part+7.
+__device__ __forceinline__ void carve_u(const CParams& p, const CarveU& U, const float* sH, float* sUc) {
   const int c = threadIdx.x >> 2, part = threadIdx.x & 3;
-  const float* u2 = p.U2 + (static_cast<size_t>(h) * D + c) * p.rank;
   float s = 0.f;
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const int r = 8 * part + j;
-    if (r < p.rank) s += __ldg(u2 + r) * sH[r];
-  }
+  for (int j = 0; j < 8; ++j)
+    if (8 * part + j < p.rank) s += U.u2[j] * sH[8 * part + j];
   s += __shfl_xor_sync(FULL, s, 1);
   s += __shfl_xor_sync(FULL, s, 2);
   if (part == 0) sUc[c] = s;
@@ -206,6 +214,8 @@ __global__ void __launch_bounds__(NT, 1) cfwd_kernel(const CParams p) {
   const Lane L;
   const int h = blockIdx.x, b = blockIdx.y, tid = threadIdx.x;
   const size_t bh = static_cast<size_t>(b) * p.H + h, stride = static_cast<size_t>(p.H) * D;
+  CarveU cU;
+  if (MODE == kCarve) carve_load_u(p, h, cU);
   if (MODE == kCarve && tid < C) {  // m_0 = 0, so u = U2 tanh(0) = 0 for the first chunk
     sUc[tid] = 0.f;
     p.cm[bh * p.nc * D + tid] = 0.f;
@@ -236,6 +246,7 @@ __global__ void __launch_bounds__(NT, 1) cfwd_kernel(const CParams p) {
       }
     }
     cumsum_cols(sGt);
+    if (MODE == kCarve && ci > 0) carve_u(p, cU, sH, sUc);  // (chunk 0: u = 0)
     __syncthreads();
     build_tiles<MODE>(p, b, h, t0, n, sQ, sK, sGt, sQb, sEb, sKb, sQt, sEt, sKh, sUc);
     __syncthreads();
@@ -303,11 +314,9 @@ __global__ void __launch_bounds__(NT, 1) cfwd_kernel(const CParams p) {
     gemm<true, true>(st, U, sKh, L);  // + Uᵀ K̂
     __syncthreads();
     store_bf(sS, st, L, [](float x, int, int) { return x; });
-    if (content) {  // u for the next chunk; the loop top's barrier publishes sUc
+    if (content) {  // h for the next chunk; its u follows after the next loop-top barrier
       if (tid < C) p.cm[(bh * p.nc + ci + 1) * D + tid] = sColS[tid] + sColS[C + tid] + sColS[2 * C + tid] + sColS[3 * C + tid];
-      carve_h(p, h, sColS, 4, sH);
-      __syncthreads();
-      carve_u(p, h, sH, sUc);
+      carve_h(p, cU, sColS, 4, sH);
     }
   }
   if (p.S_out)
@@ -319,9 +328,10 @@ __global__ void __launch_bounds__(NT, 1) cfwd_kernel(const CParams p) {
 
 // ---------------------------------------------------------------- backward
 // Q K V dO S0 dS P/dP U dR Qb Eb Kb×4 Qt Et Kh/dAw (bf16), G, Aw, X/dU/dR (fp32), β, sums.
-// CARVE adds w, u, m, dm (C each), h, dh (32 each) and the per-warp-row du sums (4 C).
+// CARVE adds w, u, m, dm (C each), h (32), the per-warp-row du sums (4 C) and the per-warp
+// partials of U2ᵀ du ([8][32]) and U1ᵀ dh ([8][C]).
 constexpr size_t kCBwdSmem =
-    18 * TILE * sizeof(bf16) + (3 * TILEF + C + 2 * C + 4 * C + 8 + 4 * C + 64 + 4 * C) * sizeof(float);
+    18 * TILE * sizeof(bf16) + (3 * TILEF + C + 2 * C + 4 * C + 8 + 5 * C + 64 + 4 * C + 8 * 32 + 8 * C) * sizeof(float);
 
 template <int MODE>
 __global__ void __launch_bounds__(NT, 1) cbwd_kernel(const CParams p) {
@@ -349,17 +359,25 @@ __global__ void __launch_bounds__(NT, 1) cbwd_kernel(const CParams p) {
   float* sColL = sRowB + 2 * C;  // [4][C] per wm: Σ over rows of the G_last terms
   float* sW = sColL + 4 * C + 8;  // CARVE: w, u, m, dm/64 of the chunk, h, dh, du sums [4][C]
   float* sUc = sW + C;
-  float* sM = sUc + C;
-  float* sDm = sM + C;
-  float* sH = sDm + C;
-  float* sDh = sH + 32;
-  float* sDu = sDh + 32;
+  float* sMb = sUc + C;       // [2][C] m of this chunk / of the next one (ping-pong)
+  float* sDm = sMb + 2 * C;
+  float* sHb = sDm + C;       // [2][32] h, likewise
+  float* sDu = sHb + 64;      // [4][C]
+  float* sDhP = sDu + 4 * C;  // [8][32] per-warp partials of U2ᵀ du
+  float* sDmP = sDhP + 8 * 32;  // [8][C] per-warp partials of U1ᵀ dh
   const Lane L;
   const int h = blockIdx.x, b = blockIdx.y, tid = threadIdx.x;
   const size_t bh = static_cast<size_t>(b) * p.H + h, stride = static_cast<size_t>(p.H) * D;
   const float scale = p.scale;
   float aU1[8] = {}, aU2[8] = {};  // CARVE: this thread's dU1 [r = tid/8][8·(tid%8)..], dU2 [c = tid/4][8·(tid%4)..]
   if (MODE == kCarve && tid < C) sDm[tid] = 0.f;
+  CarveU cU;
+  if (MODE == kCarve) {  // m and h of the last chunk
+    carve_load_u(p, h, cU);
+    if (tid < C) sMb[((p.nc - 1) & 1) * C + tid] = p.cm[(bh * p.nc + p.nc - 1) * D + tid];
+    __syncthreads();
+    carve_h(p, cU, sMb + ((p.nc - 1) & 1) * C, 1, sHb + ((p.nc - 1) & 1) * 32);
+  }
 
   Acc dS;
 #pragma unroll
@@ -370,11 +388,14 @@ __global__ void __launch_bounds__(NT, 1) cbwd_kernel(const CParams p) {
 
   for (int ci = p.nc - 1; ci >= 0; --ci) {
     const int t0 = ci * C, n = min(C, p.T - t0);
+    float* sM = sMb + (ci & 1) * C;  // this chunk's m and h; the other halves take the next chunk's
+    float* sH = sHb + (ci & 1) * 32;
+    float* sMn = sMb + ((ci & 1) ^ 1) * C;
+    float* sHn = sHb + ((ci & 1) ^ 1) * 32;
     load_tile(sQ, p.q + crow(p, b, t0, h), stride, n);
     load_tile(sK, p.k + crow(p, b, t0, h), stride, n);
     load_tile(sV, p.v + crow(p, b, t0, h), stride, n);
     load_tile(sdO, p.dout + crow(p, b, t0, h), stride, n);
-    if (MODE == kCarve && tid < C) sM[tid] = p.cm[(bh * p.nc + ci) * D + tid];
     load_tile(sS0, p.bound_in + (bh * p.nc + ci) * D * D, D, C);
     load_gate_tile(sGt, p.g + crow(p, b, t0, h), stride, n);
     cp_async_commit();
@@ -382,15 +403,13 @@ __global__ void __launch_bounds__(NT, 1) cbwd_kernel(const CParams p) {
     cp_async_wait<0>();
     __syncthreads();
     cumsum_cols(sGt);
-    if (MODE == kCarve) {
-      carve_h(p, h, sM, 1, sH);
+    if (MODE == kCarve) {  // (sM, sH of this chunk were made at the end of the previous iteration)
+      carve_u(p, cU, sH, sUc);
       if (p.cgrad && ci + 1 < p.nc)  // o of this (full) chunk feeds m_{c+1}: dO += dm / 64
         for (int i = tid; i < C * D; i += NT) {
           const int t = i >> 6, c = i & 63;
           sdO[t * LD + c] = __float2bfloat16(__bfloat162float(sdO[t * LD + c]) + sDm[c]);
         }
-      __syncthreads();
-      carve_u(p, h, sH, sUc);
     }
     __syncthreads();
     build_tiles<MODE>(p, b, h, t0, n, sQ, sK, sGt, sQb, sEb, sKb, sQt, sEt, sKh, sUc);
@@ -672,51 +691,50 @@ __global__ void __launch_bounds__(NT, 1) cbwd_kernel(const CParams p) {
       p.dbeta[(static_cast<size_t>(b) * p.T + t0 + tid) * p.H + h] = sRowB[tid] + sRowB[C + tid];
     if (MODE == kCarve) {
       if (tid < C && tid < n) p.dwsc[(static_cast<size_t>(b) * p.T + t0 + tid) * p.H + h] = sRowB[tid] + sRowB[C + tid];
-      // u = U2 h, h = tanh(U1 m): dU2 += du hᵀ, dh = (U2ᵀ du) ⊙ (1 − h²)
-      {
-        const int c = tid >> 2, part = tid & 3;
-        const float du = sDu[c] + sDu[C + c] + sDu[2 * C + c] + sDu[3 * C + c];
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-          if (8 * part + j < p.rank) aU2[j] += du * sH[8 * part + j];
-      }
-      {
-        const int r = tid >> 3, part = tid & 7;
-        float x = 0.f;
-        if (r < p.rank)
-#pragma unroll
-          for (int j = 0; j < 8; ++j) {
-            const int c = 8 * part + j;
-            x += __ldg(p.U2 + (static_cast<size_t>(h) * D + c) * p.rank + r) *
-                 (sDu[c] + sDu[C + c] + sDu[2 * C + c] + sDu[3 * C + c]);
-          }
-        x += __shfl_xor_sync(FULL, x, 1);
-        x += __shfl_xor_sync(FULL, x, 2);
-        x += __shfl_xor_sync(FULL, x, 4);
-        if (part == 0 && r < p.rank) sDh[r] = x * (1.f - sH[r] * sH[r]);
-      }
-    }
-    __syncthreads();
-    if (MODE == kCarve) {  // dU1 += dh mᵀ, dm = U1ᵀ dh (into the previous chunk's dO, / 64)
-      {
-        const int r = tid >> 3, part = tid & 7;
-        if (r < p.rank)
-#pragma unroll
-          for (int j = 0; j < 8; ++j) aU1[j] += sDh[r] * sM[8 * part + j];
-      }
-      const int jc = tid >> 2, part = tid & 3;
-      float x = 0.f;
+      // u = U2 h, h = tanh(U1 m): dU2 += du hᵀ; U2ᵀ du with this thread's U2 slice, summed
+      // over the warp's 8 rows c by shuffles, the 8 warps' partials in sDhP
+      const int c = tid >> 2, part = tid & 3;
+      const float du = sDu[c] + sDu[C + c] + sDu[2 * C + c] + sDu[3 * C + c];
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        const int r = 8 * part + j;
-        if (r < p.rank) x += __ldg(p.U1 + (static_cast<size_t>(h) * p.rank + r) * D + jc) * sDh[r];
+        aU2[j] += du * (8 * part + j < p.rank ? sH[8 * part + j] : 0.f);
+        float x = cU.u2[j] * du;
+        x += __shfl_xor_sync(FULL, x, 4);
+        x += __shfl_xor_sync(FULL, x, 8);
+        x += __shfl_xor_sync(FULL, x, 16);
+        if ((tid & 31) < 4) sDhP[(tid >> 5) * 32 + 8 * part + j] = x;
       }
-      x += __shfl_xor_sync(FULL, x, 1);
-      x += __shfl_xor_sync(FULL, x, 2);
-      if (part == 0) sDm[jc] = p.cgrad ? x * (1.f / C) : 0.f;
     }
+    __syncthreads();
+    if (MODE == kCarve) {  // dh = (U2ᵀ du) ⊙ (1 − h²); dU1 += dh mᵀ; U1ᵀ dh partials (warp's 4 ranks) in sDmP
+      const int r = tid >> 3, part = tid & 7;
+      float dh = 0.f;
+      if (r < p.rank) {
+#pragma unroll
+        for (int w = 0; w < 8; ++w) dh += sDhP[w * 32 + r];
+        dh *= 1.f - sH[r] * sH[r];
+      }
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        aU1[j] += dh * sM[8 * part + j];
+        float x = cU.u1[j] * dh;
+        x += __shfl_xor_sync(FULL, x, 8);
+        x += __shfl_xor_sync(FULL, x, 16);
+        if ((tid & 31) < 8) sDmP[(tid >> 5) * C + 8 * part + j] = x;
+      }
+    }
+    if (MODE == kCarve && ci > 0 && tid < C) sMn[tid] = p.cm[(bh * p.nc + ci - 1) * D + tid];
     rcumsum_cols(sAw);  // g_t enters every G_s, s ≥ t, of the chunk
     __syncthreads();
+    if (MODE == kCarve) {
+      if (tid < C) {  // dm = U1ᵀ dh, into the previous chunk's dO (/ 64)
+        float x = 0.f;
+#pragma unroll
+        for (int w = 0; w < 8; ++w) x += sDmP[w * C + tid];
+        sDm[tid] = p.cgrad ? x * (1.f / C) : 0.f;
+      }
+      if (ci > 0) carve_h(p, cU, sMn, 1, sHn);  // h of the previous chunk (its u at its loop top)
+    }
     for (int i = tid; i < C * D; i += NT) {
       const int t = i >> 6, c = i & 63;
       if (t < n) p.dg[crow(p, b, t0 + t, h) + c] = sAw[t * LDF + c];
