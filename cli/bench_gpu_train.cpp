@@ -5,6 +5,9 @@
 // device memory high-water mark and MFU (6·params·tokens over the measured 790 TFLOP/s
 // bf16 matrix rate of the H200, KINDS.md — the convention of the issue's PyTorch anchor).
 // With LAR_CUDA_PROFILE=1 it adds device milliseconds per step for each op kind.
+// --arch/--stack/--hybrid-ratio pick the token mixers (default: the dense softmax model);
+// e.g. `--arch gdn --stack pure` is the 344M GDN model of issue 8 (heads of 64), whose
+// linear layers add their own per-op times (kernels/cuda/linear/layer_ops.hpp) to the profile.
 // Only in CUDA builds (LAR_HAVE_CUDA comes from kernels/cuda/CMakeLists.txt).
 #ifdef LAR_HAVE_CUDA
 #include <algorithm>
@@ -15,7 +18,10 @@
 #include "cli/bench.hpp"
 #include "core/config_schema.hpp"
 #include "kernels/backend.hpp"
+#include "core/error.hpp"
 #include "kernels/cuda/cuda_backend.hpp"
+#include "kernels/cuda/linear/layer_ops.hpp"
+#include "trainer/mixer.hpp"
 #include "trainer/model.hpp"
 #include "trainer/optim/device_optimizer.hpp"
 #include "trainer/optim/param_views.hpp"
@@ -27,15 +33,21 @@ struct Args {
   int layers = 20, d_model = 1024, heads = 16, kv = 4, d_ff = 2816, vocab = 32000, seq = 4096, batch = 8;
   int steps = 5, warmup = 2;
   std::string precision = "mixed", optimizer = "adamw";
+  std::string arch = "softmax", stack = "dense";
+  int hybrid_ratio = 2;
 };
 
-int run(const Args& a) {
+int run(Args a) {
   using namespace lar;
+  if (a.arch != "softmax" && a.stack == "dense") a.stack = "pure";  // `--arch gdn` alone: the pure GDN model
   json cfg = with_defaults({{"model", {{"n_layers", a.layers}, {"d_model", a.d_model}, {"n_heads", a.heads},
-                                       {"n_kv_heads", a.kv}, {"d_ff", a.d_ff}, {"vocab_size", a.vocab}}},
+                                       {"n_kv_heads", a.kv}, {"d_ff", a.d_ff}, {"vocab_size", a.vocab},
+                                       {"architecture", a.arch}, {"stack", a.stack}, {"hybrid_ratio", a.hybrid_ratio}}},
                             {"optimizer", {{"name", a.optimizer}}},
                             {"data", {{"seq_len", a.seq}, {"batch_size", a.batch}}}});
   trainer::validate_model_config(cfg);
+  if (const std::string why = trainer::cuda_unsupported(cfg.at("model")); !why.empty())
+    throw UserError("bench gpu-train: " + why);
   kernels::Backend::Options o;
   o.precision = a.precision;
   auto be = kernels::make_backend("cuda", 1, kernels::DType::f32, o);
@@ -74,7 +86,10 @@ int run(const Args& a) {
   fb_times.clear();
   opt_times.clear();
   auto* cuda = dynamic_cast<kernels::cuda::CudaBackend*>(be.get());
-  if (cuda) cuda->profile_report();  // drop the warm-up's events
+  if (cuda) {  // drop the warm-up's events
+    cuda->profile_report();
+    kernels::cuda::linear::layer_profile_report();
+  }
   std::vector<double> times;
   for (int i = 0; i < a.steps; ++i) {
     auto t0 = std::chrono::steady_clock::now();
@@ -88,9 +103,10 @@ int run(const Args& a) {
   const double med = times[times.size() / 2];
   const double tokens = double(a.batch) * a.seq;
   const double n = double(ps.numel());
-  std::printf("lar bench gpu-train — %s, %s, %d layers, d=%d, heads=%d/%d kv, FFN %d, vocab %d, B=%d, T=%d, %.1fM params\n",
-              be->name().c_str(), a.optimizer.c_str(), a.layers, a.d_model, a.heads, a.kv, a.d_ff, a.vocab, a.batch,
-              a.seq, n / 1e6);
+  std::printf("lar bench gpu-train — %s, %s, %s/%s, %d layers, d=%d, heads=%d/%d kv, FFN %d, vocab %d, B=%d, T=%d, "
+              "%.1fM params\n",
+              be->name().c_str(), a.optimizer.c_str(), a.arch.c_str(), a.stack.c_str(), a.layers, a.d_model, a.heads,
+              a.kv, a.d_ff, a.vocab, a.batch, a.seq, n / 1e6);
   std::printf("%-34s %12s\n", "measure", "value");
   std::printf("%-34s %12.0f\n", "tokens/s (median step)", tokens / med);
   std::printf("%-34s %12.4f\n", "s/step (median; min / max)", med);
@@ -103,9 +119,13 @@ int run(const Args& a) {
   std::printf("%-34s %12.4f\n", "loss / grad norm (last step)", loss);
   std::printf("%-34s %12.4f\n", "", gnorm);
   // LAR_CUDA_PROFILE=1: device time per op kind and step (events add a little overhead).
-  if (cuda)
-    for (const auto& [op, secs] : cuda->profile_report())
+  if (cuda) {
+    auto ops = cuda->profile_report();
+    for (auto& op : kernels::cuda::linear::layer_profile_report()) ops.push_back(op);
+    std::sort(ops.begin(), ops.end(), [](const auto& x, const auto& y) { return x.second > y.second; });
+    for (const auto& [op, secs] : ops)
       std::printf("  %-32s %9.2f ms/step %5.1f%%\n", op.c_str(), 1e3 * secs / a.steps, 100.0 * secs / a.steps / med);
+  }
   return 0;
 }
 
@@ -127,6 +147,12 @@ static lar::cli::BenchRegistration reg{
       app.add_option("--warmup", a->warmup, "untimed steps first")->capture_default_str();
       app.add_option("--precision", a->precision, "fp32 | mixed")->capture_default_str();
       app.add_option("--optimizer", a->optimizer, "adamw | muon | normuon")->capture_default_str();
+      app.add_option("--arch", a->arch, "model.architecture: softmax | linear | gla | deltanet | gdn | kda | gdn2")
+          ->capture_default_str();
+      app.add_option("--stack", a->stack, "model.stack: dense | pure | hybrid (a linear --arch with dense is "
+                                          "changed to pure)")
+          ->capture_default_str();
+      app.add_option("--hybrid-ratio", a->hybrid_ratio, "linear layers per softmax layer (hybrid)")->capture_default_str();
       return [a] { return run(*a); };
     }};
 #endif  // LAR_HAVE_CUDA

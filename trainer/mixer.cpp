@@ -25,7 +25,33 @@ std::vector<std::string> registered_mixers() {
   return out;
 }
 
-bool mixer_runs_on_cuda(const std::string& kind) { return kind == "softmax"; }
+// The linear mixers run on CUDA through trainer/mixers/linear_mixer_cuda.cpp (CUDA builds
+// only); CARVE has no CUDA kernels yet.
+bool mixer_runs_on_cuda(const std::string& kind) {
+  if (kind == "softmax") return true;
+#ifdef LAR_HAVE_CUDA
+  return kind == "linear" || kind == "gla" || kind == "deltanet" || kind == "gdn" || kind == "kda" ||
+         kind == "gdn2";
+#else
+  return false;
+#endif
+}
+
+std::string cuda_unsupported(const json& model) {
+  for (const auto& kind : layer_kinds(model)) {
+    if (!mixer_runs_on_cuda(kind)) return "the '" + kind + "' mixer has no CUDA implementation in this build";
+    if (kind == "softmax") continue;
+    const MixerConfig c = mixer_config(model, 0);
+    if (c.head_dim != 64) return "model.head_dim: the linear CUDA kernels need 64, got " + std::to_string(c.head_dim);
+    if (c.value_dim != 64)
+      return "model.value_dim: the linear CUDA kernels need 64, got " + std::to_string(c.value_dim);
+    if (model.contains("ccq") && model["ccq"].is_object() && model["ccq"].value("enabled", false))
+      return "model.ccq.enabled: CCQ has no CUDA kernels yet";
+    if (model.value("short_conv", true) && model.value("conv_size", 4) > 8)
+      return "model.conv_size: the CUDA conv is at most 8 wide, got " + std::to_string(model.value("conv_size", 4));
+  }
+  return "";
+}
 
 std::unique_ptr<Mixer> make_mixer(const MixerConfig& cfg) {
   auto it = registry().find(cfg.kind);

@@ -15,9 +15,12 @@
 //   o → per-head RMSNorm (weight [dv] shared by the heads) × SiLU(W_g x) → W_o.
 // Initialisation and the choices above are documented in docs/architectures.md.
 //
-// CPU backend only (f32 for training, f64 for the gradient checks): the elementwise parts
-// are host loops, projections go through Backend::gemm, the per-(batch, head) recurrences
-// run in parallel over the backend's threads (each one single-threaded, so deterministic).
+// This file is the CPU implementation (f32 for training, f64 for the gradient checks): the
+// elementwise parts are host loops, projections go through Backend::gemm, the per-(batch,
+// head) recurrences run in parallel over the backend's threads (each one single-threaded,
+// so deterministic). On the CUDA backend forward/backward go to linear_mixer_cuda.cpp
+// (same parameters, same math; bf16 chunk kernels), for every mixer but CARVE and CCQ and
+// only with dk = dv = 64 (cuda_linear_unsupported says why not); decode stays on the CPU.
 #include <omp.h>
 
 #include <algorithm>
@@ -32,6 +35,7 @@
 #include "kernels/cpu/linear/ccq.hpp"
 #include "kernels/cpu/linear/mixers.hpp"
 #include "trainer/mixer.hpp"
+#include "trainer/mixers/linear_layer.hpp"
 
 namespace lar::trainer::mixers {
 
@@ -70,34 +74,6 @@ Tensor tv(std::vector<T>& v, std::initializer_list<int64_t> shape) {
 
 constexpr double kNormEps = 1e-5;  // output RMSNorm
 constexpr double kL2Eps = 1e-6;    // q/k L2 normalisation: x / sqrt(Σx² + eps)
-
-// Shapes and switches of one layer, resolved from the MixerConfig.
-struct Dims {
-  lk::Mixer mixer;
-  int d = 0, H = 0, dk = 0, dv = 0, Cq = 0, Cv = 0, W = 0, rank = 0, chunk = 64;
-  bool conv = true, l2 = false;
-  // CCQ
-  bool ccq = false, ccq_centered = true, ccq_learned = true, ccq_disable_eval = false;
-  double ccq_lambda = 0.01;  // fixed λ, or λ at init when learned
-  // CARVE (mixer is gdn2 for the shared gate code)
-  bool carve = false, content_grad = true, freeze_content = false;
-  int L = 64, crank = 16;
-  // Cross-layer routing (LAA §4): none, cler (ṽ = v + Γ r_{p(l)}), cler_h / clvr (the model
-  // projects the published side channel into the residual stream)
-  enum class Route { none, cler, cler_h, clvr } route = Route::none;
-};
-
-// Parameter indices (into the bound vectors), -1 when the mixer has no such parameter.
-struct Slots {
-  int wq = -1, wk = -1, wv = -1, cq = -1, ck = -1, cv = -1;
-  int g1 = -1, g2 = -1, gb = -1;   // low-rank gate W₁ [r,d], W₂ [Cq,r], bias (gla)
-  int wbeta = -1, wa = -1, A_log = -1, dt_bias = -1;
-  int werase = -1, wwrite = -1;    // gdn2
-  int onorm = -1, wgate = -1, wo = -1;
-  int wlam = -1, blam = -1;        // CCQ gate
-  int U1 = -1, U2 = -1;            // CARVE content projection
-  int gamma = -1;                  // CLER Γ_l
-};
 
 // Decode state: recurrent S per (batch, head) and the conv tails of q, k, v.
 template <class T>
@@ -896,9 +872,11 @@ class LinearMixer final : public Mixer {
     grads_ = std::move(grads);
     f32_.reset();
     f64_.reset();
+    cuda_.reset();
   }
 
   void forward(ForwardContext& ctx, const Tensor& x, const Tensor& y, Routing& route) override {
+    if (ctx.be.device() == kernels::Device::cuda) return cuda(ctx.be).forward(ctx, x, y, route);
     check_cpu(ctx.be);
     const int B = (int)x.size(0), len = (int)x.size(1);
     if (ctx.be.dtype() == DType::f32)
@@ -909,6 +887,7 @@ class LinearMixer final : public Mixer {
                              ctx.training, route, ctx.arena);
   }
   void backward(ForwardContext& ctx, const Tensor& dy, const Tensor& dx, Routing& route) override {
+    if (ctx.be.device() == kernels::Device::cuda) return cuda(ctx.be).backward(ctx, dy, dx, route);
     check_cpu(ctx.be);
     if (ctx.be.dtype() == DType::f32)
       impl<float>().backward(ctx.be, dy.ptr<float>(), dx.ptr<float>(), route);
@@ -940,10 +919,27 @@ class LinearMixer final : public Mixer {
   }
 
  private:
+  // Decode (init_state/step) runs on the CPU backend only; training and evaluation
+  // (forward/backward) also run on CUDA.
   static void check_cpu(const kernels::Backend& be) {
     if (be.device() != kernels::Device::cpu)
-      throw UserError("linear mixers run on the cpu backend only in this build (backend: " +
-                      be.name() + ")");
+      throw UserError("linear mixers decode (step) on the cpu backend only; backend " + be.name() +
+                      " trains and evaluates them");
+  }
+
+  // The CUDA implementation, built on first use (after bind()).
+  CudaLinear& cuda(const kernels::Backend& be) {
+    const std::string why = cuda_linear_unsupported(dm_);
+    if (!why.empty())
+      throw UserError("model.architecture: '" + cfg_.kind + "' on backend " + be.name() + ": " + why +
+                      " (use backend: cpu)");
+    if (params_.empty()) throw RuntimeError("linear mixer: used before bind()");
+#ifdef LAR_HAVE_CUDA
+    if (!cuda_) cuda_ = make_cuda_linear(dm_, sl_, params_, grads_);
+    return *cuda_;
+#else
+    throw UserError("linear mixers: this build has no CUDA support (backend " + be.name() + ")");
+#endif
   }
 
   template <class T>
@@ -1032,6 +1028,7 @@ class LinearMixer final : public Mixer {
   std::vector<Tensor> params_, grads_;
   std::unique_ptr<Impl<float>> f32_;
   std::unique_ptr<Impl<double>> f64_;
+  std::unique_ptr<CudaLinear> cuda_;
 };
 
 MixerFactory factory() {
@@ -1047,5 +1044,14 @@ const MixerRegistration reg_gdn2{"gdn2", factory()};
 const MixerRegistration reg_carve{"carve", factory()};
 
 }  // namespace
+
+std::string cuda_linear_unsupported(const Dims& d) {
+  if (d.carve) return "CARVE has no CUDA kernels yet";
+  if (d.ccq) return "model.ccq.enabled: CCQ has no CUDA kernels yet";
+  if (d.dk != 64) return "model.head_dim: the CUDA kernels need 64, got " + std::to_string(d.dk);
+  if (d.dv != 64) return "model.value_dim: the CUDA kernels need 64, got " + std::to_string(d.dv);
+  if (d.conv && d.W > 8) return "model.conv_size: the CUDA conv is at most 8 wide, got " + std::to_string(d.W);
+  return "";
+}
 
 }  // namespace lar::trainer::mixers

@@ -1,0 +1,694 @@
+// The elementwise and reduction parts of a linear-mixer layer on the GPU: see layer_ops.hpp.
+// All of them are memory-bound: one warp per row of 64 channels (a head's slice) where a
+// per-head reduction is needed (L2 norm, output RMSNorm, routing's scalar-gate sums), one
+// thread per element elsewhere; loads are float2 / bf16x2 per lane, so a warp reads 256
+// or 128 contiguous bytes. Column sums run in two fixed-order stages (no atomics).
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+
+#include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/linear/layer_ops.hpp"
+
+namespace lar::kernels::cuda::linear {
+namespace {
+
+using bf16 = __nv_bfloat16;
+constexpr int kSeg = 64;        // channels of one head
+constexpr int kThreads = 256;   // 8 warps per block
+constexpr int kMaxSplits = 1024;  // row splits of the column sums (≥ 64 rows each)
+constexpr int kMaxConv = 8;     // widest short conv supported
+
+__device__ __forceinline__ float sigm(float x) { return 1.f / (1.f + __expf(-x)); }
+__device__ __forceinline__ float softplus(float x) { return x > 20.f ? x : log1pf(__expf(x)); }
+__device__ __forceinline__ float silu_grad(float x) {
+  const float s = sigm(x);
+  return s * (1.f + x * (1.f - s));
+}
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float2 ld_bf2(const bf16* p) {
+  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
+}
+__device__ __forceinline__ void st_bf2(bf16* p, float a, float b) {
+  *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(a, b);
+}
+
+unsigned blocks_for(int64_t n, int per) { return static_cast<unsigned>((n + per - 1) / per); }
+
+void require(bool ok, const std::string& what) {
+  if (!ok) throw RuntimeError("linear layer ops: " + what);
+}
+
+// ---------------------------------------------------------------- q, k, v
+// Which part (q 0, k 1, v 2) a column of P belongs to, its weight row and its output column.
+struct Part {
+  int which, col;
+};
+__device__ __forceinline__ Part part_of(int c, int Cq) {
+  if (c < Cq) return {0, c};
+  if (c < 2 * Cq) return {1, c - Cq};
+  return {2, c - 2 * Cq};
+}
+
+// Token ranges: a warp walks up to kTokF (forward) / kTokB (backward) consecutive tokens of
+// one sequence for one 64-channel segment of P, keeping the conv's input window in
+// registers, so every element of P is loaded once (the conv's W−1 predecessors once per range).
+constexpr int kTokF = 16, kTokB = 64;
+
+// The conv window of one lane's channel pair: win[K−1−j] = P[t−j]; wr[j] = w[W−1−j].
+template <int K>
+struct ConvWindow {
+  float2 win[K];
+  float wr0[K], wr1[K];  // reversed: wr[j] = w[W−1−j]
+  float wf0[K], wf1[K];  // in order: wf[m] = w[m]
+};
+
+__device__ __forceinline__ const float* conv_weights(const QkvArgs& a, Part pt) {
+  return pt.which == 0 ? a.wq : pt.which == 1 ? a.wk : a.wv;
+}
+
+// Load the weights and the W−1 inputs before token t0 (row n0 = b·T + t0).
+template <int K>
+__device__ __forceinline__ void window_init(const QkvArgs& a, ConvWindow<K>& cw, Part pt, int64_t n0, int t0, int c) {
+  const float* w = conv_weights(a, pt) + (int64_t)pt.col * a.W;
+#pragma unroll
+  for (int j = 0; j < K; ++j) {
+    cw.wr0[j] = j < a.W ? w[a.W - 1 - j] : 0.f;
+    cw.wr1[j] = j < a.W ? w[a.W + a.W - 1 - j] : 0.f;
+    cw.wf0[j] = j < a.W ? w[j] : 0.f;
+    cw.wf1[j] = j < a.W ? w[a.W + j] : 0.f;
+    cw.win[j] = make_float2(0.f, 0.f);
+  }
+#pragma unroll
+  for (int j = 1; j < K; ++j)
+    if (j < a.W && t0 - j >= 0) cw.win[K - 1 - j] = *reinterpret_cast<const float2*>(a.P + (n0 - j) * a.ldp + c);
+}
+
+// Shift the window by one token and load P[t] (or zeros past the end); returns s = conv pre-activation.
+template <int K>
+__device__ __forceinline__ float2 window_step(const QkvArgs& a, ConvWindow<K>& cw, int64_t n, bool valid, int c) {
+#pragma unroll
+  for (int j = 0; j < K - 1; ++j) cw.win[j] = cw.win[j + 1];
+  cw.win[K - 1] = valid ? *reinterpret_cast<const float2*>(a.P + n * a.ldp + c) : make_float2(0.f, 0.f);
+  float2 s = make_float2(0.f, 0.f);
+#pragma unroll
+  for (int j = 0; j < K; ++j) {
+    s.x = fmaf(cw.wr0[j], cw.win[K - 1 - j].x, s.x);
+    s.y = fmaf(cw.wr1[j], cw.win[K - 1 - j].y, s.y);
+  }
+  return s;
+}
+
+// The activation after conv + SiLU (or P itself without conv), plus cler's routed input.
+__device__ __forceinline__ float2 activate(const QkvArgs& a, float2 s, Part pt, int64_t n) {
+  float2 act = a.W > 0 ? make_float2(s.x * sigm(s.x), s.y * sigm(s.y)) : s;
+  if (pt.which == 2 && a.rin) {
+    const float gm = *a.gamma;
+    const float2 r = *reinterpret_cast<const float2*>(a.rin + n * a.Cv + pt.col);
+    act.x = fmaf(gm, r.x, act.x);
+    act.y = fmaf(gm, r.y, act.y);
+  }
+  return act;
+}
+
+// Warp index → (sequence b, token range [t0, t1), segment, channel pair c of this lane).
+struct WarpRange {
+  int64_t b;
+  int t0, t1, seg, c;
+  bool ok;
+};
+__device__ __forceinline__ WarpRange warp_range(const QkvArgs& a, int tok) {
+  WarpRange r;
+  const int lane = threadIdx.x & 31;
+  const int64_t nseg = a.ldp / kSeg;
+  const int64_t groups = (a.T + tok - 1) / tok;
+  const int64_t wid = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  r.ok = wid < a.B * groups * nseg;
+  r.seg = static_cast<int>(wid % nseg);
+  const int64_t bg = wid / nseg;
+  r.b = bg / groups;
+  r.t0 = static_cast<int>(bg % groups) * tok;
+  r.t1 = min(r.t0 + tok, static_cast<int>(a.T));
+  r.c = r.seg * kSeg + 2 * lane;
+  return r;
+}
+
+template <int K>
+__global__ void qkv_fwd_kernel(QkvArgs a, bf16* q, bf16* k, bf16* v, float* vout) {
+  const WarpRange r = warp_range(a, kTokF);
+  if (!r.ok) return;
+  const Part pt = part_of(r.c, a.Cq);
+  const int64_t nb = r.b * a.T;
+  ConvWindow<K> cw;
+  if (a.W > 0) window_init(a, cw, pt, nb + r.t0, r.t0, r.c);
+  for (int t = r.t0; t < r.t1; ++t) {
+    const int64_t n = nb + t;
+    const float2 s = a.W > 0 ? window_step(a, cw, n, true, r.c) : *reinterpret_cast<const float2*>(a.P + n * a.ldp + r.c);
+    float2 act = activate(a, s, pt, n);
+    if (pt.which < 2 && a.l2) {
+      const float rn = 1.f / sqrtf(warp_sum(act.x * act.x + act.y * act.y) + 1e-6f);
+      act.x *= rn;
+      act.y *= rn;
+    }
+    if (pt.which == 0) st_bf2(q + n * a.Cq + pt.col, act.x, act.y);
+    else if (pt.which == 1) st_bf2(k + n * a.Cq + pt.col, act.x, act.y);
+    else {
+      st_bf2(v + n * a.Cv + pt.col, act.x, act.y);
+      if (vout) *reinterpret_cast<float2*>(vout + n * a.Cv + pt.col) = act;
+    }
+  }
+}
+
+// du at token n: the gradient on the conv pre-activation (on P without conv).
+__device__ __forceinline__ float2 token_du(const QkvArgs& a, const QkvGrads& g, Part pt, int64_t n, float2 s,
+                                           bool own) {
+  const float2 act = activate(a, s, pt, n);
+  float2 dy;
+  if (pt.which == 0) {
+    dy = ld_bf2(g.dq + n * a.Cq + pt.col);
+  } else if (pt.which == 1) {
+    dy = ld_bf2(g.dk + n * a.Cq + pt.col);
+    if (g.ek) {
+      const float2 e = *reinterpret_cast<const float2*>(g.ek + n * a.Cq + pt.col);
+      dy.x += e.x, dy.y += e.y;
+    }
+  } else {
+    dy = ld_bf2(g.dv + n * a.Cv + pt.col);
+    if (g.ev) {
+      const float2 e = *reinterpret_cast<const float2*>(g.ev + n * a.Cv + pt.col);
+      dy.x += e.x, dy.y += e.y;
+    }
+    if (g.dvout) {
+      const float2 e = *reinterpret_cast<const float2*>(g.dvout + n * a.Cv + pt.col);
+      dy.x += e.x, dy.y += e.y;
+    }
+  }
+  float2 da = dy;
+  if (pt.which < 2 && a.l2) {
+    // y = a·r, r = 1/sqrt(Σa² + eps): da = r (dy − y (y·dy))
+    const float rn = 1.f / sqrtf(warp_sum(act.x * act.x + act.y * act.y) + 1e-6f);
+    const float yx = act.x * rn, yy = act.y * rn;
+    const float dot = warp_sum(yx * dy.x + yy * dy.y);
+    da = make_float2(rn * (dy.x - yx * dot), rn * (dy.y - yy * dot));
+  }
+  if (own && pt.which == 2 && a.rin) {  // ṽ = silu(conv) + gamma·rin
+    const int64_t i = n * a.Cv + pt.col;
+    const float2 rr = *reinterpret_cast<const float2*>(a.rin + i);
+    if (g.d_in) {
+      const float gm = *a.gamma;
+      float2 di = *reinterpret_cast<float2*>(g.d_in + i);
+      di.x = fmaf(gm, da.x, di.x);
+      di.y = fmaf(gm, da.y, di.y);
+      *reinterpret_cast<float2*>(g.d_in + i) = di;
+    }
+    *reinterpret_cast<float2*>(g.dgam_terms + i) = make_float2(da.x * rr.x, da.y * rr.y);
+  }
+  if (a.W > 0) da = make_float2(da.x * silu_grad(s.x), da.y * silu_grad(s.y));
+  return da;
+}
+
+// The whole backward of the qkv pass in one walk: du (recomputing the conv, SiLU and L2
+// from P), the conv's transpose dP[t] = Σ_m w[m] du[t+m'] (emitted W−1 tokens late, with a
+// halo of W−1 recomputed tokens past the range), and the conv weights' partial sums over
+// the range (one partial per range, summed in order by conv_weight_finish).
+template <int K>
+__global__ void qkv_bwd_kernel(QkvArgs a, QkvGrads g, float* dP, float* wpartial) {
+  const WarpRange r = warp_range(a, kTokB);
+  if (!r.ok) return;
+  const Part pt = part_of(r.c, a.Cq);
+  const int64_t nb = r.b * a.T;
+  if (a.W == 0) {
+    for (int t = r.t0; t < r.t1; ++t) {
+      const int64_t n = nb + t;
+      const float2 du = token_du(a, g, pt, n, *reinterpret_cast<const float2*>(a.P + n * a.ldp + r.c), true);
+      *reinterpret_cast<float2*>(dP + n * a.ldp + r.c) = du;
+    }
+    return;
+  }
+  ConvWindow<K> cw;
+  window_init(a, cw, pt, nb + r.t0, r.t0, r.c);
+  float2 hist[K];  // hist[m] = du[t−m]
+  float acc0[K], acc1[K];
+#pragma unroll
+  for (int j = 0; j < K; ++j) hist[j] = make_float2(0.f, 0.f), acc0[j] = acc1[j] = 0.f;
+  const int tend = r.t1 + a.W - 1;  // last token whose du feeds dP of this range, + 1
+  for (int t = r.t0; t < tend; ++t) {
+    const int64_t n = nb + t;
+    const bool valid = t < a.T;
+    const float2 s = window_step(a, cw, n, valid, r.c);
+    float2 du = make_float2(0.f, 0.f);
+    if (valid) du = token_du(a, g, pt, n, s, t < r.t1);
+#pragma unroll
+    for (int j = K - 1; j > 0; --j) hist[j] = hist[j - 1];
+    hist[0] = du;
+    if (t < r.t1) {  // weight gradient: dw[W−1−j] += du[t]·P[t−j]
+#pragma unroll
+      for (int j = 0; j < K; ++j) {
+        acc0[j] = fmaf(du.x, cw.win[K - 1 - j].x, acc0[j]);
+        acc1[j] = fmaf(du.y, cw.win[K - 1 - j].y, acc1[j]);
+      }
+    }
+    const int te = t - a.W + 1;  // dP of token te is complete: Σ_m w[m]·du[te + W−1−m] = Σ_m w[m]·hist[m]
+    if (te >= r.t0) {
+      float2 d = make_float2(0.f, 0.f);
+#pragma unroll
+      for (int m = 0; m < K; ++m) {  // wf[m] = 0 for m ≥ W
+        d.x = fmaf(cw.wf0[m], hist[m].x, d.x);
+        d.y = fmaf(cw.wf1[m], hist[m].y, d.y);
+      }
+      *reinterpret_cast<float2*>(dP + (nb + te) * a.ldp + r.c) = d;
+    }
+  }
+  const int64_t groups = (a.T + kTokB - 1) / kTokB;
+  const int64_t range = r.b * groups + r.t0 / kTokB;
+  float* wp = wpartial + range * a.ldp * a.W;
+#pragma unroll
+  for (int j = 0; j < K; ++j)
+    if (j < a.W) {
+      wp[(int64_t)r.c * a.W + (a.W - 1 - j)] = acc0[j];
+      wp[(int64_t)(r.c + 1) * a.W + (a.W - 1 - j)] = acc1[j];
+    }
+}
+
+__global__ void conv_weight_finish(QkvArgs a, const float* partial, int64_t ranges, float* gwq, float* gwk,
+                                   float* gwv) {
+  const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= a.ldp * a.W) return;
+  const int c = static_cast<int>(i / a.W), j = static_cast<int>(i % a.W);
+  float s = 0.f;
+  for (int64_t r = 0; r < ranges; ++r) s += partial[r * a.ldp * a.W + i];
+  const Part pt = part_of(c, a.Cq);
+  float* gw = pt.which == 0 ? gwq : pt.which == 1 ? gwk : gwv;
+  gw[(int64_t)pt.col * a.W + j] += s;
+}
+
+// ---------------------------------------------------------------- gates
+__global__ void gate_fwd_kernel(GateArgs a, float* out, bf16* outb) {
+  const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= a.N * a.C) return;
+  const int64_t n = i / a.C;
+  const int c = static_cast<int>(i % a.C);
+  const float f = a.f[n * a.ldf + c];
+  float y;
+  switch (a.map) {
+    case GateMap::decay: y = -__expf(a.A_log[c / a.per_head]) * softplus(f + a.bias[c]); break;
+    case GateMap::logsig16: y = -softplus(-(f + a.bias[c])) / 16.f; break;
+    default: y = sigm(f);
+  }
+  if (out) out[i] = y;
+  else outb[i] = __float2bfloat16(y);
+}
+
+__global__ void gate_bwd_kernel(GateArgs a, const float* dyf, const bf16* dyb, const float* extra, float* df,
+                                int64_t ldd, float* aterm) {
+  const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= a.N * a.C) return;
+  const int64_t n = i / a.C;
+  const int c = static_cast<int>(i % a.C);
+  float dy = 0.f;
+  if (dyf) dy += dyf[i];
+  if (dyb) dy += __bfloat162float(dyb[i]);
+  if (extra) dy += extra[i];
+  const float f = a.f[n * a.ldf + c];
+  float d;
+  switch (a.map) {
+    case GateMap::decay: {
+      const float A = __expf(a.A_log[c / a.per_head]);
+      const float x = f + a.bias[c];
+      d = -dy * A * sigm(x);
+      aterm[i] = dy * (-A * softplus(x));
+      break;
+    }
+    case GateMap::logsig16: d = dy * sigm(-(f + a.bias[c])) / 16.f; break;
+    default: {
+      const float s = sigm(f);
+      d = dy * s * (1.f - s);
+    }
+  }
+  df[n * ldd + c] = d;
+}
+
+// ---------------------------------------------------------------- column sums
+__global__ void colsum_kernel(const float* M, int64_t N, int C, int64_t ld, float* partial) {
+  __shared__ float red[8][32];
+  const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
+  const int c = blockIdx.x * 32 + tx;
+  const int64_t per = (N + gridDim.y - 1) / gridDim.y;
+  const int64_t r0 = blockIdx.y * per, r1 = std::min<int64_t>(N, r0 + per);
+  float acc = 0.f;
+  if (c < C)
+    for (int64_t n = r0 + ty; n < r1; n += 8) acc += M[n * ld + c];
+  red[ty][tx] = acc;
+  __syncthreads();
+  if (ty == 0 && c < C) {
+    float s = 0.f;
+    for (int y = 0; y < 8; ++y) s += red[y][tx];
+    partial[(int64_t)blockIdx.y * C + c] = s;
+  }
+}
+
+__global__ void colsum_finish(const float* partial, int splits, int C, int group, float* out) {
+  const int j = blockIdx.x * blockDim.x + threadIdx.x;
+  if (j >= C / group) return;
+  float s = 0.f;
+  for (int c = j * group; c < (j + 1) * group; ++c) {
+    float cs = 0.f;
+    for (int sp = 0; sp < splits; ++sp) cs += partial[(int64_t)sp * C + c];
+    s += cs;
+  }
+  out[j] += s;
+}
+
+// ---------------------------------------------------------------- output norm × gate
+__global__ void out_fwd_kernel(int64_t rows, const bf16* o, const float* og, const float* wn, float eps,
+                               float* ypre, float* rstd) {
+  const int lane = threadIdx.x & 31;
+  const int64_t r = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  if (r >= rows) return;
+  const int64_t i = r * kSeg + 2 * lane;
+  const float2 x = ld_bf2(o + i);
+  const float rs = 1.f / sqrtf(warp_sum(x.x * x.x + x.y * x.y) / kSeg + eps);
+  const float2 gt = *reinterpret_cast<const float2*>(og + i);
+  const float2 w = make_float2(wn[2 * lane], wn[2 * lane + 1]);  // parameters: only 4-byte aligned
+  *reinterpret_cast<float2*>(ypre + i) =
+      make_float2(x.x * rs * w.x * gt.x * sigm(gt.x), x.y * rs * w.y * gt.y * sigm(gt.y));
+  if (lane == 0) rstd[r] = rs;
+}
+
+__global__ void out_bwd_kernel(int64_t rows, const bf16* o, const float* og, const float* wn, const float* rstd,
+                               const float* dypre, bf16* dO, float* dog, float* dwn_terms) {
+  const int lane = threadIdx.x & 31;
+  const int64_t r = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  if (r >= rows) return;
+  const int64_t i = r * kSeg + 2 * lane;
+  const float2 x = ld_bf2(o + i);
+  const float rs = rstd[r];
+  const float2 gt = *reinterpret_cast<const float2*>(og + i);
+  const float2 w = make_float2(wn[2 * lane], wn[2 * lane + 1]);  // parameters: only 4-byte aligned
+  const float2 dy = *reinterpret_cast<const float2*>(dypre + i);
+  const float xh0 = x.x * rs, xh1 = x.y * rs;                       // normalised o
+  const float sg0 = gt.x * sigm(gt.x), sg1 = gt.y * sigm(gt.y);     // silu(og)
+  const float don0 = dy.x * sg0, don1 = dy.y * sg1;                 // on = x̂·w
+  *reinterpret_cast<float2*>(dog + i) =
+      make_float2(dy.x * xh0 * w.x * silu_grad(gt.x), dy.y * xh1 * w.y * silu_grad(gt.y));
+  *reinterpret_cast<float2*>(dwn_terms + i) = make_float2(don0 * xh0, don1 * xh1);
+  const float dx0 = don0 * w.x, dx1 = don1 * w.y;                   // on x̂
+  const float m = warp_sum(dx0 * xh0 + dx1 * xh1) / kSeg;
+  st_bf2(dO + i, rs * (dx0 - xh0 * m), rs * (dx1 - xh1 * m));
+}
+
+// ---------------------------------------------------------------- routing readouts
+// a_t ⊙ e_t of token n, channel pair (2·lane) of head h.
+__device__ __forceinline__ float2 readout_vec(const RouteArgs& a, int64_t n, int h, int lane) {
+  const int64_t C = (int64_t)a.H * kSeg;
+  const int64_t i = n * C + h * kSeg + 2 * lane;
+  float2 e = ld_bf2(a.k + i);
+  if (a.b) {
+    const float2 b = ld_bf2(a.b + i);
+    e.x *= b.x, e.y *= b.y;
+  }
+  if (a.g) {
+    if (a.g_channel) {
+      const float2 g = *reinterpret_cast<const float2*>(a.g + i);
+      e.x *= __expf(g.x), e.y *= __expf(g.y);
+    } else {
+      const float s = __expf(a.g[n * a.H + h]);
+      e.x *= s, e.y *= s;
+    }
+  }
+  return e;
+}
+
+// One warp per (token, head): qr[b, s] = a_{s+1} ⊙ e_{s+1}, 0 at s = T−1.
+__global__ void route_query_kernel(RouteArgs a, bf16* qr) {
+  const int lane = threadIdx.x & 31;
+  const int64_t wid = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  if (wid >= a.B * a.T * a.H) return;
+  const int64_t n = wid / a.H;
+  const int h = static_cast<int>(wid % a.H);
+  const int t = static_cast<int>(n % a.T);
+  const int64_t i = n * a.H * kSeg + h * kSeg + 2 * lane;
+  if (t == a.T - 1) {
+    st_bf2(qr + i, 0.f, 0.f);
+    return;
+  }
+  const float2 e = readout_vec(a, n + 1, h, lane);
+  st_bf2(qr + i, e.x, e.y);
+}
+
+__global__ void route_residual_kernel(RouteArgs a, const bf16* o2, float* r) {
+  const int64_t C = (int64_t)a.H * kSeg;
+  const int64_t i = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * 2;
+  if (i >= a.B * a.T * C) return;
+  const int64_t n = i / C;
+  const int t = static_cast<int>(n % a.T);
+  float2 z = ld_bf2(a.v + i);
+  if (a.w) {
+    const float2 w = ld_bf2(a.w + i);
+    z.x *= w.x, z.y *= w.y;
+  }
+  if (t > 0) {
+    const float2 o = ld_bf2(o2 + i - C);
+    z.x -= o.x / a.scale, z.y -= o.y / a.scale;
+  }
+  *reinterpret_cast<float2*>(r + i) = z;
+}
+
+__global__ void route_readout_grad_kernel(RouteArgs a, const float* dr, bf16* do2) {
+  const int64_t C = (int64_t)a.H * kSeg;
+  const int64_t i = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * 2;
+  if (i >= a.B * a.T * C) return;
+  const int t = static_cast<int>((i / C) % a.T);
+  if (t == a.T - 1) {
+    st_bf2(do2 + i, 0.f, 0.f);
+    return;
+  }
+  const float2 d = *reinterpret_cast<const float2*>(dr + i + C);
+  st_bf2(do2 + i, -d.x / a.scale, -d.y / a.scale);
+}
+
+// One warp per (token n, head h): fold the second readout's gradients back.
+__global__ void route_backward_kernel(RouteArgs a, RouteGrads g) {
+  const int lane = threadIdx.x & 31;
+  const int64_t wid = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  if (wid >= a.B * a.T * a.H) return;
+  const int64_t n = wid / a.H;
+  const int h = static_cast<int>(wid % a.H);
+  const int t = static_cast<int>(n % a.T);
+  const int64_t C = (int64_t)a.H * kSeg;
+  const int64_t i = n * C + h * kSeg + 2 * lane;
+  // qr_{t−1} = a_t ⊙ e_t: its gradient dqr_{t−1} lands on token t.
+  float2 dqr = make_float2(0.f, 0.f), qr = dqr;
+  if (t > 0) {
+    dqr = ld_bf2(g.dqr + i - C);
+    qr = ld_bf2(g.qr + i - C);
+  }
+  // ∂qr/∂g = qr (a = exp(g)); ∂qr/∂e = a.
+  float2 aval = make_float2(1.f, 1.f);
+  if (a.g) {
+    if (a.g_channel) {
+      const float2 gg = *reinterpret_cast<const float2*>(a.g + i);
+      aval = make_float2(__expf(gg.x), __expf(gg.y));
+      float2 dg = *reinterpret_cast<float2*>(g.dg + i);
+      const float2 d2 = *reinterpret_cast<const float2*>(g.dg2 + i);
+      dg.x += d2.x + dqr.x * qr.x;
+      dg.y += d2.y + dqr.y * qr.y;
+      *reinterpret_cast<float2*>(g.dg + i) = dg;
+    } else {
+      const float s = __expf(a.g[n * a.H + h]);
+      aval = make_float2(s, s);
+      const float sum = warp_sum(dqr.x * qr.x + dqr.y * qr.y);
+      if (lane == 0) g.dg[n * a.H + h] += g.dg2[n * a.H + h] + sum;
+    }
+  }
+  if (g.dbeta && lane == 0) g.dbeta[n * a.H + h] += g.dbeta2[n * a.H + h];
+  const float2 de = make_float2(dqr.x * aval.x, dqr.y * aval.y);  // on e_t
+  float2 ek = ld_bf2(g.dk2 + i);
+  const float2 dr = *reinterpret_cast<const float2*>(g.dr + i);
+  float2 ev = ld_bf2(g.dv2 + i);
+  if (a.b) {  // gdn2: e = b ⊙ k, z = w ⊙ v
+    const float2 b = ld_bf2(a.b + i), k = ld_bf2(a.k + i);
+    const float2 w = ld_bf2(a.w + i), v = ld_bf2(a.v + i);
+    ek.x += de.x * b.x, ek.y += de.y * b.y;
+    const float2 db2 = ld_bf2(g.db2 + i), dw2 = ld_bf2(g.dw2 + i);
+    *reinterpret_cast<float2*>(g.eb + i) = make_float2(db2.x + de.x * k.x, db2.y + de.y * k.y);
+    *reinterpret_cast<float2*>(g.ew + i) = make_float2(dw2.x + dr.x * v.x, dw2.y + dr.y * v.y);
+    ev.x += dr.x * w.x, ev.y += dr.y * w.y;
+  } else {
+    ek.x += de.x, ek.y += de.y;
+    ev.x += dr.x, ev.y += dr.y;
+  }
+  *reinterpret_cast<float2*>(g.ek + i) = ek;
+  *reinterpret_cast<float2*>(g.ev + i) = ev;
+}
+
+// ---------------------------------------------------------------- profiling
+struct ProfEvent {
+  const char* name;
+  cudaEvent_t a, b;
+};
+std::vector<ProfEvent>& prof_events() {
+  static std::vector<ProfEvent> ev;
+  return ev;
+}
+bool profiling() {
+  static const bool on = [] {
+    const char* e = std::getenv("LAR_CUDA_PROFILE");
+    return e && std::string(e) == "1";
+  }();
+  return on;
+}
+
+}  // namespace
+
+int64_t qkv_warps(const QkvArgs& a, int tok) { return a.B * ((a.T + tok - 1) / tok) * (a.ldp / kSeg); }
+
+void qkv_forward(const QkvArgs& a, bf16* q, bf16* k, bf16* v, float* vout, cudaStream_t stream) {
+  require(a.ldp == 2 * a.Cq + a.Cv && a.Cq % kSeg == 0 && a.Cv % kSeg == 0, "qkv: widths must be multiples of 64");
+  require(a.W >= 0 && a.W <= kMaxConv, "qkv: conv width " + std::to_string(a.W) + " outside 0..8");
+  require(!a.rin || a.gamma, "qkv: cler needs gamma");
+  const int64_t warps = qkv_warps(a, kTokF);
+  if (warps == 0) return;
+  // the conv window's register arrays sized for the common width 4 (or the widest, 8)
+  if (a.W <= 4) qkv_fwd_kernel<4><<<blocks_for(warps, kThreads / 32), kThreads, 0, stream>>>(a, q, k, v, vout);
+  else qkv_fwd_kernel<kMaxConv><<<blocks_for(warps, kThreads / 32), kThreads, 0, stream>>>(a, q, k, v, vout);
+  LAR_CUDA_LAUNCHED();
+}
+
+std::size_t qkv_backward_scratch_floats(const QkvArgs& a) {
+  return static_cast<std::size_t>(a.B * ((a.T + kTokB - 1) / kTokB) * a.ldp * std::max(a.W, 1));
+}
+
+void qkv_backward(const QkvArgs& a, const QkvGrads& g, float* dP, float* gwq, float* gwk, float* gwv, float* scratch,
+                  cudaStream_t stream) {
+  require(a.ldp == 2 * a.Cq + a.Cv && a.Cq % kSeg == 0 && a.Cv % kSeg == 0, "qkv: widths must be multiples of 64");
+  require(a.W >= 0 && a.W <= kMaxConv, "qkv: conv width " + std::to_string(a.W) + " outside 0..8");
+  require(!a.rin || (a.gamma && g.dgam_terms), "qkv backward: cler needs gamma and dgam_terms");
+  require(a.W == 0 || (gwq && gwk && gwv && scratch), "qkv backward: conv needs weight gradients and scratch");
+  const int64_t warps = qkv_warps(a, kTokB);
+  if (warps == 0) return;
+  if (a.W <= 4) qkv_bwd_kernel<4><<<blocks_for(warps, kThreads / 32), kThreads, 0, stream>>>(a, g, dP, scratch);
+  else qkv_bwd_kernel<kMaxConv><<<blocks_for(warps, kThreads / 32), kThreads, 0, stream>>>(a, g, dP, scratch);
+  LAR_CUDA_LAUNCHED();
+  if (a.W == 0) return;
+  conv_weight_finish<<<blocks_for(a.ldp * a.W, kThreads), kThreads, 0, stream>>>(
+      a, scratch, a.B * ((a.T + kTokB - 1) / kTokB), gwq, gwk, gwv);
+  LAR_CUDA_LAUNCHED();
+}
+
+void gate_forward(const GateArgs& a, float* out, bf16* outb, cudaStream_t stream) {
+  require((out != nullptr) != (outb != nullptr), "gate forward: exactly one output");
+  require(a.map == GateMap::sigmoid || a.bias, "gate forward: missing bias");
+  require(a.map != GateMap::decay || (a.A_log && a.per_head > 0), "gate forward: missing A_log");
+  if (a.N * a.C == 0) return;
+  gate_fwd_kernel<<<blocks_for(a.N * a.C, kThreads), kThreads, 0, stream>>>(a, out, outb);
+  LAR_CUDA_LAUNCHED();
+}
+
+void gate_backward(const GateArgs& a, const float* dyf, const bf16* dyb, const float* extra, float* df,
+                   int64_t ldd, float* aterm, cudaStream_t stream) {
+  require(a.map != GateMap::decay || aterm, "gate backward: decay needs aterm");
+  if (a.N * a.C == 0) return;
+  gate_bwd_kernel<<<blocks_for(a.N * a.C, kThreads), kThreads, 0, stream>>>(a, dyf, dyb, extra, df, ldd, aterm);
+  LAR_CUDA_LAUNCHED();
+}
+
+int colsum_splits(int64_t N) { return static_cast<int>(std::clamp<int64_t>(N / 64, 1, kMaxSplits)); }
+
+std::size_t colsum_scratch_floats(int64_t N, int C) { return static_cast<std::size_t>(colsum_splits(N)) * C; }
+
+void colsum_accumulate(const float* M, int64_t N, int C, int64_t ld, int group, float* out, float* scratch,
+                       cudaStream_t stream) {
+  require(group >= 1 && C % group == 0, "colsum: group must divide the columns");
+  if (C == 0 || N == 0) return;
+  const int splits = colsum_splits(N);
+  colsum_kernel<<<dim3(blocks_for(C, 32), splits), kThreads, 0, stream>>>(M, N, C, ld, scratch);
+  LAR_CUDA_LAUNCHED();
+  colsum_finish<<<blocks_for(C / group, 128), 128, 0, stream>>>(scratch, splits, C, group, out);
+  LAR_CUDA_LAUNCHED();
+}
+
+void out_gate_forward(int64_t rows, const bf16* o, const float* og, const float* wn, float eps, float* ypre,
+                      float* rstd, cudaStream_t stream) {
+  if (rows == 0) return;
+  out_fwd_kernel<<<blocks_for(rows, kThreads / 32), kThreads, 0, stream>>>(rows, o, og, wn, eps, ypre, rstd);
+  LAR_CUDA_LAUNCHED();
+}
+
+void out_gate_backward(int64_t rows, const bf16* o, const float* og, const float* wn, const float* rstd,
+                       const float* dypre, bf16* dO, float* dog, float* dwn_terms, cudaStream_t stream) {
+  if (rows == 0) return;
+  out_bwd_kernel<<<blocks_for(rows, kThreads / 32), kThreads, 0, stream>>>(rows, o, og, wn, rstd, dypre, dO, dog,
+                                                                           dwn_terms);
+  LAR_CUDA_LAUNCHED();
+}
+
+void route_query(const RouteArgs& a, bf16* qr, cudaStream_t stream) {
+  const int64_t warps = a.B * a.T * a.H;
+  if (warps == 0) return;
+  route_query_kernel<<<blocks_for(warps, kThreads / 32), kThreads, 0, stream>>>(a, qr);
+  LAR_CUDA_LAUNCHED();
+}
+
+void route_residual(const RouteArgs& a, const bf16* o2, float* r, cudaStream_t stream) {
+  const int64_t pairs = a.B * a.T * a.H * kSeg / 2;
+  if (pairs == 0) return;
+  route_residual_kernel<<<blocks_for(pairs, kThreads), kThreads, 0, stream>>>(a, o2, r);
+  LAR_CUDA_LAUNCHED();
+}
+
+void route_readout_grad(const RouteArgs& a, const float* dr, bf16* do2, cudaStream_t stream) {
+  const int64_t pairs = a.B * a.T * a.H * kSeg / 2;
+  if (pairs == 0) return;
+  route_readout_grad_kernel<<<blocks_for(pairs, kThreads), kThreads, 0, stream>>>(a, dr, do2);
+  LAR_CUDA_LAUNCHED();
+}
+
+void route_backward(const RouteArgs& a, const RouteGrads& g, cudaStream_t stream) {
+  require(!a.g || (g.dg && g.dg2), "route backward: gated mixer needs dg and dg2");
+  require(!g.dbeta || g.dbeta2, "route backward: dbeta needs dbeta2");
+  require(!a.b || (g.eb && g.ew && g.db2 && g.dw2), "route backward: gdn2 needs eb, ew, db2, dw2");
+  const int64_t warps = a.B * a.T * a.H;
+  if (warps == 0) return;
+  route_backward_kernel<<<blocks_for(warps, kThreads / 32), kThreads, 0, stream>>>(a, g);
+  LAR_CUDA_LAUNCHED();
+}
+
+LayerTimer::LayerTimer(const char* name, cudaStream_t stream) : name_(name), stream_(stream) {
+  if (!profiling()) return;
+  LAR_CUDA_CHECK(cudaEventCreate(&a_));
+  LAR_CUDA_CHECK(cudaEventRecord(a_, stream_));
+}
+
+LayerTimer::~LayerTimer() {
+  if (!a_) return;
+  cudaEvent_t b = nullptr;
+  if (cudaEventCreate(&b) == cudaSuccess && cudaEventRecord(b, stream_) == cudaSuccess)
+    prof_events().push_back({name_, a_, b});
+}
+
+std::vector<std::pair<std::string, double>> layer_profile_report() {
+  std::vector<std::pair<std::string, double>> out;
+  auto& ev = prof_events();
+  if (ev.empty()) return out;
+  LAR_CUDA_CHECK(cudaDeviceSynchronize());
+  for (const auto& e : ev) {
+    float ms = 0;
+    LAR_CUDA_CHECK(cudaEventElapsedTime(&ms, e.a, e.b));
+    auto it = std::find_if(out.begin(), out.end(), [&](const auto& p) { return p.first == e.name; });
+    if (it == out.end()) out.emplace_back(e.name, ms * 1e-3);
+    else it->second += ms * 1e-3;
+    cudaEventDestroy(e.a);
+    cudaEventDestroy(e.b);
+  }
+  ev.clear();
+  std::sort(out.begin(), out.end(), [](const auto& x, const auto& y) { return x.second > y.second; });
+  return out;
+}
+
+}  // namespace lar::kernels::cuda::linear

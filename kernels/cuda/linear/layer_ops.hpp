@@ -1,0 +1,141 @@
+#pragma once
+// The elementwise and reduction parts of a linear-mixer layer on the GPU (SPEC §2), around
+// the chunkwise kernels of linear_attention.hpp: short causal conv + SiLU, L2 norm and the
+// packing of q, k, v into the kernels' bf16 [B,T,H,64] layout (one fused pass), the gate
+// maps, the per-head output RMSNorm × SiLU gate, the cross-layer routing readouts, and
+// deterministic column sums for the parameter gradients. Used by
+// trainer/mixers/linear_mixer_cuda.cpp; tests: tests/gpu/test_linear_layer_cuda.cpp.
+//
+// Conventions: row-major, N = B·T token rows; head dims dk = dv = 64 (the kernels' only
+// size); every function launches on `stream` and throws lar::RuntimeError on a bad shape
+// or a failed launch. No atomics: every output element is written by one thread and every
+// reduction runs in a fixed order, so results are bit-reproducible.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace lar::kernels::cuda::linear {
+
+// ---- q, k, v: projections → conv + SiLU → (L2 norm) → bf16 kernel inputs ----
+// P [N, ldp] holds the fp32 projections: q in columns [0, Cq), k in [Cq, 2Cq), v in
+// [2Cq, 2Cq+Cv) (one fused GEMM). Conv weights [C, W] per part (W = 0: no conv, no SiLU).
+struct QkvArgs {
+  int64_t B = 0, T = 0;
+  int Cq = 0, Cv = 0, W = 0;
+  bool l2 = false;           // L2-normalise q and k per head: a / sqrt(Σa² + 1e-6)
+  const float* P = nullptr;
+  int64_t ldp = 0;
+  const float *wq = nullptr, *wk = nullptr, *wv = nullptr;
+  const float* rin = nullptr;    // cler: ṽ = v + gamma·rin ([N, Cv]), nullable
+  const float* gamma = nullptr;  // cler: Γ, one float in device memory (no host sync)
+};
+// Outputs q, k [N, Cq], v [N, Cv] in bf16; vout (nullable) gets ṽ in fp32.
+void qkv_forward(const QkvArgs& a, __nv_bfloat16* q, __nv_bfloat16* k, __nv_bfloat16* v, float* vout,
+                 cudaStream_t stream);
+
+// The backward of the whole qkv pass, from the kernels' dq, dk, dv (bf16) plus optional
+// fp32 extras (routing readouts: ek on k, ev on ṽ, dvout on the published ṽ for clvr):
+// dP [N, ldp] = ∂L/∂P (overwritten; through L2, SiLU and the conv's transpose, in one walk
+// that recomputes the forward from P), and the conv weights' gradients accumulated into
+// gwq/gwk/gwv [C, W] (W ≥ 1; scratch: qkv_backward_scratch_floats(a) floats). cler (rin
+// set): d_in += gamma·dṽ (d_in nullable) and dgam_terms [N, Cv] = dṽ ⊙ rin (sum it for ∂L/∂gamma).
+struct QkvGrads {
+  const __nv_bfloat16 *dq = nullptr, *dk = nullptr, *dv = nullptr;
+  const float *ek = nullptr, *ev = nullptr, *dvout = nullptr;
+  float* d_in = nullptr;
+  float* dgam_terms = nullptr;
+};
+std::size_t qkv_backward_scratch_floats(const QkvArgs& a);
+void qkv_backward(const QkvArgs& a, const QkvGrads& g, float* dP, float* gwq, float* gwk, float* gwv, float* scratch,
+                  cudaStream_t stream);
+
+// ---- gates: pre-activations f [N, ld] → activated values ----
+//   decay:    g = −exp(A_log[c / per_head])·softplus(f + bias[c])   (gdn: per_head 1; kda/gdn2: 64)
+//   logsig16: g = logsigmoid(f + bias[c]) / 16                       (gla)
+//   sigmoid:  σ(f)                                                   (β, gdn2's b and w)
+enum class GateMap { decay, logsig16, sigmoid };
+struct GateArgs {
+  GateMap map = GateMap::sigmoid;
+  int64_t N = 0;
+  int C = 0;
+  const float* f = nullptr;
+  int64_t ldf = 0;
+  const float* bias = nullptr;   // decay, logsig16
+  const float* A_log = nullptr;  // decay
+  int per_head = 64;             // decay: channels per A_log entry
+};
+// Output [N, C] contiguous, fp32 (out) or bf16 (outb): exactly one non-null.
+void gate_forward(const GateArgs& a, float* out, __nv_bfloat16* outb, cudaStream_t stream);
+// dy = dyf + dyb + extra (each [N, C], nullable) on the activated gate; df [N, C] (ld ldd)
+// overwritten with ∂L/∂f; for decay, aterm [N, C] = dy·g (sum per head for ∂L/∂A_log).
+void gate_backward(const GateArgs& a, const float* dyf, const __nv_bfloat16* dyb, const float* extra, float* df,
+                   int64_t ldd, float* aterm, cudaStream_t stream);
+
+// ---- deterministic column sums ----
+// out[j] += Σ_n Σ_{c ∈ [j·group, (j+1)·group)} M[n, c]  (M [N, C] with row stride ld).
+std::size_t colsum_scratch_floats(int64_t N, int C);
+void colsum_accumulate(const float* M, int64_t N, int C, int64_t ld, int group, float* out, float* scratch,
+                       cudaStream_t stream);
+
+// ---- output: per-head RMSNorm (weight wn [64]) × SiLU(og) ----
+// rows = N·H rows of 64: o bf16 (the kernel's output), og, ypre fp32, rstd [rows].
+void out_gate_forward(int64_t rows, const __nv_bfloat16* o, const float* og, const float* wn, float eps,
+                      float* ypre, float* rstd, cudaStream_t stream);
+// From dypre: dO (bf16, the kernels' dout), dog (fp32), dwn_terms [rows, 64] (sum per
+// column for ∂L/∂wn).
+void out_gate_backward(int64_t rows, const __nv_bfloat16* o, const float* og, const float* wn, const float* rstd,
+                       const float* dypre, __nv_bfloat16* dO, float* dog, float* dwn_terms, cudaStream_t stream);
+
+// ---- cross-layer routing: the write residual r_t = z_t − S_{t−1}(a_t ⊙ e_t) ----
+// The chunk kernels read S_t after the update, so r comes from a second readout of the same
+// recurrence with the query shifted one token: qr_s = a_{s+1} ⊙ e_{s+1} (a = exp(g), e = k,
+// or b ⊙ k for gdn2; qr_{T−1} = 0) gives o2_s = scale·S_s qr_s, and r_t = z_t − o2_{t−1}/scale.
+struct RouteArgs {
+  int64_t B = 0, T = 0;
+  int H = 0;
+  const __nv_bfloat16 *k = nullptr, *v = nullptr;
+  const float* g = nullptr;        // nullable (deltanet)
+  bool g_channel = false;          // g [N, H·64] (kda, gdn2) or [N, H] (gdn)
+  const __nv_bfloat16 *b = nullptr, *w = nullptr;  // gdn2 (z = w ⊙ v, e = b ⊙ k)
+  float scale = 0.125f;
+};
+void route_query(const RouteArgs& a, __nv_bfloat16* qr, cudaStream_t stream);
+// r [N, H·64] fp32 from the second readout o2.
+void route_residual(const RouteArgs& a, const __nv_bfloat16* o2, float* r, cudaStream_t stream);
+// do2 (bf16) from dr, the gradient on r.
+void route_readout_grad(const RouteArgs& a, const float* dr, __nv_bfloat16* do2, cudaStream_t stream);
+// The second backward's gradients folded back: ek = dk2 + ∂qr/∂k, ev = dv2 + ∂r/∂ṽ
+// (fp32 extras for qkv_backward); dg += dg2 + ∂qr/∂g; dbeta += dbeta2 (nullable);
+// gdn2: eb = db2 + ∂qr/∂b, ew = dw2 + ∂r/∂w (fp32 extras for gate_backward).
+struct RouteGrads {
+  const float* dr = nullptr;
+  const __nv_bfloat16 *qr = nullptr, *dqr = nullptr, *dk2 = nullptr, *dv2 = nullptr;
+  const float *dg2 = nullptr, *dbeta2 = nullptr;
+  const __nv_bfloat16 *db2 = nullptr, *dw2 = nullptr;
+  float *ek = nullptr, *ev = nullptr, *dg = nullptr, *dbeta = nullptr, *eb = nullptr, *ew = nullptr;
+};
+void route_backward(const RouteArgs& a, const RouteGrads& g, cudaStream_t stream);
+
+// ---- profiling (LAR_CUDA_PROFILE=1) ----
+// Brackets a region of layer work with CUDA events when profiling is on (one branch
+// otherwise); layer_profile_report() returns device seconds per name since the last call.
+class LayerTimer {
+ public:
+  LayerTimer(const char* name, cudaStream_t stream);
+  ~LayerTimer();
+  LayerTimer(const LayerTimer&) = delete;
+  LayerTimer& operator=(const LayerTimer&) = delete;
+
+ private:
+  const char* name_;
+  cudaStream_t stream_;
+  cudaEvent_t a_ = nullptr;
+};
+std::vector<std::pair<std::string, double>> layer_profile_report();
+
+}  // namespace lar::kernels::cuda::linear

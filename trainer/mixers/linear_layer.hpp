@@ -1,0 +1,61 @@
+#pragma once
+// Internal to trainer/mixers: the resolved shape of one linear-mixer layer (Dims) and the
+// indices of its parameters (Slots), shared by the CPU implementation (linear_mixer.cpp)
+// and the CUDA one (linear_mixer_cuda.cpp, CUDA builds only).
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/backend.hpp"
+#include "kernels/cpu/linear/mixers.hpp"
+#include "trainer/mixer.hpp"
+
+namespace lar::trainer::mixers {
+
+// Shapes and switches of one layer, resolved from the MixerConfig.
+struct Dims {
+  kernels::cpu::linear::Mixer mixer;
+  int d = 0, H = 0, dk = 0, dv = 0, Cq = 0, Cv = 0, W = 0, rank = 0, chunk = 64;
+  bool conv = true, l2 = false;
+  // CCQ
+  bool ccq = false, ccq_centered = true, ccq_learned = true, ccq_disable_eval = false;
+  double ccq_lambda = 0.01;  // fixed λ, or λ at init when learned
+  // CARVE (mixer is gdn2 for the shared gate code)
+  bool carve = false, content_grad = true, freeze_content = false;
+  int L = 64, crank = 16;
+  // Cross-layer routing (LAA §4): none, cler (ṽ = v + Γ r_{p(l)}), cler_h / clvr (the model
+  // projects the published side channel into the residual stream)
+  enum class Route { none, cler, cler_h, clvr } route = Route::none;
+};
+
+// Parameter indices (into the bound vectors), -1 when the mixer has no such parameter.
+struct Slots {
+  int wq = -1, wk = -1, wv = -1, cq = -1, ck = -1, cv = -1;
+  int g1 = -1, g2 = -1, gb = -1;   // low-rank gate W₁ [r,d], W₂ [Cq,r], bias (gla)
+  int wbeta = -1, wa = -1, A_log = -1, dt_bias = -1;
+  int werase = -1, wwrite = -1;    // gdn2
+  int onorm = -1, wgate = -1, wo = -1;
+  int wlam = -1, blam = -1;        // CCQ gate
+  int U1 = -1, U2 = -1;            // CARVE content projection
+  int gamma = -1;                  // CLER Γ_l
+};
+
+// Why the CUDA implementation cannot run this layer ("" when it can): CARVE, CCQ, head
+// dims other than 64, a conv wider than 8. The message names the offending value.
+std::string cuda_linear_unsupported(const Dims& d);
+
+// The CUDA implementation (linear_mixer_cuda.cpp): forward/backward of the Mixer contract
+// on the CUDA backend, fp32 interface tensors, bf16 chunk kernels inside.
+class CudaLinear {
+ public:
+  virtual ~CudaLinear() = default;
+  virtual void forward(ForwardContext& ctx, const kernels::Tensor& x, const kernels::Tensor& y, Routing& route) = 0;
+  virtual void backward(ForwardContext& ctx, const kernels::Tensor& dy, const kernels::Tensor& dx,
+                        Routing& route) = 0;
+};
+#ifdef LAR_HAVE_CUDA
+std::unique_ptr<CudaLinear> make_cuda_linear(const Dims& d, const Slots& s, const std::vector<kernels::Tensor>& params,
+                                             const std::vector<kernels::Tensor>& grads);
+#endif
+
+}  // namespace lar::trainer::mixers

@@ -1,0 +1,497 @@
+// The linear-mixer layer (SPEC §2; see linear_mixer.cpp for the math and the CPU
+// reference) on the CUDA backend. Same parameters and results as the CPU path within bf16
+// rounding:
+//   P = x [Wq;Wk;Wv]ᵀ             one GEMM (the three are adjacent in the flat buffer)
+//   q, k, v = conv+SiLU(P), L2     one fused pass → bf16 [B,T,H,64] (kernels/cuda/linear/layer_ops)
+//   gates                          small GEMMs + one elementwise map each
+//   o = chunk kernel(q, k, v, …)   delta_fwd (deltanet, gdn) / channel_fwd (gla, kda, gdn2;
+//                                  linear = gla with a zero log-gate)
+//   y = (RMSNorm_h(o) ⊙ SiLU(x W_gᵀ)) W_oᵀ   norm × gate fused
+// Routing: clvr publishes ṽ from the qkv pass; cler/cler_h publish the write residual
+// r_t = z_t − S_{t−1}(a_t ⊙ e_t) through a second readout of the same recurrence with the
+// query shifted by one token (layer_ops.hpp), and its gradient through a second backward.
+// Parameter gradients are accumulated by GEMMs (beta = 1) and deterministic column sums.
+// Everything runs on the backend's stream; activations live in the step's arena.
+#ifdef LAR_HAVE_CUDA
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/error.hpp"
+#include "kernels/cuda/cuda_backend.hpp"
+#include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/linear/layer_ops.hpp"
+#include "kernels/cuda/linear/linear_attention.hpp"
+#include "trainer/mixers/linear_layer.hpp"
+
+namespace lar::trainer::mixers {
+
+namespace {
+
+namespace lk = lar::kernels::cpu::linear;
+namespace cl = lar::kernels::cuda::linear;
+using bf16 = __nv_bfloat16;
+using kernels::DType;
+using kernels::Tensor;
+
+constexpr float kNormEps = 1e-5f;  // output RMSNorm, as on the CPU
+
+// A bf16 buffer of n elements carved from the arena (which only knows f32/f64/i32).
+struct Bf {
+  Tensor t;
+  bf16* p = nullptr;
+};
+Bf bf_alloc(kernels::Arena& ar, int64_t n) {
+  Bf b;
+  b.t = ar.alloc(DType::f32, {(n + 1) / 2});
+  b.p = static_cast<bf16*>(b.t.data);
+  return b;
+}
+float* fptr(const Tensor& t) { return t.empty() ? nullptr : t.ptr<float>(); }
+
+class CudaLinearImpl final : public CudaLinear {
+ public:
+  CudaLinearImpl(const Dims& d, const Slots& s, const std::vector<Tensor>& p, const std::vector<Tensor>& g)
+      : d_(d), s_(s), P_(p), G_(g) {
+    // The fused QKV GEMM needs wq, wk, wv adjacent (ParamStore declares them in order).
+    const auto* q = static_cast<const char*>(P_[s_.wq].data);
+    const auto* k = static_cast<const char*>(P_[s_.wk].data);
+    const auto* v = static_cast<const char*>(P_[s_.wv].data);
+    const auto* gq = static_cast<const char*>(G_[s_.wq].data);
+    const auto* gk = static_cast<const char*>(G_[s_.wk].data);
+    const auto* gv = static_cast<const char*>(G_[s_.wv].data);
+    if (k != q + P_[s_.wq].bytes() || v != k + P_[s_.wk].bytes() || gk != gq + G_[s_.wq].bytes() ||
+        gv != gk + G_[s_.wk].bytes())
+      throw RuntimeError("linear mixer (cuda): wq, wk, wv are not adjacent in the parameter buffer");
+    ldp_ = 2 * d_.Cq + d_.Cv;
+    Wqkv_ = Tensor(P_[s_.wq].data, DType::f32, {ldp_, d_.d});
+    Gqkv_ = Tensor(G_[s_.wq].data, DType::f32, {ldp_, d_.d});
+  }
+
+  void forward(ForwardContext& ctx, const Tensor& x, const Tensor& y, Routing& route) override {
+    auto& be = ctx.be;
+    auto& ar = ctx.arena;
+    auto* cb = dynamic_cast<kernels::cuda::CudaBackend*>(&be);
+    if (!cb) throw RuntimeError("linear mixer (cuda): backend " + be.name() + " is not the CUDA backend");
+    cudaStream_t st = cb->stream();
+    const int64_t B = x.size(0), T = x.size(1), N = B * T;
+    B_ = B, T_ = T;
+    X_ = x.view({N, d_.d});
+    const lk::Mixer m = d_.mixer;
+    // projections
+    P = ar.alloc(DType::f32, {N, ldp_});
+    be.gemm(X_, false, Wqkv_, true, P);
+    gates_forward(be, ar, st, N);
+    // q, k, v (+ cler's routed input, clvr's published value)
+    rin_ = Tensor();
+    if (d_.route == Dims::Route::cler && !route.in.empty()) {
+      if (route.in.numel() != N * d_.Cv)
+        throw RuntimeError("linear mixer (cuda): routing input " + route.in.shape_str() + " does not match [B,T," +
+                           std::to_string(d_.Cv) + "]");
+      rin_ = route.in;
+    }
+    q_ = bf_alloc(ar, N * d_.Cq);
+    k_ = bf_alloc(ar, N * d_.Cq);
+    v_ = bf_alloc(ar, N * d_.Cv);
+    route.out = Tensor();
+    Tensor vout;
+    if (d_.route == Dims::Route::clvr) vout = ar.alloc(DType::f32, {B, T, d_.Cv});
+    {
+      cl::LayerTimer tm("linear: conv+silu+l2 (fwd)", st);
+      cl::qkv_forward(qkv_args(), q_.p, k_.p, v_.p, fptr(vout), st);
+    }
+    // the recurrence
+    o_ = bf_alloc(ar, N * d_.Cv);
+    bound_ = ar.alloc(DType::f32, {(int64_t)(cl::delta_boundary_bytes(shape()) + 3) / 4});
+    {
+      cl::LayerTimer tm(m == lk::Mixer::gdn || m == lk::Mixer::deltanet ? "linear: delta_fwd" : "linear: channel_fwd",
+                        st);
+      kernel_fwd(q_.p, o_.p, bound_bf(), st);
+    }
+    // routing: publish ṽ (clvr) or the write residual (cler, cler_h)
+    if (d_.route == Dims::Route::clvr) route.out = vout;
+    if (d_.route == Dims::Route::cler || d_.route == Dims::Route::cler_h) {
+      cl::LayerTimer tm("linear: routing readout (fwd)", st);
+      qr_ = bf_alloc(ar, N * d_.Cq);
+      cl::route_query(route_args(), qr_.p, st);
+      Bf o2 = bf_alloc(ar, N * d_.Cv);
+      kernel_fwd(qr_.p, o2.p, nullptr, st);
+      route.out = ar.alloc(DType::f32, {B, T, d_.Cv});
+      cl::route_residual(route_args(), o2.p, route.out.ptr<float>(), st);
+    }
+    // output: RMSNorm_h(o) ⊙ SiLU(x W_gᵀ) → W_o
+    og_ = ar.alloc(DType::f32, {N, d_.Cv});
+    be.gemm(X_, false, P_[s_.wgate], true, og_);
+    ypre_ = ar.alloc(DType::f32, {N, d_.Cv});
+    rstd_ = ar.alloc(DType::f32, {N * d_.H});
+    {
+      cl::LayerTimer tm("linear: out norm+gate (fwd)", st);
+      cl::out_gate_forward(N * d_.H, o_.p, og_.ptr<float>(), P_[s_.onorm].ptr<float>(), kNormEps, ypre_.ptr<float>(),
+                           rstd_.ptr<float>(), st);
+    }
+    be.gemm(ypre_, false, P_[s_.wo], true, y.view({N, d_.d}));
+  }
+
+  void backward(ForwardContext& ctx, const Tensor& dy, const Tensor& dx, Routing& route) override {
+    auto& be = ctx.be;
+    auto& ar = ctx.arena;
+    auto* cb = dynamic_cast<kernels::cuda::CudaBackend*>(&be);
+    if (!cb) throw RuntimeError("linear mixer (cuda): backend " + be.name() + " is not the CUDA backend");
+    cudaStream_t st = cb->stream();
+    const int64_t N = B_ * T_;
+    const lk::Mixer m = d_.mixer;
+    const Tensor dY = dy.view({N, d_.d});
+    const Tensor dX = dx.view({N, d_.d});
+    auto mark = ar.mark();
+    // y = ypre W_oᵀ
+    be.gemm(dY, true, ypre_, false, G_[s_.wo], 1.0, 1.0);
+    Tensor dypre = ar.alloc(DType::f32, {N, d_.Cv});
+    be.gemm(dY, false, P_[s_.wo], false, dypre);
+    // norm × gate
+    Bf dO = bf_alloc(ar, N * d_.Cv);
+    Tensor dog = ar.alloc(DType::f32, {N, d_.Cv});
+    {
+      cl::LayerTimer tm("linear: out norm+gate (bwd)", st);
+      Tensor terms = ar.alloc(DType::f32, {N * d_.H, 64});
+      Tensor scratch = ar.alloc(DType::f32, {(int64_t)cl::colsum_scratch_floats(N * d_.H, 64)});
+      cl::out_gate_backward(N * d_.H, o_.p, og_.ptr<float>(), P_[s_.onorm].ptr<float>(), rstd_.ptr<float>(),
+                            dypre.ptr<float>(), dO.p, dog.ptr<float>(), terms.ptr<float>(), st);
+      cl::colsum_accumulate(terms.ptr<float>(), N * d_.H, 64, 64, 1, G_[s_.onorm].ptr<float>(), scratch.ptr<float>(),
+                            st);
+    }
+    be.gemm(dog, true, X_, false, G_[s_.wgate], 1.0, 1.0);
+    be.gemm(dog, false, P_[s_.wgate], false, dX, 1.0, 0.0);  // dx overwritten
+    // the recurrence
+    Grads g = grads_alloc(ar, N);
+    {
+      cl::LayerTimer tm(m == lk::Mixer::gdn || m == lk::Mixer::deltanet ? "linear: delta_bwd" : "linear: channel_bwd",
+                        st);
+      kernel_bwd(q_.p, dO.p, g, st);
+    }
+    // routing: the gradient on the published side channel
+    const bool has_dout = d_.route != Dims::Route::none && !route.d_out.empty();
+    if (has_dout && route.d_out.numel() != N * d_.Cv)
+      throw RuntimeError("linear mixer (cuda): routing gradient " + route.d_out.shape_str() +
+                         " does not match the side channel");
+    Tensor ek, ev, eb, ew;
+    if (has_dout && (d_.route == Dims::Route::cler || d_.route == Dims::Route::cler_h)) {
+      cl::LayerTimer tm("linear: routing readout (bwd)", st);
+      Bf do2 = bf_alloc(ar, N * d_.Cv);
+      cl::route_readout_grad(route_args(), route.d_out.ptr<float>(), do2.p, st);
+      Grads g2 = grads_alloc(ar, N);
+      kernel_bwd(qr_.p, do2.p, g2, st);
+      ek = ar.alloc(DType::f32, {N, d_.Cq});
+      ev = ar.alloc(DType::f32, {N, d_.Cv});
+      cl::RouteGrads rg;
+      rg.dr = route.d_out.ptr<float>();
+      rg.qr = qr_.p;
+      rg.dqr = g2.dq.p;
+      rg.dk2 = g2.dk.p;
+      rg.dv2 = g2.dv.p;
+      rg.ek = ek.ptr<float>();
+      rg.ev = ev.ptr<float>();
+      if (!g_.empty() && m != lk::Mixer::linear) {
+        rg.dg = fptr(g.dg);
+        rg.dg2 = fptr(g2.dg);
+      }
+      if (!beta_.empty()) {
+        rg.dbeta = fptr(g.dbeta);
+        rg.dbeta2 = fptr(g2.dbeta);
+      }
+      if (m == lk::Mixer::gdn2) {
+        eb = ar.alloc(DType::f32, {N, d_.Cq});
+        ew = ar.alloc(DType::f32, {N, d_.Cv});
+        rg.db2 = g2.db.p;
+        rg.dw2 = g2.dw.p;
+        rg.eb = eb.ptr<float>();
+        rg.ew = ew.ptr<float>();
+      }
+      cl::route_backward(route_args(), rg, st);
+    }
+    gates_backward(be, ar, st, N, g, eb, ew, dX);
+    // conv + SiLU + L2 backward in one pass, then the fused projection
+    Tensor dP = ar.alloc(DType::f32, {N, ldp_});
+    {
+      cl::LayerTimer tm("linear: conv+silu+l2 (bwd)", st);
+      cl::QkvGrads qg;
+      qg.dq = g.dq.p;
+      qg.dk = g.dk.p;
+      qg.dv = g.dv.p;
+      qg.ek = fptr(ek);
+      qg.ev = fptr(ev);
+      if (has_dout && d_.route == Dims::Route::clvr) qg.dvout = route.d_out.ptr<float>();
+      Tensor dgam;
+      if (!rin_.empty()) {
+        dgam = ar.alloc(DType::f32, {N, d_.Cv});
+        qg.dgam_terms = dgam.ptr<float>();
+        qg.d_in = fptr(route.d_in);
+      }
+      const cl::QkvArgs qa = qkv_args();
+      Tensor scratch = ar.alloc(DType::f32, {(int64_t)cl::qkv_backward_scratch_floats(qa)});
+      cl::qkv_backward(qa, qg, dP.ptr<float>(), d_.conv ? G_[s_.cq].ptr<float>() : nullptr,
+                       d_.conv ? G_[s_.ck].ptr<float>() : nullptr, d_.conv ? G_[s_.cv].ptr<float>() : nullptr,
+                       scratch.ptr<float>(), st);
+      if (!rin_.empty()) {
+        Tensor cs = ar.alloc(DType::f32, {(int64_t)cl::colsum_scratch_floats(N, d_.Cv)});
+        cl::colsum_accumulate(dgam.ptr<float>(), N, d_.Cv, d_.Cv, d_.Cv, G_[s_.gamma].ptr<float>(), cs.ptr<float>(),
+                              st);
+      }
+    }
+    be.gemm(dP, true, X_, false, Gqkv_, 1.0, 1.0);
+    be.gemm(dP, false, Wqkv_, false, dX, 1.0, 1.0);
+    ar.release(mark);
+  }
+
+ private:
+  // Kernel-side gradients of one backward call.
+  struct Grads {
+    Bf dq, dk, dv, db, dw;
+    Tensor dg, dbeta;
+  };
+
+  cl::DeltaShape shape() const {
+    cl::DeltaShape s;
+    s.B = B_;
+    s.T = T_;
+    s.H = d_.H;
+    s.dk = d_.dk;
+    s.dv = d_.dv;
+    s.scale = 1.0 / std::sqrt((double)d_.dk);
+    return s;
+  }
+  bf16* bound_bf() const { return static_cast<bf16*>(bound_.data); }
+  bool delta_kernel() const { return d_.mixer == lk::Mixer::gdn || d_.mixer == lk::Mixer::deltanet; }
+  cl::ChannelMixer channel_kind() const {
+    if (d_.mixer == lk::Mixer::kda) return cl::ChannelMixer::kda;
+    if (d_.mixer == lk::Mixer::gdn2) return cl::ChannelMixer::gdn2;
+    return cl::ChannelMixer::gla;  // gla, and linear with g = 0
+  }
+  cl::ChannelInputs channel_inputs(const bf16* q) const {
+    cl::ChannelInputs in;
+    in.q = q;
+    in.k = k_.p;
+    in.v = v_.p;
+    in.g = fptr(g_);
+    in.beta = fptr(beta_);
+    in.b = b_.p;
+    in.w = w_.p;
+    return in;
+  }
+
+  void kernel_fwd(const bf16* q, bf16* o, bf16* bound, cudaStream_t st) {
+    if (delta_kernel())
+      cl::delta_fwd(shape(), q, k_.p, v_.p, fptr(g_), fptr(beta_), nullptr, o, nullptr, bound, st);
+    else
+      cl::channel_fwd(channel_kind(), shape(), channel_inputs(q), o, nullptr, bound, st);
+  }
+
+  Grads grads_alloc(kernels::Arena& ar, int64_t N) {
+    Grads g;
+    g.dq = bf_alloc(ar, N * d_.Cq);
+    g.dk = bf_alloc(ar, N * d_.Cq);
+    g.dv = bf_alloc(ar, N * d_.Cv);
+    if (!g_.empty()) g.dg = ar.alloc(DType::f32, g_.shape());
+    if (!beta_.empty()) g.dbeta = ar.alloc(DType::f32, beta_.shape());
+    if (d_.mixer == lk::Mixer::gdn2) {
+      g.db = bf_alloc(ar, N * d_.Cq);
+      g.dw = bf_alloc(ar, N * d_.Cv);
+    }
+    return g;
+  }
+
+  void kernel_bwd(const bf16* q, const bf16* dO, Grads& g, cudaStream_t st) {
+    if (delta_kernel()) {
+      cl::delta_bwd(shape(), q, k_.p, v_.p, fptr(g_), fptr(beta_), bound_bf(), dO, nullptr, g.dq.p, g.dk.p, g.dv.p,
+                    fptr(g.dg), fptr(g.dbeta), nullptr, st);
+    } else {
+      cl::ChannelGrads cg;
+      cg.dq = g.dq.p;
+      cg.dk = g.dk.p;
+      cg.dv = g.dv.p;
+      cg.dg = fptr(g.dg);
+      cg.dbeta = fptr(g.dbeta);
+      cg.db = g.db.p;
+      cg.dw = g.dw.p;
+      cl::channel_bwd(channel_kind(), shape(), channel_inputs(q), bound_bf(), dO, nullptr, cg, st);
+    }
+  }
+
+  cl::QkvArgs qkv_args() const {
+    cl::QkvArgs a;
+    a.B = B_;
+    a.T = T_;
+    a.Cq = d_.Cq;
+    a.Cv = d_.Cv;
+    a.W = d_.conv ? d_.W : 0;
+    a.l2 = d_.l2;
+    a.P = P.ptr<float>();
+    a.ldp = ldp_;
+    if (d_.conv) {
+      a.wq = P_[s_.cq].ptr<float>();
+      a.wk = P_[s_.ck].ptr<float>();
+      a.wv = P_[s_.cv].ptr<float>();
+    }
+    if (!rin_.empty()) {
+      a.rin = rin_.ptr<float>();
+      a.gamma = P_[s_.gamma].ptr<float>();
+    }
+    return a;
+  }
+
+  cl::RouteArgs route_args() const {
+    cl::RouteArgs a;
+    a.B = B_;
+    a.T = T_;
+    a.H = d_.H;
+    a.k = k_.p;
+    a.v = v_.p;
+    a.g = fptr(g_);
+    a.g_channel = d_.mixer != lk::Mixer::gdn;
+    a.b = b_.p;
+    a.w = w_.p;
+    a.scale = static_cast<float>(1.0 / std::sqrt((double)d_.dk));
+    return a;
+  }
+
+  // Gate pre-activations (cached for the backward) and activated gates.
+  void gates_forward(kernels::Backend& be, kernels::Arena& ar, cudaStream_t st, int64_t N) {
+    const lk::Mixer m = d_.mixer;
+    g_ = beta_ = fg_ = h1_ = fbeta_ = fb_ = fw_ = Tensor();
+    b_ = w_ = Bf();
+    if (m == lk::Mixer::gdn) {
+      fg_ = ar.alloc(DType::f32, {N, d_.H});
+      be.gemm(X_, false, P_[s_.wa], true, fg_);
+      g_ = ar.alloc(DType::f32, {N, d_.H});
+      gate_fwd(gate_args(cl::GateMap::decay, fg_, s_.dt_bias, 1), g_.ptr<float>(), nullptr, st);
+    } else if (m == lk::Mixer::gla || m == lk::Mixer::kda || m == lk::Mixer::gdn2) {
+      h1_ = ar.alloc(DType::f32, {N, d_.rank});
+      fg_ = ar.alloc(DType::f32, {N, d_.Cq});
+      be.gemm(X_, false, P_[s_.g1], true, h1_);
+      be.gemm(h1_, false, P_[s_.g2], true, fg_);
+      g_ = ar.alloc(DType::f32, {N, d_.Cq});
+      if (m == lk::Mixer::gla)
+        gate_fwd(gate_args(cl::GateMap::logsig16, fg_, s_.gb, 1), g_.ptr<float>(), nullptr, st);
+      else
+        gate_fwd(gate_args(cl::GateMap::decay, fg_, s_.dt_bias, d_.dk), g_.ptr<float>(), nullptr, st);
+    } else if (m == lk::Mixer::linear) {
+      // the channel kernel as gla with a zero log-gate: S_t = S_{t−1} + v_t k_tᵀ
+      g_ = ar.zeros(DType::f32, {N, d_.Cq});
+    }
+    if (lk::uses_beta(m)) {
+      fbeta_ = ar.alloc(DType::f32, {N, d_.H});
+      be.gemm(X_, false, P_[s_.wbeta], true, fbeta_);
+      beta_ = ar.alloc(DType::f32, {N, d_.H});
+      gate_fwd(gate_args(cl::GateMap::sigmoid, fbeta_, -1, 1), beta_.ptr<float>(), nullptr, st);
+    }
+    if (m == lk::Mixer::gdn2) {
+      fb_ = ar.alloc(DType::f32, {N, d_.Cq});
+      fw_ = ar.alloc(DType::f32, {N, d_.Cv});
+      be.gemm(X_, false, P_[s_.werase], true, fb_);
+      be.gemm(X_, false, P_[s_.wwrite], true, fw_);
+      b_ = bf_alloc(ar, N * d_.Cq);
+      w_ = bf_alloc(ar, N * d_.Cv);
+      gate_fwd(gate_args(cl::GateMap::sigmoid, fb_, -1, 1), nullptr, b_.p, st);
+      gate_fwd(gate_args(cl::GateMap::sigmoid, fw_, -1, 1), nullptr, w_.p, st);
+    }
+  }
+
+  void gate_fwd(const cl::GateArgs& a, float* out, bf16* outb, cudaStream_t st) const {
+    cl::LayerTimer tm("linear: gate maps (fwd)", st);
+    cl::gate_forward(a, out, outb, st);
+  }
+  void gate_bwd(const cl::GateArgs& a, const float* dyf, const bf16* dyb, const float* extra, float* df, int64_t ldd,
+                float* aterm, cudaStream_t st) const {
+    cl::LayerTimer tm("linear: gate maps (bwd)", st);
+    cl::gate_backward(a, dyf, dyb, extra, df, ldd, aterm, st);
+  }
+
+  cl::GateArgs gate_args(cl::GateMap map, const Tensor& f, int bias_slot, int per_head) const {
+    cl::GateArgs a;
+    a.map = map;
+    a.N = f.size(0);
+    a.C = static_cast<int>(f.size(1));
+    a.f = f.ptr<float>();
+    a.ldf = f.size(1);
+    if (bias_slot >= 0) a.bias = P_[bias_slot].ptr<float>();
+    if (map == cl::GateMap::decay) a.A_log = P_[s_.A_log].ptr<float>();
+    a.per_head = per_head;
+    return a;
+  }
+
+  // f = x Wᵀ (W [C, d]): dW += dfᵀ x, dx += df W.
+  void proj_bwd(kernels::Backend& be, const Tensor& df, int slot, const Tensor& dX) {
+    be.gemm(df, true, X_, false, G_[slot], 1.0, 1.0);
+    be.gemm(df, false, P_[slot], false, dX, 1.0, 1.0);
+  }
+
+  void gates_backward(kernels::Backend& be, kernels::Arena& ar, cudaStream_t st, int64_t N, const Grads& g,
+                      const Tensor& eb, const Tensor& ew, const Tensor& dX) {
+    const lk::Mixer m = d_.mixer;
+    auto colsum = [&](const Tensor& M, int group, int slot) {
+      Tensor scratch = ar.alloc(DType::f32, {(int64_t)cl::colsum_scratch_floats(M.size(0), (int)M.size(1))});
+      cl::LayerTimer tm("linear: gate maps (bwd)", st);
+      cl::colsum_accumulate(M.ptr<float>(), M.size(0), (int)M.size(1), M.size(1), group, G_[slot].ptr<float>(),
+                            scratch.ptr<float>(), st);
+    };
+    if (!fg_.empty()) {
+      Tensor df = ar.alloc(DType::f32, fg_.shape());
+      if (m == lk::Mixer::gla) {
+        gate_bwd(gate_args(cl::GateMap::logsig16, fg_, s_.gb, 1), g.dg.ptr<float>(), nullptr, nullptr,
+                          df.ptr<float>(), df.size(1), nullptr, st);
+        colsum(df, 1, s_.gb);
+      } else {
+        const int per_head = m == lk::Mixer::gdn ? 1 : d_.dk;
+        Tensor aterm = ar.alloc(DType::f32, fg_.shape());
+        gate_bwd(gate_args(cl::GateMap::decay, fg_, s_.dt_bias, per_head), g.dg.ptr<float>(), nullptr,
+                          nullptr, df.ptr<float>(), df.size(1), aterm.ptr<float>(), st);
+        colsum(df, 1, s_.dt_bias);
+        colsum(aterm, per_head, s_.A_log);
+      }
+      if (m == lk::Mixer::gdn) {
+        proj_bwd(be, df, s_.wa, dX);
+      } else {  // f = (x W₁ᵀ) W₂ᵀ
+        be.gemm(df, true, h1_, false, G_[s_.g2], 1.0, 1.0);
+        Tensor dh1 = ar.alloc(DType::f32, {N, d_.rank});
+        be.gemm(df, false, P_[s_.g2], false, dh1);
+        proj_bwd(be, dh1, s_.g1, dX);
+      }
+    }
+    if (!fbeta_.empty()) {
+      Tensor df = ar.alloc(DType::f32, {N, d_.H});
+      gate_bwd(gate_args(cl::GateMap::sigmoid, fbeta_, -1, 1), g.dbeta.ptr<float>(), nullptr, nullptr,
+                        df.ptr<float>(), d_.H, nullptr, st);
+      proj_bwd(be, df, s_.wbeta, dX);
+    }
+    if (!fb_.empty()) {
+      Tensor dfb = ar.alloc(DType::f32, {N, d_.Cq});
+      Tensor dfw = ar.alloc(DType::f32, {N, d_.Cv});
+      gate_bwd(gate_args(cl::GateMap::sigmoid, fb_, -1, 1), nullptr, g.db.p, fptr(eb), dfb.ptr<float>(),
+                        d_.Cq, nullptr, st);
+      gate_bwd(gate_args(cl::GateMap::sigmoid, fw_, -1, 1), nullptr, g.dw.p, fptr(ew), dfw.ptr<float>(),
+                        d_.Cv, nullptr, st);
+      proj_bwd(be, dfb, s_.werase, dX);
+      proj_bwd(be, dfw, s_.wwrite, dX);
+    }
+  }
+  Dims d_;
+  Slots s_;
+  std::vector<Tensor> P_, G_;
+  int64_t ldp_ = 0;
+  Tensor Wqkv_, Gqkv_;
+  // this step's cache (arena tensors, valid until the next forward)
+  int64_t B_ = 0, T_ = 0;
+  Tensor X_, P, rin_, bound_, og_, ypre_, rstd_;
+  Tensor g_, beta_, fg_, h1_, fbeta_, fb_, fw_;
+  Bf q_, k_, v_, o_, b_, w_, qr_;
+};
+
+}  // namespace
+
+std::unique_ptr<CudaLinear> make_cuda_linear(const Dims& d, const Slots& s, const std::vector<Tensor>& params,
+                                             const std::vector<Tensor>& grads) {
+  return std::make_unique<CudaLinearImpl>(d, s, params, grads);
+}
+
+}  // namespace lar::trainer::mixers
+#endif  // LAR_HAVE_CUDA
