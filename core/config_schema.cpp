@@ -101,6 +101,7 @@ SchemaNode build_schema() {
       {"path", string("", "lm: folder of prepared shards; '' = the embedded corpus (<data root>/brown)")},
       {"seq_len", integer(128, "tokens per sequence")},
       {"batch_size", integer(8, "sequences per step")},
+      {"micro_batches", integer(1, "gradient accumulation: the batch (per rank) runs as this many equal micro-batches")},
       {"num_kv_pairs", integer(8, "mqar / sko: key-value pairs per sequence")},
       {"needle", choice({"passkey", "number", "uuid"}, "passkey", "sniah: kind of needle")},
       {"num_needles", integer(4, "mkniah: needles per haystack")},

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <chrono>
 #include <ctime>
 #include <filesystem>
@@ -245,10 +246,24 @@ std::string render_array_script(const std::string& experiment, const std::string
   if (!o.partition.empty()) s << "#SBATCH --partition=" << o.partition << "\n";
   if (!o.time.empty()) s << "#SBATCH --time=" << o.time << "\n";
   if (o.gpus_per_job > 0) s << "#SBATCH --gres=gpu:" << o.gpus_per_job << "\n";
+  if (o.nproc > 1) {
+    // Data parallel (docs/distributed.md): one task per GPU, anywhere in the allocation.
+    s << "#SBATCH --ntasks=" << o.nproc << "\n";
+    if (o.gpus_per_job <= 0) s << "#SBATCH --gpus-per-task=1\n";
+  }
   if (o.cpus_per_task > 0) s << "#SBATCH --cpus-per-task=" << o.cpus_per_task << "\n";
   if (!o.mem.empty()) s << "#SBATCH --mem=" << o.mem << "\n";
   if (!o.dependency.empty()) s << "#SBATCH --dependency=" << o.dependency << "\n";
   for (const auto& a : o.sbatch_args) s << "#SBATCH " << a << "\n";
+  if (o.nproc > 1) {
+    // slurm-task runs the trainer through srun: ranks from SLURM_PROCID/SLURM_NTASKS, the
+    // GPU from SLURM_LOCALID, USR2/TERM forwarded to every rank by srun. A dead rank makes
+    // the others fail within LAR_DIST_TIMEOUT with the cause recorded (no --kill-on-bad-exit:
+    // they must live to record it). NVLink multicast stays off.
+    s << "export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1\n"
+      << "export LAR_TRAINER_CMD=\"$(command -v srun) --ntasks=" << o.nproc
+      << " --gpus-per-task=1 --cpu-bind=none " << o.lar_binary << " train\"\n";
+  }
   s << "exec " << o.lar_binary << " slurm-task --manifest " << manifest << " --offset " << offset
     << " --max-timeout-requeues " << o.max_timeout_requeues << "\n";
   return s.str();
@@ -285,6 +300,15 @@ std::string render_then_script(const std::string& experiment, const std::string&
 SlurmExecutor::SlurmExecutor(std::string experiment, SlurmOptions opts)
     : experiment_(std::move(experiment)), opts_(std::move(opts)) {
   if (opts_.lar_binary.empty()) opts_.lar_binary = this_executable();
+  if (opts_.nproc == 0)
+    if (const char* n = std::getenv("LAR_SLURM_NPROC"); n && *n) {
+      try {
+        opts_.nproc = std::stoi(n);
+      } catch (...) {
+        throw UserError(std::string("LAR_SLURM_NPROC='") + n + "': expected a number of ranks per run");
+      }
+      if (opts_.nproc < 1) throw UserError(std::string("LAR_SLURM_NPROC='") + n + "': at least 1");
+    }
 }
 
 void SlurmExecutor::submit(const std::vector<Job>& jobs) {

@@ -47,6 +47,8 @@ struct SlurmOptions {
   std::string partition;             // --partition (empty: the cluster's default)
   std::string time;                  // --time, e.g. "04:00:00" (empty: partition default)
   int gpus_per_job = 0;              // --gres=gpu:G
+  int nproc = 0;                     // > 1: data-parallel ranks per run, one srun task per GPU
+                                     // (docs/distributed.md); 0: LAR_SLURM_NPROC, else 1
   int cpus_per_task = 0;             // --cpus-per-task (0: Slurm's default)
   std::string mem;                   // --mem (empty: default)
   int array_throttle = 0;            // %K (0: no throttle)

@@ -10,8 +10,10 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
-#include <map>
+#include <cstdlib>
 #include <fstream>
+#include <map>
+#include <optional>
 #include <iostream>
 
 #include "core/config_schema.hpp"
@@ -42,6 +44,37 @@ long total_steps(const json& config) {
     return std::max(1L, static_cast<long>(std::ceil(tokens / per_step)));
   }
   return config.at("budget").at("steps").get<long>();
+}
+
+data::Batch slice_batch(const data::Batch& b, int part, int parts) {
+  if (parts < 1 || part < 0 || part >= parts || b.batch % parts != 0)
+    throw RuntimeError("slice_batch: part " + std::to_string(part) + " of " + std::to_string(parts) +
+                       " of a batch of " + std::to_string(b.batch));
+  if (parts == 1) return b;
+  const int rows = b.batch / parts;
+  const std::size_t n = static_cast<std::size_t>(rows) * b.seq_len, from = n * part;
+  auto cut = [&](const auto& v) {
+    using V = std::decay_t<decltype(v)>;
+    return v.empty() ? V{} : V(v.begin() + from, v.begin() + from + n);
+  };
+  data::Batch s;
+  s.batch = rows;
+  s.seq_len = b.seq_len;
+  s.inputs = cut(b.inputs);
+  s.targets = cut(b.targets);
+  s.loss_mask = cut(b.loss_mask);
+  s.answer_id = cut(b.answer_id);
+  s.answer_kind = b.answer_kind;
+  return s;
+}
+
+void check_batch_split(const json& config, int world) {
+  const long B = config.at("data").at("batch_size").get<long>();
+  const long micro = config.at("data").value("micro_batches", 1L);
+  if (micro < 1) throw UserError("data.micro_batches: " + std::to_string(micro) + " must be at least 1");
+  if (world < 1 || B % (world * micro) != 0)
+    throw UserError("data.batch_size " + std::to_string(B) + " does not split into " + std::to_string(world) +
+                    " rank(s) × data.micro_batches " + std::to_string(micro) + " equal micro-batches");
 }
 
 // Token mixers with CUDA kernels today. The linear mixers' CUDA kernels are issue 8;
@@ -79,6 +112,7 @@ json prepare_config(const json& raw) {
                       "' mixer yet (the CUDA backend runs softmax models; the linear mixers' GPU kernels are "
                       "not in this build): use backend: cpu (or auto, which picks the CPU for this model)");
   }
+  check_batch_split(cfg, 1);
   // These constructors check their sections and throw UserError naming the key.
   (void)optim::OptimizerConfig::from_json(cfg);
   (void)optim::Schedule::from_json(cfg, total_steps(cfg));
@@ -240,15 +274,37 @@ EvalResult evaluate(Model& model, data::Dataset& ds, int batches, int seq_len) {
   return r;
 }
 
+double mask_sum(const data::Batch& b) {
+  double m = 0;
+  for (float x : b.loss_mask) m += x;
+  return m;
+}
+
+// Seconds from the environment (docs/distributed.md), or the default.
+double env_seconds(const char* name, double fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  try {
+    return std::stod(v);
+  } catch (...) {
+    throw UserError(std::string(name) + "=" + v + ": not a number of seconds");
+  }
+}
+
 class Trainer {
  public:
   Trainer(const fs::path& dir, const TrainOptions& opts) : rd_(dir), opts_(opts) {}
+  ~Trainer();
   int run();
 
  private:
   void log(const std::string& line);
   void save(long step);
   void finish_status(RunState state, const std::string& reason);
+  void record_failure(const std::string& what);
+  double train_step(const data::Batch& global, bool stop_here, bool* stop_all);
+  void on_grads_ready(const std::vector<int>& params);
+  void flush_bucket();
 
   RunDir rd_;
   TrainOptions opts_;
@@ -266,14 +322,133 @@ class Trainer {
   std::chrono::steady_clock::time_point t_start_;
   double compute_seconds_ = 0;  // time inside training steps (this attempt)
   long steps_this_attempt_ = 0;
+  // Data parallelism: this process is rank_ of world_; each step's global batch splits
+  // into world_·micro_ micro-batches, micro_ of them run here one after another.
+  std::unique_ptr<DataParallel> dp_;
+  int rank_ = 0, world_ = 1, micro_ = 1;
+  void* acc_ = nullptr;        // micro_ > 1: the weighted gradient sum of the micro-batches
+  double weight_ = 1;          // this micro-batch's loss tokens / the global batch's
+  int64_t bucket_lo_ = -1, bucket_hi_ = -1;  // gradients ready but not yet being summed
+  int64_t bucket_elems_ = 0;   // start a sum once this many are ready
+  std::vector<char> reported_;  // per parameter: its gradients were reported final this step
+  bool primary() const { return rank_ == 0; }  // writes the run directory
 };
 
+Trainer::~Trainer() {
+  if (acc_) be_->free_bytes(acc_);
+}
+
 void Trainer::log(const std::string& line) {
+  if (!primary()) return;
   log_ << line << "\n";
   log_.flush();
 }
 
+// Backward has made the gradients of `params` final (Model::set_grads_ready_hook): weight
+// them by this rank's share of the loss tokens and queue their sum over the ranks. Blocks
+// are adjacent in the flat buffer and become ready from the end of it down, so ready
+// ranges join into buckets of at least bucket_elems_ before an all-reduce starts.
+void Trainer::on_grads_ready(const std::vector<int>& params) {
+  const auto& table = model_->params().table();
+  const kernels::Tensor G = model_->params().grads();
+  const std::size_t esz = kernels::dtype_size(G.dtype);
+  int64_t lo = INT64_MAX, hi = -1, n = 0;
+  for (int i : params) {
+    lo = std::min(lo, table[i].offset);
+    hi = std::max(hi, table[i].offset + table[i].numel);
+    n += table[i].numel;
+  }
+  if (params.empty()) return;
+  for (int i : params) reported_[i] = 1;
+  auto view = [&](int64_t a, int64_t b) {
+    return kernels::Tensor(static_cast<char*>(G.data) + a * esz, G.dtype, {b - a});
+  };
+  if (n != hi - lo) {  // not one contiguous range: each parameter on its own
+    flush_bucket();
+    for (int i : params) {
+      if (weight_ != 1.0) be_->scale(view(table[i].offset, table[i].offset + table[i].numel), weight_);
+      dp_->reduce_async(G, table[i].offset, table[i].numel);
+    }
+    return;
+  }
+  if (weight_ != 1.0) be_->scale(view(lo, hi), weight_);
+  if (bucket_hi_ >= 0 && hi == bucket_lo_) {
+    bucket_lo_ = lo;
+  } else {
+    flush_bucket();
+    bucket_lo_ = lo;
+    bucket_hi_ = hi;
+  }
+  if (bucket_hi_ - bucket_lo_ >= bucket_elems_) flush_bucket();
+}
+
+void Trainer::flush_bucket() {
+  if (bucket_hi_ < 0) return;
+  dp_->reduce_async(model_->params().grads(), bucket_lo_, bucket_hi_ - bucket_lo_);
+  bucket_lo_ = bucket_hi_ = -1;
+}
+
+// Forward and backward of this rank's share of one global batch; the gradients end up as
+// those of the global batch's mean loss (the same on every rank). Returns that loss;
+// *stop_all is true when any rank asked to stop (stop_here on some rank).
+//   one process, micro_ = 1: the batch as is.
+//   micro_ > 1: micro-batch i's gradients g_i weighted by w_i = (its loss tokens)/(the
+//     global batch's) and summed in order, acc = w_0·g_0 + w_1·g_1 + … — with 2 ranks and
+//     micro_ = 1 NCCL's ring computes w_0·g_0 + w_1·g_1 too, so 1 GPU × 2 micro-batches
+//     gives the bits of 2 GPUs in deterministic mode (w = 1/2 scales exactly).
+//   data parallel, micro_ = 1: each block's gradients are weighted and their all-reduce
+//     starts while backward goes on (on_grads_ready).
+double Trainer::train_step(const data::Batch& global, bool stop_here, bool* stop_all) {
+  const int parts = world_ * micro_;
+  const double M = parts > 1 ? mask_sum(global) : 0.0;
+  const kernels::Tensor G = model_->params().grads();
+  double loss_part = 0, loss = 0;
+  model_->params().zero_grads();
+  reported_.assign(model_->params().table().size(), 0);
+  for (int i = 0; i < micro_; ++i) {
+    data::Batch mb = parts > 1 ? slice_batch(global, rank_ * micro_ + i, parts) : global;
+    weight_ = parts > 1 ? (M > 0 ? mask_sum(mb) / M : 0.0) : 1.0;
+    if (i > 0) model_->params().zero_grads();
+    StepResult r = model_->forward_backward(mb);
+    loss = r.loss;
+    loss_part += r.loss * r.mask_sum;
+    if (micro_ > 1) {
+      const kernels::Tensor acc(acc_, G.dtype, {G.numel()});
+      if (i == 0) {
+        be_->scale(G, weight_);
+        be_->copy(G, acc);
+      } else {
+        be_->axpy(weight_, G, acc);
+      }
+    }
+  }
+  if (micro_ > 1) be_->copy(kernels::Tensor(acc_, G.dtype, {G.numel()}), G);
+  *stop_all = stop_here;
+  if (!dp_) return parts > 1 ? (M > 0 ? loss_part / M : 0.0) : loss;
+  if (micro_ > 1) {
+    dp_->reduce_async(G, 0, G.numel());
+  } else {
+    // Whatever backward did not report (a model change that skipped the hook) is summed
+    // now, so a missed report costs overlap, never correctness.
+    std::vector<int> rest;
+    for (std::size_t i = 0; i < reported_.size(); ++i)
+      if (!reported_[i]) rest.push_back(static_cast<int>(i));
+    on_grads_ready(rest);
+    flush_bucket();
+  }
+  dp_->wait_reduced();
+  const std::vector<double> s = dp_->sum({loss_part, stop_here ? 1.0 : 0.0});
+  *stop_all = s[1] > 0;
+  return M > 0 ? s[0] / M : 0.0;
+}
+
 void Trainer::save(long step) {
+  if (!primary()) {
+    // Rank 0 writes the one checkpoint; wait for it with the long timeout (a multi-GB
+    // file may take longer than a collective is allowed to).
+    dp_->sum({0.0}, env_seconds("LAR_DIST_SAVE_TIMEOUT", 1800));
+    return;
+  }
   Checkpoint ck;
   ck.step = step;
   const auto& ps = model_->params();
@@ -287,14 +462,27 @@ void Trainer::save(long step) {
   }
   const double wall = wall_offset_ + std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start_).count();
   ck.state = {{"data", ds_->state()}, {"tokens", tokens_}, {"summary", summary_}, {"wall_time", wall},
-              {"config_hash", sha256_hex(canonical_dump(cfg_))}};
+              {"config_hash", sha256_hex(canonical_dump(cfg_))}, {"world_size", world_}};
   save_checkpoint(rd_.checkpoints_dir(), ck, cfg_.at("checkpoint").at("keep").get<int>());
   log("checkpoint step " + std::to_string(step));
+  if (dp_) dp_->sum({0.0}, env_seconds("LAR_DIST_SAVE_TIMEOUT", 1800));
 }
 
 void Trainer::finish_status(RunState state, const std::string& reason) {
+  if (!primary()) return;
   st_.summary = summary_;
   rd_.transition(st_, state, reason);
+}
+
+// Any rank may record a failure; the first cause recorded in this attempt stays (a peer
+// that times out after this rank died must not overwrite why it died).
+void Trainer::record_failure(const std::string& what) {
+  const std::string reason = world_ > 1 ? "rank " + std::to_string(rank_) + ": " + what : what;
+  auto cur = rd_.read_status();
+  if (world_ > 1 && cur && cur->state == RunState::failed && cur->attempt == st_.attempt) return;
+  RunStatus s = primary() || !cur ? st_ : *cur;
+  s.summary = summary_;
+  rd_.transition(s, RunState::failed, reason);
 }
 
 int Trainer::run() {
@@ -309,7 +497,15 @@ int Trainer::run() {
   kernels::Backend::Options bopts;
   bopts.deterministic = cfg_.at("deterministic").get<bool>();
   bopts.precision = cfg_.value("precision", std::string("auto"));
-  be_ = kernels::make_backend(resolve_train_backend(cfg_), cfg_.at("threads").get<int>(), kernels::DType::f32, bopts);
+  if (opts_.make_backend) {
+    if (resolve_train_backend(cfg_) != "cuda")
+      throw UserError("data-parallel training runs on the cuda backend; this config trains on '" +
+                      resolve_train_backend(cfg_) + "' (backend: " + cfg_.at("backend").get<std::string>() + ")");
+    be_ = opts_.make_backend(cfg_);
+    be_->set_options(bopts);
+  } else {
+    be_ = kernels::make_backend(resolve_train_backend(cfg_), cfg_.at("threads").get<int>(), kernels::DType::f32, bopts);
+  }
   model_ = std::make_unique<Model>(cfg_, *be_);
   model_->init(static_cast<uint64_t>(cfg_.at("seed").get<int64_t>()));
   ds_ = data::make_dataset(cfg_);
@@ -325,15 +521,35 @@ int Trainer::run() {
   const optim::Schedule sched = optim::Schedule::from_json(cfg_, total);
   const auto stable_end = sched.stable_end_step();
   const int B = cfg_.at("data").at("batch_size").get<int>(), T = cfg_.at("data").at("seq_len").get<int>();
+  micro_ = cfg_.at("data").value("micro_batches", 1);
+  st_ = old.value_or(RunStatus{});
+  st_.attempt += 1;
+  if (opts_.make_data_parallel) {
+    // Every rank starts here; NCCL's communicator forms once all of them arrive.
+    try {
+      dp_ = opts_.make_data_parallel(*be_, cfg_, rd_.root());
+    } catch (const RuntimeError& e) {
+      record_failure(e.what());
+      throw;
+    }
+    rank_ = dp_->rank();
+    world_ = dp_->world();
+    check_batch_split(cfg_, world_);
+    const double mb = env_seconds("LAR_DIST_BUCKET_MB", 25);
+    bucket_elems_ = std::max<int64_t>(1, static_cast<int64_t>(mb * 1048576 / 4));
+    if (micro_ == 1 && world_ > 1)
+      model_->set_grads_ready_hook([this](const std::vector<int>& p) { on_grads_ready(p); });
+  }
+  if (micro_ > 1) acc_ = be_->alloc_bytes(model_->params().grads().bytes());
   const int log_every = cfg_.at("log").at("every").get<int>();
   const int eval_every = cfg_.at("eval").at("every").get<int>();
   const int eval_batches = cfg_.at("eval").at("batches").get<int>();
   const int ckpt_every = cfg_.at("checkpoint").at("every").get<int>();
 
-  fs::create_directories(rd_.checkpoints_dir());
-  log_.open(rd_.log_path(), std::ios::app);
-  st_ = old.value_or(RunStatus{});
-  st_.attempt += 1;
+  if (primary()) {
+    fs::create_directories(rd_.checkpoints_dir());
+    log_.open(rd_.log_path(), std::ios::app);
+  }
   st_.total_steps = total;
   st_.started_at = unix_now();
   st_.host = hostname();
@@ -360,17 +576,29 @@ int Trainer::run() {
     wall_offset_ = ck->state.at("wall_time").get<double>();
     step = ck->step;
     log("resumed from checkpoint step " + std::to_string(step) + " (attempt " + std::to_string(st_.attempt) + ")");
+    // The optimiser state is whole on every rank and the global batch does not depend on
+    // the number of ranks, so a run resumes on any world size.
+    const int ck_world = ck->state.value("world_size", 1);
+    if (ck_world != world_)
+      log("world size " + std::to_string(world_) + " (the checkpoint was written by " + std::to_string(ck_world) +
+          " rank(s)); the global batch is unchanged");
   } else {
     log("start: " + std::to_string(model_->params().numel()) + " parameters, " + std::to_string(total) +
-        " steps, backend " + be_->name());
+        " steps, backend " + be_->name() +
+        (world_ > 1 ? ", " + std::to_string(world_) + " data-parallel ranks" : std::string()));
   }
+  if (micro_ > 1) log("gradient accumulation: " + std::to_string(micro_) + " micro-batches per rank");
   for (const auto& s : skipped) log("skipped damaged checkpoint: " + s);
-  // Steps replayed after the checkpoint must not be recorded twice.
-  MetricsWriter::truncate_after(rd_.metrics_path(), step == 0 ? -1 : step);
-  MetricsWriter metrics(rd_.metrics_path());
+  // Steps replayed after the checkpoint must not be recorded twice. Rank 0 alone writes.
+  std::optional<MetricsWriter> metrics;
+  if (primary()) {
+    MetricsWriter::truncate_after(rd_.metrics_path(), step == 0 ? -1 : step);
+    metrics.emplace(rd_.metrics_path());
+  }
   st_.step = step;
   summary_["params"] = model_->params().numel();
-  rd_.transition(st_, RunState::running);
+  if (world_ > 1) summary_["world_size"] = world_;
+  if (primary()) rd_.transition(st_, RunState::running);
 
   SignalGuard signals;
   t_start_ = std::chrono::steady_clock::now();
@@ -385,7 +613,7 @@ int Trainer::run() {
     EvalResult ev = evaluate(*model_, *ds_, eval_batches, T);
     json line = {{"step", at}, {"tokens", tokens_}, {"wall_time", wall()}, {"val_loss", ev.loss}};
     for (auto& [k, v] : ev.tasks.items()) line[k] = v;
-    metrics.append(line);
+    if (metrics) metrics->append(line);
     summary_["val_loss"] = ev.loss;
     for (auto& [k, v] : ev.tasks.items()) summary_[k] = v;
     if (stable_end && at == *stable_end) summary_["saturation_loss"] = ev.loss;
@@ -403,18 +631,26 @@ int Trainer::run() {
         l[k + sfx] = v;
         summary_[k + sfx] = v;
       }
-      metrics.append(l);
+      if (metrics) metrics->append(l);
       log("eval step " + std::to_string(at) + " at length " + std::to_string(L) + ": val_loss " + fmt_num(e.loss, 6) +
           " " + e.tasks.dump());
     }
   };
 
   try {
+    // Ranks load the checkpoint at their own pace: meet before the first step's collectives
+    // (which use the short timeout).
+    if (dp_) dp_->sum({0.0}, env_seconds("LAR_DIST_SAVE_TIMEOUT", 1800));
     while (step < total) {
       auto t0 = std::chrono::steady_clock::now();
-      data::Batch batch = ds_->next_train();
-      model_->params().zero_grads();
-      StepResult r = model_->forward_backward(batch);
+      data::Batch batch = ds_->next_train();  // the global batch, on every rank
+      // Decided once per step for all ranks (summed with the loss), so that every rank
+      // checkpoints and stops after the same step.
+      const bool stop_here =
+          g_signal.load() != 0 || (opts_.stop_after_steps > 0 && steps_this_attempt_ + 1 >= opts_.stop_after_steps);
+      bool stop = false;
+      StepResult r;
+      r.loss = train_step(batch, stop_here, &stop);
       if (!std::isfinite(r.loss)) {
         st_.step = step;
         log("diverged: loss " + fmt_num(r.loss) + " at step " + std::to_string(step + 1));
@@ -443,35 +679,35 @@ int Trainer::run() {
                      {"grad_norm", gnorm}, {"tokens_per_s", tps}, {"iter_time", dt}, {"peak_mem_mb", peak_mem_mb()}};
         // On a GPU: the device memory high-water mark too (peak_mem_mb is the host's RSS).
         if (be_->device() != kernels::Device::cpu) line["gpu_peak_mem_mb"] = be_->device_peak_bytes() / 1048576.0;
-        metrics.append(line);
+        if (metrics) metrics->append(line);
       }
       if ((eval_every > 0 && step % eval_every == 0) || (stable_end && step == *stable_end) || step == total)
         run_eval(step);
-      if (opts_.progress) {
+      if (opts_.progress && primary()) {
         const double eta = (total - step) * compute_seconds_ / std::max(1L, steps_this_attempt_);
         std::printf("\rstep %ld/%ld  loss %.4f  lr %.2e  %.0f tok/s  eta %.0fs   ", step, total, r.loss, lr, tps, eta);
         std::fflush(stdout);
       }
       st_.step = step;
-      const bool stop = g_signal.load() != 0 || (opts_.stop_after_steps > 0 && steps_this_attempt_ >= opts_.stop_after_steps);
       if (step < total && (stop || (ckpt_every > 0 && step % ckpt_every == 0))) save(step);
       if (stop && step < total) {
         const int sig = g_signal.load();
         const std::string why = sig ? std::string("signal ") + (sig == SIGUSR2 ? "SIGUSR2" : sig == SIGTERM ? "SIGTERM" : "SIGINT")
-                                    : "stop requested";
+                                    : opts_.stop_after_steps > 0 ? "stop requested"
+                                                                 : "a peer rank was signalled";
         log("preempted at step " + std::to_string(step) + " (" + why + ")");
-        if (opts_.progress) std::printf("\n");
+        if (opts_.progress && primary()) std::printf("\n");
         finish_status(RunState::preempted, why + " at step " + std::to_string(step));
         return kExitPreempted;
       }
-      if (std::chrono::steady_clock::now() - last_status > std::chrono::seconds(10)) {
+      if (primary() && std::chrono::steady_clock::now() - last_status > std::chrono::seconds(10)) {
         st_.summary = summary_;
         st_.updated_at = unix_now();
         rd_.write_status(st_);
         last_status = std::chrono::steady_clock::now();
       }
     }
-    if (opts_.progress) std::printf("\n");
+    if (opts_.progress && primary()) std::printf("\n");
     summary_["final_loss"] = eval_batches > 0 ? summary_.value("val_loss", last_loss) : last_loss;
     summary_["final_train_loss"] = last_loss;
     summary_["tokens"] = tokens_;
@@ -484,13 +720,16 @@ int Trainer::run() {
     save(step);  // holds the complete summary, should the process die before the status write
     log("completed: final_loss " + fmt_num(summary_["final_loss"].get<double>(), 6));
     finish_status(RunState::completed, "");
-    std::cout << "completed " << rd_.root().string() << ": " << step << " steps, final loss "
+    if (primary())
+      std::cout << "completed " << rd_.root().string() << ": " << step << " steps, final loss "
               << fmt_num(summary_["final_loss"].get<double>(), 5) << "\n";
     return 0;
   } catch (const std::exception& e) {
     log(std::string("failed: ") + e.what());
-    finish_status(RunState::failed, e.what());
-    std::cerr << "lar train: " << e.what() << "\n";
+    record_failure(e.what());
+    if (world_ > 1) std::cerr << "lar train (rank " << rank_ << " of " << world_ << "): " << e.what() << "\n";
+    else std::cerr << "lar train: " << e.what() << "\n";
+    if (dp_) dp_->abort();  // peers blocked on this rank get an error instead of a hang
     return kExitRuntime;
   }
 }

@@ -10,9 +10,13 @@
 // (NaN/Inf loss or gradients; recorded in status.json with the step).
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "core/json.hpp"
+#include "kernels/backend.hpp"
+#include "trainer/data/dataset.hpp"
 
 namespace lar::trainer {
 
@@ -32,9 +36,37 @@ json read_run_config(const std::filesystem::path& run_dir);
 // config.json with a "config" key). UserError naming file:line:col when it cannot parse.
 json load_config_file(const std::filesystem::path& file);
 
+// Data parallelism (docs/distributed.md): one process per GPU, each holding the whole
+// model and optimiser state. The trainer sees only this interface; dist/ implements it
+// with NCCL (dist/nccl_data_parallel.hpp) and cli/train.cpp plugs it in.
+class DataParallel {
+ public:
+  virtual ~DataParallel() = default;
+  virtual int rank() const = 0;
+  virtual int world() const = 0;
+  // Start the in-place sum over the ranks of the fp32 elements [offset, offset + count)
+  // of `grads` (backend memory), ordered after the work already queued on the backend;
+  // returns at once (the sums run beside the rest of the backward pass).
+  virtual void reduce_async(const kernels::Tensor& grads, int64_t offset, int64_t count) = 0;
+  // Backend work queued after this call sees every sum started so far. Throws
+  // lar::RuntimeError (after aborting the communicator) when a peer does not answer.
+  virtual void wait_reduced() = 0;
+  // The element-wise sum over the ranks of a few host numbers (losses, token counts, stop
+  // flags); blocking, doubles as a barrier. timeout_s ≤ 0: the default collective timeout.
+  virtual std::vector<double> sum(const std::vector<double>& values, double timeout_s = 0) = 0;
+  // On an error: abort the communicator so that no peer stays blocked on this rank.
+  virtual void abort() = 0;
+};
+
 struct TrainOptions {
   bool progress = false;      // a live progress line on stdout (a terminal)
   long stop_after_steps = 0;  // tests: behave as if preempted after this many steps (0 = off)
+  // Data-parallel runs (cli/train.cpp sets both): the backend of this rank (its GPU), and
+  // the communicator, built once the config is read and the backend exists.
+  std::function<std::unique_ptr<kernels::Backend>(const json& config)> make_backend;
+  std::function<std::unique_ptr<DataParallel>(kernels::Backend& be, const json& config,
+                                              const std::filesystem::path& run_dir)>
+      make_data_parallel;
 };
 
 // Train (or resume) the run in `run_dir` whose config.json exists. Returns the exit code.
@@ -47,6 +79,15 @@ std::string resolve_train_backend(const json& config);
 // The first mixer kind of the model that the CUDA backend cannot run ("" when none);
 // prepare_config throws UserError for such a model under backend: cuda.
 std::string cuda_unsupported_mixer(const json& config);
+
+// Rows [part·B/parts, (part+1)·B/parts) of a batch of B sequences (B % parts == 0):
+// the share of one rank (and one micro-batch) of the global batch. Task answers keep
+// their ids (answer_kind is copied whole).
+data::Batch slice_batch(const data::Batch& batch, int part, int parts);
+
+// The global batch (data.batch_size) splits into world·data.micro_batches equal
+// micro-batches; UserError naming both numbers when it does not divide.
+void check_batch_split(const json& config, int world);
 
 // Total optimiser steps of a config: budget.tokens / (batch·seq_len) when > 0, else budget.steps.
 long total_steps(const json& config);

@@ -1,0 +1,306 @@
+// The trainer's data parallelism without a GPU: two ranks as two threads of this process,
+// joined by an in-memory DataParallel (sums in rank order, like NCCL's 2-rank ring), on
+// the CPU backend. Checks: 2 ranks give the bits of 1 process with 2 micro-batches; only
+// rank 0 writes the run directory; a stop on one rank stops both at the same step with
+// one checkpoint, and the run resumes; a failing rank fails the run with its cause and
+// its peer does not hang.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <filesystem>
+#include <mutex>
+#include <thread>
+
+#include "core/error.hpp"
+#include "core/fs.hpp"
+#include "core/run_dir.hpp"
+#include "trainer/checkpoint.hpp"
+#include "trainer/train.hpp"
+
+using namespace lar;
+namespace fs = std::filesystem;
+
+namespace {
+
+// Two (or more) ranks in one process. Every collective is a rendezvous: each rank posts
+// its buffer, the last to arrive sums them in rank order into every buffer.
+struct Group {
+  int world;
+  std::mutex mu;
+  std::condition_variable cv;
+  long generation = 0;
+  int arrived = 0;
+  std::vector<float*> fbufs;
+  std::vector<double*> dbufs;
+  int64_t count = 0;
+  bool broken = false;  // a rank failed: the others' next collective times out
+  explicit Group(int w) : world(w), fbufs(w), dbufs(w) {}
+
+  template <class T>
+  void all_reduce(int rank, T* buf, int64_t n, double timeout_s) {
+    std::unique_lock<std::mutex> lk(mu);
+    // A broken group answers as NCCL's timeout would: later than the failing rank.
+    auto timed_out = [&] {
+      lk.unlock();
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      return RuntimeError("collective timed out after " + std::to_string(int(timeout_s)) + " s: a peer died");
+    };
+    if (broken) throw timed_out();
+    const long gen = generation;
+    if constexpr (std::is_same_v<T, float>) fbufs[rank] = buf;
+    else dbufs[rank] = buf;
+    count = n;
+    if (++arrived == world) {
+      for (int64_t i = 0; i < n; ++i) {
+        T s = 0;
+        for (int r = 0; r < world; ++r) {
+          T v = std::is_same_v<T, float> ? T(fbufs[r][i]) : T(dbufs[r][i]);
+          s = r == 0 ? v : s + v;
+        }
+        for (int r = 0; r < world; ++r) {
+          if constexpr (std::is_same_v<T, float>) fbufs[r][i] = s;
+          else dbufs[r][i] = s;
+        }
+      }
+      arrived = 0;
+      ++generation;
+      cv.notify_all();
+      return;
+    }
+    if (!cv.wait_for(lk, std::chrono::duration<double>(timeout_s), [&] { return generation != gen || broken; }) ||
+        generation == gen)
+      throw timed_out();
+  }
+};
+
+class FakeDp final : public trainer::DataParallel {
+ public:
+  FakeDp(Group& g, int rank, long fail_at_call = -1) : g_(g), rank_(rank), fail_at_(fail_at_call) {}
+  int rank() const override { return rank_; }
+  int world() const override { return g_.world; }
+  void reduce_async(const kernels::Tensor& grads, int64_t offset, int64_t count) override {
+    if (++calls_ == fail_at_) {
+      {
+        std::lock_guard<std::mutex> lk(g_.mu);
+        g_.broken = true;
+      }
+      g_.cv.notify_all();
+      throw RuntimeError("injected failure on rank " + std::to_string(rank_));
+    }
+    g_.all_reduce(rank_, grads.ptr<float>() + offset, count, 2.0);
+    ++reduces;
+  }
+  void wait_reduced() override {}
+  std::vector<double> sum(const std::vector<double>& v, double) override {
+    std::vector<double> out = v;
+    g_.all_reduce(rank_, out.data(), static_cast<int64_t>(out.size()), 2.0);
+    return out;
+  }
+  void abort() override { aborted = true; }
+  long reduces = 0;
+  bool aborted = false;
+
+ private:
+  Group& g_;
+  int rank_;
+  long calls_ = 0, fail_at_;
+};
+
+struct TempDir {
+  fs::path path;
+  explicit TempDir(const std::string& tag) {
+    path = fs::temp_directory_path() / ("lar_dp_test_" + std::to_string(::getpid()) + "_" + tag);
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+};
+
+json tiny_run(json overrides = json::object()) {
+  json c = {{"seed", 5},
+            {"threads", 1},
+            {"backend", "cpu"},
+            {"model", {{"n_layers", 2}, {"d_model", 32}, {"n_heads", 4}, {"n_kv_heads", 2}, {"vocab_size", 64}}},
+            {"data", {{"task", "mqar"}, {"seq_len", 32}, {"batch_size", 4}, {"num_kv_pairs", 4}}},
+            {"optimizer", {{"lr", 3e-3}}},
+            {"schedule", {{"warmup_steps", 2}}},
+            {"budget", {{"steps", 6}}},
+            {"eval", {{"every", 3}, {"batches", 1}}},
+            {"checkpoint", {{"every", 0}, {"keep", 2}}}};
+  c.merge_patch(overrides);
+  return c;
+}
+
+void write_run(const fs::path& dir, const json& config) {
+  RunDir(dir).write_config({{"experiment", "test"}, {"cell_id", "c"}, {"hash", "h"}, {"axes", json::object()},
+                            {"role", "main"}, {"baseline", nullptr}, {"config", config}});
+}
+
+std::vector<std::string> metric_values(const fs::path& dir) {
+  std::vector<std::string> out;
+  for (auto l : read_metrics(RunDir(dir).metrics_path()).lines) {
+    for (const char* k : {"wall_time", "tokens_per_s", "iter_time", "peak_mem_mb"}) l.erase(k);
+    out.push_back(l.dump());
+  }
+  return out;
+}
+
+// The trainer owns the DataParallel it is given: a forwarding shell around the test's.
+struct Shell final : trainer::DataParallel {
+  FakeDp* d;
+  explicit Shell(FakeDp* x) : d(x) {}
+  int rank() const override { return d->rank(); }
+  int world() const override { return d->world(); }
+  void reduce_async(const kernels::Tensor& g, int64_t o, int64_t c) override { d->reduce_async(g, o, c); }
+  void wait_reduced() override { d->wait_reduced(); }
+  std::vector<double> sum(const std::vector<double>& v, double t) override { return d->sum(v, t); }
+  void abort() override { d->abort(); }
+};
+
+struct Ranks {
+  std::vector<int> rc;
+  std::vector<std::string> errors;  // UserError messages (rc 2)
+  std::vector<std::unique_ptr<FakeDp>> dps;
+};
+
+// Train `dir` with `world` ranks (threads); per-rank options from `tweak`.
+Ranks train_ranks(const fs::path& dir, int world,
+                  std::function<void(int, trainer::TrainOptions&, long&)> tweak = {}) {
+  Group g(world);
+  Ranks out;
+  out.rc.assign(world, -1);
+  out.errors.assign(world, "");
+  std::vector<std::thread> th;
+  for (int r = 0; r < world; ++r) {
+    long fail_at = -1;
+    trainer::TrainOptions o;
+    if (tweak) tweak(r, o, fail_at);
+    out.dps.push_back(std::make_unique<FakeDp>(g, r, fail_at));
+    FakeDp* dp = out.dps.back().get();
+    o.make_data_parallel = [dp](kernels::Backend&, const json&, const fs::path&) {
+      dp->sum({0.0}, 5);  // the ranks meet, as NCCL's communicator forms once all arrive
+      return std::unique_ptr<trainer::DataParallel>(new Shell(dp));
+    };
+    th.emplace_back([&out, &dir, r, o] {
+      try {
+        out.rc[r] = trainer::train_run(dir, o);
+      } catch (const UserError& e) {
+        out.rc[r] = 2;
+        out.errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : th) t.join();
+  return out;
+}
+
+}  // namespace
+
+TEST(DataParallelTrainer, TwoRanksEqualOneProcessWithTwoMicroBatches) {
+  TempDir one("one"), two("two"), plain("plain");
+  write_run(one.path, tiny_run({{"data", {{"micro_batches", 2}}}}));
+  write_run(two.path, tiny_run());
+  write_run(plain.path, tiny_run());
+  ASSERT_EQ(trainer::train_run(one.path), 0);
+  ASSERT_EQ(trainer::train_run(plain.path), 0);
+  std::vector<int> rc = train_ranks(two.path, 2).rc;
+  EXPECT_EQ(rc, (std::vector<int>{0, 0}));
+  auto a = metric_values(one.path), b = metric_values(two.path), c = metric_values(plain.path);
+  ASSERT_EQ(a.size(), 9u);  // 6 train lines; evals at 3, 5 (end of the stable phase), 6
+  EXPECT_EQ(a, b);          // bit for bit
+  // Against the whole batch at once: the same to rounding (another summation order).
+  auto final_loss = [](const fs::path& d) { return RunDir(d).read_status()->summary.at("final_train_loss").get<double>(); };
+  EXPECT_NEAR(final_loss(one.path), final_loss(plain.path), 1e-4);
+  EXPECT_NE(a, c);
+  auto st = RunDir(two.path).read_status();
+  EXPECT_EQ(st->state, RunState::completed);
+  EXPECT_EQ(st->summary.at("world_size"), 2);
+  EXPECT_EQ(st->summary.at("tokens"), 6 * 4 * 32);  // the global batch's tokens
+  EXPECT_EQ(trainer::list_checkpoints(two.path / "checkpoints").size(), 1u);
+  // The log is rank 0's alone: one start line.
+  const std::string log = read_file(RunDir(two.path).log_path());
+  EXPECT_EQ(log.find("start:"), log.rfind("start:"));
+  EXPECT_NE(log.find("2 data-parallel ranks"), std::string::npos) << log;
+}
+
+TEST(DataParallelTrainer, GradientsAreSummedInBucketsDuringBackward) {
+  TempDir d("buckets");
+  write_run(d.path, tiny_run({{"budget", {{"steps", 1}}}, {"eval", {{"batches", 0}}}}));
+  // LAR_DIST_BUCKET_MB=0: one all-reduce per group backward makes ready (head + final
+  // norm, block 1, block 0, embedding), each started during backward.
+  ::setenv("LAR_DIST_BUCKET_MB", "0", 1);
+  Ranks r = train_ranks(d.path, 2);
+  ::unsetenv("LAR_DIST_BUCKET_MB");
+  EXPECT_EQ(r.rc, (std::vector<int>{0, 0}));
+  EXPECT_EQ(r.dps[0]->reduces, 4);
+  EXPECT_EQ(r.dps[1]->reduces, 4);
+  // Default buckets (25 MB) hold this whole model: one all-reduce per step.
+  TempDir d2("buckets2");
+  write_run(d2.path, tiny_run({{"budget", {{"steps", 1}}}, {"eval", {{"batches", 0}}}}));
+  Ranks r2 = train_ranks(d2.path, 2);
+  EXPECT_EQ(r2.dps[0]->reduces, 1);
+}
+
+TEST(DataParallelTrainer, AStopOnOneRankStopsBothAtTheSameStep) {
+  TempDir d("stop");
+  write_run(d.path, tiny_run());
+  // Only rank 1 is asked to stop after 2 steps; rank 0 learns it through the step's sum.
+  auto rc = train_ranks(d.path, 2, [](int r, trainer::TrainOptions& o, long&) {
+    if (r == 1) o.stop_after_steps = 2;
+  }).rc;
+  EXPECT_EQ(rc, (std::vector<int>{3, 3}));
+  auto st = RunDir(d.path).read_status();
+  EXPECT_EQ(st->state, RunState::preempted);
+  EXPECT_EQ(st->step, 2);
+  auto cks = trainer::list_checkpoints(d.path / "checkpoints");
+  ASSERT_EQ(cks.size(), 1u);
+  EXPECT_EQ(trainer::read_checkpoint(cks[0]).state.at("world_size"), 2);
+  // Resume on 2 ranks: the same bits as an uninterrupted 2-rank run.
+  EXPECT_EQ(train_ranks(d.path, 2).rc, (std::vector<int>{0, 0}));
+  TempDir ref("stopref");
+  write_run(ref.path, tiny_run());
+  EXPECT_EQ(train_ranks(ref.path, 2).rc, (std::vector<int>{0, 0}));
+  EXPECT_EQ(metric_values(d.path), metric_values(ref.path));
+}
+
+TEST(DataParallelTrainer, ResumesOnAnotherWorldSize) {
+  TempDir d("world");
+  write_run(d.path, tiny_run());
+  auto rc = train_ranks(d.path, 2, [](int, trainer::TrainOptions& o, long&) { o.stop_after_steps = 3; }).rc;
+  EXPECT_EQ(rc, (std::vector<int>{3, 3}));
+  // One process now: the global batch and the state are the same, so training goes on.
+  EXPECT_EQ(trainer::train_run(d.path), 0);
+  EXPECT_NE(read_file(RunDir(d.path).log_path()).find("world size 1 (the checkpoint was written by 2 rank(s))"),
+            std::string::npos);
+  EXPECT_EQ(RunDir(d.path).read_status()->state, RunState::completed);
+}
+
+TEST(DataParallelTrainer, AFailingRankFailsTheRunWithItsCause) {
+  TempDir d("fail");
+  write_run(d.path, tiny_run());
+  const auto t0 = std::chrono::steady_clock::now();
+  // Rank 1 fails in its 3rd gradient sum (step 3); rank 0's next collective times out.
+  Ranks ranks = train_ranks(d.path, 2, [](int r, trainer::TrainOptions&, long& fail_at) {
+    if (r == 1) fail_at = 3;
+  });
+  auto rc = ranks.rc;
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 20.0);
+  EXPECT_EQ(rc, (std::vector<int>{1, 1}));
+  auto st = RunDir(d.path).read_status();
+  EXPECT_EQ(st->state, RunState::failed);
+  EXPECT_EQ(st->reason, "rank 1: injected failure on rank 1");  // the first cause stays
+  EXPECT_NE(read_file(RunDir(d.path).log_path()).find("failed: collective timed out"), std::string::npos);
+  EXPECT_TRUE(ranks.dps[1]->aborted);  // the failing rank aborts its communicator
+  EXPECT_TRUE(ranks.dps[0]->aborted);
+}
+
+TEST(DataParallelTrainer, BatchThatDoesNotSplitIsAUserError) {
+  TempDir d("split");
+  write_run(d.path, tiny_run({{"data", {{"batch_size", 3}}}}));
+  Ranks r = train_ranks(d.path, 2);
+  EXPECT_EQ(r.rc, (std::vector<int>{2, 2}));
+  EXPECT_EQ(r.errors[0], "data.batch_size 3 does not split into 2 rank(s) × data.micro_batches 1 equal micro-batches");
+  EXPECT_FALSE(fs::exists(RunDir(d.path).status_path()));  // nothing written
+}
