@@ -124,7 +124,7 @@ TEST_F(DistGpu, TwoGpusGiveTheBitsOfOneGpuWithTwoMicroBatches) {
   ASSERT_EQ(lar_train(write_config(d, run_config({{"data", {{"micro_batches", 2}}}})), d / "one", 1), 0);
   ASSERT_EQ(lar_train(write_config(d, run_config()), d / "two", 2), 0);
   auto a = values(d / "one"), b = values(d / "two");
-  ASSERT_EQ(a.size(), 10u);
+  ASSERT_GE(a.size(), 10u);  // 8 train lines and the evaluations
   EXPECT_EQ(a, b);
   auto st = RunDir(d / "two").read_status();
   EXPECT_EQ(st->state, RunState::completed);
@@ -154,7 +154,7 @@ TEST_F(DistGpu, TwoGpusTrackOneGpuOnTheWholeBatch) {
 
 TEST_F(DistGpu, PreemptionReachesEveryRankAndResumes) {
   fs::path d = temp("preempt");
-  fs::path cfg = write_config(d, run_config({{"budget", {{"steps", 400}}}}));
+  fs::path cfg = write_config(d, run_config({{"budget", {{"steps", 5000}}}}));
   pid_t pid = spawn({LAR_BINARY, "train", "--config", cfg.string(), "--run-dir", (d / "r").string(), "--no-progress",
                      "--nproc", "2"});
   const auto t0 = Clock::now();
