@@ -231,15 +231,16 @@ TEST(GpuTrain, DeterministicModeGivesTheSameBitsForTheSameSeed) {
   EXPECT_NE(la, lc);
 }
 
+// A mixer without CUDA kernels (carve: the linear ones gained theirs in 3dd296a).
 TEST(GpuTrain, LinearMixerOnCudaIsAUserError) {
   json raw = {{"backend", "cuda"},
-              {"model", {{"architecture", "gdn"}, {"stack", "hybrid"}, {"n_layers", 3}, {"d_model", 64}}},
+              {"model", {{"architecture", "carve"}, {"stack", "hybrid"}, {"n_layers", 3}, {"d_model", 64}}},
               {"data", {{"task", "mqar"}, {"seq_len", 32}, {"batch_size", 2}}}};
   try {
     trainer::prepare_config(raw);
     FAIL() << "no error";
   } catch (const UserError& e) {
-    EXPECT_NE(std::string(e.what()).find("cuda cannot run the 'gdn' mixer"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("cuda cannot run the 'carve' mixer"), std::string::npos) << e.what();
   }
   raw["backend"] = "auto";
   const json cfg = trainer::prepare_config(raw);
