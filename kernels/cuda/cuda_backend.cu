@@ -1,7 +1,8 @@
-// The CUDA backend's kernels (fp32 storage, fp32 math, double where the CPU reference
-// reduces in double). Written to be obviously right first: one warp per attention row,
-// one block per normalisation row, no atomics so every result is bit-reproducible.
-// The tensor-core bf16 paths that make it fast build on this and are checked against it.
+// The CUDA backend's kernels (fp32 math, double where the CPU reference reduces in
+// double; storage fp32 or, for activations in mixed precision, bf16). Written to be
+// obviously right first: one warp per attention row, one block per normalisation row, no
+// atomics so every result is bit-reproducible. The tensor-core bf16 paths that make it
+// fast build on this and are checked against it.
 #include <algorithm>
 #include <cmath>
 #include <memory>

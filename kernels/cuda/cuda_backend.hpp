@@ -1,8 +1,12 @@
 #pragma once
-// The CUDA backend, first stage: every Backend op on the GPU in fp32 storage, cuBLAS
-// GEMMs with fp32 accumulation (pedantic fp32 by default so results track the CPU
-// reference to ~1e-6; TF32/bf16 tensor-core paths come with the bf16 activation work,
-// see docs/perf.md). Deterministic: no atomics; every reduction has a fixed order.
+// The CUDA backend: every Backend op on the GPU. precision "fp32": fp32 storage and
+// pedantic fp32 cuBLAS, tracking the CPU reference to ~1e-6. "mixed" (the default): bf16
+// tensor-core GEMMs with fp32 accumulation, the bf16 flash attention, and bf16 storage
+// of the activations the model and mixers keep inside ops or for backward (act_dtype());
+// weights reach the GEMMs through a bf16 mirror refreshed after writes; the residual
+// stream, norm statistics and master weights stay fp32. Arena blocks grow in place
+// (CUDA virtual memory). Deterministic: no atomics; every reduction has a fixed order
+// (docs/perf.md, issue-7 section).
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
