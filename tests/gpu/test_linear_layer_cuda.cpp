@@ -125,11 +125,16 @@ double rel_rms(const float* a, const float* ref, int64_t n) {
 // vector within 1e-2 relative RMS (1.5e-2 when the model's GEMMs are bf16 too), each
 // parameter's gradient within 2e-2 (4e-2). Gradients that are sums over every token of a
 // gate's gradient (A_log, dt_bias, gla's gate bias, Γ) cancel heavily — their terms have
-// both signs — so the kernels' bf16 rounding shows more there: 6e-2 (1.5e-1). Measured on
-// the H200: docs/perf.md.
+// both signs — so the kernels' bf16 rounding shows more there: 6e-2 (1.5e-1); with cler
+// (a second bf16 readout feeding the gate gradients) 2.5e-1. The per-token gate gradients
+// themselves are held to tol_param through the gate projections (w_a, gate_w1/w2) that
+// multiply them with x. Measured on the H200 (docs/perf.md): token sums ≤ 3.6e-2 without
+// cler, 1.6e-1 with it; everything else ≤ 1.9e-2.
 void compare_step(const std::string& what, const json& cfg, const std::string& precision) {
   const bool fp32 = precision == "fp32";
-  const double tol_all = fp32 ? 1e-2 : 1.5e-2, tol_param = fp32 ? 2e-2 : 4e-2, tol_sum = fp32 ? 6e-2 : 1.5e-1;
+  const bool cler = cfg.at("model").at("routing") == "cler";
+  const double tol_all = fp32 ? 1e-2 : 1.5e-2, tol_param = fp32 ? 2e-2 : 4e-2;
+  const double tol_sum = cler ? 2.5e-1 : fp32 ? 6e-2 : 1.5e-1;
   const auto batch = random_batch(4, 100, 96, 3);
   auto cpu = backend("cpu", "fp32");
   auto gpu = backend("cuda", precision);

@@ -72,7 +72,8 @@ __device__ __forceinline__ const float* conv_weights(const QkvArgs& a, Part pt) 
   return pt.which == 0 ? a.wq : pt.which == 1 ? a.wk : a.wv;
 }
 
-// Load the weights and the W−1 inputs before token t0 (row n0 = b·T + t0).
+// Load the weights and the W−1 inputs before token t0 (row n0 = b·T + t0), placed as the
+// window of token t0 − 1 (win[K−j] = P[t0−j]) since window_step shifts before it loads.
 template <int K>
 __device__ __forceinline__ void window_init(const QkvArgs& a, ConvWindow<K>& cw, Part pt, int64_t n0, int t0, int c) {
   const float* w = conv_weights(a, pt) + (int64_t)pt.col * a.W;
@@ -86,7 +87,7 @@ __device__ __forceinline__ void window_init(const QkvArgs& a, ConvWindow<K>& cw,
   }
 #pragma unroll
   for (int j = 1; j < K; ++j)
-    if (j < a.W && t0 - j >= 0) cw.win[K - 1 - j] = *reinterpret_cast<const float2*>(a.P + (n0 - j) * a.ldp + c);
+    if (j < a.W && t0 - j >= 0) cw.win[K - j] = *reinterpret_cast<const float2*>(a.P + (n0 - j) * a.ldp + c);
 }
 
 // Shift the window by one token and load P[t] (or zeros past the end); returns s = conv pre-activation.
@@ -275,16 +276,24 @@ __global__ void qkv_bwd_kernel(QkvArgs a, QkvGrads g, float* dP, float* wpartial
     }
 }
 
+// One block per weight (c, j): threads stride over the ranges' partials, then a fixed tree.
 __global__ void conv_weight_finish(QkvArgs a, const float* partial, int64_t ranges, float* gwq, float* gwk,
                                    float* gwv) {
-  const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= a.ldp * a.W) return;
+  __shared__ float red[kThreads];
+  const int64_t i = blockIdx.x;
   const int c = static_cast<int>(i / a.W), j = static_cast<int>(i % a.W);
   float s = 0.f;
-  for (int64_t r = 0; r < ranges; ++r) s += partial[r * a.ldp * a.W + i];
+  for (int64_t r = threadIdx.x; r < ranges; r += blockDim.x) s += partial[r * a.ldp * a.W + i];
+  red[threadIdx.x] = s;
+  __syncthreads();
+  for (int w = blockDim.x / 2; w > 0; w >>= 1) {
+    if (threadIdx.x < w) red[threadIdx.x] += red[threadIdx.x + w];
+    __syncthreads();
+  }
+  if (threadIdx.x != 0) return;
   const Part pt = part_of(c, a.Cq);
   float* gw = pt.which == 0 ? gwq : pt.which == 1 ? gwk : gwv;
-  gw[(int64_t)pt.col * a.W + j] += s;
+  gw[(int64_t)pt.col * a.W + j] += red[0];
 }
 
 // ---------------------------------------------------------------- gates
@@ -352,16 +361,26 @@ __global__ void colsum_kernel(const float* M, int64_t N, int C, int64_t ld, floa
   }
 }
 
+// One block per output j: the block's threads stride over the (split, column) partials of
+// its group in a fixed order, then a fixed shared-memory tree (deterministic, and short
+// dependency chains: a serial sum over groups × splits was latency-bound).
 __global__ void colsum_finish(const float* partial, int splits, int C, int group, float* out) {
-  const int j = blockIdx.x * blockDim.x + threadIdx.x;
-  if (j >= C / group) return;
+  __shared__ float red[kThreads];
+  const int j = blockIdx.x;
+  const int64_t total = (int64_t)group * splits;
   float s = 0.f;
-  for (int c = j * group; c < (j + 1) * group; ++c) {
-    float cs = 0.f;
-    for (int sp = 0; sp < splits; ++sp) cs += partial[(int64_t)sp * C + c];
-    s += cs;
+  for (int64_t idx = threadIdx.x; idx < total; idx += blockDim.x) {
+    const int64_t sp = idx / group;
+    const int c = j * group + static_cast<int>(idx % group);
+    s += partial[sp * C + c];
   }
-  out[j] += s;
+  red[threadIdx.x] = s;
+  __syncthreads();
+  for (int w = blockDim.x / 2; w > 0; w >>= 1) {
+    if (threadIdx.x < w) red[threadIdx.x] += red[threadIdx.x + w];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) out[j] += red[0];
 }
 
 // ---------------------------------------------------------------- output norm × gate
@@ -576,7 +595,7 @@ void qkv_backward(const QkvArgs& a, const QkvGrads& g, float* dP, float* gwq, fl
   else qkv_bwd_kernel<kMaxConv><<<blocks_for(warps, kThreads / 32), kThreads, 0, stream>>>(a, g, dP, scratch);
   LAR_CUDA_LAUNCHED();
   if (a.W == 0) return;
-  conv_weight_finish<<<blocks_for(a.ldp * a.W, kThreads), kThreads, 0, stream>>>(
+  conv_weight_finish<<<static_cast<unsigned>(a.ldp * a.W), kThreads, 0, stream>>>(
       a, scratch, a.B * ((a.T + kTokB - 1) / kTokB), gwq, gwk, gwv);
   LAR_CUDA_LAUNCHED();
 }
@@ -609,7 +628,7 @@ void colsum_accumulate(const float* M, int64_t N, int C, int64_t ld, int group, 
   const int splits = colsum_splits(N);
   colsum_kernel<<<dim3(blocks_for(C, 32), splits), kThreads, 0, stream>>>(M, N, C, ld, scratch);
   LAR_CUDA_LAUNCHED();
-  colsum_finish<<<blocks_for(C / group, 128), 128, 0, stream>>>(scratch, splits, C, group, out);
+  colsum_finish<<<C / group, kThreads, 0, stream>>>(scratch, splits, C, group, out);
   LAR_CUDA_LAUNCHED();
 }
 
