@@ -44,6 +44,7 @@ void wait_for_config(const lar::RunDir& rd) {
   }
 }
 
+#ifdef LAR_HAVE_NCCL
 // The launcher's word on a failed launch goes into status.json: which rank failed first
 // and how, before what the ranks themselves recorded (a peer's timeout, say).
 void record_launch_failure(const lar::RunDir& rd, int attempt_before, const std::string& failure) {
@@ -59,6 +60,7 @@ void record_launch_failure(const lar::RunDir& rd, int attempt_before, const std:
     rd.transition(s, lar::RunState::failed, failure);
   }
 }
+#endif
 
 // --nproc N is possible here: NCCL in this build, N GPUs visible. Checked before anything
 // is written.
