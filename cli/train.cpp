@@ -44,23 +44,6 @@ void wait_for_config(const lar::RunDir& rd) {
   }
 }
 
-#ifdef LAR_HAVE_NCCL
-// The launcher's word on a failed launch goes into status.json: which rank failed first
-// and how, before what the ranks themselves recorded (a peer's timeout, say).
-void record_launch_failure(const lar::RunDir& rd, int attempt_before, const std::string& failure) {
-  auto st = rd.read_status();
-  lar::RunStatus s = st.value_or(lar::RunStatus{});
-  if (st && st->attempt > attempt_before && st->state == lar::RunState::failed) {
-    if (st->reason.rfind(failure, 0) == 0) return;
-    s.reason = failure + "; " + st->reason;
-    if (!s.history.empty()) s.history.back().reason = s.reason;
-    s.updated_at = lar::unix_now();
-    rd.write_status(s);
-  } else {
-    rd.transition(s, lar::RunState::failed, failure);
-  }
-}
-#endif
 
 // --nproc N is possible here: NCCL in this build, N GPUs visible. Checked before anything
 // is written.
@@ -94,7 +77,7 @@ int launch_nproc(const TrainArgs& a, const lar::RunDir& rd) {
   lo.grace_s = (t && *t ? std::atof(t) : 40.0) + 15.0;
   lar::dist::LaunchResult res = lar::dist::launch_ranks(lo);
   if (res.exit_code == lar::kExitRuntime) {
-    record_launch_failure(rd, before ? before->attempt : 0, res.failure);
+    lar::dist::record_launch_failure(rd, before ? before->attempt : 0, res.failure);
     std::cerr << "lar train: " << res.failure << "\n";
   }
   return res.exit_code;

@@ -39,6 +39,20 @@ std::string describe(const RankOutcome& r) {
 
 }  // namespace
 
+void record_launch_failure(const RunDir& rd, int attempt_before, const std::string& failure) {
+  auto st = rd.read_status();
+  RunStatus s = st.value_or(RunStatus{});
+  if (st && st->attempt > attempt_before && st->state == RunState::failed) {
+    if (st->reason.rfind(failure, 0) == 0) return;
+    s.reason = failure + "; " + st->reason;
+    if (!s.history.empty()) s.history.back().reason = s.reason;
+    s.updated_at = unix_now();
+    rd.write_status(s);
+  } else {
+    rd.transition(s, RunState::failed, failure);
+  }
+}
+
 std::string new_launch_token() {
   char host[64] = {0};
   ::gethostname(host, sizeof host - 1);

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "core/run_dir.hpp"
+
 namespace lar::dist {
 
 struct LaunchOptions {
@@ -36,6 +38,12 @@ struct LaunchResult {
 };
 
 LaunchResult launch_ranks(const LaunchOptions& o);
+
+// The launcher's word on a failed launch goes into status.json: which rank failed first
+// and how, before what the ranks themselves recorded in this attempt (a peer's timeout,
+// say); `failed` with just that when no rank could record anything (rank 0 killed).
+// attempt_before: the status's attempt before the launch (0: none).
+void record_launch_failure(const RunDir& rd, int attempt_before, const std::string& failure);
 
 // A fresh token for one launch (host, pid, time): its NCCL id file is its own.
 std::string new_launch_token();

@@ -104,3 +104,32 @@ TEST(Launch, AMissingProgramIsAFailure) {
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.failure.find("exited with code 127"), std::string::npos) << r.failure;
 }
+
+TEST(Launch, FailureIsRecordedFirstInTheRunStatus) {
+  const fs::path dir = fs::temp_directory_path() / ("lar_launch_status_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  RunDir rd(dir);
+  // Rank 0 was killed while running: nobody recorded anything; the launcher does.
+  RunStatus s;
+  s.attempt = 1;
+  rd.transition(s, RunState::running);
+  dist::record_launch_failure(rd, 0, "rank 0 was killed by SIGKILL (signal 9)");
+  auto st = rd.read_status();
+  EXPECT_EQ(st->state, RunState::failed);
+  EXPECT_EQ(st->reason, "rank 0 was killed by SIGKILL (signal 9)");
+  // Rank 0 recorded its timeout in attempt 2: the launcher's cause goes first.
+  s = *st;
+  s.attempt = 2;
+  rd.transition(s, RunState::running);
+  rd.transition(s, RunState::failed, "rank 0: gradient all-reduce timed out after 40 s");
+  dist::record_launch_failure(rd, 1, "rank 1 was killed by SIGKILL (signal 9)");
+  st = rd.read_status();
+  EXPECT_EQ(st->reason, "rank 1 was killed by SIGKILL (signal 9); rank 0: gradient all-reduce timed out after 40 s");
+  EXPECT_EQ(st->history.back().reason, st->reason);
+  const auto events = st->history.size();
+  dist::record_launch_failure(rd, 1, "rank 1 was killed by SIGKILL (signal 9)");  // idempotent
+  EXPECT_EQ(rd.read_status()->reason, st->reason);
+  EXPECT_EQ(rd.read_status()->history.size(), events);
+  fs::remove_all(dir);
+}
