@@ -77,19 +77,15 @@ void check_batch_split(const json& config, int world) {
                     " rank(s) × data.micro_batches " + std::to_string(micro) + " equal micro-batches");
 }
 
-// Token mixers with CUDA kernels today. The linear mixers' CUDA kernels are issue 8;
-// until they land such a model trains on the CPU.
-std::string cuda_unsupported_mixer(const json& config) {
-  for (const auto& k : layer_kinds(config.at("model")))
-    if (!mixer_runs_on_cuda(k)) return k;
-  return "";
-}
+// Why this model cannot train on the CUDA backend ("" when it can): trainer/mixer.cpp
+// knows which mixers and which dimensions the CUDA kernels cover.
+std::string cuda_unsupported_reason(const json& config) { return cuda_unsupported(config.at("model")); }
 
 std::string resolve_train_backend(const json& config) {
   const std::string asked = config.at("backend").get<std::string>();
   const std::string k = kernels::resolve_backend(asked);
   // `auto` on a GPU machine: a model the GPU cannot run yet trains on the CPU.
-  if (asked == "auto" && k == "cuda" && !cuda_unsupported_mixer(config).empty()) return "cpu";
+  if (asked == "auto" && k == "cuda" && !cuda_unsupported_reason(config).empty()) return "cpu";
   return k;
 }
 
@@ -106,11 +102,10 @@ json prepare_config(const json& raw) {
     throw UserError("backend: '" + cfg.at("backend").get<std::string>() + "' is not available in this build");
   validate_model_config(cfg);
   if (cfg.at("backend").get<std::string>() == "cuda") {
-    const std::string bad = cuda_unsupported_mixer(cfg);
-    if (!bad.empty())
-      throw UserError("backend: cuda cannot run the '" + bad +
-                      "' mixer yet (the CUDA backend runs softmax models; the linear mixers' GPU kernels are "
-                      "not in this build): use backend: cpu (or auto, which picks the CPU for this model)");
+    const std::string why = cuda_unsupported_reason(cfg);
+    if (!why.empty())
+      throw UserError("backend: cuda cannot run this model: " + why +
+                      "; use backend: cpu (or auto, which picks the CPU for this model)");
   }
   check_batch_split(cfg, 1);
   // These constructors check their sections and throw UserError naming the key.

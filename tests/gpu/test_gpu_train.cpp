@@ -240,11 +240,29 @@ TEST(GpuTrain, LinearMixerOnCudaIsAUserError) {
     trainer::prepare_config(raw);
     FAIL() << "no error";
   } catch (const UserError& e) {
-    EXPECT_NE(std::string(e.what()).find("cuda cannot run the 'carve' mixer"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("cuda cannot run this model: the 'carve' mixer has no CUDA implementation"),
+              std::string::npos)
+        << e.what();
   }
   raw["backend"] = "auto";
   const json cfg = trainer::prepare_config(raw);
   EXPECT_EQ(trainer::resolve_train_backend(cfg), "cpu");  // auto keeps such a model on the CPU
+  // A mixer with CUDA kernels but a head size they do not cover: refused naming the value.
+  json gdn32 = raw;
+  gdn32["backend"] = "cuda";
+  gdn32["model"]["architecture"] = "gdn";
+  gdn32["model"]["n_heads"] = 2;  // d_model 64 / 2 heads → head_dim 32
+  try {
+    trainer::prepare_config(gdn32);
+    FAIL() << "no error";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("model.head_dim: the linear CUDA kernels need 64, got 32"), std::string::npos)
+        << e.what();
+  }
+  gdn32["backend"] = "auto";
+  EXPECT_EQ(trainer::resolve_train_backend(trainer::prepare_config(gdn32)), "cpu");
+  gdn32["model"]["n_heads"] = 1;  // head_dim 64: runs on the GPU
+  EXPECT_EQ(trainer::resolve_train_backend(trainer::prepare_config(gdn32)), "cuda");
   raw["model"]["architecture"] = "softmax";
   EXPECT_EQ(trainer::resolve_train_backend(trainer::prepare_config(raw)), "cuda");
 }
