@@ -179,8 +179,11 @@ TEST(LinearMethodsCuda, CarveMatchesCpuReference) {
     if (c.T > 64) {  // U1, U2 only act from the second chunk on
       EXPECT_LT(e.dU1, 1e-2) << name(c);
       EXPECT_LT(e.dU2, 1e-2) << name(c);
-      EXPECT_GT(e.content_effect, 1e-2) << name(c);
     }
+    // The content path must move o by more than the tolerance, or the o check could not see
+    // it. With T = 65 it acts on one token of 65 (measured 3.2e-3 on the H200): its U1/U2
+    // gradients above are the check there.
+    if (c.T >= 96) EXPECT_GT(e.content_effect, 1e-2) << name(c);
   }
 }
 
