@@ -124,6 +124,10 @@ static lar::cli::CommandRegistration reg{
           ->group(sl);
       app.add_option("--gpus-per-job", a->slurm.gpus_per_job, "GPUs per array task (--gres=gpu:G)")
           ->group(sl)->check(CLI::NonNegativeNumber);
+      app.add_option("--nproc", a->slurm.nproc,
+                     "data-parallel ranks per run: each task runs the trainer through srun, one task per "
+                     "GPU, ranks may span nodes (docs/distributed.md); default LAR_SLURM_NPROC, else 1")
+          ->group(sl)->check(CLI::PositiveNumber);
       app.add_option("--cpus-per-task", a->slurm.cpus_per_task, "CPUs per array task")
           ->group(sl)->check(CLI::NonNegativeNumber);
       app.add_option("--mem", a->slurm.mem, "memory per task, e.g. 32G")->group(sl);

@@ -168,7 +168,21 @@ TEST(CliLaunch, ThenNeedsTheSlurmExecutorAndDryRunPrintsTheFollowUpScript) {
   EXPECT_NE(dry.out.find("\necho 'all done'\n"), std::string::npos) << dry.out;
   EXPECT_FALSE(fs::exists(runs_root()));
 
+  // Data parallel: one srun task per GPU in every array task's script.
+  Result dp = run_lar(env, {"launch", spec.string(), "--executor", "slurm", "--dry-run", "--nproc", "2"});
+  ASSERT_EQ(dp.code, 0) << dp.out;
+  EXPECT_NE(dp.out.find("#SBATCH --ntasks=2\n#SBATCH --gpus-per-task=1\n"), std::string::npos) << dp.out;
+  EXPECT_NE(dp.out.find("srun) --ntasks=2 --gpus-per-task=1 --cpu-bind=none "), std::string::npos) << dp.out;
+  Result dp0 = run_lar(env, {"launch", spec.string(), "--executor", "slurm", "--dry-run", "--nproc", "0"});
+  EXPECT_EQ(dp0.code, 2) << dp0.out;
+  EXPECT_NE(dp0.out.find("--nproc"), std::string::npos) << dp0.out;
+  Result dpl = run_lar(env, {"launch", spec.string(), "--nproc", "2"});
+  EXPECT_EQ(dpl.code, 2) << dpl.out;
+  EXPECT_NE(dpl.out.find("--nproc is a Slurm option"), std::string::npos) << dpl.out;
+  EXPECT_FALSE(fs::exists(runs_root()));
+
   Result help = run_lar(env, {"launch", "--help"});
+  EXPECT_NE(help.out.find("--nproc"), std::string::npos) << help.out;
   EXPECT_NE(help.out.find("--then"), std::string::npos) << help.out;
   EXPECT_NE(help.out.find("afterok"), std::string::npos) << help.out;
 }
