@@ -18,9 +18,12 @@
 #include "core/run_dir.hpp"
 #include "trainer/checkpoint.hpp"
 #include "trainer/train.hpp"
+#include "tests/trainer/run_test_helpers.hpp"
 
 using namespace lar;
 namespace fs = std::filesystem;
+using lar::test::metric_values;
+using lar::test::write_run;
 
 namespace {
 
@@ -131,20 +134,6 @@ json tiny_run(json overrides = json::object()) {
             {"checkpoint", {{"every", 0}, {"keep", 2}}}};
   c.merge_patch(overrides);
   return c;
-}
-
-void write_run(const fs::path& dir, const json& config) {
-  RunDir(dir).write_config({{"experiment", "test"}, {"cell_id", "c"}, {"hash", "h"}, {"axes", json::object()},
-                            {"role", "main"}, {"baseline", nullptr}, {"config", config}});
-}
-
-std::vector<std::string> metric_values(const fs::path& dir) {
-  std::vector<std::string> out;
-  for (auto l : read_metrics(RunDir(dir).metrics_path()).lines) {
-    for (const char* k : {"wall_time", "tokens_per_s", "iter_time", "peak_mem_mb"}) l.erase(k);
-    out.push_back(l.dump());
-  }
-  return out;
 }
 
 // The trainer owns the DataParallel it is given: a forwarding shell around the test's.
