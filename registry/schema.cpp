@@ -1,6 +1,9 @@
 #include "registry/schema.hpp"
 
+#include <algorithm>
+#include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/error.hpp"
@@ -130,6 +133,22 @@ ALTER TABLE metrics_clustered RENAME TO metrics;
 
 }  // namespace
 
+// Switching to WAL needs a moment of exclusive access. When several processes open a fresh
+// database at once, SQLite answers SQLITE_BUSY at once instead of waiting (it skips the busy
+// handler where waiting could deadlock two lock upgrades), so retry here, up to 30 s. WAL is
+// stored in the file: once one process has switched, the others find it set.
+static void set_wal(Db& db) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  for (int attempt = 0;; ++attempt) {
+    int rc = sqlite3_exec(db.get(), "PRAGMA journal_mode=WAL", nullptr, nullptr, nullptr);
+    if (rc == SQLITE_OK) return;
+    const int primary = rc & 0xff;
+    if ((primary != SQLITE_BUSY && primary != SQLITE_LOCKED) || std::chrono::steady_clock::now() > deadline)
+      db.fail("PRAGMA journal_mode=WAL", rc);
+    std::this_thread::sleep_for(std::chrono::milliseconds(2 + 2 * std::min(attempt, 25)));
+  }
+}
+
 int schema_version() { return static_cast<int>(migrations().size()); }
 
 void configure_connection(Db& db, bool read_only) {
@@ -138,9 +157,8 @@ void configure_connection(Db& db, bool read_only) {
   // copying them through read() costs more than the query itself.
   db.exec("PRAGMA mmap_size=1073741824");
   if (read_only) return;
-  // WAL: readers never block the writer and vice versa. Switching needs a moment of
-  // exclusive access; busy_timeout covers the race between processes opening at once.
-  db.exec("PRAGMA journal_mode=WAL");
+  // WAL: readers never block the writer and vice versa.
+  set_wal(db);
   // In WAL mode NORMAL is durable against process crashes (kill -9); only an OS crash
   // can lose the last transactions, which the next sync re-reads from the run dirs.
   db.exec("PRAGMA synchronous=NORMAL");
