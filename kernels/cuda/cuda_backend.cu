@@ -606,38 +606,13 @@ struct CudaBackend::Growable {
 // LAR_CUDA_PROFILE=1: every op records a pair of CUDA events around its launches;
 // profile_report() sums them per op (lar bench gpu-train prints the table). Off by
 // default: then an OpTimer costs one branch.
-struct CudaBackend::OpTimer {
-  CudaBackend& be;
-  const char* name;
-  cudaEvent_t a = nullptr;
-  OpTimer(CudaBackend& b, const char* n) : be(b), name(n) {
-    if (!be.profile_) return;
-    LAR_CUDA_CHECK(cudaEventCreate(&a));
-    LAR_CUDA_CHECK(cudaEventRecord(a, be.stream_));
-  }
-  ~OpTimer() {
-    if (!a) return;
-    cudaEvent_t b = nullptr;
-    if (cudaEventCreate(&b) == cudaSuccess && cudaEventRecord(b, be.stream_) == cudaSuccess)
-      be.prof_.push_back({name, a, b});
-  }
+struct CudaBackend::OpTimer : EventProfile::Scope {
+  OpTimer(CudaBackend& b, const char* name) : Scope(b.prof_, b.profile_, name, b.stream_) {}
 };
 
 std::vector<std::pair<std::string, double>> CudaBackend::profile_report() {
   synchronize();
-  std::vector<std::pair<std::string, double>> out;
-  for (const auto& e : prof_) {
-    float ms = 0;
-    LAR_CUDA_CHECK(cudaEventElapsedTime(&ms, e.a, e.b));
-    auto it = std::find_if(out.begin(), out.end(), [&](const auto& p) { return p.first == e.name; });
-    if (it == out.end()) out.emplace_back(e.name, ms * 1e-3);
-    else it->second += ms * 1e-3;
-    cudaEventDestroy(e.a);
-    cudaEventDestroy(e.b);
-  }
-  prof_.clear();
-  std::sort(out.begin(), out.end(), [](const auto& x, const auto& y) { return x.second > y.second; });
-  return out;
+  return prof_.report();
 }
 
 int cuda_device_count() {
@@ -662,8 +637,7 @@ CudaBackend::CudaBackend(int device) {
   LAR_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
   // Plain fp32 (no TF32) so that this path is the GPU's fp32 reference.
   LAR_CUBLAS_CHECK(cublasSetMathMode(cublas_, CUBLAS_PEDANTIC_MATH));
-  const char* prof = std::getenv("LAR_CUDA_PROFILE");
-  profile_ = prof && std::string(prof) == "1";
+  profile_ = profiling_enabled();
 }
 
 CudaBackend::~CudaBackend() {
@@ -673,7 +647,6 @@ CudaBackend::~CudaBackend() {
   if (rope_table_) cudaFree(rope_table_);
   if (gemm_scratch_) cudaFree(gemm_scratch_);
   if (mirror_) cudaFree(mirror_);
-  for (const auto& e : prof_) cudaEventDestroy(e.a), cudaEventDestroy(e.b);
   while (!growables_.empty()) free_bytes(reinterpret_cast<void*>(growables_.back()->base));
   if (cublas_) cublasDestroy(cublas_);
   if (stream_) cudaStreamDestroy(stream_);

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "kernels/backend.hpp"
+#include "kernels/cuda/event_profile.hpp"
 
 namespace lar::kernels::cuda {
 
@@ -132,12 +133,8 @@ class CudaBackend final : public Backend {
   std::size_t total_mem_ = 0;
   void track_free(void* p);
   struct OpTimer;
-  struct ProfEvent {
-    const char* name;
-    cudaEvent_t a, b;
-  };
   bool profile_ = false;
-  std::vector<ProfEvent> prof_;
+  EventProfile prof_;
   // The registered weights (register_weights) and their bf16 mirror for mixed GEMMs.
   const char* weights_ = nullptr;
   std::size_t weights_bytes_ = 0;

@@ -547,20 +547,9 @@ __global__ void route_backward_kernel(RouteArgs a, RouteGrads g) {
 }
 
 // ---------------------------------------------------------------- profiling
-struct ProfEvent {
-  const char* name;
-  cudaEvent_t a, b;
-};
-std::vector<ProfEvent>& prof_events() {
-  static std::vector<ProfEvent> ev;
-  return ev;
-}
-bool profiling() {
-  static const bool on = [] {
-    const char* e = std::getenv("LAR_CUDA_PROFILE");
-    return e && std::string(e) == "1";
-  }();
-  return on;
+EventProfile& layer_profile() {
+  static EventProfile p;
+  return p;
 }
 
 }  // namespace
@@ -678,36 +667,13 @@ void route_backward(const RouteArgs& a, const RouteGrads& g, cudaStream_t stream
   LAR_CUDA_LAUNCHED();
 }
 
-LayerTimer::LayerTimer(const char* name, cudaStream_t stream) : name_(name), stream_(stream) {
-  if (!profiling()) return;
-  LAR_CUDA_CHECK(cudaEventCreate(&a_));
-  LAR_CUDA_CHECK(cudaEventRecord(a_, stream_));
-}
-
-LayerTimer::~LayerTimer() {
-  if (!a_) return;
-  cudaEvent_t b = nullptr;
-  if (cudaEventCreate(&b) == cudaSuccess && cudaEventRecord(b, stream_) == cudaSuccess)
-    prof_events().push_back({name_, a_, b});
-}
+LayerTimer::LayerTimer(const char* name, cudaStream_t stream)
+    : Scope(layer_profile(), profiling_enabled(), name, stream) {}
 
 std::vector<std::pair<std::string, double>> layer_profile_report() {
-  std::vector<std::pair<std::string, double>> out;
-  auto& ev = prof_events();
-  if (ev.empty()) return out;
+  if (layer_profile().empty()) return {};
   LAR_CUDA_CHECK(cudaDeviceSynchronize());
-  for (const auto& e : ev) {
-    float ms = 0;
-    LAR_CUDA_CHECK(cudaEventElapsedTime(&ms, e.a, e.b));
-    auto it = std::find_if(out.begin(), out.end(), [&](const auto& p) { return p.first == e.name; });
-    if (it == out.end()) out.emplace_back(e.name, ms * 1e-3);
-    else it->second += ms * 1e-3;
-    cudaEventDestroy(e.a);
-    cudaEventDestroy(e.b);
-  }
-  ev.clear();
-  std::sort(out.begin(), out.end(), [](const auto& x, const auto& y) { return x.second > y.second; });
-  return out;
+  return layer_profile().report();
 }
 
 }  // namespace lar::kernels::cuda::linear

@@ -19,6 +19,8 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/cuda/event_profile.hpp"
+
 namespace lar::kernels::cuda::linear {
 
 // ---- q, k, v: projections → conv + SiLU → (L2 norm) → bf16 kernel inputs ----
@@ -124,17 +126,9 @@ void route_backward(const RouteArgs& a, const RouteGrads& g, cudaStream_t stream
 // ---- profiling (LAR_CUDA_PROFILE=1) ----
 // Brackets a region of layer work with CUDA events when profiling is on (one branch
 // otherwise); layer_profile_report() returns device seconds per name since the last call.
-class LayerTimer {
+class LayerTimer : public EventProfile::Scope {
  public:
   LayerTimer(const char* name, cudaStream_t stream);
-  ~LayerTimer();
-  LayerTimer(const LayerTimer&) = delete;
-  LayerTimer& operator=(const LayerTimer&) = delete;
-
- private:
-  const char* name_;
-  cudaStream_t stream_;
-  cudaEvent_t a_ = nullptr;
 };
 std::vector<std::pair<std::string, double>> layer_profile_report();
 
