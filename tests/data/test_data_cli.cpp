@@ -7,7 +7,7 @@
 #include <fstream>
 
 #include "core/json.hpp"
-#include "temp_dir.hpp"
+#include "tests/temp_dir.hpp"
 #include "trainer/data/prepare.hpp"
 #include "trainer/data/shard.hpp"
 #include "trainer/data/tokenizer.hpp"

@@ -3,7 +3,7 @@
 #include <cstdlib>
 
 #include "core/error.hpp"
-#include "temp_dir.hpp"
+#include "tests/temp_dir.hpp"
 #include "trainer/data/dataset.hpp"
 #include "trainer/data/prepare.hpp"
 

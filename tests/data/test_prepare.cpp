@@ -4,7 +4,7 @@
 
 #include "core/error.hpp"
 #include "core/hash.hpp"
-#include "temp_dir.hpp"
+#include "tests/temp_dir.hpp"
 #include "trainer/data/prepare.hpp"
 #include "trainer/data/shard.hpp"
 #include "trainer/data/tokenizer.hpp"

@@ -3,7 +3,7 @@
 #include <fstream>
 
 #include "core/error.hpp"
-#include "temp_dir.hpp"
+#include "tests/temp_dir.hpp"
 #include "trainer/data/shard.hpp"
 
 using namespace lar::data;

@@ -1,7 +1,7 @@
 #include <gtest/gtest.h>
 
 #include "core/error.hpp"
-#include "temp_dir.hpp"
+#include "tests/temp_dir.hpp"
 #include "trainer/data/tokenizer.hpp"
 
 using namespace lar::data;

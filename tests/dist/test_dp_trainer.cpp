@@ -18,6 +18,7 @@
 #include "core/run_dir.hpp"
 #include "trainer/checkpoint.hpp"
 #include "trainer/train.hpp"
+#include "tests/temp_dir.hpp"
 #include "tests/trainer/run_test_helpers.hpp"
 
 using namespace lar;
@@ -111,16 +112,6 @@ class FakeDp final : public trainer::DataParallel {
   long calls_ = 0, fail_at_;
 };
 
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& tag) {
-    path = fs::temp_directory_path() / ("lar_dp_test_" + std::to_string(::getpid()) + "_" + tag);
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
-
 json tiny_run(json overrides = json::object()) {
   json c = {{"seed", 5},
             {"threads", 1},
@@ -188,7 +179,7 @@ Ranks train_ranks(const fs::path& dir, int world,
 }  // namespace
 
 TEST(DataParallelTrainer, TwoRanksEqualOneProcessWithTwoMicroBatches) {
-  TempDir one("one"), two("two"), plain("plain");
+  TempDir one, two, plain;
   write_run(one.path, tiny_run({{"data", {{"micro_batches", 2}}}}));
   write_run(two.path, tiny_run());
   write_run(plain.path, tiny_run());
@@ -215,7 +206,7 @@ TEST(DataParallelTrainer, TwoRanksEqualOneProcessWithTwoMicroBatches) {
 }
 
 TEST(DataParallelTrainer, GradientsAreSummedInBucketsDuringBackward) {
-  TempDir d("buckets");
+  TempDir d;
   write_run(d.path, tiny_run({{"budget", {{"steps", 1}}}, {"eval", {{"batches", 0}}}}));
   // LAR_DIST_BUCKET_MB=0: one all-reduce per group backward makes ready (head + final
   // norm, block 1, block 0, embedding), each started during backward.
@@ -226,14 +217,14 @@ TEST(DataParallelTrainer, GradientsAreSummedInBucketsDuringBackward) {
   EXPECT_EQ(r.dps[0]->reduces, 4);
   EXPECT_EQ(r.dps[1]->reduces, 4);
   // Default buckets (25 MB) hold this whole model: one all-reduce per step.
-  TempDir d2("buckets2");
+  TempDir d2;
   write_run(d2.path, tiny_run({{"budget", {{"steps", 1}}}, {"eval", {{"batches", 0}}}}));
   Ranks r2 = train_ranks(d2.path, 2);
   EXPECT_EQ(r2.dps[0]->reduces, 1);
 }
 
 TEST(DataParallelTrainer, AStopOnOneRankStopsBothAtTheSameStep) {
-  TempDir d("stop");
+  TempDir d;
   write_run(d.path, tiny_run());
   // Only rank 1 is asked to stop after 2 steps; rank 0 learns it through the step's sum.
   auto rc = train_ranks(d.path, 2, [](int r, trainer::TrainOptions& o, long&) {
@@ -248,14 +239,14 @@ TEST(DataParallelTrainer, AStopOnOneRankStopsBothAtTheSameStep) {
   EXPECT_EQ(trainer::read_checkpoint(cks[0]).state.at("world_size"), 2);
   // Resume on 2 ranks: the same bits as an uninterrupted 2-rank run.
   EXPECT_EQ(train_ranks(d.path, 2).rc, (std::vector<int>{0, 0}));
-  TempDir ref("stopref");
+  TempDir ref;
   write_run(ref.path, tiny_run());
   EXPECT_EQ(train_ranks(ref.path, 2).rc, (std::vector<int>{0, 0}));
   EXPECT_EQ(metric_values(d.path), metric_values(ref.path));
 }
 
 TEST(DataParallelTrainer, ResumesOnAnotherWorldSize) {
-  TempDir d("world");
+  TempDir d;
   write_run(d.path, tiny_run());
   auto rc = train_ranks(d.path, 2, [](int, trainer::TrainOptions& o, long&) { o.stop_after_steps = 3; }).rc;
   EXPECT_EQ(rc, (std::vector<int>{3, 3}));
@@ -267,7 +258,7 @@ TEST(DataParallelTrainer, ResumesOnAnotherWorldSize) {
 }
 
 TEST(DataParallelTrainer, AFailingRankFailsTheRunWithItsCause) {
-  TempDir d("fail");
+  TempDir d;
   write_run(d.path, tiny_run());
   const auto t0 = std::chrono::steady_clock::now();
   // Rank 1 fails in its 3rd gradient sum (step 3); rank 0's next collective times out.
@@ -286,7 +277,7 @@ TEST(DataParallelTrainer, AFailingRankFailsTheRunWithItsCause) {
 }
 
 TEST(DataParallelTrainer, BatchThatDoesNotSplitIsAUserError) {
-  TempDir d("split");
+  TempDir d;
   write_run(d.path, tiny_run({{"data", {{"batch_size", 3}}}}));
   Ranks r = train_ranks(d.path, 2);
   EXPECT_EQ(r.rc, (std::vector<int>{2, 2}));

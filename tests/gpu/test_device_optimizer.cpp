@@ -11,12 +11,14 @@
 
 #include "core/error.hpp"
 #include "kernels/backend.hpp"
+#include "tests/gpu/host_helpers.hpp"
 #include "trainer/optim/device_optimizer.hpp"
 #include "trainer/optim/optimizer.hpp"
 
 using namespace lar;
 using kernels::DType;
 using kernels::Tensor;
+using lar::gpu_test::rel_rms;
 
 namespace {
 
@@ -59,16 +61,6 @@ std::vector<float> randn(std::size_t n, std::mt19937_64& rng, double s) {
   std::vector<float> v(n);
   for (auto& x : v) x = static_cast<float>(nd(rng));
   return v;
-}
-
-double rel_rms(const std::vector<float>& a, const std::vector<float>& ref) {
-  double num = 0, den = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    if (!std::isfinite(a[i])) return INFINITY;
-    num += double(a[i] - ref[i]) * (a[i] - ref[i]);
-    den += double(ref[i]) * ref[i];
-  }
-  return std::sqrt(num / den);
 }
 
 struct Result {

@@ -19,23 +19,18 @@
 #include "trainer/optim/optimizer.hpp"
 #include "trainer/optim/param_views.hpp"
 #include "trainer/train.hpp"
+#include "tests/gpu/host_helpers.hpp"
+#include "tests/temp_dir.hpp"
+#include "tests/trainer/run_test_helpers.hpp"
 
 using namespace lar;
 using kernels::DType;
 namespace fs = std::filesystem;
+using namespace lar::gpu_test;
+using lar::test::metric_values;
+using lar::test::write_run;
 
 namespace {
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int counter = 0;
-    path = fs::temp_directory_path() / ("lar_gpu_train_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
 
 // head_dim 64, so the mixed-precision path runs the bf16 flash attention.
 json small_run(json overrides = json::object()) {
@@ -53,54 +48,11 @@ json small_run(json overrides = json::object()) {
   return trainer::prepare_config(c);
 }
 
-void write_run(const fs::path& dir, const json& config) {
-  RunDir(dir).write_config({{"experiment", "test"}, {"cell_id", "c"}, {"hash", "h"}, {"axes", json::object()},
-                            {"role", "main"}, {"baseline", nullptr}, {"config", config}});
-}
-
 std::vector<double> losses(const fs::path& dir) {
   std::vector<double> out;
   for (const auto& l : read_metrics(RunDir(dir).metrics_path()).lines)
     if (l.contains("loss")) out.push_back(l["loss"].get<double>());
   return out;
-}
-
-std::vector<std::string> metric_values(const fs::path& dir) {
-  std::vector<std::string> out;
-  for (auto l : read_metrics(RunDir(dir).metrics_path()).lines) {
-    for (const char* k : {"wall_time", "tokens_per_s", "iter_time", "peak_mem_mb", "gpu_peak_mem_mb"}) l.erase(k);
-    out.push_back(l.dump());
-  }
-  return out;
-}
-
-double rel_rms(const std::vector<float>& a, const std::vector<float>& ref) {
-  double num = 0, den = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    if (!std::isfinite(a[i])) return INFINITY;
-    num += double(a[i] - ref[i]) * (a[i] - ref[i]);
-    den += double(ref[i]) * ref[i];
-  }
-  return std::sqrt(num / den);
-}
-
-std::unique_ptr<kernels::Backend> backend(const std::string& kind, const std::string& precision) {
-  kernels::Backend::Options o;
-  o.precision = precision;
-  return kernels::make_backend(kind, 2, DType::f32, o);
-}
-
-data::Batch random_batch(int B, int T, int V, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  data::Batch b;
-  b.batch = B;
-  b.seq_len = T;
-  for (int i = 0; i < B * T; ++i) {
-    b.inputs.push_back(static_cast<int32_t>(rng() % V));
-    b.targets.push_back(static_cast<int32_t>(rng() % V));
-    b.loss_mask.push_back(i % 5 == 0 ? 0.0f : 1.0f);
-  }
-  return b;
 }
 
 struct StepOut {
@@ -142,7 +94,7 @@ StepOut one_step(kernels::Backend& be, const json& cfg, const data::Batch& batch
 TEST(GpuTrain, OneStepMatchesTheCpuBackend) {
   for (const char* opt : {"adamw", "muon"}) {
     const json cfg = small_run({{"optimizer", {{"name", opt}, {"lr", 0.02}, {"scalar_lr", 3e-3}}}});
-    const auto batch = random_batch(4, 64, 96, 3);
+    const auto batch = random_batch(4, 64, 96, 3, 5);
     auto cpu = backend("cpu", "fp32");
     const StepOut ref = one_step(*cpu, cfg, batch);
     for (const char* precision : {"fp32", "mixed"}) {

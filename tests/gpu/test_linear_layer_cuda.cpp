@@ -21,23 +21,16 @@
 #include "trainer/mixer.hpp"
 #include "trainer/model.hpp"
 #include "trainer/train.hpp"
+#include "tests/gpu/host_helpers.hpp"
+#include "tests/temp_dir.hpp"
 
 using namespace lar;
 using kernels::DType;
 namespace fs = std::filesystem;
+using lar::gpu_test::backend;
+using lar::gpu_test::random_batch;
 
 namespace {
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int counter = 0;
-    path = fs::temp_directory_path() / ("lar_lin_cuda_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
 
 // Heads of 64 (the CUDA kernels' size); T = 100 leaves a partial last chunk.
 json run_config(json model, json overrides = json::object()) {
@@ -55,25 +48,6 @@ json run_config(json model, json overrides = json::object()) {
             {"checkpoint", {{"every", 0}, {"keep", 2}}}};
   c.merge_patch(overrides);
   return trainer::prepare_config(c);
-}
-
-std::unique_ptr<kernels::Backend> backend(const std::string& kind, const std::string& precision) {
-  kernels::Backend::Options o;
-  o.precision = precision;
-  return kernels::make_backend(kind, 2, DType::f32, o);
-}
-
-data::Batch random_batch(int B, int T, int V, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  data::Batch b;
-  b.batch = B;
-  b.seq_len = T;
-  for (int i = 0; i < B * T; ++i) {
-    b.inputs.push_back(static_cast<int32_t>(rng() % V));
-    b.targets.push_back(static_cast<int32_t>(rng() % V));
-    b.loss_mask.push_back(i % 7 == 0 ? 0.0f : 1.0f);
-  }
-  return b;
 }
 
 struct StepOut {
@@ -135,7 +109,7 @@ void compare_step(const std::string& what, const json& cfg, const std::string& p
   const bool cler = cfg.at("model").at("routing") == "cler";
   const double tol_all = fp32 ? 1e-2 : 1.5e-2, tol_param = fp32 ? 2e-2 : 4e-2;
   const double tol_sum = cler ? 2.5e-1 : fp32 ? 6e-2 : 1.5e-1;
-  const auto batch = random_batch(4, 100, 96, 3);
+  const auto batch = random_batch(4, 100, 96, 3, 7);
   auto cpu = backend("cpu", "fp32");
   auto gpu = backend("cuda", precision);
   const StepOut ref = one_step(*cpu, cfg, batch);
@@ -246,7 +220,7 @@ TEST(LinearLayerCuda, WhatTheCudaPathDoesNotRunIsAClearError) {
   const json cfg = run_config({{"architecture", "gdn"}, {"stack", "pure"}, {"n_heads", 4}});
   auto gpu = backend("cuda", "mixed");
   try {
-    one_step(*gpu, cfg, random_batch(2, 16, 96, 1));
+    one_step(*gpu, cfg, random_batch(2, 16, 96, 1, 7));
     FAIL() << "no error";
   } catch (const UserError& e) {
     EXPECT_NE(std::string(e.what()).find("model.head_dim: the CUDA kernels need 64, got 32"), std::string::npos)

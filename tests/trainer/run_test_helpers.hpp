@@ -1,6 +1,7 @@
 #pragma once
 // Shared by the trainer and data-parallel tests: a run directory from a bare config, and
-// its metric lines without the wall-clock fields (those differ between runs by design).
+// its metric lines without the wall-clock and memory fields (those differ between runs by
+// design).
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -18,7 +19,7 @@ inline void write_run(const std::filesystem::path& dir, const json& config) {
 inline std::vector<std::string> metric_values(const std::filesystem::path& dir) {
   std::vector<std::string> out;
   for (auto l : read_metrics(RunDir(dir).metrics_path()).lines) {
-    for (const char* k : {"wall_time", "tokens_per_s", "iter_time", "peak_mem_mb"}) l.erase(k);
+    for (const char* k : {"wall_time", "tokens_per_s", "iter_time", "peak_mem_mb", "gpu_peak_mem_mb"}) l.erase(k);
     out.push_back(l.dump());
   }
   return out;

@@ -11,6 +11,7 @@
 #include "core/run_dir.hpp"
 #include "trainer/checkpoint.hpp"
 #include "trainer/train.hpp"
+#include "tests/temp_dir.hpp"
 #include "tests/trainer/run_test_helpers.hpp"
 
 using namespace lar;
@@ -19,21 +20,6 @@ using lar::test::metric_values;
 using lar::test::write_run;
 
 namespace {
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() / ("lar_train_test_" + std::to_string(::getpid()) + "_" +
-                                        std::to_string(counter()++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  static int& counter() {
-    static int c = 0;
-    return c;
-  }
-};
 
 json tiny_run(json overrides = json::object()) {
   json c = {{"seed", 3},

@@ -11,7 +11,7 @@ struct TempDir {
   TempDir() {
     static int counter = 0;
     path = std::filesystem::temp_directory_path() /
-           ("lar-data-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
+           ("lar-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
     std::filesystem::remove_all(path);
     std::filesystem::create_directories(path);
   }
