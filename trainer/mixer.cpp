@@ -38,18 +38,20 @@ bool mixer_runs_on_cuda(const std::string& kind) {
 }
 
 std::string cuda_unsupported(const json& model) {
+  bool linear = false;
   for (const auto& kind : layer_kinds(model)) {
     if (!mixer_runs_on_cuda(kind)) return "the '" + kind + "' mixer has no CUDA implementation in this build";
-    if (kind == "softmax") continue;
-    const MixerConfig c = mixer_config(model, 0);
-    if (c.head_dim != 64) return "model.head_dim: the linear CUDA kernels need 64, got " + std::to_string(c.head_dim);
-    if (c.value_dim != 64)
-      return "model.value_dim: the linear CUDA kernels need 64, got " + std::to_string(c.value_dim);
-    if (model.contains("ccq") && model["ccq"].is_object() && model["ccq"].value("enabled", false))
-      return "model.ccq.enabled: CCQ has no CUDA kernels yet";
-    if (model.value("short_conv", true) && model.value("conv_size", 4) > 8)
-      return "model.conv_size: the CUDA conv is at most 8 wide, got " + std::to_string(model.value("conv_size", 4));
+    linear = linear || kind != "softmax";
   }
+  if (!linear) return "";
+  // The dimensions and options are the model's, the same for every linear layer.
+  const MixerConfig c = mixer_config(model, 0);
+  if (c.head_dim != 64) return "model.head_dim: the linear CUDA kernels need 64, got " + std::to_string(c.head_dim);
+  if (c.value_dim != 64) return "model.value_dim: the linear CUDA kernels need 64, got " + std::to_string(c.value_dim);
+  if (model.contains("ccq") && model["ccq"].is_object() && model["ccq"].value("enabled", false))
+    return "model.ccq.enabled: CCQ has no CUDA kernels yet";
+  if (model.value("short_conv", true) && model.value("conv_size", 4) > 8)
+    return "model.conv_size: the CUDA conv is at most 8 wide, got " + std::to_string(model.value("conv_size", 4));
   return "";
 }
 

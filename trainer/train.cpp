@@ -77,15 +77,11 @@ void check_batch_split(const json& config, int world) {
                     " rank(s) × data.micro_batches " + std::to_string(micro) + " equal micro-batches");
 }
 
-// Why this model cannot train on the CUDA backend ("" when it can): trainer/mixer.cpp
-// knows which mixers and which dimensions the CUDA kernels cover.
-std::string cuda_unsupported_reason(const json& config) { return cuda_unsupported(config.at("model")); }
-
 std::string resolve_train_backend(const json& config) {
   const std::string asked = config.at("backend").get<std::string>();
   const std::string k = kernels::resolve_backend(asked);
   // `auto` on a GPU machine: a model the GPU cannot run yet trains on the CPU.
-  if (asked == "auto" && k == "cuda" && !cuda_unsupported_reason(config).empty()) return "cpu";
+  if (asked == "auto" && k == "cuda" && !cuda_unsupported(config.at("model")).empty()) return "cpu";
   return k;
 }
 
@@ -102,7 +98,7 @@ json prepare_config(const json& raw) {
     throw UserError("backend: '" + cfg.at("backend").get<std::string>() + "' is not available in this build");
   validate_model_config(cfg);
   if (cfg.at("backend").get<std::string>() == "cuda") {
-    const std::string why = cuda_unsupported_reason(cfg);
+    const std::string why = cuda_unsupported(cfg.at("model"));
     if (!why.empty())
       throw UserError("backend: cuda cannot run this model: " + why +
                       "; use backend: cpu (or auto, which picks the CPU for this model)");

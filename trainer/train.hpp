@@ -73,13 +73,9 @@ struct TrainOptions {
 int train_run(const std::filesystem::path& run_dir, const TrainOptions& opts = {});
 
 // The backend `lar train` runs this config on, here: `backend` resolved (auto = cuda when
-// built with CUDA and a GPU is present), except that auto picks cpu for a model with a
-// mixer the CUDA backend cannot run yet.
+// built with CUDA and a GPU is present), except that auto picks cpu for a model the CUDA
+// backend cannot run (trainer::cuda_unsupported, trainer/mixer.hpp).
 std::string resolve_train_backend(const json& config);
-// Why the CUDA backend cannot run this model ("" when it can): a mixer without CUDA
-// kernels or a dimension/option the kernels do not cover, naming the value.
-// prepare_config throws UserError with it under backend: cuda.
-std::string cuda_unsupported_reason(const json& config);
 
 // Rows [part·B/parts, (part+1)·B/parts) of a batch of B sequences (B % parts == 0):
 // the share of one rank (and one micro-batch) of the global batch. Task answers keep
