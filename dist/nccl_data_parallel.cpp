@@ -10,6 +10,7 @@
 #include <iostream>
 #include <thread>
 
+#include "core/env.hpp"
 #include "core/error.hpp"
 #include "dist/env.hpp"
 #include "dist/id_exchange.hpp"
@@ -18,16 +19,6 @@
 namespace lar::dist {
 
 namespace {
-
-double env_seconds(const char* name, double fallback) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return fallback;
-  try {
-    return std::stod(v);
-  } catch (...) {
-    throw UserError(std::string(name) + "=" + v + ": not a number of seconds");
-  }
-}
 
 void cuda_check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw RuntimeError(std::string(what) + ": " + cudaGetErrorString(e));
@@ -243,8 +234,8 @@ void configure_rank(trainer::TrainOptions& opts, const DistEnv& env) {
     o.world = env.world;
     o.id_file = id_file_path(run_dir, env.token);
     o.deterministic = cfg.at("deterministic").get<bool>();
-    o.init_timeout_s = env_seconds("LAR_DIST_INIT_TIMEOUT", 300);
-    o.timeout_s = env_seconds("LAR_DIST_TIMEOUT", 40);
+    o.init_timeout_s = env_number("LAR_DIST_INIT_TIMEOUT", 300, "seconds");
+    o.timeout_s = env_number("LAR_DIST_TIMEOUT", 40, "seconds");
     return std::unique_ptr<trainer::DataParallel>(new NcclDataParallel(be, o));
   };
 }

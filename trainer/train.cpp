@@ -17,6 +17,7 @@
 #include <iostream>
 
 #include "core/config_schema.hpp"
+#include "core/env.hpp"
 #include "core/error.hpp"
 #include "core/fs.hpp"
 #include "core/hash.hpp"
@@ -271,17 +272,6 @@ double mask_sum(const data::Batch& b) {
   return m;
 }
 
-// Seconds from the environment (docs/distributed.md), or the default.
-double env_seconds(const char* name, double fallback) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return fallback;
-  try {
-    return std::stod(v);
-  } catch (...) {
-    throw UserError(std::string(name) + "=" + v + ": not a number of seconds");
-  }
-}
-
 class Trainer {
  public:
   Trainer(const fs::path& dir, const TrainOptions& opts) : rd_(dir), opts_(opts) {}
@@ -437,7 +427,7 @@ void Trainer::save(long step) {
   if (!primary()) {
     // Rank 0 writes the one checkpoint; wait for it with the long timeout (a multi-GB
     // file may take longer than a collective is allowed to).
-    dp_->sum({0.0}, env_seconds("LAR_DIST_SAVE_TIMEOUT", 1800));
+    dp_->sum({0.0}, env_number("LAR_DIST_SAVE_TIMEOUT", 1800, "seconds"));
     return;
   }
   Checkpoint ck;
@@ -456,7 +446,7 @@ void Trainer::save(long step) {
               {"config_hash", sha256_hex(canonical_dump(cfg_))}, {"world_size", world_}};
   save_checkpoint(rd_.checkpoints_dir(), ck, cfg_.at("checkpoint").at("keep").get<int>());
   log("checkpoint step " + std::to_string(step));
-  if (dp_) dp_->sum({0.0}, env_seconds("LAR_DIST_SAVE_TIMEOUT", 1800));
+  if (dp_) dp_->sum({0.0}, env_number("LAR_DIST_SAVE_TIMEOUT", 1800, "seconds"));
 }
 
 void Trainer::finish_status(RunState state, const std::string& reason) {
@@ -526,7 +516,7 @@ int Trainer::run() {
     rank_ = dp_->rank();
     world_ = dp_->world();
     check_batch_split(cfg_, world_);
-    const double mb = env_seconds("LAR_DIST_BUCKET_MB", 25);
+    const double mb = env_number("LAR_DIST_BUCKET_MB", 25, "MiB");
     bucket_elems_ = std::max<int64_t>(1, static_cast<int64_t>(mb * 1048576 / 4));
     if (micro_ == 1 && world_ > 1)
       model_->set_grads_ready_hook([this](const std::vector<int>& p) { on_grads_ready(p); });
@@ -631,7 +621,7 @@ int Trainer::run() {
   try {
     // Ranks load the checkpoint at their own pace: meet before the first step's collectives
     // (which use the short timeout).
-    if (dp_) dp_->sum({0.0}, env_seconds("LAR_DIST_SAVE_TIMEOUT", 1800));
+    if (dp_) dp_->sum({0.0}, env_number("LAR_DIST_SAVE_TIMEOUT", 1800, "seconds"));
     while (step < total) {
       auto t0 = std::chrono::steady_clock::now();
       data::Batch batch = ds_->next_train();  // the global batch, on every rank
