@@ -13,6 +13,7 @@
 
 #include <cuda.h>
 
+#include "kernels/cuda/attention/cudnn_attention.hpp"
 #include "kernels/cuda/attention/flash_attention.hpp"
 #include "kernels/cuda/cuda_backend.hpp"
 #include "kernels/cuda/cuda_check.hpp"
@@ -641,6 +642,7 @@ CudaBackend::CudaBackend(int device) {
 }
 
 CudaBackend::~CudaBackend() {
+  cudnn_attn_.reset();  // its cuDNN handle is bound to stream_
   if (scratch_) cudaFree(scratch_);
   if (big_scratch_) cudaFree(big_scratch_);
   if (idx_scratch_) cudaFree(idx_scratch_);
@@ -1365,16 +1367,51 @@ Tensor as_f32(const Tensor& t, char*& cursor) {
 }
 }  // namespace
 
+// cuDNN's fused attention for the bf16 shapes it covers (attention/cudnn_attention.hpp),
+// unless deterministic (its backward accumulates dQ with atomics) or LAR_ATTENTION=flash.
+// The forward and backward plans of a shape are built together, so both directions of a
+// shape take the same path; were they ever to differ, the saved lse means the same in both
+// (natural-log LSE of scale·q·kᵀ, [B, Hq, T]).
+bool CudaBackend::attn_cudnn(const attention::FlashShape& fs) {
+  const attention::AttentionMode mode = attention::attention_mode();
+  if (mode == attention::AttentionMode::flash || options().deterministic || !attention::cudnn_covers(fs)) return false;
+  const bool forced = mode == attention::AttentionMode::cudnn;
+  if (!cudnn_attn_) {
+    if (!attention::cudnn_available()) {
+      if (forced) throw RuntimeError("LAR_ATTENTION=cudnn: " + attention::cudnn_unavailable_reason());
+      return false;
+    }
+    cudnn_attn_ = std::make_unique<attention::CudnnAttention>();
+  }
+  std::string why;
+  if (cudnn_attn_->prepare(fs, &why)) return true;
+  if (forced) throw RuntimeError("LAR_ATTENTION=cudnn: " + why);
+  static bool warned = false;  // once per process: the flash kernels take over
+  if (!warned) std::fprintf(stderr, "lar: cuDNN attention unavailable (%s); using the flash kernels\n", why.c_str());
+  warned = true;
+  return false;
+}
+
 void CudaBackend::attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                                 const Tensor& lse, double scale, int64_t window) {
   OpTimer timer(*this, "attention fwd");
   require_f32(lse, "attention lse");
   if (all_bf16({&q, &k, &v, &o})) {
-    if (flash_ok(q, v)) {  // bf16 tensors straight into the flash kernel: no conversions
-      attention::flash_attention_fwd(flash_shape(q, k, scale, window), q.ptr<bf16>(), k.ptr<bf16>(), v.ptr<bf16>(),
-                                     o.ptr<bf16>(), lse.ptr<float>(), stream_);
+    if (flash_ok(q, v)) {  // bf16 tensors straight into cuDNN or the flash kernel: no conversions
+      const attention::FlashShape fs = flash_shape(q, k, scale, window);
+      if (attn_cudnn(fs)) {
+        void* work = scratch_bytes(cudnn_attn_->fwd_workspace_bytes(fs));
+        cudnn_attn_->fwd(fs, q.ptr<bf16>(), k.ptr<bf16>(), v.ptr<bf16>(), o.ptr<bf16>(), lse.ptr<float>(), work,
+                         stream_);
+        attn_path_ = "cudnn";
+        return;
+      }
+      attention::flash_attention_fwd(fs, q.ptr<bf16>(), k.ptr<bf16>(), v.ptr<bf16>(), o.ptr<bf16>(), lse.ptr<float>(),
+                                     stream_);
+      attn_path_ = "flash";
       return;
     }
+    attn_path_ = "fp32";
     // Head dims the flash kernel lacks: widen, run the fp32 kernels, round o.
     char* cur = static_cast<char*>(
         scratch_bytes(align256(q.numel() * 4) + align256(o.numel() * 4) + align256(k.numel() * 4) + align256(v.numel() * 4)));
@@ -1387,6 +1424,7 @@ void CudaBackend::attention_fwd(const Tensor& q, const Tensor& k, const Tensor& 
     convert(of, o);
     return;
   }
+  attn_path_ = flash_ok(q, v) ? "flash" : "fp32";
   if (flash_ok(q, v)) return flash_fwd(q, k, v, o, lse, scale, window);
   AttnShape s = attn_shape(q, k, v, scale, window);
   int64_t warps = s.B * s.T * s.Hq;
@@ -1424,11 +1462,20 @@ void CudaBackend::attention_bwd(const Tensor& q, const Tensor& k, const Tensor& 
   if (all_bf16({&q, &k, &v, &o, &dout, &dq, &dk, &dv})) {
     if (flash_ok(q, v)) {
       const attention::FlashShape fs = flash_shape(q, k, scale, window);
+      if (attn_cudnn(fs)) {
+        void* work = scratch_bytes(cudnn_attn_->bwd_workspace_bytes(fs));
+        cudnn_attn_->bwd(fs, q.ptr<bf16>(), k.ptr<bf16>(), v.ptr<bf16>(), o.ptr<bf16>(), lse.ptr<float>(),
+                         dout.ptr<bf16>(), dq.ptr<bf16>(), dk.ptr<bf16>(), dv.ptr<bf16>(), work, stream_);
+        attn_path_ = "cudnn";
+        return;
+      }
       void* work = scratch_bytes(align256(attention::flash_attention_bwd_workspace_bytes(fs)));
       attention::flash_attention_bwd(fs, q.ptr<bf16>(), k.ptr<bf16>(), v.ptr<bf16>(), o.ptr<bf16>(), lse.ptr<float>(),
                                      dout.ptr<bf16>(), dq.ptr<bf16>(), dk.ptr<bf16>(), dv.ptr<bf16>(), work, stream_);
+      attn_path_ = "flash";
       return;
     }
+    attn_path_ = "fp32";
     const std::size_t nq = align256(q.numel() * 4), no = align256(o.numel() * 4), nk = align256(k.numel() * 4),
                       nv = align256(v.numel() * 4);
     char* cur = static_cast<char*>(scratch_bytes(2 * nq + 2 * no + 2 * nk + 2 * nv));
@@ -1439,6 +1486,7 @@ void CudaBackend::attention_bwd(const Tensor& q, const Tensor& k, const Tensor& 
     convert(dqf, dq), convert(dkf, dk), convert(dvf, dv);
     return;
   }
+  attn_path_ = flash_ok(q, v) ? "flash" : "fp32";
   if (flash_ok(q, v)) return flash_bwd(q, k, v, o, lse, dout, dq, dk, dv, scale, window);
   attention_bwd_f32(q, k, v, o, lse, dout, dq, dk, dv, scale, window, stream_);
 }

@@ -10,6 +10,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -18,6 +19,11 @@
 #include "kernels/cuda/event_profile.hpp"
 
 namespace lar::kernels::cuda {
+
+namespace attention {
+class CudnnAttention;
+struct FlashShape;
+}  // namespace attention
 
 class CudaBackend final : public Backend {
  public:
@@ -100,6 +106,12 @@ class CudaBackend final : public Backend {
 
   cudaStream_t stream() const { return stream_; }
   void synchronize();
+  // Which implementation the last attention_fwd/bwd ran: "cudnn" (cuDNN's fused flash
+  // attention), "flash" (our bf16 mma.sync kernels), "fp32" (the reference kernels), or
+  // "none". bf16 attention uses cuDNN where attention::cudnn_covers() the shape (causal, no
+  // window, D 64/128), cuDNN loads and has an engine, unless deterministic or
+  // LAR_ATTENTION=flash; the flash kernels otherwise (kernels/cuda/attention/cudnn_attention.hpp).
+  const char* attention_path() const { return attn_path_; }
   // With LAR_CUDA_PROFILE=1 in the environment: device seconds per op kind since the last
   // report (CUDA events around every op), largest first; empty otherwise.
   std::vector<std::pair<std::string, double>> profile_report();
@@ -108,6 +120,10 @@ class CudaBackend final : public Backend {
   // Device scratch of at least `bytes` (grown, never shrunk; one user at a time).
   void* scratch_bytes(std::size_t bytes);
   bool flash_ok(const Tensor& q, const Tensor& v) const;
+  // True when this bf16 attention shape goes to cuDNN (see attention_path()).
+  bool attn_cudnn(const attention::FlashShape& fs);
+  std::unique_ptr<attention::CudnnAttention> cudnn_attn_;  // created at the first cuDNN attention
+  const char* attn_path_ = "none";
   void flash_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse,
                  double scale, int64_t window);
   void flash_bwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse,

@@ -1,17 +1,24 @@
-// The bf16 flash attention kernels (kernels/cuda/attention) against the CPU reference
-// backend in fp64, on fresh random bf16 inputs: relative RMS error ≤ 1e-2 for o, dq, dk,
-// dv (and lse), every output poisoned with NaN before each launch.
+// The bf16 flash attention kernels and cuDNN's fused attention (kernels/cuda/attention)
+// against the CPU reference backend in fp64, on fresh random bf16 inputs: relative RMS
+// error ≤ 1e-2 for o, dq, dk, dv (and lse), every output poisoned with NaN before each
+// launch; the two implementations' forward and backward combined both ways; the CUDA
+// backend's choice between them (LAR_ATTENTION, deterministic, windows).
 #include <gtest/gtest.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <vector>
 
+#include "core/error.hpp"
 #include "kernels/backend.hpp"
+#include "kernels/cuda/attention/cudnn_attention.hpp"
 #include "kernels/cuda/attention/flash_attention.hpp"
+#include "kernels/cuda/cuda_backend.hpp"
 #include "tests/gpu/device_buffer.hpp"
 
 using namespace lar::kernels;
@@ -47,20 +54,49 @@ struct Result {
   double o, lse, dq, dk, dv;
 };
 
-// One fwd + bwd on the GPU and on the CPU reference; returns the relative RMS errors.
-Result compare(Harness& hx, const FlashShape& s) {
+enum class Impl { flash, cudnn };
+
+// One cuDNN attention object for the whole test binary (its plans are cached per shape).
+cuda::attention::CudnnAttention& cudnn() {
+  static std::unique_ptr<cuda::attention::CudnnAttention> c;
+  if (!c) c = std::make_unique<cuda::attention::CudnnAttention>();
+  return *c;
+}
+
+// cuDNN must be there on the GPU machine (its lib folder on LD_LIBRARY_PATH): a missing
+// library would otherwise skip the path silently.
+void require_cudnn() {
+  ASSERT_TRUE(cuda::attention::cudnn_available()) << cuda::attention::cudnn_unavailable_reason();
+}
+
+// One fwd + bwd on the GPU (forward by `f`, backward by `b`) and on the CPU reference
+// backend (`cpu`: null = the single-threaded one); returns the relative RMS errors.
+Result compare(Harness& hx, const FlashShape& s, Impl f = Impl::flash, Impl b = Impl::flash, Backend* cpu = nullptr) {
   const size_t nq = s.B * s.T * s.Hq * s.D, nk = s.B * s.S * s.Hkv * s.D, nl = s.B * s.Hq * s.T;
   Dev<bf16> q(nq), k(nk), v(nk), o(nq), dout(nq), dq(nq), dk(nk), dv(nk);
   Dev<float> lse(nl);
-  Dev<unsigned char> ws(cuda::attention::flash_attention_bwd_workspace_bytes(s));
+  size_t wsn = cuda::attention::flash_attention_bwd_workspace_bytes(s);
+  if (f == Impl::cudnn || b == Impl::cudnn) {
+    std::string why;
+    EXPECT_TRUE(cudnn().prepare(s, &why)) << why;
+    wsn = std::max({wsn, cudnn().fwd_workspace_bytes(s), cudnn().bwd_workspace_bytes(s)});
+  }
+  Dev<unsigned char> ws(wsn);
   auto hq = hx.randn(q), hk = hx.randn(k), hv = hx.randn(v), hdo = hx.randn(dout);
   o.poison(), lse.poison(), dq.poison(), dk.poison(), dv.poison(), ws.poison();
 
-  cuda::attention::flash_attention_fwd(s, q.p, k.p, v.p, o.p, lse.p, nullptr);
-  cuda::attention::flash_attention_bwd(s, q.p, k.p, v.p, o.p, lse.p, dout.p, dq.p, dk.p, dv.p, ws.p, nullptr);
+  if (f == Impl::cudnn)
+    cudnn().fwd(s, q.p, k.p, v.p, o.p, lse.p, ws.p, nullptr);
+  else
+    cuda::attention::flash_attention_fwd(s, q.p, k.p, v.p, o.p, lse.p, nullptr);
+  ws.poison();
+  if (b == Impl::cudnn)
+    cudnn().bwd(s, q.p, k.p, v.p, o.p, lse.p, dout.p, dq.p, dk.p, dv.p, ws.p, nullptr);
+  else
+    cuda::attention::flash_attention_bwd(s, q.p, k.p, v.p, o.p, lse.p, dout.p, dq.p, dk.p, dv.p, ws.p, nullptr);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 
-  Backend& c = *hx.cpu;
+  Backend& c = cpu ? *cpu : *hx.cpu;
   Arena a(c);
   auto up = [&](const std::vector<double>& x, std::initializer_list<int64_t> shape) {
     Tensor t = a.alloc(DType::f64, shape);
@@ -177,5 +213,153 @@ TEST(FlashAttention, RejectsBadShapes) {
     FAIL() << "no error";
   } catch (const std::exception& e) {
     EXPECT_NE(std::string(e.what()).find("head dim 96"), std::string::npos) << e.what();
+  }
+}
+
+// ---- cuDNN's fused attention (kernels/cuda/attention/cudnn_attention.hpp) ----
+
+namespace {
+void expect_close(const Result& r, const std::string& what) {
+  EXPECT_LT(r.o, kTol) << what;
+  EXPECT_LT(r.lse, 1e-4) << what;
+  EXPECT_LT(r.dq, kTol) << what;
+  EXPECT_LT(r.dk, kTol) << what;
+  EXPECT_LT(r.dv, kTol) << what;
+  std::printf("%s: o %.2e lse %.2e dq %.2e dk %.2e dv %.2e\n", what.c_str(), r.o, r.lse, r.dq, r.dk, r.dv);
+}
+std::string describe(const FlashShape& s, const char* how) {
+  return std::string(how) + " B=" + std::to_string(s.B) + " T=" + std::to_string(s.T) + " Hq=" +
+         std::to_string(s.Hq) + " Hkv=" + std::to_string(s.Hkv) + " D=" + std::to_string(s.D);
+}
+}  // namespace
+
+TEST(CudnnAttention, MatchesCpuReference) {
+  require_cudnn();
+  std::printf("cuDNN %ld\n", cuda::attention::cudnn_version());
+  Harness hx;
+  // T not a multiple of 64, GQA groups 1–4 (kv = 4 of 16 heads), head dims 64 and 128.
+  for (FlashShape s : {shape(2, 200, 200, 4, 4, 64, 0), shape(1, 300, 300, 16, 4, 64, 0),
+                       shape(2, 257, 257, 4, 1, 128, 0), shape(1, 333, 333, 6, 2, 128, 0),
+                       shape(1, 64, 64, 1, 1, 64, 0)})
+    expect_close(compare(hx, s, Impl::cudnn, Impl::cudnn), describe(s, "cudnn"));
+}
+
+// T = 16K (and a 2K problem at D = 128) against the fp64 reference on all cores.
+TEST(CudnnAttention, LongSequences) {
+  require_cudnn();
+  Harness hx;
+  auto cpu = make_backend("cpu", 0, DType::f64);
+  for (FlashShape s : {shape(1, 16384, 16384, 2, 2, 64, 0), shape(1, 2048, 2048, 4, 1, 128, 0)})
+    expect_close(compare(hx, s, Impl::cudnn, Impl::cudnn, cpu.get()), describe(s, "cudnn"));
+}
+
+// cuDNN's stats are the flash kernels' lse: either forward feeds either backward.
+TEST(CudnnAttention, ForwardAndBackwardMixWithFlash) {
+  require_cudnn();
+  Harness hx;
+  const FlashShape s = shape(2, 300, 300, 8, 2, 64, 0);
+  expect_close(compare(hx, s, Impl::cudnn, Impl::flash), describe(s, "cudnn fwd + flash bwd"));
+  expect_close(compare(hx, s, Impl::flash, Impl::cudnn), describe(s, "flash fwd + cudnn bwd"));
+}
+
+TEST(CudnnAttention, CoversOnlyCausalFullSequences) {
+  EXPECT_TRUE(cuda::attention::cudnn_covers(shape(8, 4096, 4096, 16, 4, 64, 0)));
+  EXPECT_TRUE(cuda::attention::cudnn_covers(shape(1, 32768, 32768, 16, 16, 128, 0)));
+  EXPECT_FALSE(cuda::attention::cudnn_covers(shape(1, 100, 100, 2, 2, 64, 37)));   // window
+  EXPECT_FALSE(cuda::attention::cudnn_covers(shape(1, 77, 300, 4, 4, 64, 0)));     // KV cache
+  EXPECT_FALSE(cuda::attention::cudnn_covers(shape(1, 100, 100, 2, 2, 32, 0)));    // head dim
+  EXPECT_FALSE(cuda::attention::cudnn_covers(shape(1, 100, 100, 3, 2, 64, 0)));    // Hq % Hkv
+}
+
+namespace {
+// An environment variable set for one scope.
+struct ScopedEnv {
+  explicit ScopedEnv(const char* value) {
+    if (value)
+      setenv("LAR_ATTENTION", value, 1);
+    else
+      unsetenv("LAR_ATTENTION");
+  }
+  ~ScopedEnv() { unsetenv("LAR_ATTENTION"); }
+};
+
+struct BackendRun {
+  std::string path_fwd, path_bwd;
+  std::vector<double> o, dq, dk, dv;
+};
+
+// attention_fwd + attention_bwd through the CUDA backend on bf16 tensors (same inputs
+// every call: seeded).
+BackendRun backend_run(bool deterministic, int64_t window) {
+  Backend::Options opt;
+  opt.precision = "mixed";
+  opt.deterministic = deterministic;
+  auto be = make_backend("cuda", 0, DType::f32, opt);
+  auto* cb = dynamic_cast<cuda::CudaBackend*>(be.get());
+  EXPECT_NE(cb, nullptr);
+  const int64_t B = 2, T = 192, Hq = 4, Hkv = 2, D = 64;
+  Dev<bf16> q(B * T * Hq * D), k(B * T * Hkv * D), v(B * T * Hkv * D), o(B * T * Hq * D), dout(B * T * Hq * D);
+  Dev<bf16> dq(B * T * Hq * D), dk(B * T * Hkv * D), dv(B * T * Hkv * D);
+  Dev<float> lse(B * Hq * T);
+  Harness hx;
+  hx.rng.seed(7);
+  hx.randn(q), hx.randn(k), hx.randn(v), hx.randn(dout);
+  auto t = [](auto& d, std::initializer_list<int64_t> shape, DType dt) { return Tensor(d.p, dt, shape); };
+  Tensor tq = t(q, {B, T, Hq, D}, DType::bf16), tk = t(k, {B, T, Hkv, D}, DType::bf16),
+         tv = t(v, {B, T, Hkv, D}, DType::bf16), to = t(o, {B, T, Hq, D}, DType::bf16),
+         tl = t(lse, {B, Hq, T}, DType::f32), tdo = t(dout, {B, T, Hq, D}, DType::bf16),
+         tdq = t(dq, {B, T, Hq, D}, DType::bf16), tdk = t(dk, {B, T, Hkv, D}, DType::bf16),
+         tdv = t(dv, {B, T, Hkv, D}, DType::bf16);
+  const double scale = 0.125;
+  BackendRun r;
+  be->attention_fwd(tq, tk, tv, to, tl, scale, window);
+  r.path_fwd = cb ? cb->attention_path() : "?";
+  be->attention_bwd(tq, tk, tv, to, tl, tdo, tdq, tdk, tdv, scale, window);
+  r.path_bwd = cb ? cb->attention_path() : "?";
+  if (cb) cb->synchronize();
+  r.o = o.get(), r.dq = dq.get(), r.dk = dk.get(), r.dv = dv.get();
+  return r;
+}
+}  // namespace
+
+TEST(CudnnAttention, BackendPicksThePath) {
+  require_cudnn();
+  BackendRun flash, cud;
+  {
+    ScopedEnv env(nullptr);  // auto
+    cud = backend_run(false, 0);
+    EXPECT_EQ(cud.path_fwd, "cudnn");
+    EXPECT_EQ(cud.path_bwd, "cudnn");
+    BackendRun w = backend_run(false, 50);  // sliding window: the flash kernels
+    EXPECT_EQ(w.path_fwd, "flash");
+    EXPECT_EQ(w.path_bwd, "flash");
+    BackendRun d = backend_run(true, 0);  // deterministic: the flash kernels
+    EXPECT_EQ(d.path_fwd, "flash");
+    EXPECT_EQ(d.path_bwd, "flash");
+  }
+  {
+    ScopedEnv env("flash");
+    flash = backend_run(false, 0);
+    EXPECT_EQ(flash.path_fwd, "flash");
+    EXPECT_EQ(flash.path_bwd, "flash");
+  }
+  {
+    ScopedEnv env("cudnn");
+    EXPECT_EQ(backend_run(false, 0).path_bwd, "cudnn");
+    EXPECT_EQ(backend_run(false, 50).path_fwd, "flash");  // not a shape cuDNN's graph covers
+  }
+  // The two paths agree on the same inputs (each is checked against fp64 above).
+  EXPECT_LT(rel_rms(cud.o, flash.o), kTol);
+  EXPECT_LT(rel_rms(cud.dq, flash.dq), kTol);
+  EXPECT_LT(rel_rms(cud.dk, flash.dk), kTol);
+  EXPECT_LT(rel_rms(cud.dv, flash.dv), kTol);
+  {
+    ScopedEnv env("bogus");
+    try {
+      backend_run(false, 0);
+      FAIL() << "no error";
+    } catch (const lar::UserError& e) {
+      EXPECT_NE(std::string(e.what()).find("LAR_ATTENTION: 'bogus'"), std::string::npos) << e.what();
+    }
   }
 }
