@@ -127,6 +127,14 @@ Ref reference(const Inputs& in, bool gated) {
   return r;
 }
 
+// LAR_DELTA_PATH set for one scope (restored to unset even when an assertion returns early).
+struct ScopedPath {
+  explicit ScopedPath(const char* path) { setenv("LAR_DELTA_PATH", path, 1); }
+  ~ScopedPath() { unsetenv("LAR_DELTA_PATH"); }
+  ScopedPath(const ScopedPath&) = delete;
+  ScopedPath& operator=(const ScopedPath&) = delete;
+};
+
 std::string name(const Case& c) {
   return std::string(c.gated ? "gdn" : "deltanet") + " B=" + std::to_string(c.B) + " T=" + std::to_string(c.T) +
          " H=" + std::to_string(c.H) + (c.with_state ? " +state" : "");
@@ -134,44 +142,65 @@ std::string name(const Case& c) {
 
 }  // namespace
 
+// Both implementations (kernels/cuda/linear/delta_rule.cu picks one per pass from the shape;
+// LAR_DELTA_PATH forces it): the fused one-CTA-per-(b, h) kernels and the two-phase path
+// (chunk-parallel prep, sequential state pass, chunk-parallel main kernel).
 TEST(LinearDeltaCuda, MatchesCpuReference) {
   int devices = 0;
   ASSERT_EQ(cudaGetDeviceCount(&devices), cudaSuccess);
   ASSERT_GT(devices, 0);
   std::mt19937_64 rng{std::random_device{}()};
-  for (const Case& c : {Case{2, 200, 4, true, true}, Case{1, 100, 3, true, false}, Case{2, 64, 2, false, false},
-                        Case{1, 333, 2, false, true}, Case{1, 1, 2, true, true}, Case{1, 1000, 2, true, true},
-                        Case{3, 129, 1, true, false}}) {
-    const Inputs in = make_inputs(rng, c);
-    gl::DeltaShape s;
-    s.B = c.B, s.T = c.T, s.H = c.H, s.scale = 0.125;
-    const size_t nx = in.q.size(), nr = in.beta.size(), ns = in.S0.size();
-    Dev<bf16> q(nx), k(nx), v(nx), o(nx), dO(nx), dq(nx), dk(nx), dv(nx);
-    Dev<float> g(nr), beta(nr), dg(nr), dbeta(nr), S0(ns), S(ns), dST(ns), dS0(ns);
-    Dev<bf16> bound(gl::delta_boundary_bytes(s) / sizeof(bf16));
-    q.put(in.q), k.put(in.k), v.put(in.v), dO.put(in.dO), beta.put(in.beta), S0.put(in.S0), dST.put(in.dST);
-    if (c.gated) g.put(in.g);
-    o.poison(), S.poison(), dq.poison(), dk.poison(), dv.poison(), dg.poison(), dbeta.poison(), dS0.poison();
-    bound.poison();
-    const float* gp = c.gated ? g.p : nullptr;
-    gl::delta_fwd(s, q.p, k.p, v.p, gp, beta.p, c.with_state ? S0.p : nullptr, o.p, S.p, bound.p, nullptr);
-    gl::delta_bwd(s, q.p, k.p, v.p, gp, beta.p, bound.p, dO.p, c.with_state ? dST.p : nullptr, dq.p, dk.p, dv.p,
-                  c.gated ? dg.p : nullptr, dbeta.p, dS0.p, nullptr);
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << name(c);
-    const Ref r = reference(in, c.gated);
-    const double eo = rel_rms(o.get(), r.o), eS = rel_rms(S.get(), r.S), edq = rel_rms(dq.get(), r.dq),
-                 edk = rel_rms(dk.get(), r.dk), edv = rel_rms(dv.get(), r.dv), edb = rel_rms(dbeta.get(), r.dbeta),
-                 edS = rel_rms(dS0.get(), r.dS0), edg = c.gated ? rel_rms(dg.get(), r.dg) : 0.0;
-    std::printf("%s: o %.2e S %.2e dq %.2e dk %.2e dv %.2e dg %.2e dbeta %.2e dS0 %.2e\n", name(c).c_str(), eo, eS,
-                edq, edk, edv, edg, edb, edS);
-    EXPECT_LT(eo, 5e-3) << name(c);
-    EXPECT_LT(eS, 5e-3) << name(c);
-    EXPECT_LT(edq, 1e-2) << name(c);
-    EXPECT_LT(edk, 1e-2) << name(c);
-    EXPECT_LT(edv, 1e-2) << name(c);
-    EXPECT_LT(edg, 1e-2) << name(c);
-    EXPECT_LT(edb, 1e-2) << name(c);
-    EXPECT_LT(edS, 1e-2) << name(c);
+  for (const char* path : {"chunked", "fused"}) {
+    for (const Case& c : {Case{2, 200, 4, true, true}, Case{1, 100, 3, true, false}, Case{2, 64, 2, false, false},
+                          Case{1, 333, 2, false, true}, Case{1, 1, 2, true, true}, Case{1, 1000, 2, true, true},
+                          Case{3, 129, 1, true, false}}) {
+      const ScopedPath forced(path);
+      const Inputs in = make_inputs(rng, c);
+      gl::DeltaShape s;
+      s.B = c.B, s.T = c.T, s.H = c.H, s.scale = 0.125;
+      const size_t nx = in.q.size(), nr = in.beta.size(), ns = in.S0.size();
+      Dev<bf16> q(nx), k(nx), v(nx), o(nx), dO(nx), dq(nx), dk(nx), dv(nx);
+      Dev<float> g(nr), beta(nr), dg(nr), dbeta(nr), S0(ns), S(ns), dST(ns), dS0(ns);
+      Dev<bf16> bound(gl::delta_boundary_bytes(s) / sizeof(bf16));
+      q.put(in.q), k.put(in.k), v.put(in.v), dO.put(in.dO), beta.put(in.beta), S0.put(in.S0), dST.put(in.dST);
+      if (c.gated) g.put(in.g);
+      o.poison(), S.poison(), dq.poison(), dk.poison(), dv.poison(), dg.poison(), dbeta.poison(), dS0.poison();
+      bound.poison();
+      const float* gp = c.gated ? g.p : nullptr;
+      gl::delta_fwd(s, q.p, k.p, v.p, gp, beta.p, c.with_state ? S0.p : nullptr, o.p, S.p, bound.p, nullptr);
+      gl::delta_bwd(s, q.p, k.p, v.p, gp, beta.p, bound.p, dO.p, c.with_state ? dST.p : nullptr, dq.p, dk.p, dv.p,
+                    c.gated ? dg.p : nullptr, dbeta.p, dS0.p, nullptr);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << path << " " << name(c);
+      const Ref r = reference(in, c.gated);
+      const double eo = rel_rms(o.get(), r.o), eS = rel_rms(S.get(), r.S), edq = rel_rms(dq.get(), r.dq),
+                   edk = rel_rms(dk.get(), r.dk), edv = rel_rms(dv.get(), r.dv), edb = rel_rms(dbeta.get(), r.dbeta),
+                   edS = rel_rms(dS0.get(), r.dS0), edg = c.gated ? rel_rms(dg.get(), r.dg) : 0.0;
+      const std::string what = std::string(path) + " " + name(c);
+      std::printf("%s: o %.2e S %.2e dq %.2e dk %.2e dv %.2e dg %.2e dbeta %.2e dS0 %.2e\n", what.c_str(), eo, eS,
+                  edq, edk, edv, edg, edb, edS);
+      EXPECT_LT(eo, 5e-3) << what;
+      EXPECT_LT(eS, 5e-3) << what;
+      EXPECT_LT(edq, 1e-2) << what;
+      EXPECT_LT(edk, 1e-2) << what;
+      EXPECT_LT(edv, 1e-2) << what;
+      EXPECT_LT(edg, 1e-2) << what;
+      EXPECT_LT(edb, 1e-2) << what;
+      EXPECT_LT(edS, 1e-2) << what;
+    }
+  }
+}
+
+TEST(LinearDeltaCuda, RejectsBadPathSetting) {
+  gl::DeltaShape s;
+  s.B = 1, s.T = 16, s.H = 2;
+  Dev<bf16> x(16 * 2 * 64);
+  Dev<float> beta(16 * 2);
+  const ScopedPath forced("fastest");
+  try {
+    gl::delta_fwd(s, x.p, x.p, x.p, nullptr, beta.p, nullptr, x.p, nullptr, nullptr, nullptr);
+    FAIL() << "no error";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("LAR_DELTA_PATH=fastest"), std::string::npos) << e.what();
   }
 }
 

@@ -187,11 +187,12 @@ __device__ __forceinline__ void load_tile(bf16* s, const bf16* gsrc, size_t stri
 // p = tid%4) owns rows 4i+p. Blocked right-looking substitution in blocks of 4 rows (one
 // row per part): the block's 4 values are solved in turn (each broadcast in the quad), then
 // every later row takes their 4 contributions with one float4 load of Aw.
-__device__ __forceinline__ void subst_fwd(const float* sAw, const float* sX, const float* sB, float (&x)[16]) {
-  const int c = threadIdx.x >> 2, p = threadIdx.x & 3, lane = threadIdx.x & 31;
+// subst_fwd_regs takes the right-hand side X already in x (rows 4i+p of column tid/4).
+__device__ __forceinline__ void subst_fwd_regs(const float* sAw, const float* sB, float (&x)[16]) {
+  const int p = threadIdx.x & 3, lane = threadIdx.x & 31;
   float acc[16];
 #pragma unroll
-  for (int i = 0; i < 16; ++i) x[i] = sX[(4 * i + p) * LDF + c], acc[i] = 0.f;
+  for (int i = 0; i < 16; ++i) acc[i] = 0.f;
 #pragma unroll
   for (int jb = 0; jb < 16; ++jb) {
     const float4 ad = *reinterpret_cast<const float4*>(sAw + (4 * jb + p) * LDF + 4 * jb);
@@ -213,6 +214,13 @@ __device__ __forceinline__ void subst_fwd(const float* sAw, const float* sX, con
       acc[i] += a.x * xs[0] + a.y * xs[1] + a.z * xs[2] + a.w * xs[3];
     }
   }
+}
+// subst_fwd loads X from the fp32 tile sX.
+__device__ __forceinline__ void subst_fwd(const float* sAw, const float* sX, const float* sB, float (&x)[16]) {
+  const int c = threadIdx.x >> 2, p = threadIdx.x & 3;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) x[i] = sX[(4 * i + p) * LDF + c];
+  subst_fwd_regs(sAw, sB, x);
 }
 // (I + diag(β) Aw)ᵀ Y = dU, in place on x (= dU on entry, rows 4i+p of column c), blocked
 // like subst_fwd from the last block up; sAwT = Awᵀ makes the trailing loads float4.

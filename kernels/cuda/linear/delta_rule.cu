@@ -13,9 +13,21 @@
 // Every product is a 64×64 (×64) GEMM: 8 warps, warp (wm, wn) owns rows 16·wm.., columns
 // 32·wn.. of the output; operands are bf16 tiles in shared memory (row stride 72 elements,
 // conflict-free ldmatrix), transposed operands through ldmatrix.trans.
+//
+// Two implementations, chosen per pass from the shape (use_two_phase): the fused kernels (one
+// CTA per (b, h) walks the chunks with the state in registers; best when B·H fills the GPU)
+// and the two-phase path (chunk-parallel prep, a one-GEMM-per-chunk sequential state pass,
+// chunk-parallel main kernels; for long sequences with few (b, h), e.g. B=1). Both write and
+// read the same boundary states, so a forward of one kind feeds a backward of the other.
 #include <cuda_bf16.h>
 
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <map>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/linear/chunk_common.cuh"
@@ -31,6 +43,11 @@ struct Params {
   bf16 *o, *bound, *dq, *dk, *dv;
   const bf16* bound_in;
   float *S_out, *dg, *dbeta, *dS0;
+  // Chunk-parallel path (see "two-phase" below): per chunk M = Wᵀ diag(e^{G_last − G}) K (bf16),
+  // the additive term E (fp32; forward: Ûᵀ K, backward: scale dOᵀ Q'), e^{G_last}, and the
+  // backward's end-of-chunk state gradients.
+  bf16 *Mc, *dSend;
+  float *Ec, *el;
   int B, T, H, nc;
   float scale;
 };
@@ -494,6 +511,534 @@ __global__ void __launch_bounds__(NT, 1) bwd_kernel(const Params p) {
       for (int e = 0; e < 4; ++e) p.dS0[bh * D * D + L.row(e) * D + L.col(nt, e)] = dS[nt][e];
 }
 
+// ---------------------------------------------------------------- two-phase (chunk-parallel) path
+// The fused kernels above walk a (b, h)'s chunks in one CTA, so B·H CTAs run (128 at B=8 H=16,
+// 16 at B=1) and every chunk's whole chain of barrier-separated phases is on the sequential path.
+// With W = T⁻¹ diag(β) e^G K and U0 = T⁻¹ diag(β) V (T = I + diag(β) Aw, so U = U0 − W S0ᵀ) and
+// D = diag(e^{G_last − G}), the state recurrence is an affine map per chunk:
+//   S_end = S0 (e^{G_last} I − M) + E,   M = (D W)ᵀ K [dk×dk],  E = (D U0)ᵀ K [dv×dk]
+// and its adjoint, with Q' = e^G Q − P W (so that O = scale (P U0 + Q' S0ᵀ)):
+//   dS0 = dS_end (e^{G_last} I − M)ᵀ + scale dOᵀ Q'.
+// So: (1) a chunk-parallel prep kernel builds M, E and e^{G_last} of every chunk (all the
+// solves); (2) a sequential kernel per (b, h) runs the recurrence, one 64³ GEMM per chunk,
+// writing every chunk's boundary state (forward) or end-of-chunk gradient (backward);
+// (3) a chunk-parallel kernel per chunk does the rest from those states: the forward's output,
+// the backward's dq, dk, dv, dg, dβ. Prep and main kernels run two 8-warp CTAs per SM
+// (≤ 113 KB shared, ≤ 128 registers), so one CTA's barriers overlap the other's work.
+
+__device__ __forceinline__ size_t chunk_off(const Params& p, size_t bh, int ci) {
+  return (bh * p.nc + ci) * D * D;
+}
+// Fragment → global [64][64] (row stride 64), bf16 or fp32 (times f).
+__device__ __forceinline__ void frag_store_bf(bf16* dst, const Acc& c, const Lane& L) {
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh)
+      *reinterpret_cast<uint32_t*>(dst + L.row(2 * hh) * D + L.col(nt, 0)) = pack(c[nt][2 * hh], c[nt][2 * hh + 1]);
+}
+__device__ __forceinline__ void frag_store_f(float* dst, const Acc& c, const Lane& L, float f) {
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh)
+      *reinterpret_cast<float2*>(dst + L.row(2 * hh) * D + L.col(nt, 0)) =
+          make_float2(f * c[nt][2 * hh], f * c[nt][2 * hh + 1]);
+}
+__device__ __forceinline__ void frag_load_f(Acc& c, const float* src, const Lane& L) {
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const float2 x = *reinterpret_cast<const float2*>(src + L.row(2 * hh) * D + L.col(nt, 0));
+      c[nt][2 * hh] = x.x, c[nt][2 * hh + 1] = x.y;
+    }
+}
+
+// (1) prep. Forward: M and E = (D U0)ᵀ K. Backward: M and E = scale dOᵀ Q'.
+// Shared memory: 6 bf16 tiles, Aw (fp32), G, β.
+constexpr size_t kPrepSmem = 6 * TILE * sizeof(bf16) + (TILEF + 2 * C) * sizeof(float);
+
+template <bool kBwd>
+__global__ void __launch_bounds__(NT, 2) prep_kernel(const Params p) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  bf16* sK = reinterpret_cast<bf16*>(smem);
+  bf16* sA = sK + TILE;   // forward: V; backward: Q
+  bf16* sdO = sA + TILE;  // backward only
+  bf16* sP = sdO + TILE;  // backward only
+  bf16* sW = sP + TILE;   // forward: D U0; backward: W
+  bf16* sWt = sW + TILE;  // D W
+  float* sAw = reinterpret_cast<float*>(sWt + TILE);
+  float* sG = sAw + TILEF;
+  float* sB = sG + C;
+  bf16* sQp = reinterpret_cast<bf16*>(sAw);  // Q' (backward), once the solve is done with Aw
+  const Lane L;
+  const int ci = blockIdx.x, h = blockIdx.y, b = blockIdx.z, tid = threadIdx.x;
+  const int t0 = ci * C, n = min(C, p.T - t0);
+  const size_t bh = static_cast<size_t>(b) * p.H + h, stride = static_cast<size_t>(p.H) * D;
+  load_tile(sK, p.k + row_off(p, b, t0, h), stride, n);
+  load_tile(sA, (kBwd ? p.q : p.v) + row_off(p, b, t0, h), stride, n);
+  if (kBwd) load_tile(sdO, p.dout + row_off(p, b, t0, h), stride, n);
+  cp_async_commit();
+  publish_gates(fetch_gates(p, b, h, t0, n), sG, sB);
+  cp_async_wait<0>();
+  __syncthreads();
+  {
+    Acc a, a2;
+    zero(a);
+    zero(a2);
+    if (kBwd)
+      gemm2<false, false, false, false>(a, sK, sK, a2, sA, sK, L);  // K Kᵀ, Q Kᵀ
+    else
+      gemm<false, false>(a, sK, sK, L);
+    store_f(sAw, a, L, [&](float x, int t, int j) { return t > j ? x * __expf(sG[t] - sG[j]) : 0.f; });
+    if (kBwd)
+      store_bf(sP, a2, L, [&](float x, int t, int j) { return t >= j ? x * __expf(sG[t] - sG[j]) : 0.f; });
+  }
+  __syncthreads();
+  const float Gl = sG[C - 1];
+  {
+    const int c = tid >> 2, pp = tid & 3;
+    float x[16];
+    if (!kBwd) {  // U0 = T⁻¹ diag(β) V
+#pragma unroll
+      for (int i = 0; i < 16; ++i) x[i] = bf(sA, 4 * i + pp, c);
+      subst_fwd_regs(sAw, sB, x);
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        const int t = 4 * i + pp;
+        sW[t * LD + c] = __float2bfloat16(x[i] * __expf(Gl - sG[t]));
+      }
+    }
+    // W = T⁻¹ diag(β) e^G K
+#pragma unroll
+    for (int i = 0; i < 16; ++i) x[i] = __expf(sG[4 * i + pp]) * bf(sK, 4 * i + pp, c);
+    subst_fwd_regs(sAw, sB, x);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      const int t = 4 * i + pp;
+      if (kBwd) sW[t * LD + c] = __float2bfloat16(x[i]);
+      sWt[t * LD + c] = __float2bfloat16(x[i] * __expf(Gl - sG[t]));
+    }
+  }
+  __syncthreads();
+  const size_t off = chunk_off(p, bh, ci);
+  if (tid == 0) p.el[bh * p.nc + ci] = __expf(Gl);
+  if (!kBwd) {
+    Acc m, e;
+    zero(m);
+    zero(e);
+    gemm2<true, true, true, true>(m, sWt, sK, e, sW, sK, L);  // (D W)ᵀ K, (D U0)ᵀ K
+    frag_store_bf(p.Mc + off, m, L);
+    frag_store_f(p.Ec + off, e, L, 1.f);
+  } else {
+    Acc a, m;
+    zero(a);
+    zero(m);
+    gemm2<false, true, true, true>(a, sP, sW, m, sWt, sK, L);  // P W, (D W)ᵀ K
+    frag_store_bf(p.Mc + off, m, L);
+    store_bf(sQp, a, L, [&](float x, int t, int c) { return __expf(sG[t]) * bf(sA, t, c) - x; });
+    __syncthreads();
+    zero(a);
+    gemm<true, true>(a, sdO, sQp, L);  // dOᵀ Q'
+    frag_store_f(p.Ec + off, a, L, p.scale);
+  }
+}
+
+// (2) the sequential pass per (b, h). Forward: S ← e^{G_last} S − S M + E from S0, writing
+// every chunk's start state (bf16) into the boundary; backward: dS ← e^{G_last} dS − dS Mᵀ + E
+// from dS_T over the chunks in reverse, writing every chunk's end-of-chunk gradient.
+// The chunk terms (M bf16, E fp32, e^{G_last}) stream through a ring of kStages shared-memory
+// stages, loaded kStages − 1 chunks ahead with cp.async, so the per-chunk chain is only
+// shared-memory traffic, one GEMM and two barriers.
+constexpr int kStages = 3;
+constexpr size_t kStateStage = TILE * sizeof(bf16) + (TILEF + 4) * sizeof(float);
+constexpr size_t kStateSmem = TILE * sizeof(bf16) + kStages * kStateStage;
+
+__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_u32(dst)), "l"(src));
+}
+
+template <bool kBwd>
+__global__ void __launch_bounds__(NT, 1) state_kernel(const Params p) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  bf16* sS = reinterpret_cast<bf16*>(smem);
+  unsigned char* ring = smem + TILE * sizeof(bf16);
+  auto stage_M = [&](int k) { return reinterpret_cast<bf16*>(ring + k * kStateStage); };
+  auto stage_E = [&](int k) { return reinterpret_cast<float*>(ring + k * kStateStage + TILE * sizeof(bf16)); };
+  const Lane L;
+  const int h = blockIdx.x, b = blockIdx.y, tid = threadIdx.x;
+  const size_t bh = static_cast<size_t>(b) * p.H + h;
+  const float* init = kBwd ? p.dST : p.S0;
+  Acc st;
+  if (init)
+    frag_load_f(st, init + bh * D * D, L);
+  else
+    zero(st);
+  auto chunk_at = [&](int s) { return kBwd ? p.nc - 1 - s : s; };
+  // Chunk s's terms into stage s % kStages (one commit group per chunk, empty past the end).
+  auto issue = [&](int s) {
+    if (s < p.nc) {
+      const int ci = chunk_at(s), k = s % kStages;
+      load_tile(stage_M(k), p.Mc + chunk_off(p, bh, ci), D, C);
+      const float* src = p.Ec + chunk_off(p, bh, ci);
+      float* dst = stage_E(k);
+#pragma unroll
+      for (int i = tid; i < C * 16; i += NT) {  // 16 float4 per row
+        const int r = i >> 4, c = (i & 15) * 4;
+        cp_async16(dst + r * LDF + c, src + r * D + c, true);
+      }
+      if (tid == 0) cp_async4(dst + TILEF, p.el + bh * p.nc + ci);
+    }
+    cp_async_commit();
+  };
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) issue(s);
+  for (int s = 0; s < p.nc; ++s) {
+    const int ci = chunk_at(s), k = s % kStages;
+    issue(s + kStages - 1);
+    frag_store_bf((kBwd ? p.dSend : p.bound) + chunk_off(p, bh, ci), st, L);
+    store_bf(sS, st, L, [](float x, int, int) { return x; });
+    cp_async_wait<kStages - 1>();  // chunk s's group is complete
+    __syncthreads();
+    Acc a;
+    zero(a);
+    gemm<false, !kBwd>(a, sS, stage_M(k), L);  // S M (forward), dS Mᵀ (backward)
+    const float* E = stage_E(k);
+    const float el = E[TILEF];
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const float2 e = *reinterpret_cast<const float2*>(E + L.row(2 * hh) * LDF + L.col(nt, 0));
+        st[nt][2 * hh] = el * st[nt][2 * hh] - a[nt][2 * hh] + e.x;
+        st[nt][2 * hh + 1] = el * st[nt][2 * hh + 1] - a[nt][2 * hh + 1] + e.y;
+      }
+    __syncthreads();  // sS and this stage are read before they are refilled
+  }
+  cp_async_wait<0>();
+  float* fin = kBwd ? p.dS0 : p.S_out;
+  if (fin) frag_store_f(fin + bh * D * D, st, L, 1.f);
+}
+
+// (3a) forward output per chunk from its start state (the fused forward's chunk body).
+constexpr size_t kFwdMainSmem = 6 * TILE * sizeof(bf16) + (2 * TILEF + 2 * C) * sizeof(float);
+
+__global__ void __launch_bounds__(NT, 2) fwd_main_kernel(const Params p) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  bf16* sQ = reinterpret_cast<bf16*>(smem);
+  bf16* sK = sQ + TILE;
+  bf16* sV = sK + TILE;
+  bf16* sS = sV + TILE;
+  bf16* sP = sS + TILE;
+  bf16* sU = sP + TILE;
+  float* sAw = reinterpret_cast<float*>(sU + TILE);
+  float* sX = sAw + TILEF;
+  float* sG = sX + TILEF;
+  float* sB = sG + C;
+  const Lane L;
+  const int ci = blockIdx.x, h = blockIdx.y, b = blockIdx.z, tid = threadIdx.x;
+  const int t0 = ci * C, n = min(C, p.T - t0);
+  const size_t bh = static_cast<size_t>(b) * p.H + h, stride = static_cast<size_t>(p.H) * D;
+  load_tile(sQ, p.q + row_off(p, b, t0, h), stride, n);
+  load_tile(sK, p.k + row_off(p, b, t0, h), stride, n);
+  load_tile(sV, p.v + row_off(p, b, t0, h), stride, n);
+  load_tile(sS, p.bound + chunk_off(p, bh, ci), D, C);
+  cp_async_commit();
+  publish_gates(fetch_gates(p, b, h, t0, n), sG, sB);
+  cp_async_wait<0>();
+  __syncthreads();
+  {
+    Acc a, a2;
+    zero(a);
+    zero(a2);
+    gemm2<false, false, false, false>(a, sK, sK, a2, sQ, sK, L);  // K Kᵀ, Q Kᵀ
+    store_f(sAw, a, L, [&](float x, int t, int j) { return t > j ? x * __expf(sG[t] - sG[j]) : 0.f; });
+    store_bf(sP, a2, L, [&](float x, int t, int j) { return t >= j ? x * __expf(sG[t] - sG[j]) : 0.f; });
+  }
+  Acc o;
+  {
+    Acc a;
+    zero(a);
+    zero(o);
+    gemm2<false, false, false, false>(a, sK, sS, o, sQ, sS, L);  // K S0ᵀ, Q S0ᵀ
+    store_f(sX, a, L, [&](float x, int t, int c) { return bf(sV, t, c) - __expf(sG[t]) * x; });
+  }
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[nt][e] *= __expf(sG[L.row(e)]);
+  __syncthreads();
+  {
+    float x[16];
+    subst_fwd(sAw, sX, sB, x);
+    const int c = tid >> 2, pp = tid & 3;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) sU[(4 * i + pp) * LD + c] = __float2bfloat16(x[i]);
+  }
+  __syncthreads();
+  gemm<false, true>(o, sP, sU, L);  // + P U
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int t = L.row(2 * hh);
+      if (t < n)
+        *reinterpret_cast<uint32_t*>(p.o + row_off(p, b, t0 + t, h) + L.col(nt, 0)) =
+            pack(o[nt][2 * hh] * p.scale, o[nt][2 * hh + 1] * p.scale);
+    }
+}
+
+// (3b) backward per chunk from its start state S0 and end-of-chunk gradient dS (the fused
+// backward's chunk body without the dS update). Shared memory is cut to 8 bf16 + 2 fp32 tiles
+// for two CTAs per SM: Aw's transpose lives in Aw's upper triangle, dQK reuses P's tile, dKK
+// V's and dR (bf16) the dU tile; dv and dβ's v-term are taken from the solve's registers.
+constexpr size_t kBwdMainSmem = 8 * TILE * sizeof(bf16) + (2 * TILEF + 5 * C + 8) * sizeof(float);
+
+__global__ void __launch_bounds__(NT, 2) bwd_main_kernel(const Params p) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  bf16* sQ = reinterpret_cast<bf16*>(smem);
+  bf16* sK = sQ + TILE;
+  bf16* sV = sK + TILE;
+  bf16* sdO = sV + TILE;
+  bf16* sS0 = sdO + TILE;
+  bf16* sdS = sS0 + TILE;
+  bf16* sP = sdS + TILE;
+  bf16* sU = sP + TILE;
+  float* sAw = reinterpret_cast<float*>(sU + TILE);  // Aw below the diagonal, Awᵀ above
+  float* sX = sAw + TILEF;
+  float* sG = sX + TILEF;
+  float* sB = sG + C;
+  float* sRowG = sB + C;
+  float* sRowB = sRowG + C;
+  float* sColG = sRowB + C;
+  float* sGl = sColG + C;  // [8] per warp
+  bf16* sdQK = sP;
+  bf16* sdKK = sV;
+  bf16* sdR = reinterpret_cast<bf16*>(sX);
+  const Lane L;
+  const int ci = blockIdx.x, h = blockIdx.y, b = blockIdx.z, tid = threadIdx.x, warp = tid >> 5;
+  const int t0 = ci * C, n = min(C, p.T - t0);
+  const size_t bh = static_cast<size_t>(b) * p.H + h, stride = static_cast<size_t>(p.H) * D;
+  const float scale = p.scale;
+  load_tile(sQ, p.q + row_off(p, b, t0, h), stride, n);
+  load_tile(sK, p.k + row_off(p, b, t0, h), stride, n);
+  load_tile(sV, p.v + row_off(p, b, t0, h), stride, n);
+  load_tile(sdO, p.dout + row_off(p, b, t0, h), stride, n);
+  load_tile(sS0, p.bound_in + chunk_off(p, bh, ci), D, C);
+  load_tile(sdS, p.dSend + chunk_off(p, bh, ci), D, C);
+  cp_async_commit();
+  publish_gates(fetch_gates(p, b, h, t0, n), sG, sB);
+  if (tid < C) sRowG[tid] = sRowB[tid] = sColG[tid] = 0.f;
+  cp_async_wait<0>();
+  __syncthreads();  // P0
+  const float Gl = sG[C - 1], el = __expf(Gl);
+  float rowG[2] = {0.f, 0.f}, rowB[2] = {0.f, 0.f}, colG[4][2] = {}, gl = 0.f;
+  Acc pf;  // P in fp32 (for dG)
+  {
+    Acc a;
+    zero(a);
+    zero(pf);
+    gemm2<false, false, false, false>(a, sK, sK, pf, sQ, sK, L);  // K Kᵀ, Q Kᵀ
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int t = L.row(e), j = L.col(nt, e);
+        if (t > j) {
+          const float y = a[nt][e] * __expf(sG[t] - sG[j]);
+          sAw[t * LDF + j] = y;
+          sAw[j * LDF + t] = y;
+        }
+        pf[nt][e] = t >= j ? pf[nt][e] * __expf(sG[t] - sG[j]) : 0.f;
+      }
+    store_bf(sP, pf, L, [](float x, int, int) { return x; });
+    zero(a);
+    gemm<false, false>(a, sK, sS0, L);
+    store_f(sX, a, L, [&](float x, int t, int c) { return bf(sV, t, c) - __expf(sG[t]) * x; });
+  }
+  __syncthreads();  // P1
+  {
+    float x[16];
+    subst_fwd(sAw, sX, sB, x);
+    const int c = tid >> 2, pp = tid & 3;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) sU[(4 * i + pp) * LD + c] = __float2bfloat16(x[i]);
+  }
+  __syncthreads();  // P2
+  {
+    Acc a, c2;
+    zero(a);
+    zero(c2);
+    gemm2<false, false, true, true>(a, sK, sdS, c2, sP, sdO, L);  // K dSᵀ, Pᵀ dO
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) a[nt][e] = a[nt][e] * __expf(Gl - sG[L.row(e)]) + scale * c2[nt][e];
+    store_f(sX, a, L, [](float x, int, int) { return x; });  // dU
+  }
+  __syncthreads();  // P3
+  {
+    float x[16];
+    const int c = tid >> 2, pp = tid & 3;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) x[i] = sX[(4 * i + pp) * LDF + c];
+    __syncthreads();  // every dU column is in registers before dR (bf16) overwrites the tile
+    subst_bwd(sAw, sB, x);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      const int t = 4 * i + pp;
+      sdR[t * LD + c] = __float2bfloat16(x[i]);
+      if (t < n) p.dv[row_off(p, b, t0 + t, h) + c] = __float2bfloat16(sB[t] * x[i]);
+      // dβ_t gets Σ_c dR·v: sum over the 8 columns of this warp, then over the warps
+      float r = x[i] * bf(sV, t, c);
+      r += __shfl_xor_sync(FULL, r, 4);
+      r += __shfl_xor_sync(FULL, r, 8);
+      r += __shfl_xor_sync(FULL, r, 16);
+      if (L.lane < 4) atomicAdd(sRowB + t, r);
+    }
+  }
+  __syncthreads();  // P4
+  {
+    Acc da, dp;
+    zero(da);
+    zero(dp);
+    gemm2<false, false, false, false>(da, sdR, sU, dp, sdO, sU, L);  // dR Uᵀ, dO Uᵀ
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int t = L.row(e), j = L.col(nt, e);
+        const float m = t >= j ? __expf(sG[t] - sG[j]) : 0.f, bt = sB[t];
+        const float dA = t > j ? -da[nt][e] : 0.f;
+        const float x = t > j ? dA * sAw[t * LDF + j] : 0.f;
+        const float dP = t >= j ? scale * dp[nt][e] : 0.f;
+        const float y = bt * x + dP * pf[nt][e];
+        rowB[e >> 1] += x;
+        rowG[e >> 1] += y;
+        colG[nt][e & 1] -= y;
+        da[nt][e] = dA * bt * m;  // dKK
+        dp[nt][e] = dP * m;       // dQK
+      }
+    store_bf(sdKK, da, L, [](float x, int, int) { return x; });
+    store_bf(sdQK, dp, L, [](float x, int, int) { return x; });
+  }
+  __syncthreads();  // P5
+  {
+    Acc a, c2;  // dq
+    zero(a);
+    zero(c2);
+    gemm2<false, true, false, true>(a, sdQK, sK, c2, sdO, sS0, L);  // dQK K, dO S0
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int t = L.row(e), c = L.col(nt, e);
+        const float y = scale * __expf(sG[t]) * c2[nt][e];
+        rowG[e >> 1] += y * bf(sQ, t, c);
+        a[nt][e] += y;
+      }
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int t = L.row(2 * hh);
+        if (t < n)
+          *reinterpret_cast<uint32_t*>(p.dq + row_off(p, b, t0 + t, h) + L.col(nt, 0)) =
+              pack(a[nt][2 * hh], a[nt][2 * hh + 1]);
+      }
+  }
+  {
+    Acc a, c2, c3;  // dk
+    zero(a);
+    zero(c2);
+    zero(c3);
+    gemm2<true, true, false, true>(a, sdQK, sQ, c2, sU, sdS, L);   // dQKᵀ Q, U dS (dK̂)
+    gemm2<false, true, false, true>(a, sdKK, sK, c3, sdR, sS0, L);  // dKK K, dR S0
+    gemm<true, true>(a, sdKK, sK, L);                               // dKKᵀ K
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int t = L.row(e), c = L.col(nt, e);
+        const float dl = __expf(Gl - sG[t]), eg = __expf(sG[t]), kk = bf(sK, t, c), bt = sB[t];
+        const float x = dl * c2[nt][e] * kk;
+        const float y = -eg * c3[nt][e];
+        gl += x + el * bf(sdS, t, c) * bf(sS0, t, c);  // (t, c) also runs over the state's (v, c)
+        rowG[e >> 1] += bt * y * kk - x;
+        rowB[e >> 1] += y * kk;
+        a[nt][e] += dl * c2[nt][e] + bt * y;
+      }
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int t = L.row(2 * hh);
+        if (t < n)
+          *reinterpret_cast<uint32_t*>(p.dk + row_off(p, b, t0 + t, h) + L.col(nt, 0)) =
+              pack(a[nt][2 * hh], a[nt][2 * hh + 1]);
+      }
+  }
+  // partial sums → shared
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    float rg = rowG[hh], rb = rowB[hh];
+    rg += __shfl_xor_sync(FULL, rg, 1);
+    rg += __shfl_xor_sync(FULL, rg, 2);
+    rb += __shfl_xor_sync(FULL, rb, 1);
+    rb += __shfl_xor_sync(FULL, rb, 2);
+    if (L.tig == 0) {
+      atomicAdd(sRowG + L.row(2 * hh), rg);
+      atomicAdd(sRowB + L.row(2 * hh), rb);
+    }
+  }
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      float cg = colG[nt][e];
+      cg += __shfl_xor_sync(FULL, cg, 4);
+      cg += __shfl_xor_sync(FULL, cg, 8);
+      cg += __shfl_xor_sync(FULL, cg, 16);
+      if (L.g == 0) atomicAdd(sColG + L.col(nt, e), cg);
+    }
+#pragma unroll
+  for (int o = 16; o; o >>= 1) gl += __shfl_xor_sync(FULL, gl, o);
+  if (L.lane == 0) sGl[warp] = gl;
+  __syncthreads();  // P6
+  if (warp == 0) {
+    // dG_t, then dg = reverse cumsum within the chunk (g_t enters every G_s, s ≥ t)
+    float d[2], bsum[2];
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      const int t = 2 * L.lane + q;
+      d[q] = sRowG[t] + sColG[t];
+      bsum[q] = sRowB[t];
+    }
+    if (L.lane == 31) {
+      float s = 0.f;
+      for (int w = 0; w < 8; ++w) s += sGl[w];
+      d[1] += s;  // G_last: row 63 (rows ≥ n carry g = 0, so the reverse cumsum is the same)
+    }
+    float s = d[0] + d[1];
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const float y = __shfl_down_sync(FULL, s, o);
+      if (L.lane + o < 32) s += y;
+    }
+    const size_t base = (static_cast<size_t>(b) * p.T + t0) * p.H + h;
+    const float dg2[2] = {s, s - d[0]};
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      const int t = 2 * L.lane + q;
+      if (t < n) {
+        if (p.dg && p.g) p.dg[base + static_cast<size_t>(t) * p.H] = dg2[q];
+        p.dbeta[base + static_cast<size_t>(t) * p.H] = bsum[q];
+      }
+    }
+  }
+}
+
 // ---------------------------------------------------------------- decode
 // One CTA per (b, h); thread (v = tid/4, part) holds S[v, 16·part .. 16·part+15].
 __global__ void __launch_bounds__(NT) decode_kernel(const Params p) {
@@ -547,6 +1092,105 @@ Params make_params(const DeltaShape& s, const char* what) {
   return p;
 }
 
+// Which path runs a pass. The fused kernels take one CTA per (b, h) for the whole sequence;
+// the two-phase path spreads the chunks over the GPU but moves more bytes and repeats the
+// solves. Cost model fitted on the H200 (132 SMs; gdn at B=8 T=4096 and B=1 T=32K, H=16; µs):
+// fused fwd 9.5, bwd 18.8 per chunk and wave of B·H CTAs; two-phase fwd 0.124, bwd 0.186 per
+// (b, h, chunk) plus 1.3 per chunk on the sequential pass. So the fused path wins from about
+// B·H ≥ 66 (fwd) / 94 (bwd) on 132 SMs. LAR_DELTA_PATH=fused|chunked|auto overrides (A/B
+// timing, tests of both paths).
+bool use_two_phase(const Params& p, bool bwd) {
+  const char* env = std::getenv("LAR_DELTA_PATH");
+  const std::string want = env ? env : "";
+  if (want == "fused") return false;
+  if (want == "chunked") return true;
+  if (!want.empty() && want != "auto")
+    throw RuntimeError("LAR_DELTA_PATH=" + want + ": expected fused, chunked or auto");
+  static const int sms = [] {
+    int dev = 0, n = 132;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+      n = 132;
+    return n;
+  }();
+  const double bh = static_cast<double>(p.B) * p.H;
+  const double fused = (bwd ? 18.8 : 9.5) * std::ceil(bh / sms);
+  const double chunked = (bwd ? 0.186 : 0.124) * bh * 132.0 / sms + 1.3;
+  return chunked < fused;
+}
+
+// Stream-ordered scratch for the two-phase path's per-chunk terms, from a private memory pool
+// that keeps its memory between calls (the default pool would unmap it at every synchronisation).
+class Scratch {
+ public:
+  explicit Scratch(cudaStream_t stream) : stream_(stream) {}
+  ~Scratch() {
+    for (void* p : ptrs_) cudaFreeAsync(p, stream_);
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  template <class T>
+  T* get(size_t count) {
+    void* ptr = nullptr;
+    LAR_CUDA_CHECK(cudaMallocFromPoolAsync(&ptr, count * sizeof(T), pool(), stream_));
+    ptrs_.push_back(ptr);
+    return static_cast<T*>(ptr);
+  }
+
+ private:
+  static cudaMemPool_t pool() {
+    static std::mutex mu;
+    static std::map<int, cudaMemPool_t> pools;
+    int dev = 0;
+    LAR_CUDA_CHECK(cudaGetDevice(&dev));
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = pools.find(dev);
+    if (it != pools.end()) return it->second;
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = dev;
+    cudaMemPool_t pl = nullptr;
+    LAR_CUDA_CHECK(cudaMemPoolCreate(&pl, &props));
+    uint64_t keep = UINT64_MAX;
+    LAR_CUDA_CHECK(cudaMemPoolSetAttribute(pl, cudaMemPoolAttrReleaseThreshold, &keep));
+    pools.emplace(dev, pl);
+    return pl;
+  }
+  cudaStream_t stream_;
+  std::vector<void*> ptrs_;
+};
+
+void launch_two_phase(const Params& p, bool bwd, cudaStream_t stream) {
+  const dim3 per_chunk(p.nc, p.H, p.B), per_head(p.H, p.B);
+  if (!bwd) {
+    LAR_CUDA_CHECK(cudaFuncSetAttribute(prep_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(kPrepSmem)));
+    prep_kernel<false><<<per_chunk, NT, kPrepSmem, stream>>>(p);
+    LAR_CUDA_LAUNCHED();
+    LAR_CUDA_CHECK(cudaFuncSetAttribute(state_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(kStateSmem)));
+    state_kernel<false><<<per_head, NT, kStateSmem, stream>>>(p);
+    LAR_CUDA_LAUNCHED();
+    LAR_CUDA_CHECK(cudaFuncSetAttribute(fwd_main_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(kFwdMainSmem)));
+    fwd_main_kernel<<<per_chunk, NT, kFwdMainSmem, stream>>>(p);
+    LAR_CUDA_LAUNCHED();
+  } else {
+    LAR_CUDA_CHECK(cudaFuncSetAttribute(prep_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(kPrepSmem)));
+    prep_kernel<true><<<per_chunk, NT, kPrepSmem, stream>>>(p);
+    LAR_CUDA_LAUNCHED();
+    LAR_CUDA_CHECK(cudaFuncSetAttribute(state_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(kStateSmem)));
+    state_kernel<true><<<per_head, NT, kStateSmem, stream>>>(p);
+    LAR_CUDA_LAUNCHED();
+    LAR_CUDA_CHECK(cudaFuncSetAttribute(bwd_main_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(kBwdMainSmem)));
+    bwd_main_kernel<<<per_chunk, NT, kBwdMainSmem, stream>>>(p);
+    LAR_CUDA_LAUNCHED();
+  }
+}
+
 }  // namespace
 
 std::size_t delta_boundary_bytes(const DeltaShape& s) {
@@ -558,9 +1202,19 @@ void delta_fwd(const DeltaShape& s, const bf16* q, const bf16* k, const bf16* v,
   Params p = make_params(s, "delta_fwd");
   if (!q || !k || !v || !beta || !o) throw RuntimeError("delta_fwd: q, k, v, beta and o are required");
   p.q = q, p.k = k, p.v = v, p.g = g, p.beta = beta, p.S0 = S0, p.o = o, p.S_out = S_out, p.bound = boundary;
-  LAR_CUDA_CHECK(cudaFuncSetAttribute(fwd_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kFwdSmem)));
-  fwd_kernel<<<dim3(p.H, p.B), NT, kFwdSmem, stream>>>(p);
-  LAR_CUDA_LAUNCHED();
+  if (!use_two_phase(p, false)) {
+    LAR_CUDA_CHECK(cudaFuncSetAttribute(fwd_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kFwdSmem)));
+    fwd_kernel<<<dim3(p.H, p.B), NT, kFwdSmem, stream>>>(p);
+    LAR_CUDA_LAUNCHED();
+    return;
+  }
+  const size_t chunks = static_cast<size_t>(p.B) * p.H * p.nc;
+  Scratch scratch(stream);
+  p.Mc = scratch.get<bf16>(chunks * D * D);
+  p.Ec = scratch.get<float>(chunks * D * D);
+  p.el = scratch.get<float>(chunks);
+  if (!p.bound) p.bound = scratch.get<bf16>(chunks * D * D);  // the main kernel reads the states from here
+  launch_two_phase(p, false, stream);
 }
 
 void delta_bwd(const DeltaShape& s, const bf16* q, const bf16* k, const bf16* v, const float* g, const float* beta,
@@ -571,9 +1225,19 @@ void delta_bwd(const DeltaShape& s, const bf16* q, const bf16* k, const bf16* v,
     throw RuntimeError("delta_bwd: q, k, v, beta, boundary, dout, dq, dk, dv and dbeta are required");
   p.q = q, p.k = k, p.v = v, p.g = g, p.beta = beta, p.bound_in = boundary, p.dout = dout, p.dST = dST;
   p.dq = dq, p.dk = dk, p.dv = dv, p.dg = dg, p.dbeta = dbeta, p.dS0 = dS0;
-  LAR_CUDA_CHECK(cudaFuncSetAttribute(bwd_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kBwdSmem)));
-  bwd_kernel<<<dim3(p.H, p.B), NT, kBwdSmem, stream>>>(p);
-  LAR_CUDA_LAUNCHED();
+  if (!use_two_phase(p, true)) {
+    LAR_CUDA_CHECK(cudaFuncSetAttribute(bwd_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kBwdSmem)));
+    bwd_kernel<<<dim3(p.H, p.B), NT, kBwdSmem, stream>>>(p);
+    LAR_CUDA_LAUNCHED();
+    return;
+  }
+  const size_t chunks = static_cast<size_t>(p.B) * p.H * p.nc;
+  Scratch scratch(stream);
+  p.Mc = scratch.get<bf16>(chunks * D * D);
+  p.Ec = scratch.get<float>(chunks * D * D);
+  p.el = scratch.get<float>(chunks);
+  p.dSend = scratch.get<bf16>(chunks * D * D);
+  launch_two_phase(p, true, stream);
 }
 
 void delta_decode(const DeltaShape& s0, const bf16* q, const bf16* k, const bf16* v, const float* g, const float* beta,
