@@ -177,9 +177,23 @@ __global__ void rmsnorm_bwd_dw_final(const double* partial, float* dw, int64_t d
   dw[col] += static_cast<float>(acc);
 }
 
+// Four elements per thread step (16-byte loads, 8-byte stores) where both pointers allow it:
+// the scalar loop moved ≈ 2 TB/s. Grids of blocks_for((n + 3) / 4, …) threads suffice then.
+struct alignas(8) Bf16x4 {
+  __nv_bfloat162 lo, hi;
+};
 __global__ void f32_to_bf16_kernel(const float* __restrict__ x, __nv_bfloat16* __restrict__ y, int64_t n) {
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-    y[i] = __float2bfloat16_rn(x[i]);
+  const int64_t stride = (int64_t)gridDim.x * blockDim.x, tid = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  int64_t done = 0;
+  if (((reinterpret_cast<uintptr_t>(x) & 15) | (reinterpret_cast<uintptr_t>(y) & 7)) == 0) {
+    const int64_t n4 = n / 4;
+    for (int64_t i = tid; i < n4; i += stride) {
+      const float4 v = reinterpret_cast<const float4*>(x)[i];
+      reinterpret_cast<Bf16x4*>(y)[i] = Bf16x4{__floats2bfloat162_rn(v.x, v.y), __floats2bfloat162_rn(v.z, v.w)};
+    }
+    done = n4 * 4;
+  }
+  for (int64_t i = done + tid; i < n; i += stride) y[i] = __float2bfloat16_rn(x[i]);
 }
 
 __global__ void bf16_to_f32_kernel(const __nv_bfloat16* __restrict__ x, float* __restrict__ y, int64_t n) {
@@ -900,8 +914,8 @@ const void* CudaBackend::gemm_operand(const Tensor& t, std::size_t off) {
     if (!mirror_fresh_) {  // one pass over all weights after each optimiser step / upload
       OpTimer timer(*this, "weights → bf16 mirror");
       const int64_t n = static_cast<int64_t>(weights_bytes_ / 4);
-      f32_to_bf16_kernel<<<blocks_for(n, 256), 256, 0, stream_>>>(reinterpret_cast<const float*>(weights_),
-                                                                  static_cast<bf16*>(mirror_), n);
+      f32_to_bf16_kernel<<<blocks_for((n + 3) / 4, 256), 256, 0, stream_>>>(reinterpret_cast<const float*>(weights_),
+                                                                            static_cast<bf16*>(mirror_), n);
       LAR_CUDA_LAUNCHED();
       mirror_fresh_ = true;
     }
@@ -1568,7 +1582,7 @@ void CudaBackend::convert(const Tensor& src, const Tensor& dst) {
   if (src.dtype == dst.dtype) {
     LAR_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, src.bytes(), cudaMemcpyDeviceToDevice, stream_));
   } else if (src.dtype == DType::f32 && dst.dtype == DType::bf16) {
-    f32_to_bf16_kernel<<<blocks_for(n, 256), 256, 0, stream_>>>(src.ptr<float>(), dst.ptr<bf16>(), n);
+    f32_to_bf16_kernel<<<blocks_for((n + 3) / 4, 256), 256, 0, stream_>>>(src.ptr<float>(), dst.ptr<bf16>(), n);
     LAR_CUDA_LAUNCHED();
   } else if (src.dtype == DType::bf16 && dst.dtype == DType::f32) {
     bf16_to_f32_kernel<<<blocks_for(n, 256), 256, 0, stream_>>>(src.ptr<bf16>(), dst.ptr<float>(), n);

@@ -67,8 +67,26 @@ class CudaLinearImpl final : public CudaLinear {
     ldp_ = 2 * d_.Cq + d_.Cv;
     Wqkv_ = Tensor(P_[s_.wq].data, DType::f32, {ldp_, d_.d});
     Gqkv_ = Tensor(G_[s_.wq].data, DType::f32, {ldp_, d_.d});
+    // gdn: w_beta and w_a, declared one after the other, make one [2H, d] projection
+    if (d_.mixer == lk::Mixer::gdn) {
+      const auto* b = static_cast<const char*>(P_[s_.wbeta].data);
+      const auto* gb = static_cast<const char*>(G_[s_.wbeta].data);
+      if (static_cast<const char*>(P_[s_.wa].data) == b + P_[s_.wbeta].bytes() &&
+          static_cast<const char*>(G_[s_.wa].data) == gb + G_[s_.wbeta].bytes()) {
+        Wba_ = Tensor(P_[s_.wbeta].data, DType::f32, {2 * d_.H, d_.d});
+        Gba_ = Tensor(G_[s_.wbeta].data, DType::f32, {2 * d_.H, d_.d});
+      }
+    }
   }
 
+  // Activations in the backend's act_dtype() (bf16 in mixed precision) wherever they are
+  // GEMM operands or outputs, so no GEMM converts an operand. Kept from forward to backward
+  // (per layer): o and the boundary states (the chunk kernels'), og = x W_gᵀ, the output
+  // norm's rstd and the small gate tensors ([N, H] or [N, rank]). Everything else of the
+  // forward lives above an arena mark and is released at its end: x in act_dtype, P, q, k,
+  // v, the channel mixers' [N, Cq] log-gates (and gdn2's b, w), ypre; the backward
+  // recomputes them (one QKV GEMM, one qkv pass, the gate maps, the norm × gate) instead of
+  // keeping ≈ 0.6 GB per layer at B·T = 32K.
   void forward(ForwardContext& ctx, const Tensor& x, const Tensor& y, Routing& route) override {
     auto& be = ctx.be;
     auto& ar = ctx.arena;
@@ -78,12 +96,8 @@ class CudaLinearImpl final : public CudaLinear {
     const int64_t B = x.size(0), T = x.size(1), N = B * T;
     B_ = B, T_ = T;
     X_ = x.view({N, d_.d});
+    at_ = be.act_dtype();
     const lk::Mixer m = d_.mixer;
-    // projections
-    P = ar.alloc(DType::f32, {N, ldp_});
-    be.gemm(X_, false, Wqkv_, true, P);
-    gates_forward(be, ar, st, N);
-    // q, k, v (+ cler's routed input, clvr's published value)
     rin_ = Tensor();
     if (d_.route == Dims::Route::cler && !route.in.empty()) {
       if (route.in.numel() != N * d_.Cv)
@@ -91,19 +105,24 @@ class CudaLinearImpl final : public CudaLinear {
                            std::to_string(d_.Cv) + "]");
       rin_ = route.in;
     }
-    q_ = bf_alloc(ar, N * d_.Cq);
-    k_ = bf_alloc(ar, N * d_.Cq);
-    v_ = bf_alloc(ar, N * d_.Cv);
+    // kept for the backward (and the published side channel)
+    o_ = bf_alloc(ar, N * d_.Cv);
+    bound_ = ar.alloc(DType::f32, {(int64_t)(cl::delta_boundary_bytes(shape()) + 3) / 4});
+    og_ = ar.alloc(at_, {N, d_.Cv});
+    rstd_ = ar.alloc(DType::f32, {N * d_.H});
+    saved_gates_alloc(ar, N);
     route.out = Tensor();
     Tensor vout;
     if (d_.route == Dims::Route::clvr) vout = ar.alloc(DType::f32, {B, T, d_.Cv});
-    {
-      cl::LayerTimer tm("linear: conv+silu+l2 (fwd)", st);
-      cl::qkv_forward(qkv_args(), q_.p, k_.p, v_.p, fptr(vout), st);
+    const bool readout = d_.route == Dims::Route::cler || d_.route == Dims::Route::cler_h;
+    if (readout) {
+      qr_ = bf_alloc(ar, N * d_.Cq);
+      route.out = ar.alloc(DType::f32, {B, T, d_.Cv});
     }
+    const auto mark = ar.mark();
+    const Tensor Xa = as_act(be, ar, X_);
+    inputs(be, ar, st, N, Xa, false, fptr(vout));
     // the recurrence
-    o_ = bf_alloc(ar, N * d_.Cv);
-    bound_ = ar.alloc(DType::f32, {(int64_t)(cl::delta_boundary_bytes(shape()) + 3) / 4});
     {
       cl::LayerTimer tm(m == lk::Mixer::gdn || m == lk::Mixer::deltanet ? "linear: delta_fwd" : "linear: channel_fwd",
                         st);
@@ -111,26 +130,23 @@ class CudaLinearImpl final : public CudaLinear {
     }
     // routing: publish ṽ (clvr) or the write residual (cler, cler_h)
     if (d_.route == Dims::Route::clvr) route.out = vout;
-    if (d_.route == Dims::Route::cler || d_.route == Dims::Route::cler_h) {
+    if (readout) {
       cl::LayerTimer tm("linear: routing readout (fwd)", st);
-      qr_ = bf_alloc(ar, N * d_.Cq);
       cl::route_query(route_args(), qr_.p, st);
       Bf o2 = bf_alloc(ar, N * d_.Cv);
       kernel_fwd(qr_.p, o2.p, nullptr, st);
-      route.out = ar.alloc(DType::f32, {B, T, d_.Cv});
       cl::route_residual(route_args(), o2.p, route.out.ptr<float>(), st);
     }
     // output: RMSNorm_h(o) ⊙ SiLU(x W_gᵀ) → W_o
-    og_ = ar.alloc(DType::f32, {N, d_.Cv});
-    be.gemm(X_, false, P_[s_.wgate], true, og_);
-    ypre_ = ar.alloc(DType::f32, {N, d_.Cv});
-    rstd_ = ar.alloc(DType::f32, {N * d_.H});
+    be.gemm(Xa, false, P_[s_.wgate], true, og_);
+    Tensor ypre = ar.alloc(at_, {N, d_.Cv});
     {
       cl::LayerTimer tm("linear: out norm+gate (fwd)", st);
-      cl::out_gate_forward(N * d_.H, o_.p, og_.ptr<float>(), P_[s_.onorm].ptr<float>(), kNormEps, ypre_.ptr<float>(),
-                           rstd_.ptr<float>(), st);
+      cl::out_gate_forward(N * d_.H, o_.p, og_.data, P_[s_.onorm].ptr<float>(), kNormEps, ypre.data, rstd_.ptr<float>(),
+                           act_bf16(), st);
     }
-    be.gemm(ypre_, false, P_[s_.wo], true, y.view({N, d_.d}));
+    be.gemm(ypre, false, P_[s_.wo], true, y.view({N, d_.d}));
+    ar.release(mark);
   }
 
   void backward(ForwardContext& ctx, const Tensor& dy, const Tensor& dx, Routing& route) override {
@@ -141,26 +157,32 @@ class CudaLinearImpl final : public CudaLinear {
     cudaStream_t st = cb->stream();
     const int64_t N = B_ * T_;
     const lk::Mixer m = d_.mixer;
-    const Tensor dY = dy.view({N, d_.d});
     const Tensor dX = dx.view({N, d_.d});
     auto mark = ar.mark();
+    const Tensor Xa = as_act(be, ar, X_);
+    const Tensor dY = as_act(be, ar, dy.view({N, d_.d}));
+    // what the forward released: P, q, k, v, the large gates, ypre
+    inputs(be, ar, st, N, Xa, true, nullptr);
+    Tensor ypre = ar.alloc(at_, {N, d_.Cv});
+    {
+      cl::LayerTimer tm("linear: out norm+gate (recompute)", st);
+      cl::out_gate_forward(N * d_.H, o_.p, og_.data, P_[s_.onorm].ptr<float>(), kNormEps, ypre.data, rstd_.ptr<float>(),
+                           act_bf16(), st);
+    }
     // y = ypre W_oᵀ
-    be.gemm(dY, true, ypre_, false, G_[s_.wo], 1.0, 1.0);
-    Tensor dypre = ar.alloc(DType::f32, {N, d_.Cv});
+    be.gemm(dY, true, ypre, false, G_[s_.wo], 1.0, 1.0);
+    Tensor dypre = ar.alloc(at_, {N, d_.Cv});
     be.gemm(dY, false, P_[s_.wo], false, dypre);
     // norm × gate
     Bf dO = bf_alloc(ar, N * d_.Cv);
-    Tensor dog = ar.alloc(DType::f32, {N, d_.Cv});
+    Tensor dog = ar.alloc(at_, {N, d_.Cv});
     {
       cl::LayerTimer tm("linear: out norm+gate (bwd)", st);
-      Tensor terms = ar.alloc(DType::f32, {N * d_.H, 64});
-      Tensor scratch = ar.alloc(DType::f32, {(int64_t)cl::colsum_scratch_floats(N * d_.H, 64)});
-      cl::out_gate_backward(N * d_.H, o_.p, og_.ptr<float>(), P_[s_.onorm].ptr<float>(), rstd_.ptr<float>(),
-                            dypre.ptr<float>(), dO.p, dog.ptr<float>(), terms.ptr<float>(), st);
-      cl::colsum_accumulate(terms.ptr<float>(), N * d_.H, 64, 64, 1, G_[s_.onorm].ptr<float>(), scratch.ptr<float>(),
-                            st);
+      Tensor scratch = ar.alloc(DType::f32, {(int64_t)cl::out_gate_backward_scratch_floats(N * d_.H)});
+      cl::out_gate_backward(N * d_.H, o_.p, og_.data, P_[s_.onorm].ptr<float>(), rstd_.ptr<float>(), dypre.data, dO.p,
+                            dog.data, G_[s_.onorm].ptr<float>(), scratch.ptr<float>(), act_bf16(), st);
     }
-    be.gemm(dog, true, X_, false, G_[s_.wgate], 1.0, 1.0);
+    be.gemm(dog, true, Xa, false, G_[s_.wgate], 1.0, 1.0);
     be.gemm(dog, false, P_[s_.wgate], false, dX, 1.0, 0.0);  // dx overwritten
     // the recurrence
     Grads g = grads_alloc(ar, N);
@@ -209,9 +231,9 @@ class CudaLinearImpl final : public CudaLinear {
       }
       cl::route_backward(route_args(), rg, st);
     }
-    gates_backward(be, ar, st, N, g, eb, ew, dX);
+    gates_backward(be, ar, st, N, g, eb, ew, Xa, dX);
     // conv + SiLU + L2 backward in one pass, then the fused projection
-    Tensor dP = ar.alloc(DType::f32, {N, ldp_});
+    Tensor dP = ar.alloc(at_, {N, ldp_});
     {
       cl::LayerTimer tm("linear: conv+silu+l2 (bwd)", st);
       cl::QkvGrads qg;
@@ -229,7 +251,7 @@ class CudaLinearImpl final : public CudaLinear {
       }
       const cl::QkvArgs qa = qkv_args();
       Tensor scratch = ar.alloc(DType::f32, {(int64_t)cl::qkv_backward_scratch_floats(qa)});
-      cl::qkv_backward(qa, qg, dP.ptr<float>(), d_.conv ? G_[s_.cq].ptr<float>() : nullptr,
+      cl::qkv_backward(qa, qg, dP.data, d_.conv ? G_[s_.cq].ptr<float>() : nullptr,
                        d_.conv ? G_[s_.ck].ptr<float>() : nullptr, d_.conv ? G_[s_.cv].ptr<float>() : nullptr,
                        scratch.ptr<float>(), st);
       if (!rin_.empty()) {
@@ -238,7 +260,7 @@ class CudaLinearImpl final : public CudaLinear {
                               st);
       }
     }
-    be.gemm(dP, true, X_, false, Gqkv_, 1.0, 1.0);
+    be.gemm(dP, true, Xa, false, Gqkv_, 1.0, 1.0);
     be.gemm(dP, false, Wqkv_, false, dX, 1.0, 1.0);
     ar.release(mark);
   }
@@ -325,7 +347,8 @@ class CudaLinearImpl final : public CudaLinear {
     a.Cv = d_.Cv;
     a.W = d_.conv ? d_.W : 0;
     a.l2 = d_.l2;
-    a.P = P.ptr<float>();
+    a.P = P_qkv_.data;
+    a.p_bf16 = P_qkv_.dtype == DType::bf16;
     a.ldp = ldp_;
     if (d_.conv) {
       a.wq = P_[s_.cq].ptr<float>();
@@ -354,20 +377,69 @@ class CudaLinearImpl final : public CudaLinear {
     return a;
   }
 
-  // Gate pre-activations (cached for the backward) and activated gates.
-  void gates_forward(kernels::Backend& be, kernels::Arena& ar, cudaStream_t st, int64_t N) {
+  bool act_bf16() const { return at_ == DType::bf16; }
+
+  // t in act_dtype(): t itself, or a converted copy in the arena.
+  Tensor as_act(kernels::Backend& be, kernels::Arena& ar, const Tensor& t) const {
+    if (t.dtype == at_) return t;
+    Tensor c = ar.alloc(at_, t.shape());
+    be.convert(t, c);
+    return c;
+  }
+
+  // The small gate tensors kept from forward to backward: gdn's a-gate pre-activation and
+  // log-decay [N, H], β's [N, H], the low-rank gates' hidden x W₁ᵀ [N, rank].
+  void saved_gates_alloc(kernels::Arena& ar, int64_t N) {
     const lk::Mixer m = d_.mixer;
     g_ = beta_ = fg_ = h1_ = fbeta_ = fb_ = fw_ = Tensor();
     b_ = w_ = Bf();
-    if (m == lk::Mixer::gdn) {
+    if (!Wba_.empty()) {
+      // gdn's fused [W_β; W_a] projection: fbeta_ and fg_ are the two column blocks of one
+      // [N, 2H] buffer (row stride pre_ld(), which gate_args passes on)
+      Tensor f = ar.alloc(DType::f32, {N, 2 * d_.H});
+      fbeta_ = Tensor(f.data, DType::f32, {N, d_.H});
+      fg_ = Tensor(f.ptr<float>() + d_.H, DType::f32, {N, d_.H});
+    } else if (m == lk::Mixer::gdn) {
       fg_ = ar.alloc(DType::f32, {N, d_.H});
-      be.gemm(X_, false, P_[s_.wa], true, fg_);
-      g_ = ar.alloc(DType::f32, {N, d_.H});
-      gate_fwd(gate_args(cl::GateMap::decay, fg_, s_.dt_bias, 1), g_.ptr<float>(), nullptr, st);
+    }
+    if (m == lk::Mixer::gdn) g_ = ar.alloc(DType::f32, {N, d_.H});
+    if (m == lk::Mixer::gla || m == lk::Mixer::kda || m == lk::Mixer::gdn2) h1_ = ar.alloc(at_, {N, d_.rank});
+    if (lk::uses_beta(m)) {
+      if (fbeta_.empty()) fbeta_ = ar.alloc(DType::f32, {N, d_.H});
+      beta_ = ar.alloc(DType::f32, {N, d_.H});
+    }
+  }
+  // Row stride of gdn's fg_ and of fbeta_ (2H when they share the fused buffer).
+  int64_t pre_ld() const { return Wba_.empty() ? d_.H : 2 * d_.H; }
+  Tensor pre_ba() const { return Tensor(fbeta_.data, DType::f32, {fbeta_.size(0), 2 * d_.H}); }
+
+  // The kernels' inputs from x (Xa: x in act_dtype): P = x [Wq;Wk;Wv]ᵀ, then q, k, v (one
+  // fused pass; clvr's published ṽ into vout), and the gates. In the forward (again =
+  // false) the small gates are computed into their kept buffers; in the backward (again)
+  // they are reused and only the released ones are recomputed: P, q, k, v, the channel
+  // mixers' [N, Cq] pre-activations and log-gates, gdn2's b and w — the same GEMMs and
+  // maps on the same inputs, so the same values as in the forward.
+  void inputs(kernels::Backend& be, kernels::Arena& ar, cudaStream_t st, int64_t N, const Tensor& Xa, bool again,
+              float* vout) {
+    const lk::Mixer m = d_.mixer;
+    P_qkv_ = ar.alloc(at_, {N, ldp_});
+    be.gemm(Xa, false, Wqkv_, true, P_qkv_);
+    q_ = bf_alloc(ar, N * d_.Cq);
+    k_ = bf_alloc(ar, N * d_.Cq);
+    v_ = bf_alloc(ar, N * d_.Cv);
+    {
+      cl::LayerTimer tm(again ? "linear: conv+silu+l2 (recompute)" : "linear: conv+silu+l2 (fwd)", st);
+      cl::qkv_forward(qkv_args(), q_.p, k_.p, v_.p, vout, st);
+    }
+    if (m == lk::Mixer::gdn) {
+      if (!again) {
+        if (Wba_.empty()) be.gemm(Xa, false, P_[s_.wa], true, fg_);
+        else be.gemm(Xa, false, Wba_, true, pre_ba());  // β's pre-activation too
+        gate_fwd(gate_args(cl::GateMap::decay, fg_, s_.dt_bias, 1, pre_ld()), g_.ptr<float>(), nullptr, st);
+      }
     } else if (m == lk::Mixer::gla || m == lk::Mixer::kda || m == lk::Mixer::gdn2) {
-      h1_ = ar.alloc(DType::f32, {N, d_.rank});
+      if (!again) be.gemm(Xa, false, P_[s_.g1], true, h1_);
       fg_ = ar.alloc(DType::f32, {N, d_.Cq});
-      be.gemm(X_, false, P_[s_.g1], true, h1_);
       be.gemm(h1_, false, P_[s_.g2], true, fg_);
       g_ = ar.alloc(DType::f32, {N, d_.Cq});
       if (m == lk::Mixer::gla)
@@ -378,17 +450,15 @@ class CudaLinearImpl final : public CudaLinear {
       // the channel kernel as gla with a zero log-gate: S_t = S_{t−1} + v_t k_tᵀ
       g_ = ar.zeros(DType::f32, {N, d_.Cq});
     }
-    if (lk::uses_beta(m)) {
-      fbeta_ = ar.alloc(DType::f32, {N, d_.H});
-      be.gemm(X_, false, P_[s_.wbeta], true, fbeta_);
-      beta_ = ar.alloc(DType::f32, {N, d_.H});
-      gate_fwd(gate_args(cl::GateMap::sigmoid, fbeta_, -1, 1), beta_.ptr<float>(), nullptr, st);
+    if (lk::uses_beta(m) && !again) {
+      if (Wba_.empty()) be.gemm(Xa, false, P_[s_.wbeta], true, fbeta_);
+      gate_fwd(gate_args(cl::GateMap::sigmoid, fbeta_, -1, 1, pre_ld()), beta_.ptr<float>(), nullptr, st);
     }
     if (m == lk::Mixer::gdn2) {
       fb_ = ar.alloc(DType::f32, {N, d_.Cq});
       fw_ = ar.alloc(DType::f32, {N, d_.Cv});
-      be.gemm(X_, false, P_[s_.werase], true, fb_);
-      be.gemm(X_, false, P_[s_.wwrite], true, fw_);
+      be.gemm(Xa, false, P_[s_.werase], true, fb_);
+      be.gemm(Xa, false, P_[s_.wwrite], true, fw_);
       b_ = bf_alloc(ar, N * d_.Cq);
       w_ = bf_alloc(ar, N * d_.Cv);
       gate_fwd(gate_args(cl::GateMap::sigmoid, fb_, -1, 1), nullptr, b_.p, st);
@@ -406,34 +476,50 @@ class CudaLinearImpl final : public CudaLinear {
     cl::gate_backward(a, dyf, dyb, extra, df, ldd, aterm, st);
   }
 
-  cl::GateArgs gate_args(cl::GateMap map, const Tensor& f, int bias_slot, int per_head) const {
+  // ldf: f's row stride (0: its width).
+  cl::GateArgs gate_args(cl::GateMap map, const Tensor& f, int bias_slot, int per_head, int64_t ldf = 0) const {
     cl::GateArgs a;
     a.map = map;
     a.N = f.size(0);
     a.C = static_cast<int>(f.size(1));
     a.f = f.ptr<float>();
-    a.ldf = f.size(1);
+    a.ldf = ldf > 0 ? ldf : f.size(1);
     if (bias_slot >= 0) a.bias = P_[bias_slot].ptr<float>();
     if (map == cl::GateMap::decay) a.A_log = P_[s_.A_log].ptr<float>();
     a.per_head = per_head;
     return a;
   }
 
-  // f = x Wᵀ (W [C, d]): dW += dfᵀ x, dx += df W.
-  void proj_bwd(kernels::Backend& be, const Tensor& df, int slot, const Tensor& dX) {
-    be.gemm(df, true, X_, false, G_[slot], 1.0, 1.0);
+  // f = x Wᵀ (W [C, d]; Xa = x in act_dtype): dW += dfᵀ x, dx += df W.
+  void proj_bwd(kernels::Backend& be, const Tensor& df, int slot, const Tensor& Xa, const Tensor& dX) {
+    be.gemm(df, true, Xa, false, G_[slot], 1.0, 1.0);
     be.gemm(df, false, P_[slot], false, dX, 1.0, 1.0);
   }
 
   void gates_backward(kernels::Backend& be, kernels::Arena& ar, cudaStream_t st, int64_t N, const Grads& g,
-                      const Tensor& eb, const Tensor& ew, const Tensor& dX) {
+                      const Tensor& eb, const Tensor& ew, const Tensor& Xa, const Tensor& dX) {
     const lk::Mixer m = d_.mixer;
-    auto colsum = [&](const Tensor& M, int group, int slot) {
+    auto colsum = [&](const Tensor& M, int group, int slot, int64_t ld = 0) {
       Tensor scratch = ar.alloc(DType::f32, {(int64_t)cl::colsum_scratch_floats(M.size(0), (int)M.size(1))});
       cl::LayerTimer tm("linear: gate maps (bwd)", st);
-      cl::colsum_accumulate(M.ptr<float>(), M.size(0), (int)M.size(1), M.size(1), group, G_[slot].ptr<float>(),
-                            scratch.ptr<float>(), st);
+      cl::colsum_accumulate(M.ptr<float>(), M.size(0), (int)M.size(1), ld > 0 ? ld : M.size(1), group,
+                            G_[slot].ptr<float>(), scratch.ptr<float>(), st);
     };
+    if (!Wba_.empty()) {
+      // gdn, fused [W_β; W_a]: both gates' ∂L/∂f into one [N, 2H] for one projection backward
+      const int64_t H = d_.H;
+      Tensor dF = ar.alloc(DType::f32, {N, 2 * H});
+      Tensor aterm = ar.alloc(DType::f32, {N, H});
+      gate_bwd(gate_args(cl::GateMap::sigmoid, fbeta_, -1, 1, 2 * H), g.dbeta.ptr<float>(), nullptr, nullptr,
+               dF.ptr<float>(), 2 * H, nullptr, st);
+      gate_bwd(gate_args(cl::GateMap::decay, fg_, s_.dt_bias, 1, 2 * H), g.dg.ptr<float>(), nullptr, nullptr,
+               dF.ptr<float>() + H, 2 * H, aterm.ptr<float>(), st);
+      colsum(Tensor(dF.ptr<float>() + H, DType::f32, {N, H}), 1, s_.dt_bias, 2 * H);
+      colsum(aterm, 1, s_.A_log);
+      be.gemm(dF, true, Xa, false, Gba_, 1.0, 1.0);
+      be.gemm(dF, false, Wba_, false, dX, 1.0, 1.0);
+      return;
+    }
     if (!fg_.empty()) {
       Tensor df = ar.alloc(DType::f32, fg_.shape());
       if (m == lk::Mixer::gla) {
@@ -449,19 +535,19 @@ class CudaLinearImpl final : public CudaLinear {
         colsum(aterm, per_head, s_.A_log);
       }
       if (m == lk::Mixer::gdn) {
-        proj_bwd(be, df, s_.wa, dX);
+        proj_bwd(be, df, s_.wa, Xa, dX);
       } else {  // f = (x W₁ᵀ) W₂ᵀ
         be.gemm(df, true, h1_, false, G_[s_.g2], 1.0, 1.0);
         Tensor dh1 = ar.alloc(DType::f32, {N, d_.rank});
         be.gemm(df, false, P_[s_.g2], false, dh1);
-        proj_bwd(be, dh1, s_.g1, dX);
+        proj_bwd(be, dh1, s_.g1, Xa, dX);
       }
     }
     if (!fbeta_.empty()) {
       Tensor df = ar.alloc(DType::f32, {N, d_.H});
       gate_bwd(gate_args(cl::GateMap::sigmoid, fbeta_, -1, 1), g.dbeta.ptr<float>(), nullptr, nullptr,
                         df.ptr<float>(), d_.H, nullptr, st);
-      proj_bwd(be, df, s_.wbeta, dX);
+      proj_bwd(be, df, s_.wbeta, Xa, dX);
     }
     if (!fb_.empty()) {
       Tensor dfb = ar.alloc(DType::f32, {N, d_.Cq});
@@ -470,8 +556,8 @@ class CudaLinearImpl final : public CudaLinear {
                         d_.Cq, nullptr, st);
       gate_bwd(gate_args(cl::GateMap::sigmoid, fw_, -1, 1), nullptr, g.dw.p, fptr(ew), dfw.ptr<float>(),
                         d_.Cv, nullptr, st);
-      proj_bwd(be, dfb, s_.werase, dX);
-      proj_bwd(be, dfw, s_.wwrite, dX);
+      proj_bwd(be, dfb, s_.werase, Xa, dX);
+      proj_bwd(be, dfw, s_.wwrite, Xa, dX);
     }
   }
   Dims d_;
@@ -479,9 +565,11 @@ class CudaLinearImpl final : public CudaLinear {
   std::vector<Tensor> P_, G_;
   int64_t ldp_ = 0;
   Tensor Wqkv_, Gqkv_;
+  Tensor Wba_, Gba_;  // gdn: [W_β; W_a] and its gradient (empty when not adjacent)
   // this step's cache (arena tensors, valid until the next forward)
   int64_t B_ = 0, T_ = 0;
-  Tensor X_, P, rin_, bound_, og_, ypre_, rstd_;
+  DType at_ = DType::f32;  // the backend's act_dtype()
+  Tensor X_, P_qkv_, rin_, bound_, og_, rstd_;
   Tensor g_, beta_, fg_, h1_, fbeta_, fb_, fw_;
   Bf q_, k_, v_, o_, b_, w_, qr_;
 };

@@ -38,6 +38,12 @@ __device__ __forceinline__ void st_bf2(bf16* p, float a, float b) {
   *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(a, b);
 }
 
+// Pairs of an activation tensor in either storage dtype (fp32 or bf16).
+__device__ __forceinline__ float2 ld2(const float* p) { return *reinterpret_cast<const float2*>(p); }
+__device__ __forceinline__ float2 ld2(const bf16* p) { return ld_bf2(p); }
+__device__ __forceinline__ void st2(float* p, float2 v) { *reinterpret_cast<float2*>(p) = v; }
+__device__ __forceinline__ void st2(bf16* p, float2 v) { st_bf2(p, v.x, v.y); }
+
 unsigned blocks_for(int64_t n, int per) { return static_cast<unsigned>((n + per - 1) / per); }
 
 void require(bool ok, const std::string& what) {
@@ -58,6 +64,10 @@ __device__ __forceinline__ Part part_of(int c, int Cq) {
 // Token ranges: a warp walks up to kTokF (forward) / kTokB (backward) consecutive tokens of
 // one sequence for one 64-channel segment of P, keeping the conv's input window in
 // registers, so every element of P is loaded once (the conv's W−1 predecessors once per range).
+// Each walk loads the next token's inputs one step ahead. (Loading a whole batch of tokens
+// before the math — all 16 in the forward, 8 at a time in the backward — measured slower
+// on the H200: 8.6 / 26.7 ms per step instead of 7.0 / 18.7, as the register arrays halve
+// the resident warps and the per-token shuffle chain, not the loads, sets the pace.)
 constexpr int kTokF = 16, kTokB = 64;
 
 // The conv window of one lane's channel pair: win[K−1−j] = P[t−j]; wr[j] = w[W−1−j].
@@ -73,9 +83,10 @@ __device__ __forceinline__ const float* conv_weights(const QkvArgs& a, Part pt) 
 }
 
 // Load the weights and the W−1 inputs before token t0 (row n0 = b·T + t0), placed as the
-// window of token t0 − 1 (win[K−j] = P[t0−j]) since window_step shifts before it loads.
-template <int K>
-__device__ __forceinline__ void window_init(const QkvArgs& a, ConvWindow<K>& cw, Part pt, int64_t n0, int t0, int c) {
+// window of token t0 − 1 (win[K−j] = P[t0−j]) since window_push shifts before it stores.
+template <int K, class TP>
+__device__ __forceinline__ void window_init(const QkvArgs& a, const TP* P, ConvWindow<K>& cw, Part pt, int64_t n0,
+                                            int t0, int c) {
   const float* w = conv_weights(a, pt) + (int64_t)pt.col * a.W;
 #pragma unroll
   for (int j = 0; j < K; ++j) {
@@ -87,15 +98,17 @@ __device__ __forceinline__ void window_init(const QkvArgs& a, ConvWindow<K>& cw,
   }
 #pragma unroll
   for (int j = 1; j < K; ++j)
-    if (j < a.W && t0 - j >= 0) cw.win[K - j] = *reinterpret_cast<const float2*>(a.P + (n0 - j) * a.ldp + c);
+    if (j < a.W && t0 - j >= 0) cw.win[K - j] = ld2(P + (n0 - j) * a.ldp + c);
 }
 
-// Shift the window by one token and load P[t] (or zeros past the end); returns s = conv pre-activation.
+// Shift the window by one token holding x = P[t] (zeros past the end); returns s = the conv
+// pre-activation. The caller loads x one token ahead (prefetch), so the walk's load latency
+// overlaps the previous token's math instead of stalling each step.
 template <int K>
-__device__ __forceinline__ float2 window_step(const QkvArgs& a, ConvWindow<K>& cw, int64_t n, bool valid, int c) {
+__device__ __forceinline__ float2 window_push(ConvWindow<K>& cw, float2 x) {
 #pragma unroll
   for (int j = 0; j < K - 1; ++j) cw.win[j] = cw.win[j + 1];
-  cw.win[K - 1] = valid ? *reinterpret_cast<const float2*>(a.P + n * a.ldp + c) : make_float2(0.f, 0.f);
+  cw.win[K - 1] = x;
   float2 s = make_float2(0.f, 0.f);
 #pragma unroll
   for (int j = 0; j < K; ++j) {
@@ -139,17 +152,21 @@ __device__ __forceinline__ WarpRange warp_range(const QkvArgs& a, int tok) {
   return r;
 }
 
-template <int K>
+template <int K, class TP>
 __global__ void qkv_fwd_kernel(QkvArgs a, bf16* q, bf16* k, bf16* v, float* vout) {
   const WarpRange r = warp_range(a, kTokF);
   if (!r.ok) return;
+  const TP* P = static_cast<const TP*>(a.P);
   const Part pt = part_of(r.c, a.Cq);
   const int64_t nb = r.b * a.T;
   ConvWindow<K> cw;
-  if (a.W > 0) window_init(a, cw, pt, nb + r.t0, r.t0, r.c);
+  if (a.W > 0) window_init(a, P, cw, pt, nb + r.t0, r.t0, r.c);
+  float2 next = ld2(P + (nb + r.t0) * a.ldp + r.c);  // t0 < t1: every range has a token
   for (int t = r.t0; t < r.t1; ++t) {
     const int64_t n = nb + t;
-    const float2 s = a.W > 0 ? window_step(a, cw, n, true, r.c) : *reinterpret_cast<const float2*>(a.P + n * a.ldp + r.c);
+    const float2 x = next;
+    if (t + 1 < r.t1) next = ld2(P + (n + 1) * a.ldp + r.c);
+    const float2 s = a.W > 0 ? window_push(cw, x) : x;
     float2 act = activate(a, s, pt, n);
     if (pt.which < 2 && a.l2) {
       const float rn = 1.f / sqrtf(warp_sum(act.x * act.x + act.y * act.y) + 1e-6f);
@@ -165,10 +182,9 @@ __global__ void qkv_fwd_kernel(QkvArgs a, bf16* q, bf16* k, bf16* v, float* vout
   }
 }
 
-// du at token n: the gradient on the conv pre-activation (on P without conv).
-__device__ __forceinline__ float2 token_du(const QkvArgs& a, const QkvGrads& g, Part pt, int64_t n, float2 s,
-                                           bool own) {
-  const float2 act = activate(a, s, pt, n);
+// The gradient arriving on the activation of token n: the kernels' dq / dk / dv plus the
+// routing extras (loaded one token ahead by the backward walk).
+__device__ __forceinline__ float2 token_dy(const QkvArgs& a, const QkvGrads& g, Part pt, int64_t n) {
   float2 dy;
   if (pt.which == 0) {
     dy = ld_bf2(g.dq + n * a.Cq + pt.col);
@@ -189,12 +205,25 @@ __device__ __forceinline__ float2 token_du(const QkvArgs& a, const QkvGrads& g, 
       dy.x += e.x, dy.y += e.y;
     }
   }
+  return dy;
+}
+
+// du at token n: the gradient on the conv pre-activation (on P without conv), from dy.
+__device__ __forceinline__ float2 token_du(const QkvArgs& a, const QkvGrads& g, Part pt, int64_t n, float2 s,
+                                           float2 dy, bool own) {
+  const float2 act = activate(a, s, pt, n);
   float2 da = dy;
   if (pt.which < 2 && a.l2) {
-    // y = a·r, r = 1/sqrt(Σa² + eps): da = r (dy − y (y·dy))
-    const float rn = 1.f / sqrtf(warp_sum(act.x * act.x + act.y * act.y) + 1e-6f);
+    // y = a·r, r = 1/sqrt(Σa² + eps): da = r (dy − y (y·dy)), y·dy = r (a·dy); both sums
+    // in one butterfly (half the dependent shuffles of two)
+    float aa = act.x * act.x + act.y * act.y, ad = act.x * dy.x + act.y * dy.y;
+    for (int o = 16; o > 0; o >>= 1) {
+      aa += __shfl_xor_sync(0xffffffffu, aa, o);
+      ad += __shfl_xor_sync(0xffffffffu, ad, o);
+    }
+    const float rn = 1.f / sqrtf(aa + 1e-6f);
     const float yx = act.x * rn, yy = act.y * rn;
-    const float dot = warp_sum(yx * dy.x + yy * dy.y);
+    const float dot = rn * ad;
     da = make_float2(rn * (dy.x - yx * dot), rn * (dy.y - yy * dot));
   }
   if (own && pt.which == 2 && a.rin) {  // ṽ = silu(conv) + gamma·rin
@@ -217,33 +246,44 @@ __device__ __forceinline__ float2 token_du(const QkvArgs& a, const QkvGrads& g, 
 // from P), the conv's transpose dP[t] = Σ_m w[m] du[t+m'] (emitted W−1 tokens late, with a
 // halo of W−1 recomputed tokens past the range), and the conv weights' partial sums over
 // the range (one partial per range, summed in order by conv_weight_finish).
-template <int K>
-__global__ void qkv_bwd_kernel(QkvArgs a, QkvGrads g, float* dP, float* wpartial) {
+// Three blocks of 8 warps per SM for the common width (≤ 85 registers): the walk is
+// latency-bound, so resident warps matter more than the few values the compiler re-derives.
+template <int K, class TP>
+__global__ void __launch_bounds__(kThreads, K <= 4 ? 3 : 2) qkv_bwd_kernel(QkvArgs a, QkvGrads g, TP* dP, float* wpartial) {
   const WarpRange r = warp_range(a, kTokB);
   if (!r.ok) return;
+  const TP* P = static_cast<const TP*>(a.P);
   const Part pt = part_of(r.c, a.Cq);
   const int64_t nb = r.b * a.T;
   if (a.W == 0) {
     for (int t = r.t0; t < r.t1; ++t) {
       const int64_t n = nb + t;
-      const float2 du = token_du(a, g, pt, n, *reinterpret_cast<const float2*>(a.P + n * a.ldp + r.c), true);
-      *reinterpret_cast<float2*>(dP + n * a.ldp + r.c) = du;
+      const float2 du = token_du(a, g, pt, n, ld2(P + n * a.ldp + r.c), token_dy(a, g, pt, n), true);
+      st2(dP + n * a.ldp + r.c, du);
     }
     return;
   }
   ConvWindow<K> cw;
-  window_init(a, cw, pt, nb + r.t0, r.t0, r.c);
+  window_init(a, P, cw, pt, nb + r.t0, r.t0, r.c);
   float2 hist[K];  // hist[m] = du[t−m]
   float acc0[K], acc1[K];
 #pragma unroll
   for (int j = 0; j < K; ++j) hist[j] = make_float2(0.f, 0.f), acc0[j] = acc1[j] = 0.f;
   const int tend = r.t1 + a.W - 1;  // last token whose du feeds dP of this range, + 1
+  const int tval = min(tend, static_cast<int>(a.T));  // tokens that exist
+  // P and dy of the next token, loaded one step ahead (t0 < T always)
+  float2 nx = ld2(P + (nb + r.t0) * a.ldp + r.c), ndy = token_dy(a, g, pt, nb + r.t0);
   for (int t = r.t0; t < tend; ++t) {
     const int64_t n = nb + t;
-    const bool valid = t < a.T;
-    const float2 s = window_step(a, cw, n, valid, r.c);
+    const bool valid = t < tval;
+    const float2 x = valid ? nx : make_float2(0.f, 0.f), dy = ndy;
+    if (t + 1 < tval) {
+      nx = ld2(P + (n + 1) * a.ldp + r.c);
+      ndy = token_dy(a, g, pt, n + 1);
+    }
+    const float2 s = window_push(cw, x);
     float2 du = make_float2(0.f, 0.f);
-    if (valid) du = token_du(a, g, pt, n, s, t < r.t1);
+    if (valid) du = token_du(a, g, pt, n, s, dy, t < r.t1);
 #pragma unroll
     for (int j = K - 1; j > 0; --j) hist[j] = hist[j - 1];
     hist[0] = du;
@@ -262,7 +302,7 @@ __global__ void qkv_bwd_kernel(QkvArgs a, QkvGrads g, float* dP, float* wpartial
         d.x = fmaf(cw.wf0[m], hist[m].x, d.x);
         d.y = fmaf(cw.wf1[m], hist[m].y, d.y);
       }
-      *reinterpret_cast<float2*>(dP + (nb + te) * a.ldp + r.c) = d;
+      st2(dP + (nb + te) * a.ldp + r.c, d);
     }
   }
   const int64_t groups = (a.T + kTokB - 1) / kTokB;
@@ -384,41 +424,86 @@ __global__ void colsum_finish(const float* partial, int splits, int C, int group
 }
 
 // ---------------------------------------------------------------- output norm × gate
-__global__ void out_fwd_kernel(int64_t rows, const bf16* o, const float* og, const float* wn, float eps,
-                               float* ypre, float* rstd) {
+// A warp takes kRowsW consecutive rows and issues all their loads before the math (one row
+// per warp left these passes latency-bound at ≈ 2 TB/s).
+constexpr int kRowsW = 4;
+
+template <class TA>
+__global__ void out_fwd_kernel(int64_t rows, const bf16* o, const TA* og, const float* wn, float eps, TA* ypre,
+                               float* rstd) {
   const int lane = threadIdx.x & 31;
-  const int64_t r = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-  if (r >= rows) return;
-  const int64_t i = r * kSeg + 2 * lane;
-  const float2 x = ld_bf2(o + i);
-  const float rs = 1.f / sqrtf(warp_sum(x.x * x.x + x.y * x.y) / kSeg + eps);
-  const float2 gt = *reinterpret_cast<const float2*>(og + i);
+  const int64_t r0 = ((int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32) * kRowsW;
+  if (r0 >= rows) return;
   const float2 w = make_float2(wn[2 * lane], wn[2 * lane + 1]);  // parameters: only 4-byte aligned
-  *reinterpret_cast<float2*>(ypre + i) =
-      make_float2(x.x * rs * w.x * gt.x * sigm(gt.x), x.y * rs * w.y * gt.y * sigm(gt.y));
-  if (lane == 0) rstd[r] = rs;
+  float2 x[kRowsW], gt[kRowsW];
+#pragma unroll
+  for (int j = 0; j < kRowsW; ++j) {
+    const int64_t i = (r0 + j) * kSeg + 2 * lane;
+    const bool ok = r0 + j < rows;
+    x[j] = ok ? ld_bf2(o + i) : make_float2(0.f, 0.f);
+    gt[j] = ok ? ld2(og + i) : make_float2(0.f, 0.f);
+  }
+#pragma unroll
+  for (int j = 0; j < kRowsW; ++j) {
+    if (r0 + j >= rows) break;  // uniform across the warp
+    const int64_t i = (r0 + j) * kSeg + 2 * lane;
+    const float rs = 1.f / sqrtf(warp_sum(x[j].x * x[j].x + x[j].y * x[j].y) / kSeg + eps);
+    st2(ypre + i, make_float2(x[j].x * rs * w.x * gt[j].x * sigm(gt[j].x), x[j].y * rs * w.y * gt[j].y * sigm(gt[j].y)));
+    if (lane == 0) rstd[r0 + j] = rs;
+  }
 }
 
-__global__ void out_bwd_kernel(int64_t rows, const bf16* o, const float* og, const float* wn, const float* rstd,
-                               const float* dypre, bf16* dO, float* dog, float* dwn_terms) {
-  const int lane = threadIdx.x & 31;
-  const int64_t r = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-  if (r >= rows) return;
-  const int64_t i = r * kSeg + 2 * lane;
-  const float2 x = ld_bf2(o + i);
-  const float rs = rstd[r];
-  const float2 gt = *reinterpret_cast<const float2*>(og + i);
+// A fixed grid of kOutBlocks blocks (fewer for small inputs); warp w of the grid takes the
+// row groups w, w + warps, … (kRowsW rows each), so each block's ∂L/∂wn partial covers a
+// fixed set of rows.
+constexpr int kOutBlocks = 1024;
+int out_blocks(int64_t rows) {
+  return static_cast<int>(std::clamp<int64_t>((rows + 8 * kRowsW - 1) / (8 * kRowsW), 1, kOutBlocks));
+}
+
+template <class TA>
+__global__ void out_bwd_kernel(int64_t rows, const bf16* o, const TA* og, const float* wn, const float* rstd,
+                               const TA* dypre, bf16* dO, TA* dog, float* dwn_partial) {
+  __shared__ float red[kThreads / 32][kSeg];
+  const int lane = threadIdx.x & 31, wib = threadIdx.x / 32;
+  const int64_t warps = (int64_t)gridDim.x * (blockDim.x / 32);
   const float2 w = make_float2(wn[2 * lane], wn[2 * lane + 1]);  // parameters: only 4-byte aligned
-  const float2 dy = *reinterpret_cast<const float2*>(dypre + i);
-  const float xh0 = x.x * rs, xh1 = x.y * rs;                       // normalised o
-  const float sg0 = gt.x * sigm(gt.x), sg1 = gt.y * sigm(gt.y);     // silu(og)
-  const float don0 = dy.x * sg0, don1 = dy.y * sg1;                 // on = x̂·w
-  *reinterpret_cast<float2*>(dog + i) =
-      make_float2(dy.x * xh0 * w.x * silu_grad(gt.x), dy.y * xh1 * w.y * silu_grad(gt.y));
-  *reinterpret_cast<float2*>(dwn_terms + i) = make_float2(don0 * xh0, don1 * xh1);
-  const float dx0 = don0 * w.x, dx1 = don1 * w.y;                   // on x̂
-  const float m = warp_sum(dx0 * xh0 + dx1 * xh1) / kSeg;
-  st_bf2(dO + i, rs * (dx0 - xh0 * m), rs * (dx1 - xh1 * m));
+  float dw0 = 0.f, dw1 = 0.f;
+  for (int64_t r0 = ((int64_t)blockIdx.x * (blockDim.x / 32) + wib) * kRowsW; r0 < rows; r0 += warps * kRowsW) {
+    float2 x[kRowsW], gt[kRowsW], dy[kRowsW];
+    float rs[kRowsW];
+#pragma unroll
+    for (int j = 0; j < kRowsW; ++j) {
+      const int64_t i = (r0 + j) * kSeg + 2 * lane;
+      const bool ok = r0 + j < rows;
+      x[j] = ok ? ld_bf2(o + i) : make_float2(0.f, 0.f);
+      gt[j] = ok ? ld2(og + i) : make_float2(0.f, 0.f);
+      dy[j] = ok ? ld2(dypre + i) : make_float2(0.f, 0.f);
+      rs[j] = ok ? rstd[r0 + j] : 0.f;
+    }
+#pragma unroll
+    for (int j = 0; j < kRowsW; ++j) {
+      if (r0 + j >= rows) break;  // uniform across the warp
+      const int64_t i = (r0 + j) * kSeg + 2 * lane;
+      const float xh0 = x[j].x * rs[j], xh1 = x[j].y * rs[j];                   // normalised o
+      const float sg0 = gt[j].x * sigm(gt[j].x), sg1 = gt[j].y * sigm(gt[j].y);  // silu(og)
+      const float don0 = dy[j].x * sg0, don1 = dy[j].y * sg1;                    // on = x̂·w
+      st2(dog + i, make_float2(dy[j].x * xh0 * w.x * silu_grad(gt[j].x), dy[j].y * xh1 * w.y * silu_grad(gt[j].y)));
+      dw0 = fmaf(don0, xh0, dw0);
+      dw1 = fmaf(don1, xh1, dw1);
+      const float dx0 = don0 * w.x, dx1 = don1 * w.y;  // on x̂
+      const float m = warp_sum(dx0 * xh0 + dx1 * xh1) / kSeg;
+      st_bf2(dO + i, rs[j] * (dx0 - xh0 * m), rs[j] * (dx1 - xh1 * m));
+    }
+  }
+  red[wib][2 * lane] = dw0;
+  red[wib][2 * lane + 1] = dw1;
+  __syncthreads();
+  if (threadIdx.x < kSeg) {
+    float s = 0.f;
+    for (int y = 0; y < kThreads / 32; ++y) s += red[y][threadIdx.x];
+    dwn_partial[(int64_t)blockIdx.x * kSeg + threadIdx.x] = s;
+  }
 }
 
 // ---------------------------------------------------------------- routing readouts
@@ -563,8 +648,14 @@ void qkv_forward(const QkvArgs& a, bf16* q, bf16* k, bf16* v, float* vout, cudaS
   const int64_t warps = qkv_warps(a, kTokF);
   if (warps == 0) return;
   // the conv window's register arrays sized for the common width 4 (or the widest, 8)
-  if (a.W <= 4) qkv_fwd_kernel<4><<<blocks_for(warps, kThreads / 32), kThreads, 0, stream>>>(a, q, k, v, vout);
-  else qkv_fwd_kernel<kMaxConv><<<blocks_for(warps, kThreads / 32), kThreads, 0, stream>>>(a, q, k, v, vout);
+  const unsigned blocks = blocks_for(warps, kThreads / 32);
+  if (a.p_bf16) {
+    if (a.W <= 4) qkv_fwd_kernel<4, bf16><<<blocks, kThreads, 0, stream>>>(a, q, k, v, vout);
+    else qkv_fwd_kernel<kMaxConv, bf16><<<blocks, kThreads, 0, stream>>>(a, q, k, v, vout);
+  } else {
+    if (a.W <= 4) qkv_fwd_kernel<4, float><<<blocks, kThreads, 0, stream>>>(a, q, k, v, vout);
+    else qkv_fwd_kernel<kMaxConv, float><<<blocks, kThreads, 0, stream>>>(a, q, k, v, vout);
+  }
   LAR_CUDA_LAUNCHED();
 }
 
@@ -572,7 +663,7 @@ std::size_t qkv_backward_scratch_floats(const QkvArgs& a) {
   return static_cast<std::size_t>(a.B * ((a.T + kTokB - 1) / kTokB) * a.ldp * std::max(a.W, 1));
 }
 
-void qkv_backward(const QkvArgs& a, const QkvGrads& g, float* dP, float* gwq, float* gwk, float* gwv, float* scratch,
+void qkv_backward(const QkvArgs& a, const QkvGrads& g, void* dP, float* gwq, float* gwk, float* gwv, float* scratch,
                   cudaStream_t stream) {
   require(a.ldp == 2 * a.Cq + a.Cv && a.Cq % kSeg == 0 && a.Cv % kSeg == 0, "qkv: widths must be multiples of 64");
   require(a.W >= 0 && a.W <= kMaxConv, "qkv: conv width " + std::to_string(a.W) + " outside 0..8");
@@ -580,8 +671,16 @@ void qkv_backward(const QkvArgs& a, const QkvGrads& g, float* dP, float* gwq, fl
   require(a.W == 0 || (gwq && gwk && gwv && scratch), "qkv backward: conv needs weight gradients and scratch");
   const int64_t warps = qkv_warps(a, kTokB);
   if (warps == 0) return;
-  if (a.W <= 4) qkv_bwd_kernel<4><<<blocks_for(warps, kThreads / 32), kThreads, 0, stream>>>(a, g, dP, scratch);
-  else qkv_bwd_kernel<kMaxConv><<<blocks_for(warps, kThreads / 32), kThreads, 0, stream>>>(a, g, dP, scratch);
+  const unsigned blocks = blocks_for(warps, kThreads / 32);
+  if (a.p_bf16) {
+    auto* d = static_cast<bf16*>(dP);
+    if (a.W <= 4) qkv_bwd_kernel<4, bf16><<<blocks, kThreads, 0, stream>>>(a, g, d, scratch);
+    else qkv_bwd_kernel<kMaxConv, bf16><<<blocks, kThreads, 0, stream>>>(a, g, d, scratch);
+  } else {
+    auto* d = static_cast<float*>(dP);
+    if (a.W <= 4) qkv_bwd_kernel<4, float><<<blocks, kThreads, 0, stream>>>(a, g, d, scratch);
+    else qkv_bwd_kernel<kMaxConv, float><<<blocks, kThreads, 0, stream>>>(a, g, d, scratch);
+  }
   LAR_CUDA_LAUNCHED();
   if (a.W == 0) return;
   conv_weight_finish<<<static_cast<unsigned>(a.ldp * a.W), kThreads, 0, stream>>>(
@@ -621,18 +720,38 @@ void colsum_accumulate(const float* M, int64_t N, int C, int64_t ld, int group, 
   LAR_CUDA_LAUNCHED();
 }
 
-void out_gate_forward(int64_t rows, const bf16* o, const float* og, const float* wn, float eps, float* ypre,
-                      float* rstd, cudaStream_t stream) {
+void out_gate_forward(int64_t rows, const bf16* o, const void* og, const float* wn, float eps, void* ypre,
+                      float* rstd, bool act_bf16, cudaStream_t stream) {
   if (rows == 0) return;
-  out_fwd_kernel<<<blocks_for(rows, kThreads / 32), kThreads, 0, stream>>>(rows, o, og, wn, eps, ypre, rstd);
+  const unsigned blocks = blocks_for(rows, kThreads / 32 * kRowsW);
+  if (act_bf16)
+    out_fwd_kernel<<<blocks, kThreads, 0, stream>>>(rows, o, static_cast<const bf16*>(og), wn, eps,
+                                                    static_cast<bf16*>(ypre), rstd);
+  else
+    out_fwd_kernel<<<blocks, kThreads, 0, stream>>>(rows, o, static_cast<const float*>(og), wn, eps,
+                                                    static_cast<float*>(ypre), rstd);
   LAR_CUDA_LAUNCHED();
 }
 
-void out_gate_backward(int64_t rows, const bf16* o, const float* og, const float* wn, const float* rstd,
-                       const float* dypre, bf16* dO, float* dog, float* dwn_terms, cudaStream_t stream) {
+std::size_t out_gate_backward_scratch_floats(int64_t rows) {
+  return static_cast<std::size_t>(out_blocks(rows)) * kSeg;
+}
+
+void out_gate_backward(int64_t rows, const bf16* o, const void* og, const float* wn, const float* rstd,
+                       const void* dypre, bf16* dO, void* dog, float* dwn, float* scratch, bool act_bf16,
+                       cudaStream_t stream) {
   if (rows == 0) return;
-  out_bwd_kernel<<<blocks_for(rows, kThreads / 32), kThreads, 0, stream>>>(rows, o, og, wn, rstd, dypre, dO, dog,
-                                                                           dwn_terms);
+  const int blocks = out_blocks(rows);
+  if (act_bf16)
+    out_bwd_kernel<<<blocks, kThreads, 0, stream>>>(rows, o, static_cast<const bf16*>(og), wn, rstd,
+                                                    static_cast<const bf16*>(dypre), dO, static_cast<bf16*>(dog),
+                                                    scratch);
+  else
+    out_bwd_kernel<<<blocks, kThreads, 0, stream>>>(rows, o, static_cast<const float*>(og), wn, rstd,
+                                                    static_cast<const float*>(dypre), dO, static_cast<float*>(dog),
+                                                    scratch);
+  LAR_CUDA_LAUNCHED();
+  colsum_finish<<<kSeg, kThreads, 0, stream>>>(scratch, blocks, kSeg, 1, dwn);
   LAR_CUDA_LAUNCHED();
 }
 

@@ -24,13 +24,15 @@
 namespace lar::kernels::cuda::linear {
 
 // ---- q, k, v: projections → conv + SiLU → (L2 norm) → bf16 kernel inputs ----
-// P [N, ldp] holds the fp32 projections: q in columns [0, Cq), k in [Cq, 2Cq), v in
-// [2Cq, 2Cq+Cv) (one fused GEMM). Conv weights [C, W] per part (W = 0: no conv, no SiLU).
+// P [N, ldp] holds the projections (fp32, or bf16 when p_bf16: the GEMM's output in the
+// backend's act_dtype()): q in columns [0, Cq), k in [Cq, 2Cq), v in [2Cq, 2Cq+Cv) (one
+// fused GEMM). Conv weights [C, W] per part (W = 0: no conv, no SiLU).
 struct QkvArgs {
   int64_t B = 0, T = 0;
   int Cq = 0, Cv = 0, W = 0;
   bool l2 = false;           // L2-normalise q and k per head: a / sqrt(Σa² + 1e-6)
-  const float* P = nullptr;
+  const void* P = nullptr;
+  bool p_bf16 = false;       // P (and qkv_backward's dP) in bf16, else fp32
   int64_t ldp = 0;
   const float *wq = nullptr, *wk = nullptr, *wv = nullptr;
   const float* rin = nullptr;    // cler: ṽ = v + gamma·rin ([N, Cv]), nullable
@@ -42,8 +44,8 @@ void qkv_forward(const QkvArgs& a, __nv_bfloat16* q, __nv_bfloat16* k, __nv_bflo
 
 // The backward of the whole qkv pass, from the kernels' dq, dk, dv (bf16) plus optional
 // fp32 extras (routing readouts: ek on k, ev on ṽ, dvout on the published ṽ for clvr):
-// dP [N, ldp] = ∂L/∂P (overwritten; through L2, SiLU and the conv's transpose, in one walk
-// that recomputes the forward from P), and the conv weights' gradients accumulated into
+// dP [N, ldp] = ∂L/∂P (P's dtype; overwritten; through L2, SiLU and the conv's transpose, in
+// one walk that recomputes the forward from P), and the conv weights' gradients accumulated into
 // gwq/gwk/gwv [C, W] (W ≥ 1; scratch: qkv_backward_scratch_floats(a) floats). cler (rin
 // set): d_in += gamma·dṽ (d_in nullable) and dgam_terms [N, Cv] = dṽ ⊙ rin (sum it for ∂L/∂gamma).
 struct QkvGrads {
@@ -53,7 +55,7 @@ struct QkvGrads {
   float* dgam_terms = nullptr;
 };
 std::size_t qkv_backward_scratch_floats(const QkvArgs& a);
-void qkv_backward(const QkvArgs& a, const QkvGrads& g, float* dP, float* gwq, float* gwk, float* gwv, float* scratch,
+void qkv_backward(const QkvArgs& a, const QkvGrads& g, void* dP, float* gwq, float* gwk, float* gwv, float* scratch,
                   cudaStream_t stream);
 
 // ---- gates: pre-activations f [N, ld] → activated values ----
@@ -85,13 +87,17 @@ void colsum_accumulate(const float* M, int64_t N, int C, int64_t ld, int group, 
                        cudaStream_t stream);
 
 // ---- output: per-head RMSNorm (weight wn [64]) × SiLU(og) ----
-// rows = N·H rows of 64: o bf16 (the kernel's output), og, ypre fp32, rstd [rows].
-void out_gate_forward(int64_t rows, const __nv_bfloat16* o, const float* og, const float* wn, float eps,
-                      float* ypre, float* rstd, cudaStream_t stream);
-// From dypre: dO (bf16, the kernels' dout), dog (fp32), dwn_terms [rows, 64] (sum per
-// column for ∂L/∂wn).
-void out_gate_backward(int64_t rows, const __nv_bfloat16* o, const float* og, const float* wn, const float* rstd,
-                       const float* dypre, __nv_bfloat16* dO, float* dog, float* dwn_terms, cudaStream_t stream);
+// rows = N·H rows of 64: o bf16 (the kernel's output); og, ypre, dypre and dog all fp32, or
+// all bf16 when act_bf16 (GEMM operands in the backend's act_dtype()); rstd [rows] fp32.
+void out_gate_forward(int64_t rows, const __nv_bfloat16* o, const void* og, const float* wn, float eps, void* ypre,
+                      float* rstd, bool act_bf16, cudaStream_t stream);
+// From dypre: dO (bf16, the kernels' dout), dog, and ∂L/∂wn accumulated into dwn [64]
+// (per-block partials in scratch, out_gate_backward_scratch_floats(rows) floats, then a
+// fixed-order sum: no [rows, 64] terms buffer).
+std::size_t out_gate_backward_scratch_floats(int64_t rows);
+void out_gate_backward(int64_t rows, const __nv_bfloat16* o, const void* og, const float* wn, const float* rstd,
+                       const void* dypre, __nv_bfloat16* dO, void* dog, float* dwn, float* scratch, bool act_bf16,
+                       cudaStream_t stream);
 
 // ---- cross-layer routing: the write residual r_t = z_t − S_{t−1}(a_t ⊙ e_t) ----
 // The chunk kernels read S_t after the update, so r comes from a second readout of the same
