@@ -229,7 +229,8 @@ void expect_close(const Result& r, const std::string& what) {
 }
 std::string describe(const FlashShape& s, const char* how) {
   return std::string(how) + " B=" + std::to_string(s.B) + " T=" + std::to_string(s.T) + " Hq=" +
-         std::to_string(s.Hq) + " Hkv=" + std::to_string(s.Hkv) + " D=" + std::to_string(s.D);
+         std::to_string(s.Hq) + " Hkv=" + std::to_string(s.Hkv) + " D=" + std::to_string(s.D) +
+         (s.window > 0 ? " window=" + std::to_string(s.window) : "");
 }
 }  // namespace
 
@@ -237,10 +238,12 @@ TEST(CudnnAttention, MatchesCpuReference) {
   require_cudnn();
   std::printf("cuDNN %ld\n", cuda::attention::cudnn_version());
   Harness hx;
-  // T not a multiple of 64, GQA groups 1–4 (kv = 4 of 16 heads), head dims 64 and 128.
+  // T not a multiple of 64, GQA groups 1–4 (kv = 4 of 16 heads), head dims 64 and 128,
+  // sliding windows (one shorter than a tile, one longer than T).
   for (FlashShape s : {shape(2, 200, 200, 4, 4, 64, 0), shape(1, 300, 300, 16, 4, 64, 0),
                        shape(2, 257, 257, 4, 1, 128, 0), shape(1, 333, 333, 6, 2, 128, 0),
-                       shape(1, 64, 64, 1, 1, 64, 0)})
+                       shape(1, 64, 64, 1, 1, 64, 0), shape(1, 130, 130, 2, 1, 64, 37),
+                       shape(1, 333, 333, 6, 2, 128, 100), shape(2, 200, 200, 4, 2, 64, 500)})
     expect_close(compare(hx, s, Impl::cudnn, Impl::cudnn), describe(s, "cudnn"));
 }
 
@@ -249,7 +252,8 @@ TEST(CudnnAttention, LongSequences) {
   require_cudnn();
   Harness hx;
   auto cpu = make_backend("cpu", 0, DType::f64);
-  for (FlashShape s : {shape(1, 16384, 16384, 2, 2, 64, 0), shape(1, 2048, 2048, 4, 1, 128, 0)})
+  for (FlashShape s : {shape(1, 16384, 16384, 2, 2, 64, 0), shape(1, 2048, 2048, 4, 1, 128, 0),
+                       shape(1, 4096, 4096, 2, 1, 64, 1000)})
     expect_close(compare(hx, s, Impl::cudnn, Impl::cudnn, cpu.get()), describe(s, "cudnn"));
 }
 
@@ -257,15 +261,16 @@ TEST(CudnnAttention, LongSequences) {
 TEST(CudnnAttention, ForwardAndBackwardMixWithFlash) {
   require_cudnn();
   Harness hx;
-  const FlashShape s = shape(2, 300, 300, 8, 2, 64, 0);
-  expect_close(compare(hx, s, Impl::cudnn, Impl::flash), describe(s, "cudnn fwd + flash bwd"));
-  expect_close(compare(hx, s, Impl::flash, Impl::cudnn), describe(s, "flash fwd + cudnn bwd"));
+  for (FlashShape s : {shape(2, 300, 300, 8, 2, 64, 0), shape(1, 300, 300, 4, 2, 128, 64)}) {
+    expect_close(compare(hx, s, Impl::cudnn, Impl::flash), describe(s, "cudnn fwd + flash bwd"));
+    expect_close(compare(hx, s, Impl::flash, Impl::cudnn), describe(s, "flash fwd + cudnn bwd"));
+  }
 }
 
 TEST(CudnnAttention, CoversOnlyCausalFullSequences) {
   EXPECT_TRUE(cuda::attention::cudnn_covers(shape(8, 4096, 4096, 16, 4, 64, 0)));
   EXPECT_TRUE(cuda::attention::cudnn_covers(shape(1, 32768, 32768, 16, 16, 128, 0)));
-  EXPECT_FALSE(cuda::attention::cudnn_covers(shape(1, 100, 100, 2, 2, 64, 37)));   // window
+  EXPECT_TRUE(cuda::attention::cudnn_covers(shape(1, 100, 100, 2, 2, 64, 37)));    // window
   EXPECT_FALSE(cuda::attention::cudnn_covers(shape(1, 77, 300, 4, 4, 64, 0)));     // KV cache
   EXPECT_FALSE(cuda::attention::cudnn_covers(shape(1, 100, 100, 2, 2, 32, 0)));    // head dim
   EXPECT_FALSE(cuda::attention::cudnn_covers(shape(1, 100, 100, 3, 2, 64, 0)));    // Hq % Hkv
@@ -289,8 +294,8 @@ struct BackendRun {
 };
 
 // attention_fwd + attention_bwd through the CUDA backend on bf16 tensors (same inputs
-// every call: seeded).
-BackendRun backend_run(bool deterministic, int64_t window) {
+// every call: seeded); S > T is a KV cache.
+BackendRun backend_run(bool deterministic, int64_t window, int64_t S = 192) {
   Backend::Options opt;
   opt.precision = "mixed";
   opt.deterministic = deterministic;
@@ -298,18 +303,18 @@ BackendRun backend_run(bool deterministic, int64_t window) {
   auto* cb = dynamic_cast<cuda::CudaBackend*>(be.get());
   EXPECT_NE(cb, nullptr);
   const int64_t B = 2, T = 192, Hq = 4, Hkv = 2, D = 64;
-  Dev<bf16> q(B * T * Hq * D), k(B * T * Hkv * D), v(B * T * Hkv * D), o(B * T * Hq * D), dout(B * T * Hq * D);
-  Dev<bf16> dq(B * T * Hq * D), dk(B * T * Hkv * D), dv(B * T * Hkv * D);
+  Dev<bf16> q(B * T * Hq * D), k(B * S * Hkv * D), v(B * S * Hkv * D), o(B * T * Hq * D), dout(B * T * Hq * D);
+  Dev<bf16> dq(B * T * Hq * D), dk(B * S * Hkv * D), dv(B * S * Hkv * D);
   Dev<float> lse(B * Hq * T);
   Harness hx;
   hx.rng.seed(7);
   hx.randn(q), hx.randn(k), hx.randn(v), hx.randn(dout);
   auto t = [](auto& d, std::initializer_list<int64_t> shape, DType dt) { return Tensor(d.p, dt, shape); };
-  Tensor tq = t(q, {B, T, Hq, D}, DType::bf16), tk = t(k, {B, T, Hkv, D}, DType::bf16),
-         tv = t(v, {B, T, Hkv, D}, DType::bf16), to = t(o, {B, T, Hq, D}, DType::bf16),
+  Tensor tq = t(q, {B, T, Hq, D}, DType::bf16), tk = t(k, {B, S, Hkv, D}, DType::bf16),
+         tv = t(v, {B, S, Hkv, D}, DType::bf16), to = t(o, {B, T, Hq, D}, DType::bf16),
          tl = t(lse, {B, Hq, T}, DType::f32), tdo = t(dout, {B, T, Hq, D}, DType::bf16),
-         tdq = t(dq, {B, T, Hq, D}, DType::bf16), tdk = t(dk, {B, T, Hkv, D}, DType::bf16),
-         tdv = t(dv, {B, T, Hkv, D}, DType::bf16);
+         tdq = t(dq, {B, T, Hq, D}, DType::bf16), tdk = t(dk, {B, S, Hkv, D}, DType::bf16),
+         tdv = t(dv, {B, S, Hkv, D}, DType::bf16);
   const double scale = 0.125;
   BackendRun r;
   be->attention_fwd(tq, tk, tv, to, tl, scale, window);
@@ -330,9 +335,12 @@ TEST(CudnnAttention, BackendPicksThePath) {
     cud = backend_run(false, 0);
     EXPECT_EQ(cud.path_fwd, "cudnn");
     EXPECT_EQ(cud.path_bwd, "cudnn");
-    BackendRun w = backend_run(false, 50);  // sliding window: the flash kernels
-    EXPECT_EQ(w.path_fwd, "flash");
-    EXPECT_EQ(w.path_bwd, "flash");
+    BackendRun w = backend_run(false, 50);  // sliding window: cuDNN's band mask
+    EXPECT_EQ(w.path_fwd, "cudnn");
+    EXPECT_EQ(w.path_bwd, "cudnn");
+    BackendRun kv = backend_run(false, 0, 256);  // KV cache (S > T): the flash kernels
+    EXPECT_EQ(kv.path_fwd, "flash");
+    EXPECT_EQ(kv.path_bwd, "flash");
     BackendRun d = backend_run(true, 0);  // deterministic: the flash kernels
     EXPECT_EQ(d.path_fwd, "flash");
     EXPECT_EQ(d.path_bwd, "flash");
@@ -346,7 +354,7 @@ TEST(CudnnAttention, BackendPicksThePath) {
   {
     ScopedEnv env("cudnn");
     EXPECT_EQ(backend_run(false, 0).path_bwd, "cudnn");
-    EXPECT_EQ(backend_run(false, 50).path_fwd, "flash");  // not a shape cuDNN's graph covers
+    EXPECT_EQ(backend_run(false, 0, 256).path_fwd, "flash");  // not a shape cuDNN's graph covers
   }
   // The two paths agree on the same inputs (each is checked against fp64 above).
   EXPECT_LT(rel_rms(cud.o, flash.o), kTol);

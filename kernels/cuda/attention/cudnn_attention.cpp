@@ -32,8 +32,7 @@ AttentionMode attention_mode() {
 }
 
 bool cudnn_covers(const FlashShape& s) {
-  return s.window <= 0 && s.S == s.T && s.T >= 1 && s.B >= 1 && (s.D == 64 || s.D == 128) && s.Hkv >= 1 &&
-         s.Hq % s.Hkv == 0;
+  return s.S == s.T && s.T >= 1 && s.B >= 1 && (s.D == 64 || s.D == 128) && s.Hkv >= 1 && s.Hq % s.Hkv == 0;
 }
 
 #ifdef LAR_HAVE_CUDNN
@@ -91,6 +90,9 @@ const Api& api() {
     if (a.version < 90000 || a.version >= 100000) {
       a.error = "libcudnn.so.9 reports version " + std::to_string(a.version) + ", not 9.x";
       a.version = 0;
+    } else if (a.version == 91000 || a.version == 91001) {  // NVIDIA's frontend refuses these too
+      a.error = "cuDNN 9.10.0/9.10.1 have known bugs in bf16 SDPA; use 9.10.2 or newer";
+      a.version = 0;
     }
   });
   return a;
@@ -113,7 +115,7 @@ using Dims = std::array<int64_t, 4>;
 // Tensor unique ids: the non-virtual tensors (bound in the variant pack) first, the
 // virtual ones from 100 up.
 enum : int64_t {
-  kQ = 1, kK, kV, kO, kStats, kScale, kNegInf, kDO, kDQ, kDK, kDV, kOne, kSoftmaxSum, kDQAccum,
+  kQ = 1, kK, kV, kO, kStats, kScale, kNegInf, kDO, kDQ, kDK, kDV, kOne, kSoftmaxSum, kDQAccum, kWindow,
   kVirtual = 100
 };
 
@@ -162,7 +164,7 @@ class Graph {
   cudnnBackendDescriptor_t virt(cudnnDataType_t type, const Dims& dim, const Dims& stride) {
     return tensor(next_virtual_++, type, dim, stride);
   }
-  // A float scalar passed by value at execution (scale, −inf, 1).
+  // A float scalar passed by value at execution (scale, −inf, 1, window).
   cudnnBackendDescriptor_t scalar(int64_t uid) {
     return tensor(uid, CUDNN_DATA_FLOAT, {1, 1, 1, 1}, {1, 1, 1, 1}, true);
   }
@@ -291,7 +293,8 @@ class Graph {
 // Layouts (cuDNN's logical order is [b, h, s, d]; ours is [b, s, h, d] in memory).
 struct Layout {
   int64_t b, hq, hk, s, d;
-  explicit Layout(const FlashShape& f) : b(f.B), hq(f.Hq), hk(f.Hkv), s(f.T), d(f.D) {}
+  bool window;  // a sliding window (its length is a run-time scalar)
+  explicit Layout(const FlashShape& f) : b(f.B), hq(f.Hq), hk(f.Hkv), s(f.T), d(f.D), window(f.window > 0) {}
   Dims q_dim() const { return {b, hq, s, d}; }
   Dims q_str() const { return {s * hq * d, d, hq * d, 1}; }
   Dims k_dim() const { return {b, hk, s, d}; }
@@ -308,9 +311,11 @@ struct Layout {
   Dims full_str() const { return {hq * s * d, s * d, d, 1}; }
 };
 
-// Causal mask on score x (rows are queries, columns keys): keep row ≥ col, else −inf.
+// Causal mask on score x (rows are queries, columns keys): keep row ≥ col, else −inf;
+// with a window (window ≠ null, the window length as a float scalar) also keep only
+// col + window > row, i.e. row − col < window: cuDNN's diagonal band, as two masks.
 cudnnBackendDescriptor_t causal_mask(Graph& g, const Layout& L, cudnnBackendDescriptor_t x,
-                                     cudnnBackendDescriptor_t neg_inf) {
+                                     cudnnBackendDescriptor_t neg_inf, cudnnBackendDescriptor_t window) {
   auto row = g.virt(CUDNN_DATA_INT32, L.s_dim(), L.s_str());
   g.pointwise(CUDNN_POINTWISE_GEN_INDEX, x, nullptr, nullptr, row, CUDNN_DATA_FLOAT, 2);
   auto col = g.virt(CUDNN_DATA_INT32, L.s_dim(), L.s_str());
@@ -319,7 +324,18 @@ cudnnBackendDescriptor_t causal_mask(Graph& g, const Layout& L, cudnnBackendDesc
   g.pointwise(CUDNN_POINTWISE_CMP_GE, row, col, nullptr, keep, CUDNN_DATA_BOOLEAN);
   auto y = g.virt(CUDNN_DATA_FLOAT, L.s_dim(), L.s_str());
   g.pointwise(CUDNN_POINTWISE_BINARY_SELECT, x, neg_inf, keep, y);
-  return y;
+  if (window == nullptr) return y;
+  auto row2 = g.virt(CUDNN_DATA_INT32, L.s_dim(), L.s_str());
+  g.pointwise(CUDNN_POINTWISE_GEN_INDEX, y, nullptr, nullptr, row2, CUDNN_DATA_FLOAT, 2);
+  auto col2 = g.virt(CUDNN_DATA_INT32, L.s_dim(), L.s_str());
+  g.pointwise(CUDNN_POINTWISE_GEN_INDEX, y, nullptr, nullptr, col2, CUDNN_DATA_FLOAT, 3);
+  auto colw = g.virt(CUDNN_DATA_FLOAT, L.s_dim(), L.s_str());
+  g.pointwise(CUDNN_POINTWISE_ADD, col2, window, nullptr, colw);
+  auto keep2 = g.virt(CUDNN_DATA_BOOLEAN, L.s_dim(), L.s_str());
+  g.pointwise(CUDNN_POINTWISE_CMP_GT, colw, row2, nullptr, keep2, CUDNN_DATA_BOOLEAN);
+  auto y2 = g.virt(CUDNN_DATA_FLOAT, L.s_dim(), L.s_str());
+  g.pointwise(CUDNN_POINTWISE_BINARY_SELECT, y, neg_inf, keep2, y2);
+  return y2;
 }
 
 void build_fwd(Graph& g, const Layout& L) {
@@ -330,12 +346,13 @@ void build_fwd(Graph& g, const Layout& L) {
   auto stats = g.tensor(kStats, CUDNN_DATA_FLOAT, L.row_dim(), L.row_str());
   auto scale = g.scalar(kScale);
   auto neg_inf = g.scalar(kNegInf);
+  auto window = L.window ? g.scalar(kWindow) : nullptr;
 
   auto S = g.virt(CUDNN_DATA_FLOAT, L.s_dim(), L.s_str());
   g.matmul(Q, KT, S);
   auto Ss = g.virt(CUDNN_DATA_FLOAT, L.s_dim(), L.s_str());
   g.pointwise(CUDNN_POINTWISE_MUL, S, scale, nullptr, Ss);
-  auto Sm = causal_mask(g, L, Ss, neg_inf);
+  auto Sm = causal_mask(g, L, Ss, neg_inf, window);
   // softmax with stats: max, exp(x − max), Σ, stats = max + log Σ, P = exp / Σ (bf16)
   auto mx = g.virt(CUDNN_DATA_FLOAT, L.row_dim(), L.row_str());
   g.reduction(CUDNN_REDUCE_TENSOR_MAX, Sm, mx);
@@ -366,6 +383,7 @@ void build_bwd(Graph& g, const Layout& L) {
   auto scale = g.scalar(kScale);
   auto neg_inf = g.scalar(kNegInf);
   auto one = g.scalar(kOne);
+  auto window = L.window ? g.scalar(kWindow) : nullptr;
   // fp32 scratch in the workspace: Σ dO·O per row, and dQ accumulated in fp32
   auto softmax_sum = g.tensor(kSoftmaxSum, CUDNN_DATA_FLOAT, L.row_dim(), L.row_str());
   auto dQ_accum = g.tensor(kDQAccum, CUDNN_DATA_FLOAT, L.full_dim(), L.full_str());
@@ -383,7 +401,7 @@ void build_bwd(Graph& g, const Layout& L) {
   g.pointwise(CUDNN_POINTWISE_MUL, S, scale, nullptr, Ss);
   auto Sl = g.virt(CUDNN_DATA_FLOAT, L.s_dim(), L.s_str());
   g.pointwise(CUDNN_POINTWISE_SUB, Ss, stats, nullptr, Sl);
-  auto Sm = causal_mask(g, L, Sl, neg_inf);
+  auto Sm = causal_mask(g, L, Sl, neg_inf, window);
   auto P = g.virt(CUDNN_DATA_FLOAT, L.s_dim(), L.s_str());
   g.pointwise(CUDNN_POINTWISE_EXP, Sm, nullptr, nullptr, P);
   // dV = Pᵀ · dO (summed over the query heads of a kv head under GQA)
@@ -477,7 +495,7 @@ CudnnAttention::Entry& CudnnAttention::entry(const FlashShape& s) {
   if (it != plans_.end()) return *it->second;
   auto e = std::make_unique<Entry>();
   if (!cudnn_covers(s)) {
-    e->why = "shape outside cuDNN's path (window, S != T, or head dim not 64/128)";
+    e->why = "shape outside cuDNN's path (S != T, head dim not 64/128, or Hq % Hkv != 0)";
   } else {
     const Layout L(s);
     const auto h = static_cast<cudnnHandle_t>(handle_);
@@ -528,11 +546,12 @@ void CudnnAttention::fwd(const FlashShape& s, const __nv_bfloat16* q, const __nv
                          cudaStream_t stream) {
   Entry& e = entry(s);
   if (!e.ok) throw RuntimeError("cuDNN attention: " + e.why);
-  float scale = static_cast<float>(s.scale), neg_inf = neg_inf_value();
-  execute(static_cast<cudnnHandle_t>(handle_), *e.fwd, {kQ, kK, kV, kO, kStats, kScale, kNegInf},
-          {const_cast<__nv_bfloat16*>(q), const_cast<__nv_bfloat16*>(k), const_cast<__nv_bfloat16*>(v), o, lse,
-           &scale, &neg_inf},
-          workspace, stream);
+  float scale = static_cast<float>(s.scale), neg_inf = neg_inf_value(), window = static_cast<float>(s.window);
+  std::vector<int64_t> uids{kQ, kK, kV, kO, kStats, kScale, kNegInf};
+  std::vector<void*> ptrs{const_cast<__nv_bfloat16*>(q), const_cast<__nv_bfloat16*>(k), const_cast<__nv_bfloat16*>(v),
+                          o, lse, &scale, &neg_inf};
+  if (s.window > 0) uids.push_back(kWindow), ptrs.push_back(&window);
+  execute(static_cast<cudnnHandle_t>(handle_), *e.fwd, std::move(uids), std::move(ptrs), workspace, stream);
 }
 
 void CudnnAttention::bwd(const FlashShape& s, const __nv_bfloat16* q, const __nv_bfloat16* k,
@@ -548,11 +567,14 @@ void CudnnAttention::bwd(const FlashShape& s, const __nv_bfloat16* q, const __nv
   // cuDNN clears its fp32 dQ accumulator itself from 9.6 on; earlier versions need it zeroed.
   if (api().version < 90600)
     LAR_CUDA_CHECK(cudaMemsetAsync(dq_accum, 0, rows * static_cast<std::size_t>(s.D) * sizeof(float), stream));
-  float scale = static_cast<float>(s.scale), neg_inf = neg_inf_value(), one = 1.0f;
+  float scale = static_cast<float>(s.scale), neg_inf = neg_inf_value(), one = 1.0f,
+        window = static_cast<float>(s.window);
   auto cp = [](const void* p) { return const_cast<void*>(p); };
-  execute(static_cast<cudnnHandle_t>(handle_), *e.bwd,
-          {kQ, kK, kV, kO, kDO, kStats, kDQ, kDK, kDV, kScale, kNegInf, kOne, kSoftmaxSum, kDQAccum},
-          {cp(q), cp(k), cp(v), cp(o), cp(dout), cp(lse), dq, dk, dv, &scale, &neg_inf, &one, softmax_sum, dq_accum},
+  std::vector<int64_t> uids{kQ, kK, kV, kO, kDO, kStats, kDQ, kDK, kDV, kScale, kNegInf, kOne, kSoftmaxSum, kDQAccum};
+  std::vector<void*> ptrs{cp(q), cp(k), cp(v),    cp(o),   cp(dout),    cp(lse),    dq,
+                          dk,    dv,    &scale,   &neg_inf, &one,      softmax_sum, dq_accum};
+  if (s.window > 0) uids.push_back(kWindow), ptrs.push_back(&window);
+  execute(static_cast<cudnnHandle_t>(handle_), *e.bwd, std::move(uids), std::move(ptrs),
           e.bwd->workspace ? workspace : nullptr, stream);
 }
 

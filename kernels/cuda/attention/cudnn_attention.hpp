@@ -9,10 +9,11 @@
 // scale·q·kᵀ, which is exactly the flash kernels' lse: a forward by one implementation
 // and a backward by the other agree (tests/gpu/test_flash_attention checks both ways).
 //
-// What it covers (cudnn_covers): full causal (no window), S == T, D = 64 or 128, GQA
-// (Hq a multiple of Hkv). The CUDA backend uses the flash kernels for everything else, in
-// deterministic mode (cuDNN's backward accumulates dQ with atomics), and where cuDNN
-// cannot be loaded. LAR_ATTENTION=auto|cudnn|flash (default auto) forces one.
+// What it covers (cudnn_covers): causal with or without a sliding window (cuDNN's
+// diagonal band: keep t − j < window), S == T, D = 64 or 128, GQA (Hq a multiple of Hkv).
+// The CUDA backend uses the flash kernels for everything else (KV cache S > T, other head
+// dims), in deterministic mode (cuDNN's backward accumulates dQ with atomics), and where
+// cuDNN cannot be loaded. LAR_ATTENTION=auto|cudnn|flash (default auto) forces one.
 //
 // cuDNN is optional twice over: the build defines LAR_HAVE_CUDNN only when the CUDA
 // toolkit has its headers, and the library (libcudnn.so.9) is opened at run time, so a
