@@ -25,13 +25,13 @@ std::vector<std::string> registered_mixers() {
   return out;
 }
 
-// The linear mixers run on CUDA through trainer/mixers/linear_mixer_cuda.cpp (CUDA builds
-// only); CARVE has no CUDA kernels yet.
+// The linear mixers (CARVE included) run on CUDA through trainer/mixers/linear_mixer_cuda.cpp
+// (CUDA builds only).
 bool mixer_runs_on_cuda(const std::string& kind) {
   if (kind == "softmax") return true;
 #ifdef LAR_HAVE_CUDA
   return kind == "linear" || kind == "gla" || kind == "deltanet" || kind == "gdn" || kind == "kda" ||
-         kind == "gdn2";
+         kind == "gdn2" || kind == "carve";
 #else
   return false;
 #endif
@@ -48,8 +48,17 @@ std::string cuda_unsupported(const json& model) {
   const MixerConfig c = mixer_config(model, 0);
   if (c.head_dim != 64) return "model.head_dim: the linear CUDA kernels need 64, got " + std::to_string(c.head_dim);
   if (c.value_dim != 64) return "model.value_dim: the linear CUDA kernels need 64, got " + std::to_string(c.value_dim);
-  if (model.contains("ccq") && model["ccq"].is_object() && model["ccq"].value("enabled", false))
-    return "model.ccq.enabled: CCQ has no CUDA kernels yet";
+  // CCQ runs on every backbone; CARVE with 64-token content chunks and without cler/cler_h
+  // (cuda_linear_unsupported in trainer/mixers/linear_mixer.cpp says the same per layer).
+  if (model.value("architecture", "") == "carve") {
+    int L = 0;
+    if (model.contains("carve") && model["carve"].is_object()) L = model["carve"].value("content_chunk", 0);
+    if (L <= 0) L = model.value("chunk_size", 64);
+    if (L != 64)
+      return "model.carve.content_chunk: the CUDA CARVE kernel uses content chunks of 64, got " + std::to_string(L);
+    const std::string r = model.value("routing", "none");
+    if (r == "cler" || r == "cler_h") return "model.routing: '" + r + "' with CARVE has no CUDA path (clvr has)";
+  }
   if (model.value("short_conv", true) && model.value("conv_size", 4) > 8)
     return "model.conv_size: the CUDA conv is at most 8 wide, got " + std::to_string(model.value("conv_size", 4));
   return "";

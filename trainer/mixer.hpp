@@ -121,8 +121,9 @@ std::vector<std::string> registered_mixers();
 // refuses, or with backend: auto falls back to the CPU, when a layer cannot).
 bool mixer_runs_on_cuda(const std::string& kind);
 // Why this model (its "model" section, defaults applied) cannot train on the CUDA backend,
-// or "" when it can: a mixer without CUDA kernels, or a linear layer with dk/dv ≠ 64, CCQ or
-// a conv wider than 8 (the message names the value). mixer_runs_on_cuda checks kinds only.
+// or "" when it can: a mixer without CUDA kernels, or a linear layer with dk/dv ≠ 64 or a
+// conv wider than 8, CARVE with a content chunk ≠ 64 or cler/cler_h routing (the message
+// names the value). mixer_runs_on_cuda checks kinds only.
 std::string cuda_unsupported(const json& model);
 
 // The layer list (SPEC §3): the mixer kind of each layer. Layer l is softmax when

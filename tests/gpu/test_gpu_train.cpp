@@ -183,19 +183,26 @@ TEST(GpuTrain, DeterministicModeGivesTheSameBitsForTheSameSeed) {
   EXPECT_NE(la, lc);
 }
 
-// A mixer without CUDA kernels (carve: the linear ones gained theirs in 3dd296a).
+// A linear-mixer option the CUDA path does not run (every mixer has CUDA kernels now, CARVE
+// and CCQ included; CARVE's cler/cler_h routing is not on the GPU).
 TEST(GpuTrain, LinearMixerOnCudaIsAUserError) {
   json raw = {{"backend", "cuda"},
-              {"model", {{"architecture", "carve"}, {"stack", "hybrid"}, {"n_layers", 3}, {"d_model", 64}}},
+              {"model",
+               {{"architecture", "carve"}, {"stack", "hybrid"}, {"n_layers", 3}, {"d_model", 64}, {"n_heads", 1},
+                {"routing", "cler"}}},
               {"data", {{"task", "mqar"}, {"seq_len", 32}, {"batch_size", 2}}}};
   try {
     trainer::prepare_config(raw);
     FAIL() << "no error";
   } catch (const UserError& e) {
-    EXPECT_NE(std::string(e.what()).find("cuda cannot run this model: the 'carve' mixer has no CUDA implementation"),
+    EXPECT_NE(std::string(e.what()).find("cuda cannot run this model: model.routing: 'cler' with CARVE has no CUDA path"),
               std::string::npos)
         << e.what();
   }
+  json ok = raw;  // the same CARVE model with clvr, and with CCQ, trains on cuda
+  ok["model"]["routing"] = "clvr";
+  ok["model"]["ccq"] = {{"enabled", true}};
+  EXPECT_EQ(trainer::resolve_train_backend(trainer::prepare_config(ok)), "cuda");
   raw["backend"] = "auto";
   const json cfg = trainer::prepare_config(raw);
   EXPECT_EQ(trainer::resolve_train_backend(cfg), "cpu");  // auto keeps such a model on the CPU

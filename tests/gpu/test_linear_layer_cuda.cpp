@@ -1,10 +1,11 @@
 // The linear mixers on the CUDA backend (trainer/mixers/linear_mixer_cuda.cpp over
 // kernels/cuda/linear): a full model step (loss and every parameter's gradient) against the
-// CPU backend for each mixer, a hybrid stack and each routing; a loss curve of gdn tracking
-// the CPU run; `backend: cuda` training a gdn config and writing metrics; the clear errors
-// for what the CUDA path does not run (dk ≠ 64, CCQ, CARVE) and `auto` falling back.
-// Every comparison runs on fresh random inputs and randomised parameters (the zero-initialised
-// routing projections and Γ too, so that no gradient path is trivially zero).
+// CPU backend for each mixer, a hybrid stack, each routing, CARVE and CCQ; a loss curve of
+// gdn tracking the CPU run; `backend: cuda` training a gdn config and writing metrics; the
+// clear errors for what the CUDA path does not run (dk ≠ 64, CARVE with a content chunk ≠ 64
+// or with cler/cler_h). Every comparison runs on fresh random inputs and randomised parameters
+// (the zero-initialised routing projections, Γ, gla's gate bias, CARVE's U2 and CCQ's W_λ
+// too, and CCQ's constant b_λ, so that no gradient path is trivially zero).
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -57,7 +58,8 @@ struct StepOut {
 };
 
 // One forward + backward from the config's init, with the parameters that start at zero
-// (routing P_l, Γ_l, CCQ's W_λ) and the norms set to random values.
+// (routing P_l, Γ_l, gla's gate bias, CARVE's content_u2, CCQ's W_λ), the norms and CCQ's b_λ
+// (a constant logit(λ_init)) set to random values.
 StepOut one_step(kernels::Backend& be, const json& cfg, const data::Batch& batch) {
   trainer::Model model(cfg, be);
   model.init(cfg.at("seed").get<uint64_t>());
@@ -67,12 +69,17 @@ StepOut one_step(kernels::Backend& be, const json& cfg, const data::Batch& batch
   std::mt19937_64 rng(11);
   std::normal_distribution<double> nd(0.0, 1.0);
   for (const auto& info : ps.table()) {
-    const bool zero_init = info.name.find("route_") != std::string::npos || info.name.find("cler_gamma") != std::string::npos;
-    const bool norm = info.name.find("norm") != std::string::npos;
+    auto has = [&](const char* s) { return info.name.find(s) != std::string::npos; };
+    const bool zero_init = has("route_") || has("cler_gamma") || has("gate_bias") || has("ccq_w_lambda");
+    const bool norm = has("norm");
     for (int64_t i = 0; i < info.numel; ++i) {
       const double r = nd(rng);
       if (zero_init) p[info.offset + i] = static_cast<float>(0.05 * r);
       if (norm) p[info.offset + i] = static_cast<float>(1.0 + 0.2 * r);
+      // U2 large enough that the content signal moves the erase gates visibly
+      if (has("content_u2")) p[info.offset + i] = static_cast<float>(0.5 * r);
+      // λ ≈ 0.1–0.35 per head (init: 0.01 everywhere), so that CCQ moves q by a few percent
+      if (has("ccq_b_lambda")) p[info.offset + i] = static_cast<float>(-1.5 + 0.4 * r);
     }
   }
   be.upload(p.data(), ps.params());
@@ -103,15 +110,22 @@ double rel_rms(const float* a, const float* ref, int64_t n) {
 // (a second bf16 readout feeding the gate gradients) 2.5e-1. The per-token gate gradients
 // themselves are held to tol_param through the gate projections (w_a, gate_w1/w2) that
 // multiply them with x. Measured on the H200 (docs/perf.md): token sums ≤ 3.6e-2 without
-// cler, 1.6e-1 with it; everything else ≤ 1.9e-2.
-void compare_step(const std::string& what, const json& cfg, const std::string& precision) {
+// cler, 1.6e-1 with it; everything else ≤ 1.9e-2. CCQ's b_λ is such a sum too (of ∂L/∂λ over
+// every token), and so are CARVE's U1, U2 (their gradient is the per-chunk sum of the erase
+// logits' gradient times the content projection). T: tokens per sequence (not a multiple of 64);
+// deterministic: the CUDA backend's bit-reproducible mode.
+void compare_step(const std::string& what, const json& cfg, const std::string& precision, int T = 100,
+                  bool deterministic = false) {
   const bool fp32 = precision == "fp32";
   const bool cler = cfg.at("model").at("routing") == "cler";
   const double tol_all = fp32 ? 1e-2 : 1.5e-2, tol_param = fp32 ? 2e-2 : 4e-2;
   const double tol_sum = cler ? 2.5e-1 : fp32 ? 6e-2 : 1.5e-1;
-  const auto batch = random_batch(4, 100, 96, 3, 7);
+  const auto batch = random_batch(4, T, 96, 3, 7);
   auto cpu = backend("cpu", "fp32");
-  auto gpu = backend("cuda", precision);
+  kernels::Backend::Options o;
+  o.precision = precision;
+  o.deterministic = deterministic;
+  auto gpu = kernels::make_backend("cuda", 2, DType::f32, o);
   const StepOut ref = one_step(*cpu, cfg, batch);
   const StepOut got = one_step(*gpu, cfg, batch);
   ASSERT_EQ(got.grads.size(), ref.grads.size());
@@ -121,7 +135,7 @@ void compare_step(const std::string& what, const json& cfg, const std::string& p
   for (const auto& info : ref.table) {
     const double e = rel_rms(got.grads.data() + info.offset, ref.grads.data() + info.offset, info.numel);
     bool token_sum = false;
-    for (const char* n : {"A_log", "dt_bias", "gate_bias", "cler_gamma"})
+    for (const char* n : {"A_log", "dt_bias", "gate_bias", "cler_gamma", "ccq_b_lambda", "content_u1", "content_u2"})
       token_sum = token_sum || info.name.find(n) != std::string::npos;
     if (token_sum && e > worst_sum) worst_sum = e, worst_sum_name = info.name;
     if (!token_sum && e > worst) worst = e, worst_name = info.name;
@@ -170,6 +184,63 @@ TEST(LinearLayerCuda, EveryRoutingMatches) {
                "mixed");
 }
 
+// CARVE (gdn2's gates with raw erase logits, a scalar write gate per head and the content
+// projection U1, U2 through carve_fwd/carve_bwd): the default, without the content gradient,
+// frozen content (no U parameters), clvr routing, and T = 150 (three chunks, a partial last).
+TEST(LinearLayerCuda, CarveStepMatchesTheCpuBackend) {
+  const json cfg = run_config({{"architecture", "carve"}, {"stack", "pure"}});
+  compare_step("carve pure", cfg, "fp32");
+  compare_step("carve pure", cfg, "mixed");
+  compare_step("carve T=150", run_config({{"architecture", "carve"}, {"stack", "pure"}}, {{"data", {{"seq_len", 150}}}}),
+               "fp32", 150);
+  compare_step("carve no content grad",
+               run_config({{"architecture", "carve"}, {"stack", "pure"}, {"carve", {{"content_grad", false}}}}), "fp32");
+  compare_step("carve frozen content",
+               run_config({{"architecture", "carve"}, {"stack", "pure"}, {"carve", {{"freeze_content", true}}}}), "fp32");
+  compare_step("carve rank 8 clvr",
+               run_config({{"architecture", "carve"}, {"stack", "pure"}, {"n_layers", 3}, {"routing", "clvr"},
+                           {"carve", {{"content_rank", 8}}}}),
+               "fp32");
+  compare_step("carve hybrid",
+               run_config({{"architecture", "carve"}, {"stack", "hybrid"}, {"n_layers", 4}, {"hybrid_ratio", 1}}),
+               "mixed");
+  // deterministic: carve_bwd per sequence (its batch sum of dU1, dU2 uses atomics), the U
+  // gradients added in sequence order — the same result, and the same bits on a second run
+  compare_step("carve deterministic", cfg, "mixed", 100, true);
+  kernels::Backend::Options o;
+  o.precision = "mixed";
+  o.deterministic = true;
+  auto gpu = kernels::make_backend("cuda", 2, DType::f32, o);
+  const auto batch = random_batch(4, 100, 96, 3, 7);
+  const StepOut a = one_step(*gpu, cfg, batch), b = one_step(*gpu, cfg, batch);
+  EXPECT_EQ(a.loss, b.loss);
+  EXPECT_TRUE(a.grads == b.grads) << "carve: a deterministic backend gave different gradients";
+}
+
+// CCQ (ccq_fwd in front of the backbone, learned λ from P's q columns) on gdn and gla, fp32
+// and mixed; with cler on gdn; a fixed λ, uncentered, on gla (no λ parameters); on CARVE.
+TEST(LinearLayerCuda, CcqStepMatchesTheCpuBackend) {
+  const json ccq = {{"enabled", true}};
+  for (const char* arch : {"gdn", "gla"}) {
+    const json cfg = run_config({{"architecture", arch}, {"stack", "pure"}, {"ccq", ccq}});
+    compare_step(std::string(arch) + " ccq", cfg, "fp32");
+    compare_step(std::string(arch) + " ccq", cfg, "mixed");
+  }
+  compare_step("gdn ccq cler",
+               run_config({{"architecture", "gdn"}, {"stack", "pure"}, {"n_layers", 3}, {"routing", "cler"},
+                           {"ccq", ccq}}),
+               "fp32");
+  compare_step("gla ccq fixed uncentered",
+               run_config({{"architecture", "gla"}, {"stack", "pure"},
+                           {"ccq", {{"enabled", true}, {"lambda", 0.2}, {"centered", false}}}}),
+               "fp32");
+  compare_step("carve ccq", run_config({{"architecture", "carve"}, {"stack", "pure"}, {"ccq", ccq}}), "fp32");
+  compare_step("gdn ccq hybrid",
+               run_config({{"architecture", "gdn"}, {"stack", "hybrid"}, {"n_layers", 4}, {"hybrid_ratio", 1},
+                           {"ccq", ccq}}),
+               "mixed");
+}
+
 TEST(LinearLayerCuda, GdnLossCurveTracksTheCpuRun) {
   TempDir c, g;
   const json model = {{"architecture", "gdn"}, {"stack", "hybrid"}, {"n_layers", 2}, {"hybrid_ratio", 1}};
@@ -213,9 +284,38 @@ TEST(LinearLayerCuda, WhatTheCudaPathDoesNotRunIsAClearError) {
             std::string::npos);
   m = base.at("model");
   m["ccq"]["enabled"] = true;
-  EXPECT_NE(trainer::cuda_unsupported(m).find("CCQ"), std::string::npos);
-  EXPECT_FALSE(trainer::mixer_runs_on_cuda("carve"));
+  EXPECT_EQ(trainer::cuda_unsupported(m), "");  // CCQ runs on the GPU
+  EXPECT_TRUE(trainer::mixer_runs_on_cuda("carve"));
   EXPECT_TRUE(trainer::mixer_runs_on_cuda("kda"));
+  // CARVE: 64-token content chunks only, and no cler/cler_h (clvr is fine)
+  const json carve = run_config({{"architecture", "carve"}, {"stack", "pure"}}).at("model");
+  EXPECT_EQ(trainer::cuda_unsupported(carve), "");
+  m = carve;
+  m["carve"]["content_chunk"] = 32;
+  EXPECT_NE(trainer::cuda_unsupported(m).find("model.carve.content_chunk: the CUDA CARVE kernel uses content chunks "
+                                              "of 64, got 32"),
+            std::string::npos)
+      << trainer::cuda_unsupported(m);
+  m = carve;
+  m["chunk_size"] = 48;  // content_chunk 0 = chunk_size
+  EXPECT_NE(trainer::cuda_unsupported(m).find("content chunks of 64, got 48"), std::string::npos);
+  m = carve;
+  m["routing"] = "cler_h";
+  EXPECT_NE(trainer::cuda_unsupported(m).find("model.routing: 'cler_h' with CARVE has no CUDA path"), std::string::npos);
+  m["routing"] = "clvr";
+  EXPECT_EQ(trainer::cuda_unsupported(m), "");
+  // the layer itself names the value too (a model built without prepare_config's check)
+  try {
+    one_step(*backend("cuda", "fp32"),
+             run_config({{"architecture", "carve"}, {"stack", "pure"}, {"carve", {{"content_chunk", 32}}}}),
+             random_batch(2, 16, 96, 1, 7));
+    FAIL() << "no error";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("model.carve.content_chunk: the CUDA CARVE kernel uses content chunks of 64, "
+                                         "got 32"),
+              std::string::npos)
+        << e.what();
+  }
   // a forward on cuda with heads of 32 names the value
   const json cfg = run_config({{"architecture", "gdn"}, {"stack", "pure"}, {"n_heads", 4}});
   auto gpu = backend("cuda", "mixed");

@@ -40,8 +40,9 @@ struct Slots {
   int gamma = -1;                  // CLER Γ_l
 };
 
-// Why the CUDA implementation cannot run this layer ("" when it can): CARVE, CCQ, head
-// dims other than 64, a conv wider than 8. The message names the offending value.
+// Why the CUDA implementation cannot run this layer ("" when it can): head dims other than
+// 64, a conv wider than 8, CARVE with a content chunk other than 64 or with cler/cler_h
+// routing. The message names the offending value.
 std::string cuda_linear_unsupported(const Dims& d);
 
 // The CUDA implementation (linear_mixer_cuda.cpp): forward/backward of the Mixer contract

@@ -19,8 +19,8 @@
 // elementwise parts are host loops, projections go through Backend::gemm, the per-(batch,
 // head) recurrences run in parallel over the backend's threads (each one single-threaded,
 // so deterministic). On the CUDA backend forward/backward go to linear_mixer_cuda.cpp
-// (same parameters, same math; bf16 chunk kernels), for every mixer but CARVE and CCQ and
-// only with dk = dv = 64 (cuda_linear_unsupported says why not); decode stays on the CPU.
+// (same parameters, same math; bf16 chunk kernels), CARVE and CCQ included, only with
+// dk = dv = 64 (cuda_linear_unsupported says why not); decode stays on the CPU.
 #include <omp.h>
 
 #include <algorithm>
@@ -1046,8 +1046,13 @@ const MixerRegistration reg_carve{"carve", factory()};
 }  // namespace
 
 std::string cuda_linear_unsupported(const Dims& d) {
-  if (d.carve) return "CARVE has no CUDA kernels yet";
-  if (d.ccq) return "model.ccq.enabled: CCQ has no CUDA kernels yet";
+  // The CUDA CARVE kernel's content chunk is its 64-token chunk; the cler/cler_h readout
+  // (a second kernel pass with the shifted query) would need CARVE's content-gated erase
+  // gates, which exist only inside carve_fwd.
+  if (d.carve && d.L != 64)
+    return "model.carve.content_chunk: the CUDA CARVE kernel uses content chunks of 64, got " + std::to_string(d.L);
+  if (d.carve && (d.route == Dims::Route::cler || d.route == Dims::Route::cler_h))
+    return "model.routing: cler/cler_h with CARVE have no CUDA path (clvr has)";
   if (d.dk != 64) return "model.head_dim: the CUDA kernels need 64, got " + std::to_string(d.dk);
   if (d.dv != 64) return "model.value_dim: the CUDA kernels need 64, got " + std::to_string(d.dv);
   if (d.conv && d.W > 8) return "model.conv_size: the CUDA conv is at most 8 wide, got " + std::to_string(d.W);

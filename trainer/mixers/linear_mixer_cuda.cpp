@@ -4,12 +4,18 @@
 //   P = x [Wq;Wk;Wv]ᵀ             one GEMM (the three are adjacent in the flat buffer)
 //   q, k, v = conv+SiLU(P), L2     one fused pass → bf16 [B,T,H,64] (kernels/cuda/linear/layer_ops)
 //   gates                          small GEMMs + one elementwise map each
+//   CCQ (model.ccq.enabled)        q ← (I − λΣ)q by ccq_fwd in front of any backbone,
+//                                  λ = σ(p_q W_λᵀ + b_λ) from P's q columns, or fixed
 //   o = chunk kernel(q, k, v, …)   delta_fwd (deltanet, gdn) / channel_fwd (gla, kda, gdn2;
-//                                  linear = gla with a zero log-gate)
+//                                  linear = gla with a zero log-gate) / carve_fwd (CARVE: gdn2's
+//                                  gates with raw erase logits x W_bᵀ, a scalar write gate per
+//                                  head and the content projection U1, U2; kernels/cuda/linear/
+//                                  linear_methods.hpp)
 //   y = (RMSNorm_h(o) ⊙ SiLU(x W_gᵀ)) W_oᵀ   norm × gate fused
 // Routing: clvr publishes ṽ from the qkv pass; cler/cler_h publish the write residual
 // r_t = z_t − S_{t−1}(a_t ⊙ e_t) through a second readout of the same recurrence with the
-// query shifted by one token (layer_ops.hpp), and its gradient through a second backward.
+// query shifted by one token (layer_ops.hpp), and its gradient through a second backward
+// (not for CARVE: its erase gates come from inside the kernel; cuda_linear_unsupported).
 // Parameter gradients are accumulated by GEMMs (beta = 1) and deterministic column sums.
 // Everything runs on the backend's stream; activations live in the step's arena.
 #ifdef LAR_HAVE_CUDA
@@ -23,6 +29,7 @@
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/linear/layer_ops.hpp"
 #include "kernels/cuda/linear/linear_attention.hpp"
+#include "kernels/cuda/linear/linear_methods.hpp"
 #include "trainer/mixers/linear_layer.hpp"
 
 namespace lar::trainer::mixers {
@@ -97,7 +104,6 @@ class CudaLinearImpl final : public CudaLinear {
     B_ = B, T_ = T;
     X_ = x.view({N, d_.d});
     at_ = be.act_dtype();
-    const lk::Mixer m = d_.mixer;
     rin_ = Tensor();
     if (d_.route == Dims::Route::cler && !route.in.empty()) {
       if (route.in.numel() != N * d_.Cv)
@@ -111,6 +117,21 @@ class CudaLinearImpl final : public CudaLinear {
     og_ = ar.alloc(at_, {N, d_.Cv});
     rstd_ = ar.alloc(DType::f32, {N * d_.H});
     saved_gates_alloc(ar, N);
+    // CCQ: λ (and its pre-activation) kept; q_c is recomputed in backward. Evaluation may
+    // switch it off (model.ccq.disable_at_eval), as on the CPU.
+    ccq_on_ = d_.ccq && !(d_.ccq_disable_eval && !ctx.training);
+    lam_ = flam_ = Tensor();
+    if (ccq_on_) {
+      lam_ = ar.alloc(DType::f32, {N, d_.H});
+      if (d_.ccq_learned) flam_ = ar.alloc(DType::f32, {N, d_.H});
+    }
+    // CARVE: the content signal m_c of every chunk (written by carve_fwd, read by carve_bwd);
+    // frozen content runs the kernel with U1 = U2 = 0 (no parameters), as the CPU does.
+    content_ = Uzero_ = Tensor();
+    if (d_.carve) {
+      content_ = ar.alloc(DType::f32, {(int64_t)(cl::carve_content_bytes(shape()) + 3) / 4});
+      if (d_.freeze_content) Uzero_ = ar.zeros(DType::f32, {(int64_t)d_.H * d_.crank * d_.dk});
+    }
     route.out = Tensor();
     Tensor vout;
     if (d_.route == Dims::Route::clvr) vout = ar.alloc(DType::f32, {B, T, d_.Cv});
@@ -122,11 +143,19 @@ class CudaLinearImpl final : public CudaLinear {
     const auto mark = ar.mark();
     const Tensor Xa = as_act(be, ar, X_);
     inputs(be, ar, st, N, Xa, false, fptr(vout));
+    // CCQ: the recurrence reads the corrected query
+    const bf16* qread = q_.p;
+    if (ccq_on_) {
+      ccq_lambda(be, ar, st, N);
+      Bf qc = bf_alloc(ar, N * d_.Cq);
+      cl::LayerTimer tm("linear: ccq_fwd", st);
+      cl::ccq_fwd(shape(), ccq_inputs(), qc.p, cl::CcqStats{}, st);
+      qread = qc.p;
+    }
     // the recurrence
     {
-      cl::LayerTimer tm(m == lk::Mixer::gdn || m == lk::Mixer::deltanet ? "linear: delta_fwd" : "linear: channel_fwd",
-                        st);
-      kernel_fwd(q_.p, o_.p, bound_bf(), st);
+      cl::LayerTimer tm(kernel_name(false), st);
+      kernel_fwd(qread, o_.p, bound_bf(), st);
     }
     // routing: publish ṽ (clvr) or the write residual (cler, cler_h)
     if (d_.route == Dims::Route::clvr) route.out = vout;
@@ -157,12 +186,24 @@ class CudaLinearImpl final : public CudaLinear {
     cudaStream_t st = cb->stream();
     const int64_t N = B_ * T_;
     const lk::Mixer m = d_.mixer;
+    det_ = be.options().deterministic;
     const Tensor dX = dx.view({N, d_.d});
     auto mark = ar.mark();
     const Tensor Xa = as_act(be, ar, X_);
     const Tensor dY = as_act(be, ar, dy.view({N, d_.d}));
     // what the forward released: P, q, k, v, the large gates, ypre
     inputs(be, ar, st, N, Xa, true, nullptr);
+    // CCQ: q_c again, now with the final key statistics that ccq_bwd starts from
+    const bf16* qread = q_.p;
+    cl::CcqStats stats;
+    if (ccq_on_) {
+      Bf qc = bf_alloc(ar, N * d_.Cq);
+      stats.K = ar.alloc(DType::f32, {B_ * d_.H * d_.dk * d_.dk}).ptr<float>();
+      stats.m = ar.alloc(DType::f32, {B_ * d_.H * d_.dk}).ptr<float>();
+      cl::LayerTimer tm("linear: ccq_fwd (recompute)", st);
+      cl::ccq_fwd(shape(), ccq_inputs(), qc.p, stats, st);
+      qread = qc.p;
+    }
     Tensor ypre = ar.alloc(at_, {N, d_.Cv});
     {
       cl::LayerTimer tm("linear: out norm+gate (recompute)", st);
@@ -187,9 +228,26 @@ class CudaLinearImpl final : public CudaLinear {
     // the recurrence
     Grads g = grads_alloc(ar, N);
     {
-      cl::LayerTimer tm(m == lk::Mixer::gdn || m == lk::Mixer::deltanet ? "linear: delta_bwd" : "linear: channel_bwd",
-                        st);
-      kernel_bwd(q_.p, dO.p, g, st);
+      cl::LayerTimer tm(kernel_name(true), st);
+      kernel_bwd(qread, dO.p, g, st);
+    }
+    // CCQ: the backbone's dq is on q_c; ccq_bwd turns it into dq on the normalised q, adds
+    // the statistics' share into dk, and gives ∂L/∂λ (→ b_λ, W_λ and p_q when learned)
+    Tensor dflam;
+    if (ccq_on_) {
+      Bf dq = bf_alloc(ar, N * d_.Cq);
+      Tensor dlam = ar.alloc(DType::f32, {N, d_.H});
+      {
+        cl::LayerTimer tm("linear: ccq_bwd", st);
+        cl::ccq_bwd(shape(), ccq_inputs(), stats, g.dq.p, dq.p, g.dk.p, dlam.ptr<float>(), st);
+      }
+      g.dq = dq;
+      if (d_.ccq_learned) {
+        dflam = ar.alloc(DType::f32, {N, d_.H});
+        gate_bwd(gate_args(cl::GateMap::sigmoid, flam_, s_.blam, 1), dlam.ptr<float>(), nullptr, nullptr,
+                 dflam.ptr<float>(), d_.H, nullptr, st);
+        colsum_param(ar, st, dflam, 1, s_.blam);
+      }
     }
     // routing: the gradient on the published side channel
     const bool has_dout = d_.route != Dims::Route::none && !route.d_out.empty();
@@ -260,6 +318,7 @@ class CudaLinearImpl final : public CudaLinear {
                               st);
       }
     }
+    if (!dflam.empty()) ccq_lambda_backward(be, ar, st, N, dflam, dP);
     be.gemm(dP, true, Xa, false, Gqkv_, 1.0, 1.0);
     be.gemm(dP, false, Wqkv_, false, dX, 1.0, 1.0);
     ar.release(mark);
@@ -270,6 +329,8 @@ class CudaLinearImpl final : public CudaLinear {
   struct Grads {
     Bf dq, dk, dv, db, dw;
     Tensor dg, dbeta;
+    Bf dbx;                  // CARVE: on the erase logits [N, Cq]
+    Tensor dws, dU1, dU2;    // CARVE: on the scalar write gate [N, H]; this call's dU1, dU2
   };
 
   cl::DeltaShape shape() const {
@@ -283,6 +344,35 @@ class CudaLinearImpl final : public CudaLinear {
     return s;
   }
   bf16* bound_bf() const { return static_cast<bf16*>(bound_.data); }
+  const char* kernel_name(bool bwd) const {
+    if (d_.carve) return bwd ? "linear: carve_bwd" : "linear: carve_fwd";
+    if (delta_kernel()) return bwd ? "linear: delta_bwd" : "linear: delta_fwd";
+    return bwd ? "linear: channel_bwd" : "linear: channel_fwd";
+  }
+  // CARVE's kernel inputs from sequence b on ([B,T,H,64] tensors, w [B,T,H]; dk = dv = 64).
+  cl::CarveInputs carve_inputs(const bf16* q, int64_t b = 0) const {
+    const int64_t tok = b * T_ * d_.Cq, gate = b * T_ * d_.H;
+    cl::CarveInputs in;
+    in.q = q + tok;
+    in.k = k_.p + tok;
+    in.v = v_.p + tok;
+    in.g = g_.ptr<float>() + tok;
+    in.bx = bx_.p + tok;
+    in.w = ws_.ptr<float>() + gate;
+    in.U1 = d_.freeze_content ? Uzero_.ptr<float>() : P_[s_.U1].ptr<float>();
+    in.U2 = d_.freeze_content ? Uzero_.ptr<float>() : P_[s_.U2].ptr<float>();
+    in.rank = d_.crank;
+    in.content_grad = d_.content_grad;
+    return in;
+  }
+  cl::CcqInputs ccq_inputs() const {
+    cl::CcqInputs in;
+    in.q = q_.p;
+    in.k = k_.p;
+    in.lambda = lam_.ptr<float>();
+    in.centered = d_.ccq_centered;
+    return in;
+  }
   bool delta_kernel() const { return d_.mixer == lk::Mixer::gdn || d_.mixer == lk::Mixer::deltanet; }
   cl::ChannelMixer channel_kind() const {
     if (d_.mixer == lk::Mixer::kda) return cl::ChannelMixer::kda;
@@ -302,7 +392,9 @@ class CudaLinearImpl final : public CudaLinear {
   }
 
   void kernel_fwd(const bf16* q, bf16* o, bf16* bound, cudaStream_t st) {
-    if (delta_kernel())
+    if (d_.carve)
+      cl::carve_fwd(shape(), carve_inputs(q), o, nullptr, bound, content_.ptr<float>(), st);
+    else if (delta_kernel())
       cl::delta_fwd(shape(), q, k_.p, v_.p, fptr(g_), fptr(beta_), nullptr, o, nullptr, bound, st);
     else
       cl::channel_fwd(channel_kind(), shape(), channel_inputs(q), o, nullptr, bound, st);
@@ -315,7 +407,14 @@ class CudaLinearImpl final : public CudaLinear {
     g.dv = bf_alloc(ar, N * d_.Cv);
     if (!g_.empty()) g.dg = ar.alloc(DType::f32, g_.shape());
     if (!beta_.empty()) g.dbeta = ar.alloc(DType::f32, beta_.shape());
-    if (d_.mixer == lk::Mixer::gdn2) {
+    if (d_.carve) {
+      // U1 [H, r, 64] and U2 [H, 64, r]: one copy, or one per sequence when deterministic
+      const int64_t nu = (int64_t)d_.H * d_.crank * d_.dk * (det_ ? B_ : 1);
+      g.dbx = bf_alloc(ar, N * d_.Cq);
+      g.dws = ar.alloc(DType::f32, {N, d_.H});
+      g.dU1 = ar.alloc(DType::f32, {nu});
+      g.dU2 = ar.alloc(DType::f32, {nu});
+    } else if (d_.mixer == lk::Mixer::gdn2) {
       g.db = bf_alloc(ar, N * d_.Cq);
       g.dw = bf_alloc(ar, N * d_.Cv);
     }
@@ -323,7 +422,29 @@ class CudaLinearImpl final : public CudaLinear {
   }
 
   void kernel_bwd(const bf16* q, const bf16* dO, Grads& g, cudaStream_t st) {
-    if (delta_kernel()) {
+    if (d_.carve) {
+      // carve_bwd sums dU1, dU2 over the batch with atomics (order-dependent in the last
+      // bit). A deterministic backend runs it per sequence instead, into per-sequence
+      // slices that gates_backward adds in sequence order (B launches of H CTAs: slower).
+      const int64_t nb = det_ ? B_ : 1, tok = T_ * d_.Cq, nc = cl::delta_num_chunks(shape());
+      cl::DeltaShape s = shape();
+      s.B = B_ / nb;
+      const int64_t nu = (int64_t)d_.H * d_.crank * d_.dk;
+      for (int64_t b = 0; b < nb; ++b) {
+        cl::CarveGrads cg;
+        cg.dq = g.dq.p + b * tok;
+        cg.dk = g.dk.p + b * tok;
+        cg.dv = g.dv.p + b * tok;
+        cg.dbx = g.dbx.p + b * tok;
+        cg.dg = g.dg.ptr<float>() + b * tok;
+        cg.dw = g.dws.ptr<float>() + b * T_ * d_.H;
+        cg.dU1 = g.dU1.ptr<float>() + b * nu;
+        cg.dU2 = g.dU2.ptr<float>() + b * nu;
+        // boundary [B,H,nc,64,64] bf16 and content [B,H,nc,64] fp32 are sequence-major
+        cl::carve_bwd(s, carve_inputs(q, b), bound_bf() + b * d_.H * nc * d_.dk * d_.dv,
+                      content_.ptr<float>() + b * d_.H * nc * d_.dv, dO + b * tok, nullptr, cg, st);
+      }
+    } else if (delta_kernel()) {
       cl::delta_bwd(shape(), q, k_.p, v_.p, fptr(g_), fptr(beta_), bound_bf(), dO, nullptr, g.dq.p, g.dk.p, g.dv.p,
                     fptr(g.dg), fptr(g.dbeta), nullptr, st);
     } else {
@@ -391,8 +512,12 @@ class CudaLinearImpl final : public CudaLinear {
   // log-decay [N, H], β's [N, H], the low-rank gates' hidden x W₁ᵀ [N, rank].
   void saved_gates_alloc(kernels::Arena& ar, int64_t N) {
     const lk::Mixer m = d_.mixer;
-    g_ = beta_ = fg_ = h1_ = fbeta_ = fb_ = fw_ = Tensor();
-    b_ = w_ = Bf();
+    g_ = beta_ = fg_ = h1_ = fbeta_ = fb_ = fw_ = fws_ = ws_ = Tensor();
+    b_ = w_ = bx_ = Bf();
+    if (d_.carve) {  // the scalar write gate per head: pre-activation and σ
+      fws_ = ar.alloc(DType::f32, {N, d_.H});
+      ws_ = ar.alloc(DType::f32, {N, d_.H});
+    }
     if (!Wba_.empty()) {
       // gdn's fused [W_β; W_a] projection: fbeta_ and fg_ are the two column blocks of one
       // [N, 2H] buffer (row stride pre_ld(), which gate_args passes on)
@@ -454,7 +579,22 @@ class CudaLinearImpl final : public CudaLinear {
       if (Wba_.empty()) be.gemm(Xa, false, P_[s_.wbeta], true, fbeta_);
       gate_fwd(gate_args(cl::GateMap::sigmoid, fbeta_, -1, 1, pre_ld()), beta_.ptr<float>(), nullptr, st);
     }
-    if (m == lk::Mixer::gdn2) {
+    if (d_.carve) {
+      // raw erase logits x W_bᵀ in bf16 (the kernel adds the content term and applies σ)
+      bx_ = bf_alloc(ar, N * d_.Cq);
+      const Tensor bx(bx_.p, DType::bf16, {N, d_.Cq});
+      if (at_ == DType::bf16) {
+        be.gemm(Xa, false, P_[s_.werase], true, bx);
+      } else {
+        Tensor f = ar.alloc(DType::f32, {N, d_.Cq});
+        be.gemm(Xa, false, P_[s_.werase], true, f);
+        be.convert(f, bx);
+      }
+      if (!again) {
+        be.gemm(Xa, false, P_[s_.wwrite], true, fws_);
+        gate_fwd(gate_args(cl::GateMap::sigmoid, fws_, -1, 1), ws_.ptr<float>(), nullptr, st);
+      }
+    } else if (m == lk::Mixer::gdn2) {
       fb_ = ar.alloc(DType::f32, {N, d_.Cq});
       fw_ = ar.alloc(DType::f32, {N, d_.Cv});
       be.gemm(Xa, false, P_[s_.werase], true, fb_);
@@ -559,6 +699,63 @@ class CudaLinearImpl final : public CudaLinear {
       proj_bwd(be, dfb, s_.werase, Xa, dX);
       proj_bwd(be, dfw, s_.wwrite, Xa, dX);
     }
+    if (d_.carve) {
+      // U1, U2: carve_bwd summed this call's batch in a fixed order; add to the gradients
+      if (!d_.freeze_content) {
+        const int64_t nu = G_[s_.U1].numel();
+        for (int64_t b = 0; b * nu < g.dU1.numel(); ++b) {  // one slice, or one per sequence in order
+          be.axpy(1.0, Tensor(g.dU1.ptr<float>() + b * nu, DType::f32, {nu}), G_[s_.U1]);
+          be.axpy(1.0, Tensor(g.dU2.ptr<float>() + b * nu, DType::f32, {nu}), G_[s_.U2]);
+        }
+      }
+      proj_bwd(be, as_act(be, ar, Tensor(g.dbx.p, DType::bf16, {N, d_.Cq})), s_.werase, Xa, dX);
+      Tensor dfw = ar.alloc(DType::f32, {N, d_.H});
+      gate_bwd(gate_args(cl::GateMap::sigmoid, fws_, -1, 1), g.dws.ptr<float>(), nullptr, nullptr, dfw.ptr<float>(),
+               d_.H, nullptr, st);
+      proj_bwd(be, dfw, s_.wwrite, Xa, dX);
+    }
+  }
+
+  // out[j] += Σ_n Σ_{c in group j} M[n, c] into the gradient of slot (deterministic).
+  void colsum_param(kernels::Arena& ar, cudaStream_t st, const Tensor& M, int group, int slot) const {
+    Tensor scratch = ar.alloc(DType::f32, {(int64_t)cl::colsum_scratch_floats(M.size(0), (int)M.size(1))});
+    cl::LayerTimer tm("linear: gate maps (bwd)", st);
+    cl::colsum_accumulate(M.ptr<float>(), M.size(0), (int)M.size(1), M.size(1), group, G_[slot].ptr<float>(),
+                          scratch.ptr<float>(), st);
+  }
+
+  // p_q = P's first Cq columns (row stride ldp) as a contiguous [N, Cq] in act_dtype().
+  Tensor q_projection(kernels::Arena& ar, cudaStream_t st, int64_t N) const {
+    Tensor pq = ar.alloc(at_, {N, d_.Cq});
+    const std::size_t es = P_qkv_.bytes() / P_qkv_.numel();
+    LAR_CUDA_CHECK(cudaMemcpy2DAsync(pq.data, d_.Cq * es, P_qkv_.data, ldp_ * es, d_.Cq * es, N,
+                                     cudaMemcpyDeviceToDevice, st));
+    return pq;
+  }
+
+  // CCQ's λ [N, H] into lam_: σ(p_q W_λᵀ + b_λ) (pre-activation kept in flam_), or fixed.
+  void ccq_lambda(kernels::Backend& be, kernels::Arena& ar, cudaStream_t st, int64_t N) {
+    if (!d_.ccq_learned) {
+      be.fill(lam_, d_.ccq_lambda);
+      return;
+    }
+    be.gemm(q_projection(ar, st, N), false, P_[s_.wlam], true, flam_);
+    gate_fwd(gate_args(cl::GateMap::sigmoid, flam_, s_.blam, 1), lam_.ptr<float>(), nullptr, st);
+  }
+
+  // λ's projection backward (dflam = ∂L/∂(p_q W_λᵀ)): W_λ's gradient from p_q (P as
+  // recomputed in this backward), and dP[:, :Cq] += dflam W_λ through a contiguous copy of
+  // that column block (dP is overwritten by qkv_backward, so this runs after it).
+  void ccq_lambda_backward(kernels::Backend& be, kernels::Arena& ar, cudaStream_t st, int64_t N, const Tensor& dflam,
+                           const Tensor& dP) {
+    be.gemm(dflam, true, q_projection(ar, st, N), false, G_[s_.wlam], 1.0, 1.0);
+    Tensor dpq = ar.alloc(dP.dtype, {N, d_.Cq});
+    const std::size_t es = dP.bytes() / dP.numel();
+    LAR_CUDA_CHECK(cudaMemcpy2DAsync(dpq.data, d_.Cq * es, dP.data, ldp_ * es, d_.Cq * es, N,
+                                     cudaMemcpyDeviceToDevice, st));
+    be.gemm(dflam, false, P_[s_.wlam], false, dpq, 1.0, 1.0);
+    LAR_CUDA_CHECK(cudaMemcpy2DAsync(dP.data, ldp_ * es, dpq.data, d_.Cq * es, d_.Cq * es, N,
+                                     cudaMemcpyDeviceToDevice, st));
   }
   Dims d_;
   Slots s_;
@@ -572,6 +769,14 @@ class CudaLinearImpl final : public CudaLinear {
   Tensor X_, P_qkv_, rin_, bound_, og_, rstd_;
   Tensor g_, beta_, fg_, h1_, fbeta_, fb_, fw_;
   Bf q_, k_, v_, o_, b_, w_, qr_;
+  // CCQ: whether this forward applied it, λ [N, H] and its pre-activation (learned)
+  bool ccq_on_ = false;
+  bool det_ = false;  // the backend promises bit-identical results (CARVE's dU1, dU2 per sequence)
+  Tensor lam_, flam_;
+  // CARVE: content signal (kept), write-gate pre-activation and σ [N, H] (kept), zero U
+  // (freeze_content), erase logits bf16 [N, Cq] (recomputed)
+  Tensor content_, fws_, ws_, Uzero_;
+  Bf bx_;
 };
 
 }  // namespace

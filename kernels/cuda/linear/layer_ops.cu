@@ -347,7 +347,7 @@ __global__ void gate_fwd_kernel(GateArgs a, float* out, bf16* outb) {
   switch (a.map) {
     case GateMap::decay: y = -__expf(a.A_log[c / a.per_head]) * softplus(f + a.bias[c]); break;
     case GateMap::logsig16: y = -softplus(-(f + a.bias[c])) / 16.f; break;
-    default: y = sigm(f);
+    default: y = sigm(a.bias ? f + a.bias[c] : f);
   }
   if (out) out[i] = y;
   else outb[i] = __float2bfloat16(y);
@@ -375,7 +375,7 @@ __global__ void gate_bwd_kernel(GateArgs a, const float* dyf, const bf16* dyb, c
     }
     case GateMap::logsig16: d = dy * sigm(-(f + a.bias[c])) / 16.f; break;
     default: {
-      const float s = sigm(f);
+      const float s = sigm(a.bias ? f + a.bias[c] : f);
       d = dy * s * (1.f - s);
     }
   }

@@ -61,7 +61,8 @@ void qkv_backward(const QkvArgs& a, const QkvGrads& g, void* dP, float* gwq, flo
 // ---- gates: pre-activations f [N, ld] → activated values ----
 //   decay:    g = −exp(A_log[c / per_head])·softplus(f + bias[c])   (gdn: per_head 1; kda/gdn2: 64)
 //   logsig16: g = logsigmoid(f + bias[c]) / 16                       (gla)
-//   sigmoid:  σ(f)                                                   (β, gdn2's b and w)
+//   sigmoid:  σ(f), or σ(f + bias[c]) when bias is set               (β, gdn2's b and w, CARVE's w;
+//                                                                     CCQ's λ with b_λ)
 enum class GateMap { decay, logsig16, sigmoid };
 struct GateArgs {
   GateMap map = GateMap::sigmoid;
@@ -69,7 +70,7 @@ struct GateArgs {
   int C = 0;
   const float* f = nullptr;
   int64_t ldf = 0;
-  const float* bias = nullptr;   // decay, logsig16
+  const float* bias = nullptr;   // decay, logsig16 (required); sigmoid (optional)
   const float* A_log = nullptr;  // decay
   int per_head = 64;             // decay: channels per A_log entry
 };
