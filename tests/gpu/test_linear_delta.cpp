@@ -190,6 +190,41 @@ TEST(LinearDeltaCuda, MatchesCpuReference) {
   }
 }
 
+// Both implementations are deterministic: the same backward twice gives the same bits (the
+// gate gradients' partial sums go through fixed shared-memory slots, no atomics), which
+// `deterministic: true` training relies on.
+TEST(LinearDeltaCuda, BackwardIsBitReproducible) {
+  std::mt19937_64 rng{std::random_device{}()};
+  for (const char* path : {"chunked", "fused"}) {
+    const ScopedPath forced(path);
+    const Case c{2, 300, 3, true, true};
+    const Inputs in = make_inputs(rng, c);
+    gl::DeltaShape s;
+    s.B = c.B, s.T = c.T, s.H = c.H, s.scale = 0.125;
+    const size_t nx = in.q.size(), nr = in.beta.size(), ns = in.S0.size();
+    Dev<bf16> q(nx), k(nx), v(nx), o(nx), dO(nx), dq(nx), dk(nx), dv(nx);
+    Dev<float> g(nr), beta(nr), dg(nr), dbeta(nr), S0(ns), S(ns), dST(ns), dS0(ns);
+    Dev<bf16> bound(gl::delta_boundary_bytes(s) / sizeof(bf16));
+    q.put(in.q), k.put(in.k), v.put(in.v), dO.put(in.dO), g.put(in.g), beta.put(in.beta), S0.put(in.S0),
+        dST.put(in.dST);
+    gl::delta_fwd(s, q.p, k.p, v.p, g.p, beta.p, S0.p, o.p, S.p, bound.p, nullptr);
+    std::vector<std::vector<double>> first;
+    for (int run = 0; run < 2; ++run) {
+      dq.poison(), dk.poison(), dv.poison(), dg.poison(), dbeta.poison(), dS0.poison();
+      gl::delta_bwd(s, q.p, k.p, v.p, g.p, beta.p, bound.p, dO.p, dST.p, dq.p, dk.p, dv.p, dg.p, dbeta.p, dS0.p,
+                    nullptr);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << path;
+      std::vector<std::vector<double>> out = {dq.get(), dk.get(), dv.get(), dg.get(), dbeta.get(), dS0.get()};
+      if (run == 0) {
+        first = std::move(out);
+        continue;
+      }
+      const char* names[] = {"dq", "dk", "dv", "dg", "dbeta", "dS0"};
+      for (size_t i = 0; i < out.size(); ++i) EXPECT_EQ(out[i], first[i]) << path << " " << names[i];
+    }
+  }
+}
+
 TEST(LinearDeltaCuda, RejectsBadPathSetting) {
   gl::DeltaShape s;
   s.B = 1, s.T = 16, s.H = 2;

@@ -93,6 +93,217 @@ __device__ __forceinline__ size_t row_off(const Params& p, int b, int t, int h) 
   return ((static_cast<size_t>(b) * p.T + t) * p.H + h) * D;
 }
 
+// Rows t < n of a fragment, times f, into a [B,T,H,64] bf16 tensor from the chunk start t0.
+__device__ __forceinline__ void store_rows(bf16* dst, const Params& p, int b, int h, int t0, int n, const Acc& a,
+                                           float f, const Lane& L) {
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int t = L.row(2 * hh);
+      if (t < n)
+        *reinterpret_cast<uint32_t*>(dst + row_off(p, b, t0 + t, h) + L.col(nt, 0)) =
+            pack(a[nt][2 * hh] * f, a[nt][2 * hh + 1] * f);
+    }
+}
+
+// ---------------------------------------------------------------- chunk bodies
+// The steps of one chunk that the fused kernels (one CTA walks all chunks of a (b, h)) and
+// the two-phase path's chunk-parallel kernels share. Tiles are bf16 [64][LD], fp32 ones
+// [64][LDF]; sG, sB the chunk's gates (publish_gates).
+
+// Forward terms from the chunk's start state S: Aw (strictly lower), P = (Q Kᵀ ∘ M) lower,
+// X = V − e^G K Sᵀ, and o = e^G Q Sᵀ (the output's inter-chunk part, in registers).
+__device__ __forceinline__ void fwd_chunk_terms(const bf16* Q, const bf16* K, const bf16* V, const bf16* S,
+                                                const float* sG, float* sAw, bf16* sP, float* sX, Acc& o,
+                                                const Lane& L) {
+  {
+    Acc a, a2;
+    zero(a);
+    zero(a2);
+    gemm2<false, false, false, false>(a, K, K, a2, Q, K, L);  // K Kᵀ, Q Kᵀ
+    store_f(sAw, a, L, [&](float x, int t, int j) { return t > j ? x * __expf(sG[t] - sG[j]) : 0.f; });
+    store_bf(sP, a2, L, [&](float x, int t, int j) { return t >= j ? x * __expf(sG[t] - sG[j]) : 0.f; });
+  }
+  Acc a;
+  zero(a);
+  zero(o);
+  gemm2<false, false, false, false>(a, K, S, o, Q, S, L);  // K S0ᵀ, Q S0ᵀ
+  store_f(sX, a, L, [&](float x, int t, int c) { return bf(V, t, c) - __expf(sG[t]) * x; });
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[nt][e] *= __expf(sG[L.row(e)]);
+}
+
+// Backward: dU = e^{G_last − G} K dSᵀ + scale Pᵀ dO into sX (dS: the chunk-end state gradient).
+__device__ __forceinline__ void bwd_du(const bf16* K, const bf16* sdS, const bf16* sP, const bf16* sdO,
+                                       const float* sG, float Gl, float scale, float* sX, const Lane& L) {
+  Acc a, c2;
+  zero(a);
+  zero(c2);
+  gemm2<false, false, true, true>(a, K, sdS, c2, sP, sdO, L);  // K dSᵀ, Pᵀ dO
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) a[nt][e] = a[nt][e] * __expf(Gl - sG[L.row(e)]) + scale * c2[nt][e];
+  store_f(sX, a, L, [](float x, int, int) { return x; });
+}
+
+// Backward: dKK = −(dR Uᵀ) ∘ β M and dQK = scale (dO Uᵀ) ∘ M (lower parts) into bf16 tiles,
+// with their gate terms added to the row/column partial sums. pf: P in fp32 (registers).
+// sAw holds Aw below the diagonal (whatever is above is masked off).
+__device__ __forceinline__ void bwd_dkk_dqk(const bf16* sdR, const bf16* sU, const bf16* sdO, const float* sG,
+                                            const float* sB, const float* sAw, const Acc& pf, float scale,
+                                            float (&rowB)[2], float (&rowG)[2], float (&colG)[4][2], bf16* sdKK,
+                                            bf16* sdQK, const Lane& L) {
+  Acc da, dp;
+  zero(da);
+  zero(dp);
+  gemm2<false, false, false, false>(da, sdR, sU, dp, sdO, sU, L);  // dR Uᵀ, dO Uᵀ
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int t = L.row(e), j = L.col(nt, e);
+      const float m = t >= j ? __expf(sG[t] - sG[j]) : 0.f, bt = sB[t];
+      const float dA = t > j ? -da[nt][e] : 0.f;
+      const float x = t > j ? dA * sAw[t * LDF + j] : 0.f;
+      const float dP = t >= j ? scale * dp[nt][e] : 0.f;
+      const float y = bt * x + dP * pf[nt][e];
+      rowB[e >> 1] += x;
+      rowG[e >> 1] += y;
+      colG[nt][e & 1] -= y;
+      da[nt][e] = dA * bt * m;  // dKK
+      dp[nt][e] = dP * m;       // dQK
+    }
+  store_bf(sdKK, da, L, [](float x, int, int) { return x; });
+  store_bf(sdQK, dp, L, [](float x, int, int) { return x; });
+}
+
+// Backward: dq = dQK K + scale e^G dO S0 (stored), its gate term into rowG.
+__device__ __forceinline__ void bwd_dq(const Params& p, const bf16* sdQK, const bf16* sK, const bf16* sdO,
+                                       const bf16* sS0, const bf16* sQ, const float* sG, int b, int h, int t0,
+                                       int n, float (&rowG)[2], const Lane& L) {
+  Acc a, c2;
+  zero(a);
+  zero(c2);
+  gemm2<false, true, false, true>(a, sdQK, sK, c2, sdO, sS0, L);  // dQK K, dO S0
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int t = L.row(e), c = L.col(nt, e);
+      const float y = p.scale * __expf(sG[t]) * c2[nt][e];
+      rowG[e >> 1] += y * bf(sQ, t, c);
+      a[nt][e] += y;
+    }
+  store_rows(p.dq, p, b, h, t0, n, a, 1.f, L);
+}
+
+// Backward: dk (stored) and its gate terms. kStateTerm: also add G_last's term of the state
+// decay, e^{G_last} Σ dS ∘ S0 (the fused kernel adds it where it updates dS instead).
+template <bool kStateTerm>
+__device__ __forceinline__ void bwd_dk(const Params& p, const bf16* sdQK, const bf16* sQ, const bf16* sU,
+                                       const bf16* sdS, const bf16* sdKK, const bf16* sK, const bf16* sdR,
+                                       const bf16* sS0, const float* sG, const float* sB, float Gl, float el,
+                                       int b, int h, int t0, int n, float& gl, float (&rowG)[2], float (&rowB)[2],
+                                       const Lane& L) {
+  Acc a, c2, c3;
+  zero(a);
+  zero(c2);
+  zero(c3);
+  gemm2<true, true, false, true>(a, sdQK, sQ, c2, sU, sdS, L);   // dQKᵀ Q, U dS (dK̂)
+  gemm2<false, true, false, true>(a, sdKK, sK, c3, sdR, sS0, L);  // dKK K, dR S0
+  gemm<true, true>(a, sdKK, sK, L);                               // dKKᵀ K
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int t = L.row(e), c = L.col(nt, e);
+      const float dl = __expf(Gl - sG[t]), eg = __expf(sG[t]), kk = bf(sK, t, c), bt = sB[t];
+      const float x = dl * c2[nt][e] * kk;
+      const float y = -eg * c3[nt][e];
+      gl += kStateTerm ? x + el * bf(sdS, t, c) * bf(sS0, t, c) : x;  // (t, c) also runs over the state's (v, c)
+      rowG[e >> 1] += bt * y * kk - x;
+      rowB[e >> 1] += y * kk;
+      a[nt][e] += dl * c2[nt][e] + bt * y;
+    }
+  store_rows(p.dk, p, b, h, t0, n, a, 1.f, L);
+}
+
+// The gate gradients' partial sums into shared memory, one slot per owner (no atomics, so
+// the sums below are deterministic): rows per wn (sRowG, sRowB [2][C]), columns per wm
+// (sColG [4][C]), G_last's per warp (sGl [8]).
+__device__ __forceinline__ void bwd_publish_partials(const float (&rowG)[2], const float (&rowB)[2],
+                                                     const float (&colG)[4][2], float gl, float* sRowG,
+                                                     float* sRowB, float* sColG, float* sGl, const Lane& L) {
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    float rg = rowG[hh], rb = rowB[hh];
+    rg += __shfl_xor_sync(FULL, rg, 1);
+    rg += __shfl_xor_sync(FULL, rg, 2);
+    rb += __shfl_xor_sync(FULL, rb, 1);
+    rb += __shfl_xor_sync(FULL, rb, 2);
+    if (L.tig == 0) {
+      sRowG[L.wn * C + L.row(2 * hh)] = rg;
+      sRowB[L.wn * C + L.row(2 * hh)] = rb;
+    }
+  }
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      float cg = colG[nt][e];
+      cg += __shfl_xor_sync(FULL, cg, 4);
+      cg += __shfl_xor_sync(FULL, cg, 8);
+      cg += __shfl_xor_sync(FULL, cg, 16);
+      if (L.g == 0) sColG[L.wm * C + L.col(nt, e)] = cg;
+    }
+#pragma unroll
+  for (int o = 16; o; o >>= 1) gl += __shfl_xor_sync(FULL, gl, o);
+  if (L.lane == 0) sGl[threadIdx.x >> 5] = gl;
+}
+
+// Warp 0, after a barrier behind bwd_publish_partials: dg (the reverse cumsum of dG within
+// the chunk: g_t enters every G_s, s ≥ t) and dβ of the chunk's rows. sPartB: nullable
+// [8][C] further per-warp dβ partials.
+__device__ __forceinline__ void bwd_write_dg_dbeta(const Params& p, const float* sRowG, const float* sRowB,
+                                                   const float* sColG, const float* sGl, const float* sPartB,
+                                                   int b, int h, int t0, int n, const Lane& L) {
+  float d[2], bsum[2];
+#pragma unroll
+  for (int q = 0; q < 2; ++q) {
+    const int t = 2 * L.lane + q;
+    d[q] = sRowG[t] + sRowG[C + t] + sColG[t] + sColG[C + t] + sColG[2 * C + t] + sColG[3 * C + t];
+    bsum[q] = sRowB[t] + sRowB[C + t];
+    if (sPartB)
+      for (int w = 0; w < 8; ++w) bsum[q] += sPartB[w * C + t];
+  }
+  if (L.lane == 31) {
+    float s = 0.f;
+    for (int w = 0; w < 8; ++w) s += sGl[w];
+    d[1] += s;  // G_last: row 63 (rows ≥ n carry g = 0, so the reverse cumsum is the same)
+  }
+  float s = d[0] + d[1];
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const float y = __shfl_down_sync(FULL, s, o);
+    if (L.lane + o < 32) s += y;
+  }
+  // s = Σ_{lanes ≥ lane} (d0 + d1): dg[2l] = s, dg[2l+1] = s − d0
+  const size_t base = (static_cast<size_t>(b) * p.T + t0) * p.H + h;
+  const float dg2[2] = {s, s - d[0]};
+#pragma unroll
+  for (int q = 0; q < 2; ++q) {
+    const int t = 2 * L.lane + q;
+    if (t < n) {
+      if (p.dg && p.g) p.dg[base + static_cast<size_t>(t) * p.H] = dg2[q];
+      p.dbeta[base + static_cast<size_t>(t) * p.H] = bsum[q];
+    }
+  }
+}
+
 // ---------------------------------------------------------------- forward
 // Shared memory: 2×(Q,K,V) + S, P, U, Û (bf16), Aw, X (fp32), G, β.
 constexpr size_t kFwdSmem = (10 * TILE) * sizeof(bf16) + (2 * TILEF + 2 * C) * sizeof(float);
@@ -149,26 +360,8 @@ __global__ void __launch_bounds__(NT, 1) fwd_kernel(const Params p) {
       }
     }
     const float Gl = sG[C - 1];
-    {
-      Acc a, a2;
-      zero(a);
-      zero(a2);
-      gemm2<false, false, false, false>(a, K, K, a2, Q, K, L);  // K Kᵀ, Q Kᵀ
-      store_f(sAw, a, L, [&](float x, int t, int j) { return t > j ? x * __expf(sG[t] - sG[j]) : 0.f; });
-      store_bf(sP, a2, L, [&](float x, int t, int j) { return t >= j ? x * __expf(sG[t] - sG[j]) : 0.f; });
-    }
     Acc o;
-    {
-      Acc a;
-      zero(a);
-      zero(o);
-      gemm2<false, false, false, false>(a, K, sS, o, Q, sS, L);  // K S0ᵀ, Q S0ᵀ
-      store_f(sX, a, L, [&](float x, int t, int c) { return bf(V, t, c) - __expf(sG[t]) * x; });
-    }
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) o[nt][e] *= __expf(sG[L.row(e)]);
+    fwd_chunk_terms(Q, K, V, sS, sG, sAw, sP, sX, o, L);
     __syncthreads();  // (B)
     {
       float x[16];
@@ -183,15 +376,7 @@ __global__ void __launch_bounds__(NT, 1) fwd_kernel(const Params p) {
     }
     __syncthreads();  // (C)
     gemm<false, true>(o, sP, sU, L);  // + P U
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int t = L.row(2 * hh);
-        if (t < n)
-          *reinterpret_cast<uint32_t*>(p.o + row_off(p, b, t0 + t, h) + L.col(nt, 0)) =
-              pack(o[nt][2 * hh] * p.scale, o[nt][2 * hh + 1] * p.scale);
-      }
+    store_rows(p.o, p, b, h, t0, n, o, p.scale, L);
     const float el = __expf(Gl);
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)
@@ -312,17 +497,7 @@ __global__ void __launch_bounds__(NT, 1) bwd_kernel(const Params p) {
       for (int i = 0; i < 16; ++i) sU[(4 * i + pp) * LD + c] = __float2bfloat16(x[i]);
     }
     __syncthreads();  // P2
-    {
-      Acc a, c2;
-      zero(a);
-      zero(c2);
-      gemm2<false, false, true, true>(a, sK, sdS, c2, sP, sdO, L);  // K dSᵀ, Pᵀ dO
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) a[nt][e] = a[nt][e] * __expf(Gl - sG[L.row(e)]) + scale * c2[nt][e];
-      store_f(sX, a, L, [](float x, int, int) { return x; });  // dU
-    }
+    bwd_du(sK, sdS, sP, sdO, sG, Gl, scale, sX, L);
     __syncthreads();  // P3
     {
       float x[16];
@@ -337,86 +512,10 @@ __global__ void __launch_bounds__(NT, 1) bwd_kernel(const Params p) {
       }
     }
     __syncthreads();  // P4
-    {
-      Acc da, dp;
-      zero(da);
-      zero(dp);
-      gemm2<false, false, false, false>(da, sdR, sU, dp, sdO, sU, L);  // dR Uᵀ, dO Uᵀ
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int t = L.row(e), j = L.col(nt, e);
-          const float m = t >= j ? __expf(sG[t] - sG[j]) : 0.f, bt = sB[t];
-          const float dA = t > j ? -da[nt][e] : 0.f;
-          const float x = dA * sAw[t * LDF + j];
-          const float dP = t >= j ? scale * dp[nt][e] : 0.f;
-          const float y = bt * x + dP * pf[nt][e];
-          rowB[e >> 1] += x;
-          rowG[e >> 1] += y;
-          colG[nt][e & 1] -= y;
-          da[nt][e] = dA * bt * m;  // dKK
-          dp[nt][e] = dP * m;       // dQK
-        }
-      store_bf(sdKK, da, L, [](float x, int, int) { return x; });
-      store_bf(sdQK, dp, L, [](float x, int, int) { return x; });
-    }
+    bwd_dkk_dqk(sdR, sU, sdO, sG, sB, sAw, pf, scale, rowB, rowG, colG, sdKK, sdQK, L);
     __syncthreads();  // P5
-    {
-      Acc a, c2;  // dq
-      zero(a);
-      zero(c2);
-      gemm2<false, true, false, true>(a, sdQK, sK, c2, sdO, sS0, L);  // dQK K, dO S0
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int t = L.row(e), c = L.col(nt, e);
-          const float y = scale * __expf(sG[t]) * c2[nt][e];
-          rowG[e >> 1] += y * bf(sQ, t, c);
-          a[nt][e] += y;
-        }
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const int t = L.row(2 * hh);
-          if (t < n)
-            *reinterpret_cast<uint32_t*>(p.dq + row_off(p, b, t0 + t, h) + L.col(nt, 0)) =
-                pack(a[nt][2 * hh], a[nt][2 * hh + 1]);
-        }
-    }
-    {
-      Acc a, c2, c3;  // dk
-      zero(a);
-      zero(c2);
-      zero(c3);
-      gemm2<true, true, false, true>(a, sdQK, sQ, c2, sU, sdS, L);   // dQKᵀ Q, U dS (dK̂)
-      gemm2<false, true, false, true>(a, sdKK, sK, c3, sdR, sS0, L); // dKK K, dR S0
-      gemm<true, true>(a, sdKK, sK, L);                               // dKKᵀ K
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int t = L.row(e), c = L.col(nt, e);
-          const float dl = __expf(Gl - sG[t]), eg = __expf(sG[t]), kk = bf(sK, t, c), bt = sB[t];
-          const float x = dl * c2[nt][e] * kk;
-          const float y = -eg * c3[nt][e];
-          gl += x;
-          rowG[e >> 1] += bt * y * kk - x;
-          rowB[e >> 1] += y * kk;
-          a[nt][e] += dl * c2[nt][e] + bt * y;
-        }
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const int t = L.row(2 * hh);
-          if (t < n)
-            *reinterpret_cast<uint32_t*>(p.dk + row_off(p, b, t0 + t, h) + L.col(nt, 0)) =
-                pack(a[nt][2 * hh], a[nt][2 * hh + 1]);
-        }
-    }
+    bwd_dq(p, sdQK, sK, sdO, sS0, sQ, sG, b, h, t0, n, rowG, L);
+    bwd_dk<false>(p, sdQK, sQ, sU, sdS, sdKK, sK, sdR, sS0, sG, sB, Gl, el, b, h, t0, n, gl, rowG, rowB, L);
     // dv = β dR, dβ += Σ dR·v
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)
@@ -442,66 +541,10 @@ __global__ void __launch_bounds__(NT, 1) bwd_kernel(const Params p) {
           dS[nt][e] = dS[nt][e] * el + scale * a[nt][e] - c2[nt][e];
         }
     }
-    // partial sums → shared
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      float rg = rowG[hh], rb = rowB[hh];
-      rg += __shfl_xor_sync(FULL, rg, 1);
-      rg += __shfl_xor_sync(FULL, rg, 2);
-      rb += __shfl_xor_sync(FULL, rb, 1);
-      rb += __shfl_xor_sync(FULL, rb, 2);
-      if (L.tig == 0) {
-        sRowG[L.wn * C + L.row(2 * hh)] = rg;
-        sRowB[L.wn * C + L.row(2 * hh)] = rb;
-      }
-    }
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        float cg = colG[nt][e];
-        cg += __shfl_xor_sync(FULL, cg, 4);
-        cg += __shfl_xor_sync(FULL, cg, 8);
-        cg += __shfl_xor_sync(FULL, cg, 16);
-        if (L.g == 0) sColG[L.wm * C + L.col(nt, e)] = cg;
-      }
-#pragma unroll
-    for (int o = 16; o; o >>= 1) gl += __shfl_xor_sync(FULL, gl, o);
-    if (L.lane == 0) sGl[warp] = gl;
+    bwd_publish_partials(rowG, rowB, colG, gl, sRowG, sRowB, sColG, sGl, L);
     __syncthreads();  // P6: every read of sdS, sS0 and the tiles is done
     store_bf(sdS, dS, L, [](float x, int, int) { return x; });
-    if (warp == 0) {
-      // dG_t, then dg = reverse cumsum within the chunk (g_t enters every G_s, s ≥ t)
-      float d[2], bsum[2];
-#pragma unroll
-      for (int q = 0; q < 2; ++q) {
-        const int t = 2 * L.lane + q;
-        d[q] = sRowG[t] + sRowG[C + t] + sColG[t] + sColG[C + t] + sColG[2 * C + t] + sColG[3 * C + t];
-        bsum[q] = sRowB[t] + sRowB[C + t];
-      }
-      if (L.lane == 31) {
-        float s = 0.f;
-        for (int w = 0; w < 8; ++w) s += sGl[w];
-        d[1] += s;  // G_last: row 63 (rows ≥ n carry g = 0, so the reverse cumsum is the same)
-      }
-      float s = d[0] + d[1];
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const float y = __shfl_down_sync(FULL, s, o);
-        if (L.lane + o < 32) s += y;
-      }
-      // s = Σ_{lanes ≥ lane} (d0 + d1): dg[2l] = s, dg[2l+1] = s − d0
-      const size_t base = (static_cast<size_t>(b) * p.T + t0) * p.H + h;
-      const float dg2[2] = {s, s - d[0]};
-#pragma unroll
-      for (int q = 0; q < 2; ++q) {
-        const int t = 2 * L.lane + q;
-        if (t < n) {
-          if (p.dg && p.g) p.dg[base + static_cast<size_t>(t) * p.H] = dg2[q];
-          p.dbeta[base + static_cast<size_t>(t) * p.H] = bsum[q];
-        }
-      }
-    }
+    if (warp == 0) bwd_write_dg_dbeta(p, sRowG, sRowB, sColG, sGl, nullptr, b, h, t0, n, L);
     __syncthreads();  // the next chunk overwrites the tiles, G and β
   }
   if (p.dS0)
@@ -748,26 +791,8 @@ __global__ void __launch_bounds__(NT, 2) fwd_main_kernel(const Params p) {
   publish_gates(fetch_gates(p, b, h, t0, n), sG, sB);
   cp_async_wait<0>();
   __syncthreads();
-  {
-    Acc a, a2;
-    zero(a);
-    zero(a2);
-    gemm2<false, false, false, false>(a, sK, sK, a2, sQ, sK, L);  // K Kᵀ, Q Kᵀ
-    store_f(sAw, a, L, [&](float x, int t, int j) { return t > j ? x * __expf(sG[t] - sG[j]) : 0.f; });
-    store_bf(sP, a2, L, [&](float x, int t, int j) { return t >= j ? x * __expf(sG[t] - sG[j]) : 0.f; });
-  }
   Acc o;
-  {
-    Acc a;
-    zero(a);
-    zero(o);
-    gemm2<false, false, false, false>(a, sK, sS, o, sQ, sS, L);  // K S0ᵀ, Q S0ᵀ
-    store_f(sX, a, L, [&](float x, int t, int c) { return bf(sV, t, c) - __expf(sG[t]) * x; });
-  }
-#pragma unroll
-  for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) o[nt][e] *= __expf(sG[L.row(e)]);
+  fwd_chunk_terms(sQ, sK, sV, sS, sG, sAw, sP, sX, o, L);
   __syncthreads();
   {
     float x[16];
@@ -778,22 +803,17 @@ __global__ void __launch_bounds__(NT, 2) fwd_main_kernel(const Params p) {
   }
   __syncthreads();
   gemm<false, true>(o, sP, sU, L);  // + P U
-#pragma unroll
-  for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const int t = L.row(2 * hh);
-      if (t < n)
-        *reinterpret_cast<uint32_t*>(p.o + row_off(p, b, t0 + t, h) + L.col(nt, 0)) =
-            pack(o[nt][2 * hh] * p.scale, o[nt][2 * hh + 1] * p.scale);
-    }
+  store_rows(p.o, p, b, h, t0, n, o, p.scale, L);
 }
 
 // (3b) backward per chunk from its start state S0 and end-of-chunk gradient dS (the fused
 // backward's chunk body without the dS update). Shared memory is cut to 8 bf16 + 2 fp32 tiles
 // for two CTAs per SM: Aw's transpose lives in Aw's upper triangle, dQK reuses P's tile, dKK
 // V's and dR (bf16) the dU tile; dv and dβ's v-term are taken from the solve's registers.
-constexpr size_t kBwdMainSmem = 8 * TILE * sizeof(bf16) + (2 * TILEF + 5 * C + 8) * sizeof(float);
+// The gate gradients' partial sums take fixed per-warp slots, not shared atomics, so the
+// backward is bit-reproducible (deterministic mode) on this path too.
+constexpr size_t kBwdMainSmem = 8 * TILE * sizeof(bf16) + (2 * TILEF + 18 * C + 8) * sizeof(float);
+static_assert(kBwdMainSmem + 1024 <= 228 * 1024 / 2, "two backward CTAs per SM");
 
 __global__ void __launch_bounds__(NT, 2) bwd_main_kernel(const Params p) {
   extern __shared__ __align__(128) unsigned char smem[];
@@ -809,10 +829,11 @@ __global__ void __launch_bounds__(NT, 2) bwd_main_kernel(const Params p) {
   float* sX = sAw + TILEF;
   float* sG = sX + TILEF;
   float* sB = sG + C;
-  float* sRowG = sB + C;
-  float* sRowB = sRowG + C;
-  float* sColG = sRowB + C;
-  float* sGl = sColG + C;  // [8] per warp
+  float* sRowG = sB + C;         // [2][C] per wn
+  float* sRowB = sRowG + 2 * C;  // [2][C]
+  float* sColG = sRowB + 2 * C;  // [4][C] per wm
+  float* sPartB = sColG + 4 * C; // [8][C] per warp: dβ's v-term
+  float* sGl = sPartB + 8 * C;   // [8] per warp
   bf16* sdQK = sP;
   bf16* sdKK = sV;
   bf16* sdR = reinterpret_cast<bf16*>(sX);
@@ -829,7 +850,6 @@ __global__ void __launch_bounds__(NT, 2) bwd_main_kernel(const Params p) {
   load_tile(sdS, p.dSend + chunk_off(p, bh, ci), D, C);
   cp_async_commit();
   publish_gates(fetch_gates(p, b, h, t0, n), sG, sB);
-  if (tid < C) sRowG[tid] = sRowB[tid] = sColG[tid] = 0.f;
   cp_async_wait<0>();
   __syncthreads();  // P0
   const float Gl = sG[C - 1], el = __expf(Gl);
@@ -866,17 +886,7 @@ __global__ void __launch_bounds__(NT, 2) bwd_main_kernel(const Params p) {
     for (int i = 0; i < 16; ++i) sU[(4 * i + pp) * LD + c] = __float2bfloat16(x[i]);
   }
   __syncthreads();  // P2
-  {
-    Acc a, c2;
-    zero(a);
-    zero(c2);
-    gemm2<false, false, true, true>(a, sK, sdS, c2, sP, sdO, L);  // K dSᵀ, Pᵀ dO
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) a[nt][e] = a[nt][e] * __expf(Gl - sG[L.row(e)]) + scale * c2[nt][e];
-    store_f(sX, a, L, [](float x, int, int) { return x; });  // dU
-  }
+  bwd_du(sK, sdS, sP, sdO, sG, Gl, scale, sX, L);
   __syncthreads();  // P3
   {
     float x[16];
@@ -895,148 +905,17 @@ __global__ void __launch_bounds__(NT, 2) bwd_main_kernel(const Params p) {
       r += __shfl_xor_sync(FULL, r, 4);
       r += __shfl_xor_sync(FULL, r, 8);
       r += __shfl_xor_sync(FULL, r, 16);
-      if (L.lane < 4) atomicAdd(sRowB + t, r);
+      if (L.lane < 4) sPartB[warp * C + t] = r;
     }
   }
   __syncthreads();  // P4
-  {
-    Acc da, dp;
-    zero(da);
-    zero(dp);
-    gemm2<false, false, false, false>(da, sdR, sU, dp, sdO, sU, L);  // dR Uᵀ, dO Uᵀ
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int t = L.row(e), j = L.col(nt, e);
-        const float m = t >= j ? __expf(sG[t] - sG[j]) : 0.f, bt = sB[t];
-        const float dA = t > j ? -da[nt][e] : 0.f;
-        const float x = t > j ? dA * sAw[t * LDF + j] : 0.f;
-        const float dP = t >= j ? scale * dp[nt][e] : 0.f;
-        const float y = bt * x + dP * pf[nt][e];
-        rowB[e >> 1] += x;
-        rowG[e >> 1] += y;
-        colG[nt][e & 1] -= y;
-        da[nt][e] = dA * bt * m;  // dKK
-        dp[nt][e] = dP * m;       // dQK
-      }
-    store_bf(sdKK, da, L, [](float x, int, int) { return x; });
-    store_bf(sdQK, dp, L, [](float x, int, int) { return x; });
-  }
+  bwd_dkk_dqk(sdR, sU, sdO, sG, sB, sAw, pf, scale, rowB, rowG, colG, sdKK, sdQK, L);
   __syncthreads();  // P5
-  {
-    Acc a, c2;  // dq
-    zero(a);
-    zero(c2);
-    gemm2<false, true, false, true>(a, sdQK, sK, c2, sdO, sS0, L);  // dQK K, dO S0
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int t = L.row(e), c = L.col(nt, e);
-        const float y = scale * __expf(sG[t]) * c2[nt][e];
-        rowG[e >> 1] += y * bf(sQ, t, c);
-        a[nt][e] += y;
-      }
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int t = L.row(2 * hh);
-        if (t < n)
-          *reinterpret_cast<uint32_t*>(p.dq + row_off(p, b, t0 + t, h) + L.col(nt, 0)) =
-              pack(a[nt][2 * hh], a[nt][2 * hh + 1]);
-      }
-  }
-  {
-    Acc a, c2, c3;  // dk
-    zero(a);
-    zero(c2);
-    zero(c3);
-    gemm2<true, true, false, true>(a, sdQK, sQ, c2, sU, sdS, L);   // dQKᵀ Q, U dS (dK̂)
-    gemm2<false, true, false, true>(a, sdKK, sK, c3, sdR, sS0, L);  // dKK K, dR S0
-    gemm<true, true>(a, sdKK, sK, L);                               // dKKᵀ K
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int t = L.row(e), c = L.col(nt, e);
-        const float dl = __expf(Gl - sG[t]), eg = __expf(sG[t]), kk = bf(sK, t, c), bt = sB[t];
-        const float x = dl * c2[nt][e] * kk;
-        const float y = -eg * c3[nt][e];
-        gl += x + el * bf(sdS, t, c) * bf(sS0, t, c);  // (t, c) also runs over the state's (v, c)
-        rowG[e >> 1] += bt * y * kk - x;
-        rowB[e >> 1] += y * kk;
-        a[nt][e] += dl * c2[nt][e] + bt * y;
-      }
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int t = L.row(2 * hh);
-        if (t < n)
-          *reinterpret_cast<uint32_t*>(p.dk + row_off(p, b, t0 + t, h) + L.col(nt, 0)) =
-              pack(a[nt][2 * hh], a[nt][2 * hh + 1]);
-      }
-  }
-  // partial sums → shared
-#pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    float rg = rowG[hh], rb = rowB[hh];
-    rg += __shfl_xor_sync(FULL, rg, 1);
-    rg += __shfl_xor_sync(FULL, rg, 2);
-    rb += __shfl_xor_sync(FULL, rb, 1);
-    rb += __shfl_xor_sync(FULL, rb, 2);
-    if (L.tig == 0) {
-      atomicAdd(sRowG + L.row(2 * hh), rg);
-      atomicAdd(sRowB + L.row(2 * hh), rb);
-    }
-  }
-#pragma unroll
-  for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      float cg = colG[nt][e];
-      cg += __shfl_xor_sync(FULL, cg, 4);
-      cg += __shfl_xor_sync(FULL, cg, 8);
-      cg += __shfl_xor_sync(FULL, cg, 16);
-      if (L.g == 0) atomicAdd(sColG + L.col(nt, e), cg);
-    }
-#pragma unroll
-  for (int o = 16; o; o >>= 1) gl += __shfl_xor_sync(FULL, gl, o);
-  if (L.lane == 0) sGl[warp] = gl;
+  bwd_dq(p, sdQK, sK, sdO, sS0, sQ, sG, b, h, t0, n, rowG, L);
+  bwd_dk<true>(p, sdQK, sQ, sU, sdS, sdKK, sK, sdR, sS0, sG, sB, Gl, el, b, h, t0, n, gl, rowG, rowB, L);
+  bwd_publish_partials(rowG, rowB, colG, gl, sRowG, sRowB, sColG, sGl, L);
   __syncthreads();  // P6
-  if (warp == 0) {
-    // dG_t, then dg = reverse cumsum within the chunk (g_t enters every G_s, s ≥ t)
-    float d[2], bsum[2];
-#pragma unroll
-    for (int q = 0; q < 2; ++q) {
-      const int t = 2 * L.lane + q;
-      d[q] = sRowG[t] + sColG[t];
-      bsum[q] = sRowB[t];
-    }
-    if (L.lane == 31) {
-      float s = 0.f;
-      for (int w = 0; w < 8; ++w) s += sGl[w];
-      d[1] += s;  // G_last: row 63 (rows ≥ n carry g = 0, so the reverse cumsum is the same)
-    }
-    float s = d[0] + d[1];
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const float y = __shfl_down_sync(FULL, s, o);
-      if (L.lane + o < 32) s += y;
-    }
-    const size_t base = (static_cast<size_t>(b) * p.T + t0) * p.H + h;
-    const float dg2[2] = {s, s - d[0]};
-#pragma unroll
-    for (int q = 0; q < 2; ++q) {
-      const int t = 2 * L.lane + q;
-      if (t < n) {
-        if (p.dg && p.g) p.dg[base + static_cast<size_t>(t) * p.H] = dg2[q];
-        p.dbeta[base + static_cast<size_t>(t) * p.H] = bsum[q];
-      }
-    }
-  }
+  if (warp == 0) bwd_write_dg_dbeta(p, sRowG, sRowB, sColG, sGl, sPartB, b, h, t0, n, L);
 }
 
 // ---------------------------------------------------------------- decode
