@@ -112,14 +112,18 @@ double rel_rms(const float* a, const float* ref, int64_t n) {
 // multiply them with x. Measured on the H200 (docs/perf.md): token sums ≤ 3.6e-2 without
 // cler, 1.6e-1 with it; everything else ≤ 1.9e-2. CCQ's b_λ is such a sum too (of ∂L/∂λ over
 // every token), and so are CARVE's U1, U2 (their gradient is the per-chunk sum of the erase
-// logits' gradient times the content projection). T: tokens per sequence (not a multiple of 64);
+// logits' gradient times the content projection). CARVE's A_log sums cancel like cler's:
+// measured 5.2e-2 (fp32) and, with CCQ in front, 1.09e-1 while the whole gradient stays at
+// 7e-3 and the loss within 2e-5 relative, so CARVE takes cler's 2.5e-1 for token sums.
+// T: tokens per sequence (not a multiple of 64);
 // deterministic: the CUDA backend's bit-reproducible mode.
 void compare_step(const std::string& what, const json& cfg, const std::string& precision, int T = 100,
                   bool deterministic = false) {
   const bool fp32 = precision == "fp32";
   const bool cler = cfg.at("model").at("routing") == "cler";
   const double tol_all = fp32 ? 1e-2 : 1.5e-2, tol_param = fp32 ? 2e-2 : 4e-2;
-  const double tol_sum = cler ? 2.5e-1 : fp32 ? 6e-2 : 1.5e-1;
+  const bool carve = cfg.at("model").at("architecture") == "carve";
+  const double tol_sum = cler || carve ? 2.5e-1 : fp32 ? 6e-2 : 1.5e-1;
   const auto batch = random_batch(4, T, 96, 3, 7);
   auto cpu = backend("cpu", "fp32");
   kernels::Backend::Options o;
