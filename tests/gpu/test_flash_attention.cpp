@@ -128,6 +128,23 @@ FlashShape shape(int64_t B, int64_t T, int64_t S, int64_t Hq, int64_t Hkv, int64
 
 constexpr double kTol = 1e-2;
 
+// O, dQ, dK, dV within the bf16 tolerance of the fp64 reference; the LSE (fp32 with bf16
+// inputs) far below it.
+void expect_close(const Result& r, const std::string& what) {
+  EXPECT_LT(r.o, kTol) << what;
+  EXPECT_LT(r.lse, 1e-4) << what;
+  EXPECT_LT(r.dq, kTol) << what;
+  EXPECT_LT(r.dk, kTol) << what;
+  EXPECT_LT(r.dv, kTol) << what;
+  std::printf("%s: o %.2e lse %.2e dq %.2e dk %.2e dv %.2e\n", what.c_str(), r.o, r.lse, r.dq, r.dk, r.dv);
+}
+std::string describe(const FlashShape& s, const char* how) {
+  return std::string(how) + " B=" + std::to_string(s.B) + " T=" + std::to_string(s.T) +
+         (s.S != s.T ? " S=" + std::to_string(s.S) : "") + " Hq=" + std::to_string(s.Hq) + " Hkv=" +
+         std::to_string(s.Hkv) + " D=" + std::to_string(s.D) +
+         (s.window > 0 ? " window=" + std::to_string(s.window) : "");
+}
+
 }  // namespace
 
 TEST(FlashAttention, MatchesCpuReference) {
@@ -141,17 +158,7 @@ TEST(FlashAttention, MatchesCpuReference) {
                        shape(1, 130, 130, 2, 1, 64, 37), shape(2, 257, 257, 4, 1, 128, 0),
                        shape(1, 77, 300, 4, 4, 64, 0), shape(1, 50, 181, 2, 1, 128, 90),
                        shape(1, 64, 64, 1, 1, 64, 0)}) {
-    Result r = compare(hx, s);
-    const std::string what = "B=" + std::to_string(s.B) + " T=" + std::to_string(s.T) + " S=" +
-                             std::to_string(s.S) + " Hq=" + std::to_string(s.Hq) + " Hkv=" +
-                             std::to_string(s.Hkv) + " D=" + std::to_string(s.D) + " window=" +
-                             std::to_string(s.window);
-    EXPECT_LT(r.o, kTol) << what;
-    EXPECT_LT(r.lse, 1e-4) << what;  // fp32 with bf16 inputs: far below the bf16 tolerance
-    EXPECT_LT(r.dq, kTol) << what;
-    EXPECT_LT(r.dk, kTol) << what;
-    EXPECT_LT(r.dv, kTol) << what;
-    std::printf("%s: o %.2e lse %.2e dq %.2e dk %.2e dv %.2e\n", what.c_str(), r.o, r.lse, r.dq, r.dk, r.dv);
+    expect_close(compare(hx, s), describe(s, "flash"));
   }
 }
 
@@ -161,15 +168,7 @@ TEST(FlashAttention, LongSequences) {
   Harness hx;
   for (FlashShape s : {shape(1, 96, 32768, 2, 1, 64, 0), shape(1, 70, 32768, 2, 2, 128, 5000),
                        shape(1, 2048, 2048, 2, 1, 64, 0)}) {
-    Result r = compare(hx, s);
-    const std::string what = "T=" + std::to_string(s.T) + " S=" + std::to_string(s.S) + " D=" +
-                             std::to_string(s.D) + " window=" + std::to_string(s.window);
-    EXPECT_LT(r.o, kTol) << what;
-    EXPECT_LT(r.lse, 1e-4) << what;
-    EXPECT_LT(r.dq, kTol) << what;
-    EXPECT_LT(r.dk, kTol) << what;
-    EXPECT_LT(r.dv, kTol) << what;
-    std::printf("%s: o %.2e lse %.2e dq %.2e dk %.2e dv %.2e\n", what.c_str(), r.o, r.lse, r.dq, r.dk, r.dv);
+    expect_close(compare(hx, s), describe(s, "flash"));
   }
 }
 
@@ -218,21 +217,6 @@ TEST(FlashAttention, RejectsBadShapes) {
 
 // ---- cuDNN's fused attention (kernels/cuda/attention/cudnn_attention.hpp) ----
 
-namespace {
-void expect_close(const Result& r, const std::string& what) {
-  EXPECT_LT(r.o, kTol) << what;
-  EXPECT_LT(r.lse, 1e-4) << what;
-  EXPECT_LT(r.dq, kTol) << what;
-  EXPECT_LT(r.dk, kTol) << what;
-  EXPECT_LT(r.dv, kTol) << what;
-  std::printf("%s: o %.2e lse %.2e dq %.2e dk %.2e dv %.2e\n", what.c_str(), r.o, r.lse, r.dq, r.dk, r.dv);
-}
-std::string describe(const FlashShape& s, const char* how) {
-  return std::string(how) + " B=" + std::to_string(s.B) + " T=" + std::to_string(s.T) + " Hq=" +
-         std::to_string(s.Hq) + " Hkv=" + std::to_string(s.Hkv) + " D=" + std::to_string(s.D) +
-         (s.window > 0 ? " window=" + std::to_string(s.window) : "");
-}
-}  // namespace
 
 TEST(CudnnAttention, MatchesCpuReference) {
   require_cudnn();

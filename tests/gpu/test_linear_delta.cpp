@@ -135,6 +135,30 @@ struct ScopedPath {
   ScopedPath& operator=(const ScopedPath&) = delete;
 };
 
+// The device side of one case: inputs uploaded, every output poisoned with NaN.
+struct Buffers {
+  gl::DeltaShape s;
+  Dev<bf16> q, k, v, o, dO, dq, dk, dv, bound;
+  Dev<float> g, beta, dg, dbeta, S0, S, dST, dS0;
+  explicit Buffers(const Inputs& in)
+      : s{shape(in)},
+        q(in.q.size()), k(in.q.size()), v(in.q.size()), o(in.q.size()), dO(in.q.size()), dq(in.q.size()),
+        dk(in.q.size()), dv(in.q.size()), bound(gl::delta_boundary_bytes(s) / sizeof(bf16)),
+        g(in.beta.size()), beta(in.beta.size()), dg(in.beta.size()), dbeta(in.beta.size()), S0(in.S0.size()),
+        S(in.S0.size()), dST(in.S0.size()), dS0(in.S0.size()) {
+    q.put(in.q), k.put(in.k), v.put(in.v), dO.put(in.dO), beta.put(in.beta), S0.put(in.S0), dST.put(in.dST);
+    if (!in.g.empty()) g.put(in.g);
+    o.poison(), S.poison(), bound.poison();
+    poison_grads();
+  }
+  void poison_grads() { dq.poison(), dk.poison(), dv.poison(), dg.poison(), dbeta.poison(), dS0.poison(); }
+  static gl::DeltaShape shape(const Inputs& in) {
+    gl::DeltaShape s;
+    s.B = in.B, s.T = in.T, s.H = in.H, s.scale = 0.125;
+    return s;
+  }
+};
+
 std::string name(const Case& c) {
   return std::string(c.gated ? "gdn" : "deltanet") + " B=" + std::to_string(c.B) + " T=" + std::to_string(c.T) +
          " H=" + std::to_string(c.H) + (c.with_state ? " +state" : "");
@@ -156,16 +180,8 @@ TEST(LinearDeltaCuda, MatchesCpuReference) {
                           Case{3, 129, 1, true, false}}) {
       const ScopedPath forced(path);
       const Inputs in = make_inputs(rng, c);
-      gl::DeltaShape s;
-      s.B = c.B, s.T = c.T, s.H = c.H, s.scale = 0.125;
-      const size_t nx = in.q.size(), nr = in.beta.size(), ns = in.S0.size();
-      Dev<bf16> q(nx), k(nx), v(nx), o(nx), dO(nx), dq(nx), dk(nx), dv(nx);
-      Dev<float> g(nr), beta(nr), dg(nr), dbeta(nr), S0(ns), S(ns), dST(ns), dS0(ns);
-      Dev<bf16> bound(gl::delta_boundary_bytes(s) / sizeof(bf16));
-      q.put(in.q), k.put(in.k), v.put(in.v), dO.put(in.dO), beta.put(in.beta), S0.put(in.S0), dST.put(in.dST);
-      if (c.gated) g.put(in.g);
-      o.poison(), S.poison(), dq.poison(), dk.poison(), dv.poison(), dg.poison(), dbeta.poison(), dS0.poison();
-      bound.poison();
+      Buffers d(in);
+      auto& [s, q, k, v, o, dO, dq, dk, dv, bound, g, beta, dg, dbeta, S0, S, dST, dS0] = d;
       const float* gp = c.gated ? g.p : nullptr;
       gl::delta_fwd(s, q.p, k.p, v.p, gp, beta.p, c.with_state ? S0.p : nullptr, o.p, S.p, bound.p, nullptr);
       gl::delta_bwd(s, q.p, k.p, v.p, gp, beta.p, bound.p, dO.p, c.with_state ? dST.p : nullptr, dq.p, dk.p, dv.p,
@@ -197,20 +213,13 @@ TEST(LinearDeltaCuda, BackwardIsBitReproducible) {
   std::mt19937_64 rng{std::random_device{}()};
   for (const char* path : {"chunked", "fused"}) {
     const ScopedPath forced(path);
-    const Case c{2, 300, 3, true, true};
-    const Inputs in = make_inputs(rng, c);
-    gl::DeltaShape s;
-    s.B = c.B, s.T = c.T, s.H = c.H, s.scale = 0.125;
-    const size_t nx = in.q.size(), nr = in.beta.size(), ns = in.S0.size();
-    Dev<bf16> q(nx), k(nx), v(nx), o(nx), dO(nx), dq(nx), dk(nx), dv(nx);
-    Dev<float> g(nr), beta(nr), dg(nr), dbeta(nr), S0(ns), S(ns), dST(ns), dS0(ns);
-    Dev<bf16> bound(gl::delta_boundary_bytes(s) / sizeof(bf16));
-    q.put(in.q), k.put(in.k), v.put(in.v), dO.put(in.dO), g.put(in.g), beta.put(in.beta), S0.put(in.S0),
-        dST.put(in.dST);
+    const Inputs in = make_inputs(rng, Case{2, 300, 3, true, true});
+    Buffers d(in);
+    auto& [s, q, k, v, o, dO, dq, dk, dv, bound, g, beta, dg, dbeta, S0, S, dST, dS0] = d;
     gl::delta_fwd(s, q.p, k.p, v.p, g.p, beta.p, S0.p, o.p, S.p, bound.p, nullptr);
     std::vector<std::vector<double>> first;
     for (int run = 0; run < 2; ++run) {
-      dq.poison(), dk.poison(), dv.poison(), dg.poison(), dbeta.poison(), dS0.poison();
+      d.poison_grads();
       gl::delta_bwd(s, q.p, k.p, v.p, g.p, beta.p, bound.p, dO.p, dST.p, dq.p, dk.p, dv.p, dg.p, dbeta.p, dS0.p,
                     nullptr);
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << path;

@@ -1039,35 +1039,22 @@ class Scratch {
   std::vector<void*> ptrs_;
 };
 
-void launch_two_phase(const Params& p, bool bwd, cudaStream_t stream) {
+// One launch with its dynamic shared memory (the limit must be raised above 48 KB first).
+void launch(void (*kernel)(Params), dim3 grid, size_t smem, const Params& p, cudaStream_t stream) {
+  LAR_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  kernel<<<grid, NT, smem, stream>>>(p);
+  LAR_CUDA_LAUNCHED();
+}
+
+template <bool kBwd>
+void launch_two_phase(const Params& p, cudaStream_t stream) {
   const dim3 per_chunk(p.nc, p.H, p.B), per_head(p.H, p.B);
-  if (!bwd) {
-    LAR_CUDA_CHECK(cudaFuncSetAttribute(prep_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(kPrepSmem)));
-    prep_kernel<false><<<per_chunk, NT, kPrepSmem, stream>>>(p);
-    LAR_CUDA_LAUNCHED();
-    LAR_CUDA_CHECK(cudaFuncSetAttribute(state_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(kStateSmem)));
-    state_kernel<false><<<per_head, NT, kStateSmem, stream>>>(p);
-    LAR_CUDA_LAUNCHED();
-    LAR_CUDA_CHECK(cudaFuncSetAttribute(fwd_main_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(kFwdMainSmem)));
-    fwd_main_kernel<<<per_chunk, NT, kFwdMainSmem, stream>>>(p);
-    LAR_CUDA_LAUNCHED();
-  } else {
-    LAR_CUDA_CHECK(cudaFuncSetAttribute(prep_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(kPrepSmem)));
-    prep_kernel<true><<<per_chunk, NT, kPrepSmem, stream>>>(p);
-    LAR_CUDA_LAUNCHED();
-    LAR_CUDA_CHECK(cudaFuncSetAttribute(state_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(kStateSmem)));
-    state_kernel<true><<<per_head, NT, kStateSmem, stream>>>(p);
-    LAR_CUDA_LAUNCHED();
-    LAR_CUDA_CHECK(cudaFuncSetAttribute(bwd_main_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(kBwdMainSmem)));
-    bwd_main_kernel<<<per_chunk, NT, kBwdMainSmem, stream>>>(p);
-    LAR_CUDA_LAUNCHED();
-  }
+  launch(prep_kernel<kBwd>, per_chunk, kPrepSmem, p, stream);
+  launch(state_kernel<kBwd>, per_head, kStateSmem, p, stream);
+  if (kBwd)
+    launch(bwd_main_kernel, per_chunk, kBwdMainSmem, p, stream);
+  else
+    launch(fwd_main_kernel, per_chunk, kFwdMainSmem, p, stream);
 }
 
 }  // namespace
@@ -1082,9 +1069,7 @@ void delta_fwd(const DeltaShape& s, const bf16* q, const bf16* k, const bf16* v,
   if (!q || !k || !v || !beta || !o) throw RuntimeError("delta_fwd: q, k, v, beta and o are required");
   p.q = q, p.k = k, p.v = v, p.g = g, p.beta = beta, p.S0 = S0, p.o = o, p.S_out = S_out, p.bound = boundary;
   if (!use_two_phase(p, false)) {
-    LAR_CUDA_CHECK(cudaFuncSetAttribute(fwd_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kFwdSmem)));
-    fwd_kernel<<<dim3(p.H, p.B), NT, kFwdSmem, stream>>>(p);
-    LAR_CUDA_LAUNCHED();
+    launch(fwd_kernel, dim3(p.H, p.B), kFwdSmem, p, stream);
     return;
   }
   const size_t chunks = static_cast<size_t>(p.B) * p.H * p.nc;
@@ -1093,7 +1078,7 @@ void delta_fwd(const DeltaShape& s, const bf16* q, const bf16* k, const bf16* v,
   p.Ec = scratch.get<float>(chunks * D * D);
   p.el = scratch.get<float>(chunks);
   if (!p.bound) p.bound = scratch.get<bf16>(chunks * D * D);  // the main kernel reads the states from here
-  launch_two_phase(p, false, stream);
+  launch_two_phase<false>(p, stream);
 }
 
 void delta_bwd(const DeltaShape& s, const bf16* q, const bf16* k, const bf16* v, const float* g, const float* beta,
@@ -1105,9 +1090,7 @@ void delta_bwd(const DeltaShape& s, const bf16* q, const bf16* k, const bf16* v,
   p.q = q, p.k = k, p.v = v, p.g = g, p.beta = beta, p.bound_in = boundary, p.dout = dout, p.dST = dST;
   p.dq = dq, p.dk = dk, p.dv = dv, p.dg = dg, p.dbeta = dbeta, p.dS0 = dS0;
   if (!use_two_phase(p, true)) {
-    LAR_CUDA_CHECK(cudaFuncSetAttribute(bwd_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kBwdSmem)));
-    bwd_kernel<<<dim3(p.H, p.B), NT, kBwdSmem, stream>>>(p);
-    LAR_CUDA_LAUNCHED();
+    launch(bwd_kernel, dim3(p.H, p.B), kBwdSmem, p, stream);
     return;
   }
   const size_t chunks = static_cast<size_t>(p.B) * p.H * p.nc;
@@ -1116,7 +1099,7 @@ void delta_bwd(const DeltaShape& s, const bf16* q, const bf16* k, const bf16* v,
   p.Ec = scratch.get<float>(chunks * D * D);
   p.el = scratch.get<float>(chunks);
   p.dSend = scratch.get<bf16>(chunks * D * D);
-  launch_two_phase(p, true, stream);
+  launch_two_phase<true>(p, stream);
 }
 
 void delta_decode(const DeltaShape& s0, const bf16* q, const bf16* k, const bf16* v, const float* g, const float* beta,
