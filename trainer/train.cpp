@@ -245,24 +245,32 @@ struct EvalResult {
   json tasks = json::object();  // averaged task metrics (acc, ...)
 };
 
-// Validation: eval.batches held-out batches at `seq_len`, loss weighted by loss tokens,
-// task metrics averaged over batches.
+// Validation: eval.batches held-out batches at `seq_len`, loss weighted by loss tokens.
+// Task metrics over all the batches: the counts (answers, answer_tokens) add up, acc and
+// token_acc are weighted by the answers / answer tokens they count, and any other metric
+// (acc_<kind>: a fixed share of every batch's answers) is averaged over batches.
 EvalResult evaluate(Model& model, data::Dataset& ds, int batches, int seq_len) {
   EvalResult r;
   double loss_sum = 0, weight = 0;
-  std::map<std::string, double> sums;
+  std::map<std::string, double> sums, weights;
   std::vector<int32_t> pred;
+  const auto is_count = [](const std::string& k) { return k == "answers" || k == "answer_tokens"; };
   for (int i = 0; i < batches; ++i) {
     data::Batch b = ds.val_batch(i, seq_len);
     StepResult s = model.evaluate(b, &pred);
     loss_sum += s.loss * s.mask_sum;
     weight += s.mask_sum;
-    json sc = ds.score(b, pred);
-    for (auto& [k, v] : sc.items())
-      if (v.is_number()) sums[k] += v.get<double>();
+    const json sc = ds.score(b, pred);
+    const double answers = sc.value("answers", 0.0), tokens = sc.value("answer_tokens", 0.0);
+    for (auto& [k, v] : sc.items()) {
+      if (!v.is_number()) continue;
+      const double w = is_count(k) ? 0.0 : k == "acc" ? answers : k == "token_acc" ? tokens : 1.0;
+      sums[k] += is_count(k) ? v.get<double>() : w * v.get<double>();
+      weights[k] += w;
+    }
   }
   r.loss = weight > 0 ? loss_sum / weight : 0.0;
-  for (auto& [k, v] : sums) r.tasks[k] = v / batches;
+  for (auto& [k, v] : sums) r.tasks[k] = is_count(k) ? v : weights[k] > 0 ? v / weights[k] : 0.0;
   return r;
 }
 

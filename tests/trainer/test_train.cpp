@@ -68,6 +68,24 @@ TEST(Train, ResumeFromCheckpointIsBitIdenticalMuon) {
                                         {"schedule", {{"name", "cosine"}}}}));
 }
 
+// Evaluation over several batches: the answer counts are totals, the accuracies fractions of
+// them (MQAR: batch_size · num_kv_pairs one-token answers per batch).
+TEST(Train, EvaluationCountsAddUpOverBatches) {
+  TempDir d;
+  write_run(d.path, tiny_run({{"eval", {{"every", 0}, {"batches", 3}}}}));
+  ASSERT_EQ(trainer::train_run(d.path), 0);
+  const auto st = RunDir(d.path).read_status();
+  ASSERT_TRUE(st);
+  const json& s = st->summary;
+  EXPECT_EQ(s.at("answers").get<double>(), 3.0 * 4 * 4) << s.dump();
+  EXPECT_EQ(s.at("answer_tokens").get<double>(), 3.0 * 4 * 4) << s.dump();
+  const double acc = s.at("acc").get<double>(), token_acc = s.at("token_acc").get<double>();
+  EXPECT_GE(acc, 0.0);
+  EXPECT_LE(acc, 1.0);
+  EXPECT_DOUBLE_EQ(acc, token_acc);  // one-token answers: the same fraction
+  EXPECT_DOUBLE_EQ(acc * 48, std::round(acc * 48)) << "acc is a fraction of the 48 answers";
+}
+
 TEST(Train, WritesProtocolFilesAndSummary) {
   TempDir d;
   write_run(d.path, tiny_run({{"checkpoint", {{"every", 5}, {"keep", 2}}}, {"eval", {{"lengths", {48}}}}}));
