@@ -73,8 +73,7 @@ int launch_nproc(const TrainArgs& a, const lar::RunDir& rd) {
   if (a.no_progress) lo.argv.push_back("--no-progress");
   if (a.stop_after > 0) lo.argv.insert(lo.argv.end(), {"--stop-after", std::to_string(a.stop_after)});
   // Ranks notice a dead peer within LAR_DIST_TIMEOUT; give them that and a margin.
-  const char* t = std::getenv("LAR_DIST_TIMEOUT");
-  lo.grace_s = (t && *t ? std::atof(t) : 40.0) + 15.0;
+  lo.grace_s = lar::dist::dist_timeout_s() + 15.0;
   lar::dist::LaunchResult res = lar::dist::launch_ranks(lo);
   if (res.exit_code == lar::kExitRuntime) {
     lar::dist::record_launch_failure(rd, before ? before->attempt : 0, res.failure);

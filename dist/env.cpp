@@ -3,6 +3,7 @@
 #include <cctype>
 #include <cstdlib>
 
+#include "core/env.hpp"
 #include "core/error.hpp"
 
 namespace lar::dist {
@@ -65,5 +66,7 @@ DistEnv dist_env(const EnvLookup& get) {
 DistEnv dist_env() {
   return dist_env([](const char* n) { return static_cast<const char*>(std::getenv(n)); });
 }
+
+double dist_timeout_s() { return env_number("LAR_DIST_TIMEOUT", 40, "seconds"); }
 
 }  // namespace lar::dist

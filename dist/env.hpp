@@ -25,4 +25,8 @@ using EnvLookup = std::function<const char*(const char*)>;
 DistEnv dist_env(const EnvLookup& get);
 DistEnv dist_env();  // from the process environment
 
+// LAR_DIST_TIMEOUT (default 40 s): how long a rank waits on a collective before it takes
+// its peers for dead. The launcher (lar train --nproc) adds its grace period to it.
+double dist_timeout_s();
+
 }  // namespace lar::dist

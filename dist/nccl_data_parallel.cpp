@@ -235,7 +235,7 @@ void configure_rank(trainer::TrainOptions& opts, const DistEnv& env) {
     o.id_file = id_file_path(run_dir, env.token);
     o.deterministic = cfg.at("deterministic").get<bool>();
     o.init_timeout_s = env_number("LAR_DIST_INIT_TIMEOUT", 300, "seconds");
-    o.timeout_s = env_number("LAR_DIST_TIMEOUT", 40, "seconds");
+    o.timeout_s = dist_timeout_s();
     return std::unique_ptr<trainer::DataParallel>(new NcclDataParallel(be, o));
   };
 }

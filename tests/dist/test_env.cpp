@@ -11,6 +11,7 @@
 #include "core/fs.hpp"
 #include "dist/env.hpp"
 #include "dist/id_exchange.hpp"
+#include "tests/temp_dir.hpp"
 #include "trainer/train.hpp"
 
 using namespace lar;
@@ -78,6 +79,21 @@ TEST(DistEnv, LarWinsOverSlurm) {
   EXPECT_EQ(e.source, "lar");
 }
 
+TEST(DistEnv, TimeoutComesFromTheEnvironment) {
+  ::unsetenv("LAR_DIST_TIMEOUT");
+  EXPECT_EQ(dist::dist_timeout_s(), 40);
+  ::setenv("LAR_DIST_TIMEOUT", "7.5", 1);
+  EXPECT_EQ(dist::dist_timeout_s(), 7.5);
+  ::setenv("LAR_DIST_TIMEOUT", "soon", 1);
+  try {
+    dist::dist_timeout_s();
+    ADD_FAILURE() << "no error";
+  } catch (const UserError& e) {
+    EXPECT_EQ(std::string(e.what()), "LAR_DIST_TIMEOUT=soon: not a number of seconds");
+  }
+  ::unsetenv("LAR_DIST_TIMEOUT");
+}
+
 TEST(DistEnv, BadValuesNameTheVariable) {
   EXPECT_EQ(user_error({{"LAR_RANK", "x"}, {"LAR_WORLD_SIZE", "2"}}),
             "LAR_RANK='x': expected a non-negative integer");
@@ -89,11 +105,6 @@ TEST(DistEnv, BadValuesNameTheVariable) {
             "SLURM_PROCID='-1': expected a non-negative integer");
 }
 
-struct TempDir {
-  fs::path path = fs::temp_directory_path() / ("lar_dist_test_" + std::to_string(::getpid()));
-  TempDir() { fs::create_directories(path); }
-  ~TempDir() { fs::remove_all(path); }
-};
 
 TEST(IdExchange, RankZeroPublishesOthersRead) {
   TempDir t;
