@@ -11,6 +11,7 @@
 
 #include "core/fs.hpp"
 #include "dist/launch.hpp"
+#include "tests/temp_dir.hpp"
 
 using namespace lar;
 namespace fs = std::filesystem;
@@ -33,8 +34,8 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }  // namespace
 
 TEST(Launch, EveryRankGetsItsEnvironment) {
-  const fs::path dir = fs::temp_directory_path() / ("lar_launch_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
+  const TempDir tmp;
+  const fs::path& dir = tmp.path;
   auto r = dist::launch_ranks(sh("echo \"$LAR_RANK $LAR_WORLD_SIZE $LAR_LOCAL_RANK $LAR_DIST_TOKEN "
                                  "$NCCL_NVLS_ENABLE $TORCH_SYMM_MEM_DISABLE_MULTICAST $NVSHMEM_DISABLE_NVLS\" > " +
                                      dir.string() + "/rank$LAR_RANK",
@@ -45,7 +46,6 @@ TEST(Launch, EveryRankGetsItsEnvironment) {
   for (int i = 0; i < 3; ++i)
     EXPECT_EQ(read_file(dir / ("rank" + std::to_string(i))),
               std::to_string(i) + " 3 " + std::to_string(i) + " t123 0 1 1\n");
-  fs::remove_all(dir);
 }
 
 TEST(Launch, SameCodeFromEveryRankIsTheLaunchsCode) {
@@ -106,10 +106,8 @@ TEST(Launch, AMissingProgramIsAFailure) {
 }
 
 TEST(Launch, FailureIsRecordedFirstInTheRunStatus) {
-  const fs::path dir = fs::temp_directory_path() / ("lar_launch_status_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  RunDir rd(dir);
+  const TempDir tmp;
+  RunDir rd(tmp.path);
   // Rank 0 was killed while running: nobody recorded anything; the launcher does.
   RunStatus s;
   s.attempt = 1;
@@ -131,5 +129,4 @@ TEST(Launch, FailureIsRecordedFirstInTheRunStatus) {
   dist::record_launch_failure(rd, 1, "rank 1 was killed by SIGKILL (signal 9)");  // idempotent
   EXPECT_EQ(rd.read_status()->reason, st->reason);
   EXPECT_EQ(rd.read_status()->history.size(), events);
-  fs::remove_all(dir);
 }

@@ -1,34 +1,22 @@
 #pragma once
 // Test helpers: write spec files into a fresh temporary folder and load them.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <filesystem>
-#include <fstream>
 #include <string>
 
 #include "core/error.hpp"
 #include "experiments/cell.hpp"
+#include "tests/temp_dir.hpp"
 
 namespace lar::experiments::testing {
 
 class SpecDir {
  public:
-  SpecDir() {
-    static int n = 0;
-    dir_ = std::filesystem::temp_directory_path() /
-           ("lar-exp-test-" + std::to_string(::getpid()) + "-" + std::to_string(n++));
-    std::filesystem::remove_all(dir_);
-    std::filesystem::create_directories(dir_);
-  }
-  ~SpecDir() { std::filesystem::remove_all(dir_); }
-  const std::filesystem::path& dir() const { return dir_; }
+  const std::filesystem::path& dir() const { return tmp_.path; }
 
   std::filesystem::path write(const std::string& name, const std::string& text) const {
-    auto p = dir_ / name;
-    std::filesystem::create_directories(p.parent_path());
-    std::ofstream(p) << text;
-    return p;
+    return tmp_.write(name, text);
   }
 
   Plan load(const std::string& text, const std::string& scale = "") const {
@@ -52,13 +40,13 @@ class SpecDir {
   }
 
   std::string strip(std::string s) const {
-    std::string prefix = dir_.string() + "/";
+    std::string prefix = tmp_.path.string() + "/";
     for (size_t p; (p = s.find(prefix)) != std::string::npos;) s.erase(p, prefix.size());
     return s;
   }
 
  private:
-  std::filesystem::path dir_;
+  TempDir tmp_;  // a fresh folder per SpecDir, removed with it
 };
 
 inline std::vector<std::string> ids(const Plan& p) {
