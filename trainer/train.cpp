@@ -319,6 +319,7 @@ class Trainer {
   double weight_ = 1;          // this micro-batch's loss tokens / the global batch's
   int64_t bucket_lo_ = -1, bucket_hi_ = -1;  // gradients ready but not yet being summed
   int64_t bucket_elems_ = 0;   // start a sum once this many are ready
+  double save_timeout_s_ = 0;  // LAR_DIST_SAVE_TIMEOUT: waits that may span a checkpoint write
   std::vector<char> reported_;  // per parameter: its gradients were reported final this step
   bool primary() const { return rank_ == 0; }  // writes the run directory
 };
@@ -435,7 +436,7 @@ void Trainer::save(long step) {
   if (!primary()) {
     // Rank 0 writes the one checkpoint; wait for it with the long timeout (a multi-GB
     // file may take longer than a collective is allowed to).
-    dp_->sum({0.0}, env_number("LAR_DIST_SAVE_TIMEOUT", 1800, "seconds"));
+    dp_->sum({0.0}, save_timeout_s_);
     return;
   }
   Checkpoint ck;
@@ -454,7 +455,7 @@ void Trainer::save(long step) {
               {"config_hash", sha256_hex(canonical_dump(cfg_))}, {"world_size", world_}};
   save_checkpoint(rd_.checkpoints_dir(), ck, cfg_.at("checkpoint").at("keep").get<int>());
   log("checkpoint step " + std::to_string(step));
-  if (dp_) dp_->sum({0.0}, env_number("LAR_DIST_SAVE_TIMEOUT", 1800, "seconds"));
+  if (dp_) dp_->sum({0.0}, save_timeout_s_);
 }
 
 void Trainer::finish_status(RunState state, const std::string& reason) {
@@ -486,14 +487,15 @@ int Trainer::run() {
   kernels::Backend::Options bopts;
   bopts.deterministic = cfg_.at("deterministic").get<bool>();
   bopts.precision = cfg_.value("precision", std::string("auto"));
+  const std::string backend = resolve_train_backend(cfg_);
   if (opts_.make_backend) {
-    if (resolve_train_backend(cfg_) != "cuda")
-      throw UserError("data-parallel training runs on the cuda backend; this config trains on '" +
-                      resolve_train_backend(cfg_) + "' (backend: " + cfg_.at("backend").get<std::string>() + ")");
+    if (backend != "cuda")
+      throw UserError("data-parallel training runs on the cuda backend; this config trains on '" + backend +
+                      "' (backend: " + cfg_.at("backend").get<std::string>() + ")");
     be_ = opts_.make_backend(cfg_);
     be_->set_options(bopts);
   } else {
-    be_ = kernels::make_backend(resolve_train_backend(cfg_), cfg_.at("threads").get<int>(), kernels::DType::f32, bopts);
+    be_ = kernels::make_backend(backend, cfg_.at("threads").get<int>(), kernels::DType::f32, bopts);
   }
   model_ = std::make_unique<Model>(cfg_, *be_);
   model_->init(static_cast<uint64_t>(cfg_.at("seed").get<int64_t>()));
@@ -525,6 +527,7 @@ int Trainer::run() {
     world_ = dp_->world();
     check_batch_split(cfg_, world_);
     const double mb = env_number("LAR_DIST_BUCKET_MB", 25, "MiB");
+    save_timeout_s_ = env_number("LAR_DIST_SAVE_TIMEOUT", 1800, "seconds");
     bucket_elems_ = std::max<int64_t>(1, static_cast<int64_t>(mb * 1048576 / 4));
     if (micro_ == 1 && world_ > 1)
       model_->set_grads_ready_hook([this](const std::vector<int>& p) { on_grads_ready(p); });
@@ -629,7 +632,7 @@ int Trainer::run() {
   try {
     // Ranks load the checkpoint at their own pace: meet before the first step's collectives
     // (which use the short timeout).
-    if (dp_) dp_->sum({0.0}, env_number("LAR_DIST_SAVE_TIMEOUT", 1800, "seconds"));
+    if (dp_) dp_->sum({0.0}, save_timeout_s_);
     while (step < total) {
       auto t0 = std::chrono::steady_clock::now();
       data::Batch batch = ds_->next_train();  // the global batch, on every rank
