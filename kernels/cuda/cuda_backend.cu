@@ -1505,6 +1505,18 @@ void CudaBackend::attention_bwd(const Tensor& q, const Tensor& k, const Tensor& 
   attention_bwd_f32(q, k, v, o, lse, dout, dq, dk, dv, scale, window, stream_);
 }
 
+namespace {
+// The n per-row losses summed in a fixed order on the host (N floats is small next to N·V
+// logits), so the loss is the same bits run to run.
+double host_sum(Backend& be, const Tensor& losses, int64_t n) {
+  std::vector<float> host(static_cast<std::size_t>(n));
+  be.download(losses, host.data());
+  double total = 0;
+  for (float l : host) total += l;
+  return total;
+}
+}  // namespace
+
 double CudaBackend::cross_entropy_fwd(const Tensor& logits, const Tensor& targets, const Tensor& mask,
                                       const Tensor& losses, const Tensor& argmax) {
   OpTimer timer(*this, "cross-entropy");
@@ -1513,12 +1525,7 @@ double CudaBackend::cross_entropy_fwd(const Tensor& logits, const Tensor& target
                                                                mask.ptr<float>(), losses.ptr<float>(),
                                                                argmax.empty() ? nullptr : argmax.ptr<int>(), V);
   LAR_CUDA_LAUNCHED();
-  // The sum in a fixed order on the host (N floats is small next to N·V logits).
-  std::vector<float> host(static_cast<std::size_t>(n));
-  download(losses, host.data());
-  double total = 0;
-  for (float l : host) total += l;
-  return total;
+  return host_sum(*this, losses, n);
 }
 
 void CudaBackend::cross_entropy_bwd(const Tensor& logits, const Tensor& targets, const Tensor& mask,
@@ -1567,11 +1574,7 @@ double CudaBackend::cross_entropy_fwd_bwd(const Tensor& logits, const Tensor& ta
     }
     LAR_CUDA_LAUNCHED();
   }
-  std::vector<float> host(static_cast<std::size_t>(n));
-  download(losses, host.data());
-  double total = 0;
-  for (float l : host) total += l;
-  return total;
+  return host_sum(*this, losses, n);
 }
 
 void CudaBackend::convert(const Tensor& src, const Tensor& dst) {
