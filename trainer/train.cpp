@@ -264,8 +264,12 @@ EvalResult evaluate(Model& model, data::Dataset& ds, int batches, int seq_len) {
     const double answers = sc.value("answers", 0.0), tokens = sc.value("answer_tokens", 0.0);
     for (auto& [k, v] : sc.items()) {
       if (!v.is_number()) continue;
-      const double w = is_count(k) ? 0.0 : k == "acc" ? answers : k == "token_acc" ? tokens : 1.0;
-      sums[k] += is_count(k) ? v.get<double>() : w * v.get<double>();
+      if (is_count(k)) {
+        sums[k] += v.get<double>();
+        continue;
+      }
+      const double w = k == "acc" ? answers : k == "token_acc" ? tokens : 1.0;
+      sums[k] += w * v.get<double>();
       weights[k] += w;
     }
   }
