@@ -62,6 +62,11 @@ struct Lane {
     const int w = threadIdx.x >> 5;
     wm = w & 3, wn = w >> 2, g = lane >> 2, tig = lane & 3;
   }
+  // Warp w (0..7) of an 8-warp group inside a larger CTA (warp-specialised kernels).
+  __device__ explicit Lane(int w) {
+    lane = threadIdx.x & 31;
+    wm = w & 3, wn = w >> 2, g = lane >> 2, tig = lane & 3;
+  }
   __device__ int row(int e) const { return 16 * wm + g + 8 * (e >> 1); }
   __device__ int col(int nt, int e) const { return 32 * wn + 8 * nt + 2 * tig + (e & 1); }
 };
@@ -270,6 +275,88 @@ __device__ __forceinline__ void subst_bwd_scalar(const float* sAw, const float* 
     yt = __shfl_sync(FULL, yt, (lane & ~3) | o);
 #pragma unroll
     for (int i = 0; i <= it; ++i) acc[i] += sAw[t * LDF + 4 * i + p] * yt;
+  }
+}
+
+// The same two solves with the 4×4 diagonal blocks inverted ahead (diag_block_inverse), so a
+// block costs one round of 4 independent shuffles and a 4×4 product instead of 4 dependent
+// shuffle steps: the dependency chain of a solve is about half as long.
+// M_jb = (I + diag(β) Aw)_jb⁻¹ (unit lower) of rows 4jb..4jb+3; stored as sNf[jb] = M diag(β)
+// (for subst_fwd_blk) and sNb[jb] = Mᵀ (for subst_bwd_blk), 16 floats each, row-major.
+__device__ __forceinline__ void diag_block_inverse(const float* sAw, const float* sB, float* sNf, float* sNb, int jb) {
+  const int r0 = 4 * jb;
+  float b[4], t[4][4], m[4][4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) b[i] = sB[r0 + i];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      t[i][k] = k < i ? b[i] * sAw[(r0 + i) * LDF + r0 + k] : 0.f;
+      m[i][k] = i == k ? 1.f : 0.f;
+    }
+#pragma unroll
+  for (int i = 1; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < i; ++j) {
+      float s = t[i][j];
+#pragma unroll
+      for (int k = j + 1; k < i; ++k) s += t[i][k] * m[k][j];
+      m[i][j] = -s;
+    }
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      sNf[jb * 16 + i * 4 + j] = m[i][j] * b[j];
+      sNb[jb * 16 + i * 4 + j] = m[j][i];
+    }
+}
+__device__ __forceinline__ float dot4(const float4 n, const float (&r)[4]) {
+  return n.x * r[0] + n.y * r[1] + n.z * r[2] + n.w * r[3];
+}
+__device__ __forceinline__ float pick4(const float (&v)[4], int p) {
+  return p == 0 ? v[0] : p == 1 ? v[1] : p == 2 ? v[2] : v[3];
+}
+// subst_fwd_regs with the inverted diagonal blocks (same layout and result up to rounding).
+__device__ __forceinline__ void subst_fwd_blk(const float* sAw, const float* sNf, float (&x)[16]) {
+  const int p = threadIdx.x & 3, lane = threadIdx.x & 31;
+  float acc[16];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) acc[i] = 0.f;
+#pragma unroll
+  for (int jb = 0; jb < 16; ++jb) {
+    const float r = x[jb] - acc[jb];
+    float rs[4], xs[4];
+#pragma unroll
+    for (int jj = 0; jj < 4; ++jj) rs[jj] = __shfl_sync(FULL, r, (lane & ~3) | jj);
+#pragma unroll
+    for (int jj = 0; jj < 4; ++jj) xs[jj] = dot4(*reinterpret_cast<const float4*>(sNf + jb * 16 + jj * 4), rs);
+    x[jb] = pick4(xs, p);
+#pragma unroll
+    for (int i = jb + 1; i < 16; ++i)
+      acc[i] += dot4(*reinterpret_cast<const float4*>(sAw + (4 * i + p) * LDF + 4 * jb), xs);
+  }
+}
+// subst_bwd with the inverted diagonal blocks (same layout and result up to rounding).
+__device__ __forceinline__ void subst_bwd_blk(const float* sAwT, const float* sNb, const float* sB, float (&x)[16]) {
+  const int p = threadIdx.x & 3, lane = threadIdx.x & 31;
+  float acc[16];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) acc[i] = 0.f;
+#pragma unroll
+  for (int jb = 15; jb >= 0; --jb) {
+    const float r = x[jb] - acc[jb];
+    float rs[4], xs[4];
+#pragma unroll
+    for (int jj = 0; jj < 4; ++jj) rs[jj] = __shfl_sync(FULL, r, (lane & ~3) | jj);
+#pragma unroll
+    for (int jj = 0; jj < 4; ++jj) xs[jj] = dot4(*reinterpret_cast<const float4*>(sNb + jb * 16 + jj * 4), rs);
+    x[jb] = pick4(xs, p);
+    const float4 bb = *reinterpret_cast<const float4*>(sB + 4 * jb);
+    const float ys[4] = {bb.x * xs[0], bb.y * xs[1], bb.z * xs[2], bb.w * xs[3]};
+#pragma unroll
+    for (int i = 0; i < jb; ++i) acc[i] += dot4(*reinterpret_cast<const float4*>(sAwT + (4 * i + p) * LDF + 4 * jb), ys);
   }
 }
 
