@@ -3,7 +3,9 @@
 //   chunk form): relative RMS ≤ 5e-3 on o and the final state, ≤ 1e-2 on every gradient
 //   (dq, dk, dv, dg, dbx, dw, dU1, dU2), content gradient on and off;
 //   the recurrent decode of gla, kda, gdn2 and CARVE stepped token by token against the
-//   chunk forward (o ≤ 5e-3 after bf16 rounding of both, final state ≤ 5e-3).
+//   chunk forward (o ≤ 5e-3 after bf16 rounding of both, final state ≤ 5e-3);
+//   CCQ forward + backward against kernels/cpu/linear/ccq.hpp (statistics carried in,
+//   uncentered, T = 1 to 4645: several chunk groups), and a second call bit-identical.
 // Every GPU output is poisoned with NaN before the launches.
 #include <gtest/gtest.h>
 #include <cuda_bf16.h>
@@ -307,6 +309,7 @@ std::string name(const CcqCase& c) {
 }
 struct CcqErrors {
   double qc, K, m, dq, dk, dk_add, dl, effect;
+  bool same_bits;  // a second fwd + bwd on the same inputs gave identical outputs
 };
 
 CcqErrors run_ccq(std::mt19937_64& rng, const CcqCase& c) {
@@ -362,6 +365,17 @@ CcqErrors run_ccq(std::mt19937_64& rng, const CcqCase& c) {
   gl::ccq_fwd(s, in, qc_.p, {K_.p, m_.p}, nullptr);
   gl::ccq_bwd(s, in, {K_.p, m_.p}, dqc_.p, dq_.p, dk_.p, dl_.p, nullptr);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << name(c);
+  const std::vector<double> first[] = {qc_.get(), K_.get(), m_.get(), dq_.get(), dk_.get(), dl_.get()};
+  // again on the same inputs (dk back to the backbone's part): every bit must repeat
+  for (auto* d : {&qc_, &dq_}) d->poison();
+  for (auto* d : {&K_, &m_, &dl_}) d->poison();
+  dk_.put(dk_in);
+  gl::ccq_fwd(s, in, qc_.p, {K_.p, m_.p}, nullptr);
+  gl::ccq_bwd(s, in, {K_.p, m_.p}, dqc_.p, dq_.p, dk_.p, dl_.p, nullptr);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << name(c);
+  const std::vector<double> second[] = {qc_.get(), K_.get(), m_.get(), dq_.get(), dk_.get(), dl_.get()};
+  bool same = true;
+  for (int i = 0; i < 6; ++i) same = same && first[i] == second[i];
   std::vector<double> rqc(nx), rK(ns), rm(m0.size()), rdq(nx), rdk(nx), rdl(rows);
   for (int b = 0; b < B; ++b)
     for (int h = 0; h < H; ++h) {
@@ -390,6 +404,7 @@ CcqErrors run_ccq(std::mt19937_64& rng, const CcqCase& c) {
   std::vector<double> got = dk_.get(), add(nx), radd(nx);
   for (size_t i = 0; i < nx; ++i) add[i] = got[i] - dk_in[i], radd[i] = rdk[i] - dk_in[i];
   e.dk_add = rel_rms(add, radd);
+  e.same_bits = same;
   return e;
 }
 
@@ -400,8 +415,11 @@ TEST(LinearMethodsCuda, CcqMatchesCpuReference) {
   ASSERT_EQ(cudaGetDeviceCount(&devices), cudaSuccess);
   ASSERT_GT(devices, 0);
   std::mt19937_64 rng{std::random_device{}()};
+  // (the kernels take chunks in groups of 8 and scan over the groups 8 at a time: T = 1500
+  // has 3 groups, T = 4645 has 10 with a 37-token last chunk)
   for (const CcqCase& c : {CcqCase{2, 200, 3, 0, true}, CcqCase{1, 700, 2, 0, true}, CcqCase{2, 130, 2, 50, true},
-                           CcqCase{1, 100, 2, 0, false}, CcqCase{1, 1, 2, 5, true}}) {
+                           CcqCase{1, 100, 2, 0, false}, CcqCase{1, 1, 2, 5, true}, CcqCase{2, 1500, 2, 0, true},
+                           CcqCase{1, 4645, 1, 7, true}, CcqCase{1, 1100, 2, 3, false}}) {
     const CcqErrors e = run_ccq(rng, c);
     std::printf("%s: qc %.2e K %.2e m %.2e dq %.2e dk %.2e (CCQ's part %.2e) dlambda %.2e (CCQ moves q by %.2e)\n",
                 name(c).c_str(), e.qc, e.K, e.m, e.dq, e.dk, e.dk_add, e.dl, e.effect);
@@ -411,5 +429,6 @@ TEST(LinearMethodsCuda, CcqMatchesCpuReference) {
     for (double v : {e.dq, e.dk, e.dl}) EXPECT_LT(v, 1e-2) << name(c);
     EXPECT_LT(e.dk_add, 2e-2) << name(c);  // (read back through the bf16 sum with the backbone's dk)
     EXPECT_GT(e.effect, 1e-2) << name(c);
+    EXPECT_TRUE(e.same_bits) << name(c) << ": a second call gave different bits";
   }
 }
