@@ -10,6 +10,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -22,6 +23,8 @@
 #include "trainer/mixer.hpp"
 #include "trainer/model.hpp"
 #include "trainer/train.hpp"
+#include "kernels/cuda/linear/layer_ops.hpp"
+#include "tests/gpu/device_buffer.hpp"
 #include "tests/gpu/host_helpers.hpp"
 #include "tests/temp_dir.hpp"
 
@@ -330,4 +333,395 @@ TEST(LinearLayerCuda, WhatTheCudaPathDoesNotRunIsAClearError) {
     EXPECT_NE(std::string(e.what()).find("model.head_dim: the CUDA kernels need 64, got 32"), std::string::npos)
         << e.what();
   }
+}
+
+// ---------------------------------------------------------------- the layer's kernels directly
+// conv + SiLU + L2 (qkv_forward / qkv_backward) against a CPU reference in double on fresh
+// random inputs, rounded to what the GPU reads: T not a multiple of the 64-token tile (and
+// below one tile), conv widths 0, 1, 3, 4, 6, 8, several heads per part, a column count
+// that leaves half a block empty (ldp = 448), fp32 and bf16 P, cler's routed input and the
+// routing extras. Every output is poisoned with NaN first; the backward runs twice and must
+// give the same bits.
+namespace {
+
+namespace kl = lar::kernels::cuda::linear;
+using lar::gpu_test::Dev;
+using lar::gpu_test::to_bf;
+using lar::gpu_test::bf16;
+
+struct QkvCase {
+  int B, T, Cq, Cv, W;
+  bool l2, p_bf16, cler, extras;
+};
+
+double sigmoid_d(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+
+void check_qkv_case(const QkvCase& c) {
+  const int ldp = 2 * c.Cq + c.Cv, N = c.B * c.T, Wk = std::max(c.W, 1);
+  const std::string what = "B" + std::to_string(c.B) + " T" + std::to_string(c.T) + " Cq" + std::to_string(c.Cq) +
+                           " Cv" + std::to_string(c.Cv) + " W" + std::to_string(c.W) + (c.l2 ? " l2" : "") +
+                           (c.p_bf16 ? " bf16" : " fp32") + (c.cler ? " cler" : "") + (c.extras ? " extras" : "");
+  std::mt19937_64 rng(1000 + c.T * 7 + c.W);
+  std::normal_distribution<double> nd(0.0, 1.0);
+  auto randv = [&](std::size_t n, double scale, bool bf) {
+    std::vector<double> x(n);
+    for (auto& e : x) e = bf ? to_bf(scale * nd(rng)) : static_cast<float>(scale * nd(rng));
+    return x;
+  };
+  const auto P = randv((std::size_t)N * ldp, 1.0, c.p_bf16);
+  const auto wq = randv((std::size_t)c.Cq * Wk, 0.6, false), wk = randv((std::size_t)c.Cq * Wk, 0.6, false),
+             wv = randv((std::size_t)c.Cv * Wk, 0.6, false);
+  const auto dq = randv((std::size_t)N * c.Cq, 1.0, true), dk = randv((std::size_t)N * c.Cq, 1.0, true),
+             dv = randv((std::size_t)N * c.Cv, 1.0, true);
+  const auto rin = randv((std::size_t)N * c.Cv, 1.0, false), ek = randv((std::size_t)N * c.Cq, 0.5, false),
+             ev = randv((std::size_t)N * c.Cv, 0.5, false), dvout = randv((std::size_t)N * c.Cv, 0.5, false),
+             din0 = randv((std::size_t)N * c.Cv, 1.0, false);
+  const double gamma = 0.7;
+  const auto gw0 = randv((std::size_t)ldp * Wk, 0.1, false);  // the kernel accumulates into these
+
+  // reference: per column c, its part, weights and the per-token pre-activation / activation
+  auto wof = [&](int col, int m) {
+    if (col < c.Cq) return wq[(std::size_t)col * c.W + m];
+    if (col < 2 * c.Cq) return wk[(std::size_t)(col - c.Cq) * c.W + m];
+    return wv[(std::size_t)(col - 2 * c.Cq) * c.W + m];
+  };
+  std::vector<double> s((std::size_t)N * ldp), act((std::size_t)N * ldp), y((std::size_t)N * ldp);
+  for (int b = 0; b < c.B; ++b)
+    for (int t = 0; t < c.T; ++t)
+      for (int col = 0; col < ldp; ++col) {
+        const std::size_t i = ((std::size_t)b * c.T + t) * ldp + col;
+        double sv = 0;
+        if (c.W == 0) sv = P[i];
+        for (int m = 0; m < c.W; ++m) {
+          const int tt = t - (c.W - 1) + m;
+          if (tt >= 0) sv += wof(col, m) * P[((std::size_t)b * c.T + tt) * ldp + col];
+        }
+        s[i] = sv;
+        double a = c.W > 0 ? sv * sigmoid_d(sv) : sv;
+        if (col >= 2 * c.Cq && c.cler) a += gamma * rin[((std::size_t)b * c.T + t) * c.Cv + col - 2 * c.Cq];
+        act[i] = a;
+      }
+  std::vector<double> rn((std::size_t)N * ldp / 64, 1.0);
+  for (int n = 0; n < N; ++n)
+    for (int h = 0; h < 2 * c.Cq / 64; ++h) {
+      double ss = 0;
+      for (int e = 0; e < 64; ++e) ss += act[(std::size_t)n * ldp + h * 64 + e] * act[(std::size_t)n * ldp + h * 64 + e];
+      if (c.l2) rn[(std::size_t)n * ldp / 64 + h] = 1.0 / std::sqrt(ss + 1e-6);
+    }
+  for (std::size_t i = 0; i < y.size(); ++i) y[i] = act[i] * rn[i / 64];
+  // backward: da on the activation, then du on s, then dP and the weights' gradients
+  std::vector<double> du((std::size_t)N * ldp), dgam((std::size_t)N * c.Cv), din = din0;
+  for (int n = 0; n < N; ++n)
+    for (int h = 0; h < ldp / 64; ++h) {
+      const std::size_t base = (std::size_t)n * ldp + h * 64;
+      const int col0 = h * 64;
+      std::vector<double> dy(64);
+      for (int e = 0; e < 64; ++e) {
+        const int col = col0 + e;
+        if (col < c.Cq) dy[e] = dq[(std::size_t)n * c.Cq + col];
+        else if (col < 2 * c.Cq) {
+          dy[e] = dk[(std::size_t)n * c.Cq + col - c.Cq];
+          if (c.extras) dy[e] += ek[(std::size_t)n * c.Cq + col - c.Cq];
+        } else {
+          const std::size_t j = (std::size_t)n * c.Cv + col - 2 * c.Cq;
+          dy[e] = dv[j];
+          if (c.extras) dy[e] += ev[j] + dvout[j];
+        }
+      }
+      std::vector<double> da = dy;
+      if (c.l2 && col0 < 2 * c.Cq) {
+        const double r = rn[base / 64];
+        double dot = 0;
+        for (int e = 0; e < 64; ++e) dot += y[base + e] * dy[e];
+        for (int e = 0; e < 64; ++e) da[e] = r * (dy[e] - y[base + e] * dot);
+      }
+      for (int e = 0; e < 64; ++e) {
+        const int col = col0 + e;
+        if (col >= 2 * c.Cq && c.cler) {
+          const std::size_t j = (std::size_t)n * c.Cv + col - 2 * c.Cq;
+          dgam[j] = da[e] * rin[j];
+          din[j] += gamma * da[e];
+        }
+        const double sv = s[base + e], sg = sigmoid_d(sv);
+        du[base + e] = c.W > 0 ? da[e] * sg * (1 + sv * (1 - sg)) : da[e];
+      }
+    }
+  std::vector<double> dPref((std::size_t)N * ldp, 0.0), gw = gw0;
+  for (int b = 0; b < c.B; ++b)
+    for (int t = 0; t < c.T; ++t)
+      for (int col = 0; col < ldp; ++col) {
+        const std::size_t i = ((std::size_t)b * c.T + t) * ldp + col;
+        if (c.W == 0) {
+          dPref[i] = du[i];
+          continue;
+        }
+        double d = 0;
+        for (int m = 0; m < c.W; ++m) {
+          const int tt = t + c.W - 1 - m;
+          if (tt < c.T) d += wof(col, m) * du[((std::size_t)b * c.T + tt) * ldp + col];
+          const int tp = t - (c.W - 1) + m;
+          if (tp >= 0) gw[(std::size_t)col * c.W + m] += du[i] * P[((std::size_t)b * c.T + tp) * ldp + col];
+        }
+        dPref[i] = d;
+      }
+
+  // the GPU
+  Dev<float> Pf(c.p_bf16 ? 0 : (std::size_t)N * ldp), dPf((std::size_t)N * ldp);
+  Dev<bf16> Pb(c.p_bf16 ? (std::size_t)N * ldp : 0), dPb((std::size_t)N * ldp);
+  if (c.p_bf16) Pb.put(P);
+  else Pf.put(P);
+  Dev<float> dwq((std::size_t)c.Cq * Wk), dwk((std::size_t)c.Cq * Wk), dwv((std::size_t)c.Cv * Wk);
+  Dev<float> gq((std::size_t)c.Cq * Wk), gk((std::size_t)c.Cq * Wk), gv((std::size_t)c.Cv * Wk);
+  dwq.put(wq), dwk.put(wk), dwv.put(wv);
+  auto put_gw = [&]() {
+    gq.put(std::vector<double>(gw0.begin(), gw0.begin() + (std::size_t)c.Cq * Wk));
+    gk.put(std::vector<double>(gw0.begin() + (std::size_t)c.Cq * Wk, gw0.begin() + (std::size_t)2 * c.Cq * Wk));
+    gv.put(std::vector<double>(gw0.begin() + (std::size_t)2 * c.Cq * Wk, gw0.end()));
+  };
+  Dev<float> drin((std::size_t)N * c.Cv), dgamma(1), dek((std::size_t)N * c.Cq), dev((std::size_t)N * c.Cv),
+      ddvout((std::size_t)N * c.Cv), ddin((std::size_t)N * c.Cv), ddgam((std::size_t)N * c.Cv),
+      vout((std::size_t)N * c.Cv);
+  drin.put(rin), dgamma.put({gamma}), dek.put(ek), dev.put(ev), ddvout.put(dvout);
+  Dev<bf16> q((std::size_t)N * c.Cq), k((std::size_t)N * c.Cq), v((std::size_t)N * c.Cv), gdq((std::size_t)N * c.Cq),
+      gdk((std::size_t)N * c.Cq), gdv((std::size_t)N * c.Cv);
+  gdq.put(dq), gdk.put(dk), gdv.put(dv);
+  q.poison(), k.poison(), v.poison(), vout.poison(), dPf.poison(), dPb.poison(), ddgam.poison();
+
+  kl::QkvArgs a;
+  a.B = c.B, a.T = c.T, a.Cq = c.Cq, a.Cv = c.Cv, a.W = c.W, a.l2 = c.l2;
+  a.P = c.p_bf16 ? static_cast<const void*>(Pb.p) : static_cast<const void*>(Pf.p);
+  a.p_bf16 = c.p_bf16;
+  a.ldp = ldp;
+  if (c.W > 0) a.wq = dwq.p, a.wk = dwk.p, a.wv = dwv.p;
+  if (c.cler) a.rin = drin.p, a.gamma = dgamma.p;
+  kl::qkv_forward(a, q.p, k.p, v.p, vout.p, nullptr);
+  kl::QkvGrads g;
+  g.dq = gdq.p, g.dk = gdk.p, g.dv = gdv.p;
+  if (c.extras) g.ek = dek.p, g.ev = dev.p, g.dvout = ddvout.p;
+  if (c.cler) g.d_in = ddin.p, g.dgam_terms = ddgam.p;
+  Dev<float> scratch(kl::qkv_backward_scratch_floats(a));
+  void* dP = c.p_bf16 ? static_cast<void*>(dPb.p) : static_cast<void*>(dPf.p);
+  auto backward = [&]() {
+    put_gw();
+    ddin.put(din0);
+    kl::qkv_backward(a, g, dP, gq.p, gk.p, gv.p, scratch.p, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
+  };
+  backward();
+  const auto dP1 = c.p_bf16 ? dPb.get() : dPf.get();
+  std::vector<double> gw1 = gq.get(), gk1 = gk.get(), gv1 = gv.get();
+  gw1.insert(gw1.end(), gk1.begin(), gk1.end());
+  gw1.insert(gw1.end(), gv1.begin(), gv1.end());
+
+  // outputs split by part
+  std::vector<double> yq((std::size_t)N * c.Cq), yk((std::size_t)N * c.Cq), yv((std::size_t)N * c.Cv);
+  for (int n = 0; n < N; ++n)
+    for (int col = 0; col < ldp; ++col) {
+      const double val = y[(std::size_t)n * ldp + col];
+      if (col < c.Cq) yq[(std::size_t)n * c.Cq + col] = val;
+      else if (col < 2 * c.Cq) yk[(std::size_t)n * c.Cq + col - c.Cq] = val;
+      else yv[(std::size_t)n * c.Cv + col - 2 * c.Cq] = val;
+    }
+  const double tol_out = 5e-3, tol_dp = c.p_bf16 ? 5e-3 : 1e-4;
+  const double eq = gpu_test::rel_rms(q.get(), yq), ekk = gpu_test::rel_rms(k.get(), yk),
+               evv = gpu_test::rel_rms(v.get(), yv), evo = gpu_test::rel_rms(vout.get(), yv),
+               edp = gpu_test::rel_rms(dP1, dPref);
+  EXPECT_LT(eq, tol_out) << what << ": q";
+  EXPECT_LT(ekk, tol_out) << what << ": k";
+  EXPECT_LT(evv, tol_out) << what << ": v";
+  EXPECT_LT(evo, 1e-4) << what << ": vout";
+  EXPECT_LT(edp, tol_dp) << what << ": dP";
+  double egw = 0;
+  if (c.W > 0) {
+    egw = gpu_test::rel_rms(gw1, gw);
+    EXPECT_LT(egw, 1e-4) << what << ": conv weight gradients";
+  }
+  if (c.cler) {
+    EXPECT_LT(gpu_test::rel_rms(ddin.get(), din), 1e-4) << what << ": d_in";
+    EXPECT_LT(gpu_test::rel_rms(ddgam.get(), dgam), 1e-4) << what << ": Γ terms";
+  }
+  std::printf("qkv %-40s q %.1e k %.1e v %.1e vout %.1e dP %.1e dw %.1e\n", what.c_str(), eq, ekk, evv, evo, edp, egw);
+  // bit-reproducible: the same call again gives the same bits
+  backward();
+  const auto dP2 = c.p_bf16 ? dPb.get() : dPf.get();
+  std::vector<double> gw2 = gq.get(), gk2 = gk.get(), gv2 = gv.get();
+  gw2.insert(gw2.end(), gk2.begin(), gk2.end());
+  gw2.insert(gw2.end(), gv2.begin(), gv2.end());
+  EXPECT_EQ(dP1, dP2) << what;
+  EXPECT_EQ(gw1, gw2) << what;
+}
+
+}  // namespace
+
+TEST(LinearLayerOps, ConvSiluL2MatchesTheCpuReference) {
+  for (const QkvCase& c : {QkvCase{2, 100, 128, 192, 4, true, true, false, false},
+                           QkvCase{1, 37, 64, 64, 3, true, false, true, true},
+                           QkvCase{3, 130, 128, 128, 6, false, true, false, true},
+                           QkvCase{2, 70, 64, 128, 0, true, true, false, true},
+                           QkvCase{2, 65, 128, 64, 1, true, false, false, false},
+                           QkvCase{1, 200, 64, 192, 8, true, true, true, false},
+                           QkvCase{2, 128, 128, 128, 4, true, false, false, false}})
+    check_qkv_case(c);
+}
+
+// The gate maps: the 4-wide forward (and the scalar one for a misaligned view) and the fused
+// channel-gate backward (df in fp32 or bf16, ∂bias and ∂A_log sums) against double on the
+// CPU, for N not a multiple of the row splits; the backward twice gives the same bits.
+TEST(LinearLayerOps, GateMapsMatchTheCpuReference) {
+  for (const kl::GateMap map : {kl::GateMap::decay, kl::GateMap::logsig16, kl::GateMap::sigmoid})
+    for (const int N : {777, 4100}) {
+      const int C = 128, ph = 64, ldf = C + 4;  // f is a column block of a wider buffer
+      std::mt19937_64 rng(N + static_cast<int>(map));
+      std::normal_distribution<double> nd(0.0, 1.0);
+      std::vector<double> f((std::size_t)N * ldf), dy((std::size_t)N * C), bias(C), alog(C / ph), db0(C), da0(C / ph);
+      for (auto* v : {&f, &dy, &bias, &alog, &db0, &da0})
+        for (auto& e : *v) e = static_cast<float>(1.5 * nd(rng));
+      const std::string what = std::string(map == kl::GateMap::decay ? "decay" : map == kl::GateMap::logsig16 ? "logsig16"
+                                                                                                               : "sigmoid") +
+                               " N=" + std::to_string(N);
+      // reference
+      std::vector<double> y((std::size_t)N * C), df((std::size_t)N * C), db = db0, da = da0, dbabs(C), daabs(C / ph);
+      auto sp = [](double x) { return std::log1p(std::exp(x)); };
+      for (int n = 0; n < N; ++n)
+        for (int c = 0; c < C; ++c) {
+          const double x = f[(std::size_t)n * ldf + c] + bias[c], d = dy[(std::size_t)n * C + c];
+          const std::size_t i = (std::size_t)n * C + c;
+          if (map == kl::GateMap::decay) {
+            const double A = std::exp(alog[c / ph]);
+            y[i] = -A * sp(x);
+            df[i] = -d * A * sigmoid_d(x);
+            da[c / ph] += d * y[i];
+            daabs[c / ph] += std::fabs(d * y[i]);
+          } else if (map == kl::GateMap::logsig16) {
+            y[i] = -sp(-x) / 16;
+            df[i] = d * sigmoid_d(-x) / 16;
+          } else {
+            y[i] = sigmoid_d(x);
+          }
+          db[c] += df[i];
+          dbabs[c] += std::fabs(df[i]);
+        }
+      Dev<float> df_(f.size()), dbias(C), dalog(C / ph), out((std::size_t)N * C), ddy(dy.size()), dfo(dy.size()),
+          gb(C), ga(C / ph);
+      Dev<bf16> outb((std::size_t)N * C), dfb(dy.size());
+      df_.put(f), dbias.put(bias), dalog.put(alog), ddy.put(dy);
+      kl::GateArgs a;
+      a.map = map, a.N = N, a.C = C, a.f = df_.p, a.ldf = ldf, a.bias = dbias.p, a.A_log = dalog.p, a.per_head = ph;
+      out.poison(), outb.poison();
+      kl::gate_forward(a, out.p, nullptr, nullptr);
+      kl::gate_forward(a, nullptr, outb.p, nullptr);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      EXPECT_LT(gpu_test::rel_rms(out.get(), y), 1e-5) << what;
+      EXPECT_LT(gpu_test::rel_rms(outb.get(), y), 5e-3) << what;
+      // a view 4 bytes off 16-byte alignment takes the scalar kernel: the same values
+      kl::GateArgs a1 = a;
+      a1.f = df_.p + 1;
+      a1.C = C - 4;
+      Dev<float> out1((std::size_t)N * (C - 4));
+      kl::gate_forward(a1, out1.p, nullptr, nullptr);
+      const auto o1 = out1.get();
+      {
+        kl::GateArgs a2 = a;  // the same shifted view, aligned copy of f
+        std::vector<double> f2((std::size_t)N * ldf, 0.0);
+        for (int n = 0; n < N; ++n)
+          for (int c = 0; c + 1 < ldf; ++c) f2[(std::size_t)n * ldf + c] = f[(std::size_t)n * ldf + c + 1];
+        Dev<float> df2(f2.size()), out2((std::size_t)N * (C - 4));
+        df2.put(f2);
+        a2.f = df2.p;
+        a2.C = C - 4;
+        kl::gate_forward(a2, out2.p, nullptr, nullptr);
+        EXPECT_LT(gpu_test::rel_rms(o1, out2.get()), 1e-6) << what << ": scalar vs 4-wide";
+      }
+      if (map == kl::GateMap::sigmoid) continue;
+      const bool decay = map == kl::GateMap::decay;
+      Dev<float> scratch(kl::gate_backward_fused_scratch_floats(a));
+      for (const bool bf : {false, true}) {
+        std::vector<double> gb1, ga1;
+        std::vector<double> df1;
+        for (int rep = 0; rep < 2; ++rep) {
+          gb.put(db0), ga.put(da0), dfo.poison(), dfb.poison();
+          kl::gate_backward_fused(a, ddy.p, bf ? static_cast<void*>(dfb.p) : static_cast<void*>(dfo.p), bf, gb.p,
+                                  decay ? ga.p : nullptr, scratch.p, nullptr);
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+          const auto dfg = bf ? dfb.get() : dfo.get();
+          if (rep == 0) {
+            EXPECT_LT(gpu_test::rel_rms(dfg, df), bf ? 5e-3 : 1e-5) << what << (bf ? " bf16" : " fp32") << ": df";
+            // the sums' terms have both signs: fp32 summation error relative to Σ|terms|
+            const auto gbv = gb.get();
+            for (int c = 0; c < C; ++c) EXPECT_NEAR(gbv[c], db[c], 1e-5 * dbabs[c] + 1e-6) << what << " dbias " << c;
+            if (decay) {
+              const auto gav = ga.get();
+              for (int h = 0; h < C / ph; ++h) EXPECT_NEAR(gav[h], da[h], 1e-5 * daabs[h] + 1e-6) << what << " dA_log";
+            }
+            df1 = dfg, gb1 = gb.get(), ga1 = ga.get();
+          } else {
+            EXPECT_EQ(dfg, df1) << what;
+            EXPECT_EQ(gb.get(), gb1) << what;
+            EXPECT_EQ(ga.get(), ga1) << what;
+          }
+        }
+      }
+      std::printf("gate %-18s checked (fwd fp32/bf16, scalar view, fused bwd fp32/bf16)\n", what.c_str());
+    }
+}
+
+// The per-head output RMSNorm × SiLU gate, forward and backward, against double on the
+// CPU (rows not a multiple of a warp's 8, og / ypre / dypre / dog in fp32 and in bf16).
+TEST(LinearLayerOps, OutNormGateMatchesTheCpuReference) {
+  for (const bool act_bf16 : {false, true})
+    for (const int64_t rows : {int64_t{1}, int64_t{203}, int64_t{70001}}) {
+      const std::string what = std::string(act_bf16 ? "bf16" : "fp32") + " rows=" + std::to_string(rows);
+      std::mt19937_64 rng(rows * 3 + act_bf16);
+      std::normal_distribution<double> nd(0.0, 1.0);
+      const std::size_t n = rows * 64;
+      auto randv = [&](std::size_t m, bool bf) {
+        std::vector<double> x(m);
+        for (auto& e : x) e = bf ? to_bf(nd(rng)) : static_cast<float>(nd(rng));
+        return x;
+      };
+      const auto o = randv(n, true), og = randv(n, act_bf16), dy = randv(n, act_bf16), wn = randv(64, false),
+                 dwn0 = randv(64, false);
+      const double eps = 1e-5;
+      std::vector<double> y(n), rstd(rows), dO(n), dog(n), dwn = dwn0;
+      for (int64_t r = 0; r < rows; ++r) {
+        double ss = 0;
+        for (int e = 0; e < 64; ++e) ss += o[r * 64 + e] * o[r * 64 + e];
+        const double rs = 1.0 / std::sqrt(ss / 64 + eps);
+        rstd[r] = rs;
+        double m = 0;
+        std::vector<double> dx(64);
+        for (int e = 0; e < 64; ++e) {
+          const std::size_t i = r * 64 + e;
+          const double xh = o[i] * rs, g = og[i], sg = sigmoid_d(g), silu = g * sg;
+          y[i] = xh * wn[e] * silu;
+          dog[i] = dy[i] * xh * wn[e] * sg * (1 + g * (1 - sg));
+          dwn[e] += dy[i] * silu * xh;
+          dx[e] = dy[i] * silu * wn[e];
+          m += dx[e] * xh;
+        }
+        m /= 64;
+        for (int e = 0; e < 64; ++e) dO[r * 64 + e] = rs * (dx[e] - o[r * 64 + e] * rs * m);
+      }
+      Dev<bf16> d_o(n), d_dO(n), ogb(n), yb(n), dyb(n), dogb(n);
+      Dev<float> ogf(n), yf(n), dyf(n), dogf(n), d_wn(64), d_dwn(64), d_rstd(rows),
+          scratch(kl::out_gate_backward_scratch_floats(rows));
+      d_o.put(o), d_wn.put(wn), d_dwn.put(dwn0);
+      if (act_bf16) ogb.put(og), dyb.put(dy);
+      else ogf.put(og), dyf.put(dy);
+      yb.poison(), yf.poison(), d_dO.poison(), dogb.poison(), dogf.poison(), d_rstd.poison();
+      const void* ogp = act_bf16 ? static_cast<const void*>(ogb.p) : static_cast<const void*>(ogf.p);
+      void* yp = act_bf16 ? static_cast<void*>(yb.p) : static_cast<void*>(yf.p);
+      kl::out_gate_forward(rows, d_o.p, ogp, d_wn.p, static_cast<float>(eps), yp, d_rstd.p, act_bf16, nullptr);
+      kl::out_gate_backward(rows, d_o.p, ogp, d_wn.p, d_rstd.p,
+                            act_bf16 ? static_cast<const void*>(dyb.p) : static_cast<const void*>(dyf.p), d_dO.p,
+                            act_bf16 ? static_cast<void*>(dogb.p) : static_cast<void*>(dogf.p), d_dwn.p, scratch.p,
+                            act_bf16, nullptr);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
+      const double tol = act_bf16 ? 5e-3 : 1e-5;
+      EXPECT_LT(gpu_test::rel_rms(act_bf16 ? yb.get() : yf.get(), y), tol) << what << ": ypre";
+      EXPECT_LT(gpu_test::rel_rms(d_rstd.get(), rstd), 1e-6) << what << ": rstd";
+      EXPECT_LT(gpu_test::rel_rms(d_dO.get(), dO), 5e-3) << what << ": dO";
+      EXPECT_LT(gpu_test::rel_rms(act_bf16 ? dogb.get() : dogf.get(), dog), tol) << what << ": dog";
+      EXPECT_LT(gpu_test::rel_rms(d_dwn.get(), dwn), 1e-5) << what << ": dwn";
+    }
 }

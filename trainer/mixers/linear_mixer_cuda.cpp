@@ -660,28 +660,31 @@ class CudaLinearImpl final : public CudaLinear {
       be.gemm(dF, false, Wba_, false, dX, 1.0, 1.0);
       return;
     }
-    if (!fg_.empty()) {
+    if (!fg_.empty() && m != lk::Mixer::gdn) {
+      // the channel gates (gla, kda, gdn2; f = (x W₁ᵀ) W₂ᵀ): df in act_dtype() and the bias /
+      // A_log sums in one pass
+      const bool decay = m != lk::Mixer::gla;
+      const cl::GateArgs ga = decay ? gate_args(cl::GateMap::decay, fg_, s_.dt_bias, d_.dk)
+                                    : gate_args(cl::GateMap::logsig16, fg_, s_.gb, 1);
+      Tensor df = ar.alloc(at_, fg_.shape());
+      {
+        Tensor scratch = ar.alloc(DType::f32, {(int64_t)cl::gate_backward_fused_scratch_floats(ga)});
+        cl::LayerTimer tm("linear: gate maps (bwd)", st);
+        cl::gate_backward_fused(ga, g.dg.ptr<float>(), df.data, act_bf16(), G_[decay ? s_.dt_bias : s_.gb].ptr<float>(),
+                                decay ? G_[s_.A_log].ptr<float>() : nullptr, scratch.ptr<float>(), st);
+      }
+      be.gemm(df, true, h1_, false, G_[s_.g2], 1.0, 1.0);
+      Tensor dh1 = ar.alloc(DType::f32, {N, d_.rank});
+      be.gemm(df, false, P_[s_.g2], false, dh1);
+      proj_bwd(be, dh1, s_.g1, Xa, dX);
+    } else if (!fg_.empty()) {  // gdn without the fused [W_β; W_a]: f = x W_aᵀ [N, H]
       Tensor df = ar.alloc(DType::f32, fg_.shape());
-      if (m == lk::Mixer::gla) {
-        gate_bwd(gate_args(cl::GateMap::logsig16, fg_, s_.gb, 1), g.dg.ptr<float>(), nullptr, nullptr,
-                          df.ptr<float>(), df.size(1), nullptr, st);
-        colsum(df, 1, s_.gb);
-      } else {
-        const int per_head = m == lk::Mixer::gdn ? 1 : d_.dk;
-        Tensor aterm = ar.alloc(DType::f32, fg_.shape());
-        gate_bwd(gate_args(cl::GateMap::decay, fg_, s_.dt_bias, per_head), g.dg.ptr<float>(), nullptr,
-                          nullptr, df.ptr<float>(), df.size(1), aterm.ptr<float>(), st);
-        colsum(df, 1, s_.dt_bias);
-        colsum(aterm, per_head, s_.A_log);
-      }
-      if (m == lk::Mixer::gdn) {
-        proj_bwd(be, df, s_.wa, Xa, dX);
-      } else {  // f = (x W₁ᵀ) W₂ᵀ
-        be.gemm(df, true, h1_, false, G_[s_.g2], 1.0, 1.0);
-        Tensor dh1 = ar.alloc(DType::f32, {N, d_.rank});
-        be.gemm(df, false, P_[s_.g2], false, dh1);
-        proj_bwd(be, dh1, s_.g1, Xa, dX);
-      }
+      Tensor aterm = ar.alloc(DType::f32, fg_.shape());
+      gate_bwd(gate_args(cl::GateMap::decay, fg_, s_.dt_bias, 1), g.dg.ptr<float>(), nullptr, nullptr, df.ptr<float>(),
+               df.size(1), aterm.ptr<float>(), st);
+      colsum(df, 1, s_.dt_bias);
+      colsum(aterm, 1, s_.A_log);
+      proj_bwd(be, df, s_.wa, Xa, dX);
     }
     if (!fbeta_.empty()) {
       Tensor df = ar.alloc(DType::f32, {N, d_.H});

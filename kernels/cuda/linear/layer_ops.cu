@@ -1,13 +1,15 @@
 // The elementwise and reduction parts of a linear-mixer layer on the GPU: see layer_ops.hpp.
-// All of them are memory-bound: one warp per row of 64 channels (a head's slice) where a
-// per-head reduction is needed (L2 norm, output RMSNorm, routing's scalar-gate sums), one
-// thread per element elsewhere; loads are float2 / bf16x2 per lane, so a warp reads 256
-// or 128 contiguous bytes. Column sums run in two fixed-order stages (no atomics).
+// All of them are memory-bound. Where a per-head reduction is needed (L2 norm, output
+// RMSNorm) half a warp takes a row of 64 channels, 4 channels a lane, and a thread several
+// rows / tokens with all loads issued first, so many reductions are in flight; the routing
+// readouts use a warp per (token, head) row, 2 channels a lane; elementwise maps one thread
+// per element (or per 4). Column sums run in two fixed-order stages (no atomics).
 #include <cuda_bf16.h>
 
 #include <algorithm>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/linear/layer_ops.hpp"
@@ -38,12 +40,6 @@ __device__ __forceinline__ void st_bf2(bf16* p, float a, float b) {
   *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(a, b);
 }
 
-// Pairs of an activation tensor in either storage dtype (fp32 or bf16).
-__device__ __forceinline__ float2 ld2(const float* p) { return *reinterpret_cast<const float2*>(p); }
-__device__ __forceinline__ float2 ld2(const bf16* p) { return ld_bf2(p); }
-__device__ __forceinline__ void st2(float* p, float2 v) { *reinterpret_cast<float2*>(p) = v; }
-__device__ __forceinline__ void st2(bf16* p, float2 v) { st_bf2(p, v.x, v.y); }
-
 unsigned blocks_for(int64_t n, int per) { return static_cast<unsigned>((n + per - 1) / per); }
 
 void require(bool ok, const std::string& what) {
@@ -51,7 +47,7 @@ void require(bool ok, const std::string& what) {
 }
 
 // ---------------------------------------------------------------- q, k, v
-// Which part (q 0, k 1, v 2) a column of P belongs to, its weight row and its output column.
+// Which part (q 0, k 1, v 2) a column of P belongs to and its column within that part.
 struct Part {
   int which, col;
 };
@@ -61,262 +57,351 @@ __device__ __forceinline__ Part part_of(int c, int Cq) {
   return {2, c - 2 * Cq};
 }
 
-// Token ranges: a warp walks up to kTokF (forward) / kTokB (backward) consecutive tokens of
-// one sequence for one 64-channel segment of P, keeping the conv's input window in
-// registers, so every element of P is loaded once (the conv's W−1 predecessors once per range).
-// Each walk loads the next token's inputs one step ahead. (Loading a whole batch of tokens
-// before the math — all 16 in the forward, 8 at a time in the backward — measured slower
-// on the H200: 8.6 / 26.7 ms per step instead of 7.0 / 18.7, as the register arrays halve
-// the resident warps and the per-token shuffle chain, not the loads, sets the pace.)
-constexpr int kTokF = 16, kTokB = 64;
+// Tiles of tokens × channels, parallel over tokens. The causal conv needs only the W−1
+// previous inputs, so nothing forces a walk through time: a block of 8 warps takes a tile
+// of kTileTok tokens × kTileCh channels, a warp kTokW consecutive tokens of it, a lane 4
+// channels (16 lanes per head). A thread issues all its loads first — its kTokW rows plus
+// the conv's K−1 predecessors (L1/L2 hits: the previous warp's rows) — and then does kTokW
+// independent token computations, each with its own 4-step shuffle reduction over the 16
+// lanes of the head, so many loads and reductions are in flight instead of one per-token
+// dependency chain (the walks this replaces: 7.0 ms fwd / 18.5 ms bwd per step at B·T = 32K).
+// The conv's taps are zero-padded at the front to K (4, or 8 for W 5..8): K − W leading
+// taps are 0, so every width shares one code path; K = 1 is the no-conv case (W = 0).
+constexpr int kTokW = 8;                 // tokens per warp (and per thread)
+constexpr int kTileTok = 8 * kTokW;      // tokens per block: 64
+constexpr int kTileCh = 32 * 4;          // channels per block: 128 (two heads)
 
-// The conv window of one lane's channel pair: win[K−1−j] = P[t−j]; wr[j] = w[W−1−j].
-template <int K>
-struct ConvWindow {
-  float2 win[K];
-  float wr0[K], wr1[K];  // reversed: wr[j] = w[W−1−j]
-  float wf0[K], wf1[K];  // in order: wf[m] = w[m]
+// Four consecutive channels in the storage dtype, kept packed until used.
+template <class TP>
+using Raw4 = std::conditional_t<std::is_same_v<TP, bf16>, uint2, float4>;
+template <class TP>
+__device__ __forceinline__ Raw4<TP> ld_raw4(const TP* p) {
+  return *reinterpret_cast<const Raw4<TP>*>(p);
+}
+template <class TP>
+__device__ __forceinline__ Raw4<TP> zero_raw4() {
+  if constexpr (std::is_same_v<TP, bf16>) return make_uint2(0u, 0u);
+  else return make_float4(0.f, 0.f, 0.f, 0.f);
+}
+__device__ __forceinline__ void unpack4(uint2 u, float* f) {
+  const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x));
+  const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
+  f[0] = lo.x, f[1] = lo.y, f[2] = hi.x, f[3] = hi.y;
+}
+__device__ __forceinline__ void unpack4(float4 v, float* f) { f[0] = v.x, f[1] = v.y, f[2] = v.z, f[3] = v.w; }
+__device__ __forceinline__ void st4(bf16* p, const float* f) {
+  const __nv_bfloat162 lo = __floats2bfloat162_rn(f[0], f[1]), hi = __floats2bfloat162_rn(f[2], f[3]);
+  uint2 u;
+  u.x = *reinterpret_cast<const unsigned*>(&lo);
+  u.y = *reinterpret_cast<const unsigned*>(&hi);
+  *reinterpret_cast<uint2*>(p) = u;
+}
+__device__ __forceinline__ void st4(float* p, const float* f) {
+  *reinterpret_cast<float4*>(p) = make_float4(f[0], f[1], f[2], f[3]);
+}
+__device__ __forceinline__ void add4(const float* p, float* f) {
+  const float4 e = *reinterpret_cast<const float4*>(p);
+  f[0] += e.x, f[1] += e.y, f[2] += e.z, f[3] += e.w;
+}
+// SiLU's sigmoid with the fast division (≈ 2 ulp; the precise 1/x is a ≈ 10-instruction
+// sequence, and the tile kernels are close to instruction-bound).
+__device__ __forceinline__ float sigm_fast(float x) { return __fdividef(1.f, 1.f + __expf(-x)); }
+__device__ __forceinline__ float silu_grad_fast(float x) {
+  const float s = sigm_fast(x);
+  return s * (1.f + x * (1.f - s));
+}
+// Sum over the 16 lanes of a head (mask: this half of the warp; xor offsets < 16 stay in it).
+__device__ __forceinline__ float head_sum(float v, unsigned mask) {
+  for (int o = 8; o > 0; o >>= 1) v += __shfl_xor_sync(mask, v, o);
+  return v;
+}
+
+// One thread's place in the tiling: sequence b, its first token t0, channel c (4 of them),
+// the tile's index among all tiles (for the weight-gradient partials), and its part.
+struct TileThread {
+  int64_t b, tile, nb;
+  int t0, c, warp, lane;
+  bool cok;       // c < ldp (uniform over each half-warp: ldp is a multiple of 64)
+  unsigned hmask; // the lanes of this thread's head
+  Part pt;
 };
-
-__device__ __forceinline__ const float* conv_weights(const QkvArgs& a, Part pt) {
-  return pt.which == 0 ? a.wq : pt.which == 1 ? a.wk : a.wv;
-}
-
-// Load the weights and the W−1 inputs before token t0 (row n0 = b·T + t0), placed as the
-// window of token t0 − 1 (win[K−j] = P[t0−j]) since window_push shifts before it stores.
-template <int K, class TP>
-__device__ __forceinline__ void window_init(const QkvArgs& a, const TP* P, ConvWindow<K>& cw, Part pt, int64_t n0,
-                                            int t0, int c) {
-  const float* w = conv_weights(a, pt) + (int64_t)pt.col * a.W;
-#pragma unroll
-  for (int j = 0; j < K; ++j) {
-    cw.wr0[j] = j < a.W ? w[a.W - 1 - j] : 0.f;
-    cw.wr1[j] = j < a.W ? w[a.W + a.W - 1 - j] : 0.f;
-    cw.wf0[j] = j < a.W ? w[j] : 0.f;
-    cw.wf1[j] = j < a.W ? w[a.W + j] : 0.f;
-    cw.win[j] = make_float2(0.f, 0.f);
-  }
-#pragma unroll
-  for (int j = 1; j < K; ++j)
-    if (j < a.W && t0 - j >= 0) cw.win[K - j] = ld2(P + (n0 - j) * a.ldp + c);
-}
-
-// Shift the window by one token holding x = P[t] (zeros past the end); returns s = the conv
-// pre-activation. The caller loads x one token ahead (prefetch), so the walk's load latency
-// overlaps the previous token's math instead of stalling each step.
-template <int K>
-__device__ __forceinline__ float2 window_push(ConvWindow<K>& cw, float2 x) {
-#pragma unroll
-  for (int j = 0; j < K - 1; ++j) cw.win[j] = cw.win[j + 1];
-  cw.win[K - 1] = x;
-  float2 s = make_float2(0.f, 0.f);
-#pragma unroll
-  for (int j = 0; j < K; ++j) {
-    s.x = fmaf(cw.wr0[j], cw.win[K - 1 - j].x, s.x);
-    s.y = fmaf(cw.wr1[j], cw.win[K - 1 - j].y, s.y);
-  }
-  return s;
-}
-
-// The activation after conv + SiLU (or P itself without conv), plus cler's routed input.
-__device__ __forceinline__ float2 activate(const QkvArgs& a, float2 s, Part pt, int64_t n) {
-  float2 act = a.W > 0 ? make_float2(s.x * sigm(s.x), s.y * sigm(s.y)) : s;
-  if (pt.which == 2 && a.rin) {
-    const float gm = *a.gamma;
-    const float2 r = *reinterpret_cast<const float2*>(a.rin + n * a.Cv + pt.col);
-    act.x = fmaf(gm, r.x, act.x);
-    act.y = fmaf(gm, r.y, act.y);
-  }
-  return act;
-}
-
-// Warp index → (sequence b, token range [t0, t1), segment, channel pair c of this lane).
-struct WarpRange {
-  int64_t b;
-  int t0, t1, seg, c;
-  bool ok;
-};
-__device__ __forceinline__ WarpRange warp_range(const QkvArgs& a, int tok) {
-  WarpRange r;
-  const int lane = threadIdx.x & 31;
-  const int64_t nseg = a.ldp / kSeg;
-  const int64_t groups = (a.T + tok - 1) / tok;
-  const int64_t wid = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-  r.ok = wid < a.B * groups * nseg;
-  r.seg = static_cast<int>(wid % nseg);
-  const int64_t bg = wid / nseg;
-  r.b = bg / groups;
-  r.t0 = static_cast<int>(bg % groups) * tok;
-  r.t1 = min(r.t0 + tok, static_cast<int>(a.T));
-  r.c = r.seg * kSeg + 2 * lane;
+__device__ __forceinline__ TileThread tile_thread(const QkvArgs& a) {
+  TileThread r;
+  r.lane = threadIdx.x & 31;
+  r.warp = threadIdx.x >> 5;
+  r.c = (blockIdx.x * 32 + r.lane) * 4;
+  r.cok = r.c < a.ldp;
+  const int64_t tiles = (a.T + kTileTok - 1) / kTileTok;
+  r.tile = blockIdx.y;
+  r.b = blockIdx.y / tiles;
+  r.t0 = static_cast<int>(blockIdx.y % tiles) * kTileTok + r.warp * kTokW;
+  r.nb = r.b * a.T;
+  r.hmask = (r.lane & 16) ? 0xffff0000u : 0x0000ffffu;
+  r.pt = part_of(r.cok ? r.c : 0, a.Cq);
   return r;
 }
 
-template <int K, class TP>
-__global__ void qkv_fwd_kernel(QkvArgs a, bf16* q, bf16* k, bf16* v, float* vout) {
-  const WarpRange r = warp_range(a, kTokF);
-  if (!r.ok) return;
+// The padded conv taps of this thread's 4 channels: w[j][e] multiplies P[t − (K−1) + j]
+// (the first K − W are zero); K = 1: the identity (no conv).
+template <int K>
+__device__ __forceinline__ void tile_weights(const QkvArgs& a, Part pt, float (&w)[K][4]) {
+  if constexpr (K == 1) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) w[0][e] = 1.f;
+  } else {
+    const float* base = (pt.which == 0 ? a.wq : pt.which == 1 ? a.wk : a.wv) + (int64_t)pt.col * a.W;
+    const int lead = K - a.W;
+#pragma unroll
+    for (int j = 0; j < K; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) w[j][e] = j >= lead ? base[e * a.W + j - lead] : 0.f;
+  }
+}
+
+// Rows P[t0 − (K−1) + r] for r < n (zeros outside [0, T)).
+template <int K, class TP, int n>
+__device__ __forceinline__ void tile_rows(const QkvArgs& a, const TileThread& th, int t0, Raw4<TP> (&x)[n]) {
   const TP* P = static_cast<const TP*>(a.P);
-  const Part pt = part_of(r.c, a.Cq);
-  const int64_t nb = r.b * a.T;
-  ConvWindow<K> cw;
-  if (a.W > 0) window_init(a, P, cw, pt, nb + r.t0, r.t0, r.c);
-  float2 next = ld2(P + (nb + r.t0) * a.ldp + r.c);  // t0 < t1: every range has a token
-  for (int t = r.t0; t < r.t1; ++t) {
-    const int64_t n = nb + t;
-    const float2 x = next;
-    if (t + 1 < r.t1) next = ld2(P + (n + 1) * a.ldp + r.c);
-    const float2 s = a.W > 0 ? window_push(cw, x) : x;
-    float2 act = activate(a, s, pt, n);
-    if (pt.which < 2 && a.l2) {
-      const float rn = 1.f / sqrtf(warp_sum(act.x * act.x + act.y * act.y) + 1e-6f);
-      act.x *= rn;
-      act.y *= rn;
+#pragma unroll
+  for (int r = 0; r < n; ++r) {
+    const int t = t0 - (K - 1) + r;
+    x[r] = t >= 0 && t < a.T ? ld_raw4(P + (th.nb + t) * a.ldp + th.c) : zero_raw4<TP>();
+  }
+}
+
+// The conv pre-activation s of the token whose window starts at row i of x.
+template <int K, class R4, int n>
+__device__ __forceinline__ void tile_conv(const R4 (&x)[n], int i, const float (&w)[K][4], float* s) {
+  s[0] = s[1] = s[2] = s[3] = 0.f;
+#pragma unroll
+  for (int j = 0; j < K; ++j) {
+    float f[4];
+    unpack4(x[i + j], f);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[e] = fmaf(w[j][e], f[e], s[e]);
+  }
+}
+
+// The activation of token n: SiLU(s) (s itself without conv), plus cler's routed input.
+template <int K>
+__device__ __forceinline__ void tile_act(const QkvArgs& a, Part pt, int64_t n, const float* s, float* act) {
+#pragma unroll
+  for (int e = 0; e < 4; ++e) act[e] = K > 1 ? s[e] * sigm_fast(s[e]) : s[e];
+  if (pt.which == 2 && a.rin) {
+    const float gm = *a.gamma;
+    const float4 r = *reinterpret_cast<const float4*>(a.rin + n * a.Cv + pt.col);
+    act[0] = fmaf(gm, r.x, act[0]), act[1] = fmaf(gm, r.y, act[1]);
+    act[2] = fmaf(gm, r.z, act[2]), act[3] = fmaf(gm, r.w, act[3]);
+  }
+}
+
+template <int K, class TP>
+__global__ void __launch_bounds__(kThreads) qkv_fwd_kernel(QkvArgs a, bf16* q, bf16* k, bf16* v, float* vout) {
+  const TileThread th = tile_thread(a);
+  if (!th.cok || th.t0 >= a.T) return;  // uniform per half-warp; no block barrier follows
+  float w[K][4];
+  tile_weights<K>(a, th.pt, w);
+  Raw4<TP> x[kTokW + K - 1];
+  tile_rows<K, TP>(a, th, th.t0, x);
+  const bool norm = th.pt.which < 2 && a.l2;
+  bf16* out = th.pt.which == 0 ? q : th.pt.which == 1 ? k : v;
+  const int64_t ldo = th.pt.which == 2 ? a.Cv : a.Cq;
+#pragma unroll
+  for (int i = 0; i < kTokW; ++i) {
+    const int t = th.t0 + i;
+    if (t >= a.T) break;  // uniform over the warp
+    const int64_t n = th.nb + t;
+    float s[4], act[4];
+    tile_conv<K>(x, i, w, s);
+    tile_act<K>(a, th.pt, n, s, act);
+    if (norm) {
+      const float rn =
+          rsqrtf(head_sum(act[0] * act[0] + act[1] * act[1] + act[2] * act[2] + act[3] * act[3], th.hmask) + 1e-6f);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) act[e] *= rn;
     }
-    if (pt.which == 0) st_bf2(q + n * a.Cq + pt.col, act.x, act.y);
-    else if (pt.which == 1) st_bf2(k + n * a.Cq + pt.col, act.x, act.y);
-    else {
-      st_bf2(v + n * a.Cv + pt.col, act.x, act.y);
-      if (vout) *reinterpret_cast<float2*>(vout + n * a.Cv + pt.col) = act;
-    }
+    st4(out + n * ldo + th.pt.col, act);
+    if (th.pt.which == 2 && vout) st4(vout + n * a.Cv + th.pt.col, act);
   }
 }
 
 // The gradient arriving on the activation of token n: the kernels' dq / dk / dv plus the
-// routing extras (loaded one token ahead by the backward walk).
-__device__ __forceinline__ float2 token_dy(const QkvArgs& a, const QkvGrads& g, Part pt, int64_t n) {
-  float2 dy;
-  if (pt.which == 0) {
-    dy = ld_bf2(g.dq + n * a.Cq + pt.col);
-  } else if (pt.which == 1) {
-    dy = ld_bf2(g.dk + n * a.Cq + pt.col);
-    if (g.ek) {
-      const float2 e = *reinterpret_cast<const float2*>(g.ek + n * a.Cq + pt.col);
-      dy.x += e.x, dy.y += e.y;
-    }
-  } else {
-    dy = ld_bf2(g.dv + n * a.Cv + pt.col);
-    if (g.ev) {
-      const float2 e = *reinterpret_cast<const float2*>(g.ev + n * a.Cv + pt.col);
-      dy.x += e.x, dy.y += e.y;
-    }
-    if (g.dvout) {
-      const float2 e = *reinterpret_cast<const float2*>(g.dvout + n * a.Cv + pt.col);
-      dy.x += e.x, dy.y += e.y;
-    }
+// routing extras.
+template <class TD>
+__device__ __forceinline__ void tile_dy(const QkvArgs& a, const QkvGrads& g, Part pt, int64_t n, TD raw, float* dy) {
+  unpack4(raw, dy);
+  if (pt.which == 1 && g.ek) add4(g.ek + n * a.Cq + pt.col, dy);
+  if (pt.which == 2) {
+    if (g.ev) add4(g.ev + n * a.Cv + pt.col, dy);
+    if (g.dvout) add4(g.dvout + n * a.Cv + pt.col, dy);
   }
-  return dy;
+}
+__device__ __forceinline__ const bf16* dy_row(const QkvArgs& a, const QkvGrads& g, Part pt, int64_t n) {
+  return pt.which == 0 ? g.dq + n * a.Cq + pt.col : pt.which == 1 ? g.dk + n * a.Cq + pt.col : g.dv + n * a.Cv + pt.col;
 }
 
-// du at token n: the gradient on the conv pre-activation (on P without conv), from dy.
-__device__ __forceinline__ float2 token_du(const QkvArgs& a, const QkvGrads& g, Part pt, int64_t n, float2 s,
-                                           float2 dy, bool own) {
-  const float2 act = activate(a, s, pt, n);
-  float2 da = dy;
-  if (pt.which < 2 && a.l2) {
-    // y = a·r, r = 1/sqrt(Σa² + eps): da = r (dy − y (y·dy)), y·dy = r (a·dy); both sums
-    // in one butterfly (half the dependent shuffles of two)
-    float aa = act.x * act.x + act.y * act.y, ad = act.x * dy.x + act.y * dy.y;
-    for (int o = 16; o > 0; o >>= 1) {
-      aa += __shfl_xor_sync(0xffffffffu, aa, o);
-      ad += __shfl_xor_sync(0xffffffffu, ad, o);
+// du of token n (the gradient on the conv pre-activation s; on P without conv) from dy,
+// recomputing the activation from s. own: the token is this tile's (cler's d_in and the
+// Γ terms are written by the tile that owns the token).
+template <int K>
+__device__ __forceinline__ void tile_du(const QkvArgs& a, const QkvGrads& g, const TileThread& th, int64_t n,
+                                        const float* s, const float* dy, bool own, float* du) {
+  float act[4];
+  tile_act<K>(a, th.pt, n, s, act);
+#pragma unroll
+  for (int e = 0; e < 4; ++e) du[e] = dy[e];
+  if (th.pt.which < 2 && a.l2) {
+    // y = a·r, r = 1/sqrt(Σa² + eps): da = r (dy − y (y·dy)), y·dy = r (a·dy)
+    float aa = 0.f, ad = 0.f;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) aa = fmaf(act[e], act[e], aa), ad = fmaf(act[e], dy[e], ad);
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) {
+      aa += __shfl_xor_sync(th.hmask, aa, o);
+      ad += __shfl_xor_sync(th.hmask, ad, o);
     }
-    const float rn = 1.f / sqrtf(aa + 1e-6f);
-    const float yx = act.x * rn, yy = act.y * rn;
-    const float dot = rn * ad;
-    da = make_float2(rn * (dy.x - yx * dot), rn * (dy.y - yy * dot));
+    const float rn = rsqrtf(aa + 1e-6f), dot = rn * ad;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) du[e] = rn * (dy[e] - act[e] * rn * dot);
   }
-  if (own && pt.which == 2 && a.rin) {  // ṽ = silu(conv) + gamma·rin
-    const int64_t i = n * a.Cv + pt.col;
-    const float2 rr = *reinterpret_cast<const float2*>(a.rin + i);
+  if (own && th.pt.which == 2 && a.rin) {  // ṽ = silu(conv) + gamma·rin
+    const int64_t i = n * a.Cv + th.pt.col;
+    const float4 rr = *reinterpret_cast<const float4*>(a.rin + i);
     if (g.d_in) {
       const float gm = *a.gamma;
-      float2 di = *reinterpret_cast<float2*>(g.d_in + i);
-      di.x = fmaf(gm, da.x, di.x);
-      di.y = fmaf(gm, da.y, di.y);
-      *reinterpret_cast<float2*>(g.d_in + i) = di;
+      float4 di = *reinterpret_cast<float4*>(g.d_in + i);
+      di.x = fmaf(gm, du[0], di.x), di.y = fmaf(gm, du[1], di.y);
+      di.z = fmaf(gm, du[2], di.z), di.w = fmaf(gm, du[3], di.w);
+      *reinterpret_cast<float4*>(g.d_in + i) = di;
     }
-    *reinterpret_cast<float2*>(g.dgam_terms + i) = make_float2(da.x * rr.x, da.y * rr.y);
+    *reinterpret_cast<float4*>(g.dgam_terms + i) = make_float4(du[0] * rr.x, du[1] * rr.y, du[2] * rr.z, du[3] * rr.w);
   }
-  if (a.W > 0) da = make_float2(da.x * silu_grad(s.x), da.y * silu_grad(s.y));
-  return da;
+  if constexpr (K > 1) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) du[e] *= silu_grad_fast(s[e]);
+  }
 }
 
-// The whole backward of the qkv pass in one walk: du (recomputing the conv, SiLU and L2
-// from P), the conv's transpose dP[t] = Σ_m w[m] du[t+m'] (emitted W−1 tokens late, with a
-// halo of W−1 recomputed tokens past the range), and the conv weights' partial sums over
-// the range (one partial per range, summed in order by conv_weight_finish).
-// Three blocks of 8 warps per SM for the common width (≤ 85 registers): the walk is
-// latency-bound, so resident warps matter more than the few values the compiler re-derives.
+// The backward of the whole qkv pass per tile: du of the warp's kTokW tokens (recomputing
+// the conv, SiLU and L2 from P), then the conv's transpose dP[t] = Σ_j w[j]·du[t + K−1−j],
+// which needs du of the K−1 tokens after the warp's: the next warp's first K−1, passed
+// through shared memory (the block's last warp recomputes those of the next tile), and the
+// conv weights' gradient Σ_t du[t]·P[t − (K−1) + j], summed per thread, then over the
+// block's 8 warps in a fixed order into one partial per tile (conv_weight_finish sums the
+// tiles in order: no atomics).
 template <int K, class TP>
-__global__ void __launch_bounds__(kThreads, K <= 4 ? 3 : 2) qkv_bwd_kernel(QkvArgs a, QkvGrads g, TP* dP, float* wpartial) {
-  const WarpRange r = warp_range(a, kTokB);
-  if (!r.ok) return;
-  const TP* P = static_cast<const TP*>(a.P);
-  const Part pt = part_of(r.c, a.Cq);
-  const int64_t nb = r.b * a.T;
-  if (a.W == 0) {
-    for (int t = r.t0; t < r.t1; ++t) {
-      const int64_t n = nb + t;
-      const float2 du = token_du(a, g, pt, n, ld2(P + n * a.ldp + r.c), token_dy(a, g, pt, n), true);
-      st2(dP + n * a.ldp + r.c, du);
-    }
-    return;
-  }
-  ConvWindow<K> cw;
-  window_init(a, P, cw, pt, nb + r.t0, r.t0, r.c);
-  float2 hist[K];  // hist[m] = du[t−m]
-  float acc0[K], acc1[K];
-#pragma unroll
-  for (int j = 0; j < K; ++j) hist[j] = make_float2(0.f, 0.f), acc0[j] = acc1[j] = 0.f;
-  const int tend = r.t1 + a.W - 1;  // last token whose du feeds dP of this range, + 1
-  const int tval = min(tend, static_cast<int>(a.T));  // tokens that exist
-  // P and dy of the next token, loaded one step ahead (t0 < T always)
-  float2 nx = ld2(P + (nb + r.t0) * a.ldp + r.c), ndy = token_dy(a, g, pt, nb + r.t0);
-  for (int t = r.t0; t < tend; ++t) {
-    const int64_t n = nb + t;
-    const bool valid = t < tval;
-    const float2 x = valid ? nx : make_float2(0.f, 0.f), dy = ndy;
-    if (t + 1 < tval) {
-      nx = ld2(P + (n + 1) * a.ldp + r.c);
-      ndy = token_dy(a, g, pt, n + 1);
-    }
-    const float2 s = window_push(cw, x);
-    float2 du = make_float2(0.f, 0.f);
-    if (valid) du = token_du(a, g, pt, n, s, dy, t < r.t1);
-#pragma unroll
-    for (int j = K - 1; j > 0; --j) hist[j] = hist[j - 1];
-    hist[0] = du;
-    if (t < r.t1) {  // weight gradient: dw[W−1−j] += du[t]·P[t−j]
-#pragma unroll
-      for (int j = 0; j < K; ++j) {
-        acc0[j] = fmaf(du.x, cw.win[K - 1 - j].x, acc0[j]);
-        acc1[j] = fmaf(du.y, cw.win[K - 1 - j].y, acc1[j]);
-      }
-    }
-    const int te = t - a.W + 1;  // dP of token te is complete: Σ_m w[m]·du[te + W−1−m] = Σ_m w[m]·hist[m]
-    if (te >= r.t0) {
-      float2 d = make_float2(0.f, 0.f);
-#pragma unroll
-      for (int m = 0; m < K; ++m) {  // wf[m] = 0 for m ≥ W
-        d.x = fmaf(cw.wf0[m], hist[m].x, d.x);
-        d.y = fmaf(cw.wf1[m], hist[m].y, d.y);
-      }
-      st2(dP + (nb + te) * a.ldp + r.c, d);
-    }
-  }
-  const int64_t groups = (a.T + kTokB - 1) / kTokB;
-  const int64_t range = r.b * groups + r.t0 / kTokB;
-  float* wp = wpartial + range * a.ldp * a.W;
+__global__ void __launch_bounds__(kThreads, 2) qkv_bwd_kernel(QkvArgs a, QkvGrads g, TP* dP, float* wpartial) {
+  constexpr int H = K > 1 ? K - 1 : 1;  // halo tokens (at least one slot)
+  // du of each warp's first K−1 tokens, then (reused) each warp's weight-gradient sums
+  __shared__ float4 sm[8 * K * 32 > 8 * H * 32 ? 8 * K * 32 : 8 * H * 32];
+  const TileThread th = tile_thread(a);
+  const bool active = th.cok && th.t0 < a.T;  // uniform per half-warp
+  float w[K][4];
+  tile_weights<K>(a, th.pt, w);
+  float du[kTokW][4], acc[K][4];
 #pragma unroll
   for (int j = 0; j < K; ++j)
-    if (j < a.W) {
-      wp[(int64_t)r.c * a.W + (a.W - 1 - j)] = acc0[j];
-      wp[(int64_t)(r.c + 1) * a.W + (a.W - 1 - j)] = acc1[j];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
+  if (active) {
+    Raw4<TP> x[kTokW + K - 1];
+    uint2 dyr[kTokW];
+    tile_rows<K, TP>(a, th, th.t0, x);
+#pragma unroll
+    for (int i = 0; i < kTokW; ++i)
+      dyr[i] = th.t0 + i < a.T ? ld_raw4(dy_row(a, g, th.pt, th.nb + th.t0 + i)) : make_uint2(0u, 0u);
+#pragma unroll
+    for (int i = 0; i < kTokW; ++i) {
+      const int t = th.t0 + i;
+      if (t < a.T) {  // uniform over the warp
+        float s[4], dy[4];
+        tile_conv<K>(x, i, w, s);
+        tile_dy(a, g, th.pt, th.nb + t, dyr[i], dy);
+        tile_du<K>(a, g, th, th.nb + t, s, dy, true, du[i]);
+      } else {
+        du[i][0] = du[i][1] = du[i][2] = du[i][3] = 0.f;
+      }
     }
+    if constexpr (K > 1) {
+#pragma unroll
+      for (int i = 0; i < kTokW; ++i)
+#pragma unroll
+        for (int j = 0; j < K; ++j) {
+          float f[4];
+          unpack4(x[i + j], f);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[j][e] = fmaf(du[i][e], f[e], acc[j][e]);
+        }
+#pragma unroll
+      for (int j = 0; j < K - 1; ++j)
+        sm[(th.warp * H + j) * 32 + th.lane] = make_float4(du[j][0], du[j][1], du[j][2], du[j][3]);
+    }
+  }
+  if constexpr (K > 1) __syncthreads();
+  if (active) {
+    float hal[H][4];  // du of the K−1 tokens after the warp's (0 past the sequence's end)
+    if constexpr (K > 1) {
+      const int th0 = th.t0 + kTokW;
+      if (th.warp < 7) {
+#pragma unroll
+        for (int j = 0; j < H; ++j) {
+          const float4 v = th0 < a.T ? sm[((th.warp + 1) * H + j) * 32 + th.lane] : make_float4(0.f, 0.f, 0.f, 0.f);
+          hal[j][0] = v.x, hal[j][1] = v.y, hal[j][2] = v.z, hal[j][3] = v.w;
+        }
+      } else {
+        Raw4<TP> xh[2 * K - 2];
+        tile_rows<K, TP>(a, th, th0, xh);
+#pragma unroll
+        for (int j = 0; j < H; ++j) {
+          const int t = th0 + j;
+          if (t < a.T) {
+            float s[4], dy[4];
+            tile_conv<K>(xh, j, w, s);
+            tile_dy(a, g, th.pt, th.nb + t, ld_raw4(dy_row(a, g, th.pt, th.nb + t)), dy);
+            tile_du<K>(a, g, th, th.nb + t, s, dy, false, hal[j]);
+          } else {
+            hal[j][0] = hal[j][1] = hal[j][2] = hal[j][3] = 0.f;
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kTokW; ++i) {
+      const int t = th.t0 + i;
+      if (t >= a.T) break;
+      float d[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int j = 0; j < K; ++j) {
+        const int m = i + K - 1 - j;  // du of token t + K−1−j
+        const float* u = m < kTokW ? du[m] : hal[m - kTokW < H ? m - kTokW : 0];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) d[e] = fmaf(w[j][e], u[e], d[e]);
+      }
+      st4(dP + (th.nb + t) * a.ldp + th.c, d);
+    }
+  }
+  if constexpr (K > 1) {
+    __syncthreads();  // the exchange slots are read: reuse them for the weight sums
+#pragma unroll
+    for (int j = 0; j < K; ++j) sm[(th.warp * K + j) * 32 + th.lane] = make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]);
+    __syncthreads();
+    // thread → (lane l, tap j) pairs: the sum over the 8 warps in order
+    for (int idx = threadIdx.x; idx < 32 * K; idx += blockDim.x) {
+      const int l = idx % 32, j = idx / 32, m = j - (K - a.W);
+      const int c = (blockIdx.x * 32 + l) * 4;
+      if (m < 0 || c >= a.ldp) continue;
+      float4 s = sm[j * 32 + l];
+      for (int y = 1; y < 8; ++y) {
+        const float4 v = sm[(y * K + j) * 32 + l];
+        s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
+      }
+      float* wp = wpartial + th.tile * a.ldp * a.W + (int64_t)c * a.W + m;
+      wp[0] = s.x, wp[a.W] = s.y, wp[2 * a.W] = s.z, wp[3 * a.W] = s.w;
+    }
+  }
 }
 
-// One block per weight (c, j): threads stride over the ranges' partials, then a fixed tree.
+// One block per weight (c, j): threads stride over the tiles' partials, then a fixed tree.
 __global__ void conv_weight_finish(QkvArgs a, const float* partial, int64_t ranges, float* gwq, float* gwk,
                                    float* gwv) {
   __shared__ float red[kThreads];
@@ -351,6 +436,28 @@ __global__ void gate_fwd_kernel(GateArgs a, float* out, bf16* outb) {
   }
   if (out) out[i] = y;
   else outb[i] = __float2bfloat16(y);
+}
+
+// The same maps four channels at a time (float4 loads and stores: the [N, 1024] maps of
+// kda / gla / gdn2 are pure bandwidth; the scalar kernel with its 64-bit index division
+// ran at ≈ 40% of it). Needs C, ldf % 4 = 0, 16-byte aligned f and out (checked by the host).
+__device__ __forceinline__ float gate_value(const GateArgs& a, float f, int c) {
+  switch (a.map) {
+    case GateMap::decay: return -__expf(a.A_log[c / a.per_head]) * softplus(f + a.bias[c]);
+    case GateMap::logsig16: return -softplus(-(f + a.bias[c])) / 16.f;
+    default: return sigm(a.bias ? f + a.bias[c] : f);
+  }
+}
+__global__ void gate_fwd4_kernel(GateArgs a, float* out, bf16* outb) {
+  const int C4 = a.C / 4;
+  const int i4 = blockIdx.x * blockDim.x + threadIdx.x;  // N·C < 2^31 (checked by the host)
+  if (i4 >= a.N * C4) return;
+  const int n = i4 / C4, c = (i4 - n * C4) * 4;
+  const float4 f = *reinterpret_cast<const float4*>(a.f + (int64_t)n * a.ldf + c);
+  const float y[4] = {gate_value(a, f.x, c), gate_value(a, f.y, c + 1), gate_value(a, f.z, c + 2),
+                      gate_value(a, f.w, c + 3)};
+  if (out) st4(out + (int64_t)n * a.C + c, y);
+  else st4(outb + (int64_t)n * a.C + c, y);
 }
 
 __global__ void gate_bwd_kernel(GateArgs a, const float* dyf, const bf16* dyb, const float* extra, float* df,
@@ -423,33 +530,99 @@ __global__ void colsum_finish(const float* partial, int splits, int C, int group
   if (threadIdx.x == 0) out[j] += red[0];
 }
 
+// ---------------------------------------------------------------- fused channel-gate backward
+// decay / logsig16 over [N, C] (kda, gdn2: decay per head of 64; gla: logsig16) in one
+// pass: df = ∂L/∂f (fp32 or bf16, the GEMMs' operand dtype) and the per-column partial sums
+// of df (for the bias) and of dy·g (decay: for A_log) over a fixed row split. Block (64, 4):
+// x → 4 columns, y → every 4th row of the split; the 4 rows' sums are added in order in
+// shared memory, one partial per (split, column); colsum_finish sums the splits in order.
+// Replaces gate_bwd_kernel + 2 colsum passes over fp32 [N, C] df and A-terms + the GEMMs'
+// conversions of df (7.5 ms per step for kda at B·T = 32K).
+template <class TD>
+__global__ void gate_bwd_fused_kernel(GateArgs a, const float* dy, TD* df, int64_t ldd, float* pbias, float* pa) {
+  __shared__ float4 red[2][4][64];
+  const int tx = threadIdx.x & 63, ty = threadIdx.x >> 6;
+  const int c = (blockIdx.x * 64 + tx) * 4;
+  const int64_t per = (a.N + gridDim.y - 1) / gridDim.y;
+  const int64_t r0 = blockIdx.y * per, r1 = std::min<int64_t>(a.N, r0 + per);
+  float sb[4] = {0.f, 0.f, 0.f, 0.f}, sa[4] = {0.f, 0.f, 0.f, 0.f};
+  if (c < a.C) {
+    float bias[4], A[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      bias[e] = a.bias[c + e];
+      A[e] = a.map == GateMap::decay ? __expf(a.A_log[(c + e) / a.per_head]) : 0.f;
+    }
+    for (int64_t n = r0 + ty; n < r1; n += 4) {
+      const float4 f4 = *reinterpret_cast<const float4*>(a.f + n * a.ldf + c);
+      const float4 d4 = *reinterpret_cast<const float4*>(dy + n * a.C + c);
+      const float f[4] = {f4.x, f4.y, f4.z, f4.w}, d[4] = {d4.x, d4.y, d4.z, d4.w};
+      float o[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float x = f[e] + bias[e];
+        if (a.map == GateMap::decay) {
+          o[e] = -d[e] * A[e] * sigm(x);
+          sa[e] += d[e] * (-A[e] * softplus(x));
+        } else {
+          o[e] = d[e] * sigm(-x) / 16.f;
+        }
+        sb[e] += o[e];
+      }
+      st4(df + n * ldd + c, o);
+    }
+  }
+  red[0][ty][tx] = make_float4(sb[0], sb[1], sb[2], sb[3]);
+  red[1][ty][tx] = make_float4(sa[0], sa[1], sa[2], sa[3]);
+  __syncthreads();
+  if (ty < 2 && c < a.C) {
+    float4 s = red[ty][0][tx];
+    for (int y = 1; y < 4; ++y) {
+      const float4 v = red[ty][y][tx];
+      s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
+    }
+    float* p = (ty == 0 ? pbias : pa) + (int64_t)blockIdx.y * a.C + c;
+    if (ty == 0 || pa) *reinterpret_cast<float4*>(p) = s;
+  }
+}
+
 // ---------------------------------------------------------------- output norm × gate
-// A warp takes kRowsW consecutive rows and issues all their loads before the math (one row
-// per warp left these passes latency-bound at ≈ 2 TB/s).
-constexpr int kRowsW = 4;
+// Half a warp per row of 64 (4 channels a lane: 8-byte bf16 accesses, a 4-step shuffle
+// reduction), a warp kRowsW rows = 4 row pairs, all loads issued before the math (one
+// row of 2 channels a lane per step left these passes at ≈ 60% of the bandwidth).
+constexpr int kRowsW = 8;
 
 template <class TA>
 __global__ void out_fwd_kernel(int64_t rows, const bf16* o, const TA* og, const float* wn, float eps, TA* ypre,
                                float* rstd) {
-  const int lane = threadIdx.x & 31;
-  const int64_t r0 = ((int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32) * kRowsW;
-  if (r0 >= rows) return;
-  const float2 w = make_float2(wn[2 * lane], wn[2 * lane + 1]);  // parameters: only 4-byte aligned
-  float2 x[kRowsW], gt[kRowsW];
+  const int lane = threadIdx.x & 31, half = lane >> 4, l4 = (lane & 15) * 4;
+  const unsigned hmask = half ? 0xffff0000u : 0x0000ffffu;
+  const int64_t r0 = ((int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32) * kRowsW + half;
+  if (r0 >= rows) return;  // uniform per half-warp; no block barrier follows
+  float w[4];
 #pragma unroll
-  for (int j = 0; j < kRowsW; ++j) {
-    const int64_t i = (r0 + j) * kSeg + 2 * lane;
-    const bool ok = r0 + j < rows;
-    x[j] = ok ? ld_bf2(o + i) : make_float2(0.f, 0.f);
-    gt[j] = ok ? ld2(og + i) : make_float2(0.f, 0.f);
+  for (int e = 0; e < 4; ++e) w[e] = wn[l4 + e];  // parameters: only 4-byte aligned
+  uint2 x[kRowsW / 2];
+  Raw4<TA> gt[kRowsW / 2];
+#pragma unroll
+  for (int j = 0; j < kRowsW / 2; ++j) {
+    const int64_t r = r0 + 2 * j;
+    x[j] = r < rows ? ld_raw4(o + r * kSeg + l4) : make_uint2(0u, 0u);
+    gt[j] = r < rows ? ld_raw4(og + r * kSeg + l4) : zero_raw4<TA>();
   }
 #pragma unroll
-  for (int j = 0; j < kRowsW; ++j) {
-    if (r0 + j >= rows) break;  // uniform across the warp
-    const int64_t i = (r0 + j) * kSeg + 2 * lane;
-    const float rs = 1.f / sqrtf(warp_sum(x[j].x * x[j].x + x[j].y * x[j].y) / kSeg + eps);
-    st2(ypre + i, make_float2(x[j].x * rs * w.x * gt[j].x * sigm(gt[j].x), x[j].y * rs * w.y * gt[j].y * sigm(gt[j].y)));
-    if (lane == 0) rstd[r0 + j] = rs;
+  for (int j = 0; j < kRowsW / 2; ++j) {
+    const int64_t r = r0 + 2 * j;
+    if (r >= rows) break;  // uniform per half-warp
+    float xv[4], g[4], y[4];
+    unpack4(x[j], xv);
+    unpack4(gt[j], g);
+    const float rs =
+        1.f / sqrtf(head_sum(xv[0] * xv[0] + xv[1] * xv[1] + xv[2] * xv[2] + xv[3] * xv[3], hmask) / kSeg + eps);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) y[e] = xv[e] * rs * w[e] * g[e] * sigm(g[e]);
+    st4(ypre + r * kSeg + l4, y);
+    if ((lane & 15) == 0) rstd[r] = rs;
   }
 }
 
@@ -464,44 +637,58 @@ int out_blocks(int64_t rows) {
 template <class TA>
 __global__ void out_bwd_kernel(int64_t rows, const bf16* o, const TA* og, const float* wn, const float* rstd,
                                const TA* dypre, bf16* dO, TA* dog, float* dwn_partial) {
-  __shared__ float red[kThreads / 32][kSeg];
-  const int lane = threadIdx.x & 31, wib = threadIdx.x / 32;
+  __shared__ float red[kThreads / 32][2][kSeg];
+  const int lane = threadIdx.x & 31, wib = threadIdx.x / 32, half = lane >> 4, l4 = (lane & 15) * 4;
+  const unsigned hmask = half ? 0xffff0000u : 0x0000ffffu;
   const int64_t warps = (int64_t)gridDim.x * (blockDim.x / 32);
-  const float2 w = make_float2(wn[2 * lane], wn[2 * lane + 1]);  // parameters: only 4-byte aligned
-  float dw0 = 0.f, dw1 = 0.f;
-  for (int64_t r0 = ((int64_t)blockIdx.x * (blockDim.x / 32) + wib) * kRowsW; r0 < rows; r0 += warps * kRowsW) {
-    float2 x[kRowsW], gt[kRowsW], dy[kRowsW];
-    float rs[kRowsW];
+  float w[4], dw[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-    for (int j = 0; j < kRowsW; ++j) {
-      const int64_t i = (r0 + j) * kSeg + 2 * lane;
-      const bool ok = r0 + j < rows;
-      x[j] = ok ? ld_bf2(o + i) : make_float2(0.f, 0.f);
-      gt[j] = ok ? ld2(og + i) : make_float2(0.f, 0.f);
-      dy[j] = ok ? ld2(dypre + i) : make_float2(0.f, 0.f);
-      rs[j] = ok ? rstd[r0 + j] : 0.f;
+  for (int e = 0; e < 4; ++e) w[e] = wn[l4 + e];  // parameters: only 4-byte aligned
+  for (int64_t r0 = ((int64_t)blockIdx.x * (blockDim.x / 32) + wib) * kRowsW + half; r0 < rows;
+       r0 += warps * kRowsW) {
+    uint2 x[kRowsW / 2];
+    Raw4<TA> gt[kRowsW / 2], dy[kRowsW / 2];
+    float rs[kRowsW / 2];
+#pragma unroll
+    for (int j = 0; j < kRowsW / 2; ++j) {
+      const int64_t r = r0 + 2 * j;
+      const bool ok = r < rows;
+      x[j] = ok ? ld_raw4(o + r * kSeg + l4) : make_uint2(0u, 0u);
+      gt[j] = ok ? ld_raw4(og + r * kSeg + l4) : zero_raw4<TA>();
+      dy[j] = ok ? ld_raw4(dypre + r * kSeg + l4) : zero_raw4<TA>();
+      rs[j] = ok ? rstd[r] : 0.f;
     }
 #pragma unroll
-    for (int j = 0; j < kRowsW; ++j) {
-      if (r0 + j >= rows) break;  // uniform across the warp
-      const int64_t i = (r0 + j) * kSeg + 2 * lane;
-      const float xh0 = x[j].x * rs[j], xh1 = x[j].y * rs[j];                   // normalised o
-      const float sg0 = gt[j].x * sigm(gt[j].x), sg1 = gt[j].y * sigm(gt[j].y);  // silu(og)
-      const float don0 = dy[j].x * sg0, don1 = dy[j].y * sg1;                    // on = x̂·w
-      st2(dog + i, make_float2(dy[j].x * xh0 * w.x * silu_grad(gt[j].x), dy[j].y * xh1 * w.y * silu_grad(gt[j].y)));
-      dw0 = fmaf(don0, xh0, dw0);
-      dw1 = fmaf(don1, xh1, dw1);
-      const float dx0 = don0 * w.x, dx1 = don1 * w.y;  // on x̂
-      const float m = warp_sum(dx0 * xh0 + dx1 * xh1) / kSeg;
-      st_bf2(dO + i, rs[j] * (dx0 - xh0 * m), rs[j] * (dx1 - xh1 * m));
+    for (int j = 0; j < kRowsW / 2; ++j) {
+      const int64_t r = r0 + 2 * j;
+      if (r >= rows) break;  // uniform per half-warp
+      float xv[4], g[4], d[4], xh[4], dx[4], gg[4], out[4];
+      unpack4(x[j], xv);
+      unpack4(gt[j], g);
+      unpack4(dy[j], d);
+      float m = 0.f;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        xh[e] = xv[e] * rs[j];                      // normalised o
+        const float don = d[e] * g[e] * sigm(g[e]);  // on on = x̂·w
+        gg[e] = d[e] * xh[e] * w[e] * silu_grad(g[e]);
+        dw[e] = fmaf(don, xh[e], dw[e]);
+        dx[e] = don * w[e];  // on x̂
+        m = fmaf(dx[e], xh[e], m);
+      }
+      st4(dog + r * kSeg + l4, gg);
+      m = head_sum(m, hmask) / kSeg;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) out[e] = rs[j] * (dx[e] - xh[e] * m);
+      st4(dO + r * kSeg + l4, out);
     }
   }
-  red[wib][2 * lane] = dw0;
-  red[wib][2 * lane + 1] = dw1;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) red[wib][half][l4 + e] = dw[e];
   __syncthreads();
   if (threadIdx.x < kSeg) {
     float s = 0.f;
-    for (int y = 0; y < kThreads / 32; ++y) s += red[y][threadIdx.x];
+    for (int y = 0; y < kThreads / 32; ++y) s += red[y][0][threadIdx.x] + red[y][1][threadIdx.x];
     dwn_partial[(int64_t)blockIdx.x * kSeg + threadIdx.x] = s;
   }
 }
@@ -639,28 +826,34 @@ EventProfile& layer_profile() {
 
 }  // namespace
 
-int64_t qkv_warps(const QkvArgs& a, int tok) { return a.B * ((a.T + tok - 1) / tok) * (a.ldp / kSeg); }
+dim3 qkv_grid(const QkvArgs& a) {
+  const int64_t tiles = a.B * ((a.T + kTileTok - 1) / kTileTok);
+  require(tiles <= 65535, "qkv: B·⌈T/64⌉ = " + std::to_string(tiles) + " tiles, more than a grid column holds");
+  return dim3(blocks_for(a.ldp, kTileCh), static_cast<unsigned>(tiles));
+}
 
 void qkv_forward(const QkvArgs& a, bf16* q, bf16* k, bf16* v, float* vout, cudaStream_t stream) {
   require(a.ldp == 2 * a.Cq + a.Cv && a.Cq % kSeg == 0 && a.Cv % kSeg == 0, "qkv: widths must be multiples of 64");
   require(a.W >= 0 && a.W <= kMaxConv, "qkv: conv width " + std::to_string(a.W) + " outside 0..8");
   require(!a.rin || a.gamma, "qkv: cler needs gamma");
-  const int64_t warps = qkv_warps(a, kTokF);
-  if (warps == 0) return;
-  // the conv window's register arrays sized for the common width 4 (or the widest, 8)
-  const unsigned blocks = blocks_for(warps, kThreads / 32);
-  if (a.p_bf16) {
-    if (a.W <= 4) qkv_fwd_kernel<4, bf16><<<blocks, kThreads, 0, stream>>>(a, q, k, v, vout);
-    else qkv_fwd_kernel<kMaxConv, bf16><<<blocks, kThreads, 0, stream>>>(a, q, k, v, vout);
-  } else {
-    if (a.W <= 4) qkv_fwd_kernel<4, float><<<blocks, kThreads, 0, stream>>>(a, q, k, v, vout);
-    else qkv_fwd_kernel<kMaxConv, float><<<blocks, kThreads, 0, stream>>>(a, q, k, v, vout);
-  }
+  if (a.B * a.T == 0) return;
+  const dim3 grid = qkv_grid(a);
+  // the conv taps padded to 4 (W ≤ 4) or 8; 1: no conv
+  auto launch = [&](auto kind) {
+    using TP = decltype(kind);
+    if (a.W == 0) qkv_fwd_kernel<1, TP><<<grid, kThreads, 0, stream>>>(a, q, k, v, vout);
+    else if (a.W <= 4) qkv_fwd_kernel<4, TP><<<grid, kThreads, 0, stream>>>(a, q, k, v, vout);
+    else qkv_fwd_kernel<kMaxConv, TP><<<grid, kThreads, 0, stream>>>(a, q, k, v, vout);
+  };
+  if (a.p_bf16) launch(bf16{});
+  else launch(float{});
   LAR_CUDA_LAUNCHED();
 }
 
+int64_t qkv_tiles(const QkvArgs& a) { return a.B * ((a.T + kTileTok - 1) / kTileTok); }
+
 std::size_t qkv_backward_scratch_floats(const QkvArgs& a) {
-  return static_cast<std::size_t>(a.B * ((a.T + kTokB - 1) / kTokB) * a.ldp * std::max(a.W, 1));
+  return static_cast<std::size_t>(qkv_tiles(a) * a.ldp * std::max(a.W, 1));
 }
 
 void qkv_backward(const QkvArgs& a, const QkvGrads& g, void* dP, float* gwq, float* gwk, float* gwv, float* scratch,
@@ -669,22 +862,20 @@ void qkv_backward(const QkvArgs& a, const QkvGrads& g, void* dP, float* gwq, flo
   require(a.W >= 0 && a.W <= kMaxConv, "qkv: conv width " + std::to_string(a.W) + " outside 0..8");
   require(!a.rin || (a.gamma && g.dgam_terms), "qkv backward: cler needs gamma and dgam_terms");
   require(a.W == 0 || (gwq && gwk && gwv && scratch), "qkv backward: conv needs weight gradients and scratch");
-  const int64_t warps = qkv_warps(a, kTokB);
-  if (warps == 0) return;
-  const unsigned blocks = blocks_for(warps, kThreads / 32);
-  if (a.p_bf16) {
-    auto* d = static_cast<bf16*>(dP);
-    if (a.W <= 4) qkv_bwd_kernel<4, bf16><<<blocks, kThreads, 0, stream>>>(a, g, d, scratch);
-    else qkv_bwd_kernel<kMaxConv, bf16><<<blocks, kThreads, 0, stream>>>(a, g, d, scratch);
-  } else {
-    auto* d = static_cast<float*>(dP);
-    if (a.W <= 4) qkv_bwd_kernel<4, float><<<blocks, kThreads, 0, stream>>>(a, g, d, scratch);
-    else qkv_bwd_kernel<kMaxConv, float><<<blocks, kThreads, 0, stream>>>(a, g, d, scratch);
-  }
+  if (a.B * a.T == 0) return;
+  const dim3 grid = qkv_grid(a);
+  auto launch = [&](auto* d) {
+    using TP = std::remove_pointer_t<decltype(d)>;
+    if (a.W == 0) qkv_bwd_kernel<1, TP><<<grid, kThreads, 0, stream>>>(a, g, d, scratch);
+    else if (a.W <= 4) qkv_bwd_kernel<4, TP><<<grid, kThreads, 0, stream>>>(a, g, d, scratch);
+    else qkv_bwd_kernel<kMaxConv, TP><<<grid, kThreads, 0, stream>>>(a, g, d, scratch);
+  };
+  if (a.p_bf16) launch(static_cast<bf16*>(dP));
+  else launch(static_cast<float*>(dP));
   LAR_CUDA_LAUNCHED();
   if (a.W == 0) return;
-  conv_weight_finish<<<static_cast<unsigned>(a.ldp * a.W), kThreads, 0, stream>>>(
-      a, scratch, a.B * ((a.T + kTokB - 1) / kTokB), gwq, gwk, gwv);
+  conv_weight_finish<<<static_cast<unsigned>(a.ldp * a.W), kThreads, 0, stream>>>(a, scratch, qkv_tiles(a), gwq,
+                                                                                    gwk, gwv);
   LAR_CUDA_LAUNCHED();
 }
 
@@ -693,7 +884,12 @@ void gate_forward(const GateArgs& a, float* out, bf16* outb, cudaStream_t stream
   require(a.map == GateMap::sigmoid || a.bias, "gate forward: missing bias");
   require(a.map != GateMap::decay || (a.A_log && a.per_head > 0), "gate forward: missing A_log");
   if (a.N * a.C == 0) return;
-  gate_fwd_kernel<<<blocks_for(a.N * a.C, kThreads), kThreads, 0, stream>>>(a, out, outb);
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  if (a.C % 4 == 0 && a.ldf % 4 == 0 && a.N * a.C < (int64_t(1) << 31) && aligned(a.f) &&
+      aligned(out ? static_cast<const void*>(out) : static_cast<const void*>(outb)))
+    gate_fwd4_kernel<<<blocks_for(a.N * a.C / 4, kThreads), kThreads, 0, stream>>>(a, out, outb);
+  else
+    gate_fwd_kernel<<<blocks_for(a.N * a.C, kThreads), kThreads, 0, stream>>>(a, out, outb);
   LAR_CUDA_LAUNCHED();
 }
 
@@ -718,6 +914,37 @@ void colsum_accumulate(const float* M, int64_t N, int C, int64_t ld, int group, 
   LAR_CUDA_LAUNCHED();
   colsum_finish<<<C / group, kThreads, 0, stream>>>(scratch, splits, C, group, out);
   LAR_CUDA_LAUNCHED();
+}
+
+std::size_t gate_backward_fused_scratch_floats(const GateArgs& a) {
+  return 2 * colsum_scratch_floats(a.N, a.C);
+}
+
+void gate_backward_fused(const GateArgs& a, const float* dy, void* df, bool df_bf16, float* dbias, float* dA_log,
+                         float* scratch, cudaStream_t stream) {
+  require(a.map == GateMap::decay || a.map == GateMap::logsig16, "fused gate backward: decay or logsig16 only");
+  require(a.bias && dbias && scratch && dy && df, "fused gate backward: missing bias, dy, df, dbias or scratch");
+  require(a.map != GateMap::decay || (a.A_log && dA_log && a.per_head > 0 && a.C % a.per_head == 0),
+          "fused gate backward: decay needs A_log, dA_log and whole heads");
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  require(a.C % 4 == 0 && a.ldf % 4 == 0 && aligned(a.f) && aligned(dy) && aligned(df),
+          "fused gate backward: C and ldf must be multiples of 4, f, dy and df 16-byte aligned");
+  if (a.N * a.C == 0) return;
+  const int splits = colsum_splits(a.N);
+  float* pbias = scratch;
+  float* pa = a.map == GateMap::decay ? scratch + (int64_t)splits * a.C : nullptr;
+  const dim3 grid(blocks_for(a.C / 4, 64), static_cast<unsigned>(splits));
+  if (df_bf16)
+    gate_bwd_fused_kernel<<<grid, kThreads, 0, stream>>>(a, dy, static_cast<bf16*>(df), a.C, pbias, pa);
+  else
+    gate_bwd_fused_kernel<<<grid, kThreads, 0, stream>>>(a, dy, static_cast<float*>(df), a.C, pbias, pa);
+  LAR_CUDA_LAUNCHED();
+  colsum_finish<<<a.C, kThreads, 0, stream>>>(pbias, splits, a.C, 1, dbias);
+  LAR_CUDA_LAUNCHED();
+  if (pa) {
+    colsum_finish<<<a.C / a.per_head, kThreads, 0, stream>>>(pa, splits, a.C, a.per_head, dA_log);
+    LAR_CUDA_LAUNCHED();
+  }
 }
 
 void out_gate_forward(int64_t rows, const bf16* o, const void* og, const float* wn, float eps, void* ypre,

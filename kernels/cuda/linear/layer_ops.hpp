@@ -81,6 +81,16 @@ void gate_forward(const GateArgs& a, float* out, __nv_bfloat16* outb, cudaStream
 void gate_backward(const GateArgs& a, const float* dyf, const __nv_bfloat16* dyb, const float* extra, float* df,
                    int64_t ldd, float* aterm, cudaStream_t stream);
 
+// The channel gates' whole backward in one pass (kda, gdn2: decay with per_head 64; gla:
+// logsig16), from dy = ∂L/∂g (fp32 [N, C]): df [N, C] contiguous = ∂L/∂f, in bf16 when
+// df_bf16 (the GEMMs' operand dtype) else fp32; ∂L/∂bias accumulated into dbias [C] and,
+// for decay, ∂L/∂A_log into dA_log [C / per_head] (fixed-order sums over row splits, in
+// scratch: gate_backward_fused_scratch_floats(a) floats). Needs C, ldf % 4 = 0 and 16-byte
+// aligned f, dy, df.
+std::size_t gate_backward_fused_scratch_floats(const GateArgs& a);
+void gate_backward_fused(const GateArgs& a, const float* dy, void* df, bool df_bf16, float* dbias, float* dA_log,
+                         float* scratch, cudaStream_t stream);
+
 // ---- deterministic column sums ----
 // out[j] += Σ_n Σ_{c ∈ [j·group, (j+1)·group)} M[n, c]  (M [N, C] with row stride ld).
 std::size_t colsum_scratch_floats(int64_t N, int C);
