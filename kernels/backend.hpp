@@ -223,8 +223,9 @@ class Backend {
   // saved for backward (GEMM operands and outputs, SwiGLU gate/up/hidden, attention
   // q/k/v/o/dO/dq/dk/dv, dlogits): bf16 on the CUDA backend in mixed precision, dtype()
   // elsewhere. Ops that accept such tensors (either dtype): gemm (A, B and C each),
-  // rmsnorm_fwd's y, swiglu_fwd/bwd, rope_fwd/bwd, attention_fwd/bwd (all but lse),
-  // cross_entropy_bwd's dlogits, add_rmsnorm_fwd's y, convert.
+  // rmsnorm_fwd's y, rmsnorm_bwd's dy, swiglu_fwd/bwd, rope_fwd/bwd, attention_fwd/bwd (all
+  // but lse), cross_entropy_fwd/bwd/fwd_bwd's logits and dlogits, add_rmsnorm_fwd's r and y,
+  // rmsnorm_bwd_convert's dy and dx_act, swiglu_bwd_fwd, convert.
   virtual DType act_dtype() const { return dtype(); }
   // dst = src with dst's dtype (same numel). The default handles equal dtypes (a copy).
   virtual void convert(const Tensor& src, const Tensor& dst);
@@ -233,8 +234,23 @@ class Backend {
   // copy + axpy + rmsnorm_fwd.
   virtual void add_rmsnorm_fwd(const Tensor& x, const Tensor& r, const Tensor& h, const Tensor& w, const Tensor& y,
                                const Tensor& rstd, double eps);
+  // rmsnorm_bwd, then dx_act = dx (the updated residual gradient) in dx_act's dtype: the
+  // next GEMMs' operand, written by the same pass on the GPU instead of a conversion pass.
+  // The default runs rmsnorm_bwd + convert.
+  virtual void rmsnorm_bwd_convert(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
+                                   const Tensor& dx, const Tensor& dw, const Tensor& dx_act) {
+    rmsnorm_bwd(x, w, rstd, dy, dx, dw);
+    convert(dx, dx_act);
+  }
+  // swiglu_bwd, and h = silu(gate)·up (swiglu_fwd's output, recomputed in the backward where
+  // it was not stored) from the same read of gu. The default runs swiglu_fwd + swiglu_bwd.
+  virtual void swiglu_bwd_fwd(const Tensor& gu, const Tensor& dh, const Tensor& dgu, const Tensor& h) {
+    swiglu_fwd(gu, h);
+    swiglu_bwd(gu, dh, dgu);
+  }
   // cross_entropy_fwd (no argmax) and cross_entropy_bwd in one pass over the logits
-  // (training); returns Σ losses. dlogits may be act_dtype(). The default calls the two.
+  // (training); returns Σ losses. dlogits may be act_dtype() and may alias the logits (same
+  // dtype). The default calls the two.
   virtual double cross_entropy_fwd_bwd(const Tensor& logits, const Tensor& targets, const Tensor& mask,
                                        const Tensor& losses, double grad_scale, const Tensor& dlogits);
   // One GEMM for the q, k and v projections: qkv [B,T,Hq+2·Hkv,D] holds each token's

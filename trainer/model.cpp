@@ -12,11 +12,18 @@ using kernels::Tensor;
 
 namespace {
 constexpr double kNormEps = 1e-5;
-// Rows of logits per head/cross-entropy chunk: at most 2^27 logits (512 MB in f32) live at
-// once instead of N·V (4.2 GB at B=8, T=4096, V=32000).
-constexpr int64_t kLogitsPerChunk = int64_t(1) << 27;
+// Rows of logits per head/cross-entropy chunk: at most 512 MB of logits (2^27 in f32, 2^28
+// in bf16) live at once instead of N·V (4.2 GB at B=8, T=4096, V=32000 in f32).
+constexpr int64_t kLogitBytesPerChunk = int64_t(1) << 29;
 
 int get_int(const json& j, const char* key) { return j.at(key).get<int>(); }
+
+// The dtype of a mixer's x, y, dy and dx: the softmax mixer takes and returns act_dtype()
+// tensors (its GEMMs read and write them directly: no conversion passes); the linear
+// mixers' interface is dtype().
+DType mixer_io_dtype(const ModelShape& shape, const kernels::Backend& be, int layer) {
+  return shape.kinds[layer] == "softmax" ? be.act_dtype() : be.dtype();
+}
 }  // namespace
 
 ModelShape model_shape(const json& model) {
@@ -212,25 +219,36 @@ StepResult Model::forward(const data::Batch& batch, bool training, std::vector<i
   A.route_low.assign(L, Tensor());
   A.h[0] = ar.alloc(dt, {B, T, d});
   be_.embedding_fwd(A.ids, ps.param(embed_), A.h[0]);
-  // Mixers overwrite y and keep nothing of it, so one buffer serves every layer.
+  // Mixers overwrite y and keep nothing of it, so one buffer serves every layer; between a
+  // layer's FFN and the next norm it holds the FFN's output (in act_dtype()), which that
+  // norm adds to the residual stream (add_rmsnorm_fwd: no copy of the stream, no
+  // accumulating GEMM into it).
   A.mix_y = ar.alloc(dt, {B, T, d});
+  const Tensor ffn_y(A.mix_y.data, at, {B, T, d});
   A.act_tmp = keep_act ? Tensor() : ar.alloc(at, {N, F});
   ForwardContext ctx{be_, ar, training};
   for (int l = 0; l < L; ++l) {
     const Layer& ly = layers_[l];
-    // Mixer branch.
+    const DType io = mixer_io_dtype(shape_, be_, l);
+    // Mixer branch (after the previous layer's residual add).
     A.rstd1[l] = ar.alloc(dt, {N});
-    A.xn1[l] = ar.alloc(dt, {B, T, d});
-    be_.rmsnorm_fwd(A.h[2 * l], ps.param(ly.norm1), A.xn1[l], A.rstd1[l], kNormEps);
+    A.xn1[l] = ar.alloc(io, {B, T, d});
+    if (l == 0) {
+      be_.rmsnorm_fwd(A.h[0], ps.param(ly.norm1), A.xn1[l], A.rstd1[l], kNormEps);
+    } else {
+      A.h[2 * l] = ar.alloc(dt, {B, T, d});
+      be_.add_rmsnorm_fwd(A.h[2 * l - 1], ffn_y, A.h[2 * l], ps.param(ly.norm1), A.xn1[l], A.rstd1[l], kNormEps);
+    }
     Routing& r = A.route[l];
     if (ly.prev_linear >= 0) r.in = A.route[ly.prev_linear].out;
-    mixers_[l]->forward(ctx, A.xn1[l], A.mix_y, r);
+    const Tensor y(A.mix_y.data, io, {B, T, d});
+    mixers_[l]->forward(ctx, A.xn1[l], y, r);
     A.h[2 * l + 1] = ar.alloc(dt, {B, T, d});
     A.rstd2[l] = ar.alloc(dt, {N});
     A.xn2[l] = ar.alloc(at, {B, T, d});
     if (ly.route_p < 0 && ly.route_d < 0) {
       // h1 = h0 + y and the SwiGLU branch's norm in one pass.
-      be_.add_rmsnorm_fwd(A.h[2 * l], A.mix_y, A.h[2 * l + 1], ps.param(ly.norm2), A.xn2[l], A.rstd2[l], kNormEps);
+      be_.add_rmsnorm_fwd(A.h[2 * l], y, A.h[2 * l + 1], ps.param(ly.norm2), A.xn2[l], A.rstd2[l], kNormEps);
     } else {
       be_.copy(A.h[2 * l], A.h[2 * l + 1]);
       be_.axpy(1.0, A.mix_y, A.h[2 * l + 1]);
@@ -254,24 +272,26 @@ StepResult Model::forward(const data::Batch& batch, bool training, std::vector<i
     Tensor act = keep_act ? ar.alloc(at, {N, F}) : A.act_tmp;
     if (keep_act) A.act[l] = act;
     be_.swiglu_fwd(A.gu[l], act);
-    A.h[2 * l + 2] = ar.alloc(dt, {B, T, d});
-    be_.copy(A.h[2 * l + 1], A.h[2 * l + 2]);
-    be_.gemm(act, false, ps.param(ly.w_down), true, A.h[2 * l + 2], 1.0, 1.0);
+    be_.gemm(act, false, ps.param(ly.w_down), true, ffn_y);  // h2 = h1 + ffn_y: added by the next norm
   }
+  A.h[2 * L] = ar.alloc(dt, {B, T, d});
   A.hf = A.h[2 * L];
   A.rstdf = ar.alloc(dt, {N});
   A.xnf = ar.alloc(at, {N, d});
-  be_.rmsnorm_fwd(A.hf, ps.param(final_norm_), A.xnf, A.rstdf, kNormEps);
+  be_.add_rmsnorm_fwd(A.h[2 * L - 1], ffn_y, A.hf, ps.param(final_norm_), A.xnf, A.rstdf, kNormEps);
   A.losses = ar.alloc(dt, {N});
   A.argmax = predictions ? ar.alloc(DType::i32, {N}) : Tensor();
   // The head and the cross-entropy in chunks of rows; in training each chunk's dlogits go
   // straight into the head's gradient and ∂L/∂xnf, so no N·V logits are ever stored.
-  A.dxnf = training ? ar.alloc(dt, {N, d}) : Tensor();
+  A.dxnf = training ? ar.alloc(at, {N, d}) : Tensor();
   const double grad_scale = A.mask_sum > 0 ? 1.0 / A.mask_sum : 0.0;
-  const int64_t rows = std::max<int64_t>(1, std::min<int64_t>(N, kLogitsPerChunk / V));
+  const int64_t rows =
+      std::max<int64_t>(1, std::min<int64_t>(N, kLogitBytesPerChunk / (V * int64_t(kernels::dtype_size(at)))));
   const auto head_mark = ar.mark();
-  Tensor logits = ar.alloc(dt, {rows, V});
-  Tensor dlogits = training && at != dt ? ar.alloc(at, {rows, V}) : logits;  // f32: in place
+  // Logits in act_dtype() (bf16 on the GPU: the cross-entropy reads them once and writes
+  // dlogits in their place).
+  Tensor logits = ar.alloc(at, {rows, V});
+  Tensor dlogits = logits;
   double total = 0;
   for (int64_t r0 = 0; r0 < N; r0 += rows) {
     const int64_t c = std::min(rows, N - r0);
@@ -312,11 +332,20 @@ void Model::backward() {
   const bool keep_act = at == dt;
   Tensor dxn = ar.alloc(dt, {A.B, A.T, d});
   Tensor dh = ar.zeros(dt, {A.B, A.T, d});
-  be_.rmsnorm_bwd(A.hf, ps.param(final_norm_), A.rstdf, A.dxnf, dh, ps.grad(final_norm_));
+  Tensor dh_a = at != dt ? ar.alloc(at, {N, d}) : dh.matrix(d);  // dh as a GEMM operand
+  // Each norm's backward also writes dh_a, the updated dh in act_dtype(), for the GEMMs
+  // that read it next (no separate conversion pass).
+  auto norm_bwd = [&](const Tensor& x, int w, const Tensor& rstd, const Tensor& dy, bool want_a) {
+    if (at != dt && want_a)
+      be_.rmsnorm_bwd_convert(x, ps.param(w), rstd, dy, dh, ps.grad(w), dh_a);
+    else
+      be_.rmsnorm_bwd(x, ps.param(w), rstd, dy, dh, ps.grad(w));
+  };
+  norm_bwd(A.hf, final_norm_, A.rstdf, A.dxnf, true);
   if (grads_ready_) grads_ready_({head_, final_norm_});
   Tensor dact = ar.alloc(at, {N, F});
   Tensor dgu = ar.alloc(at, {N, 2 * F});
-  Tensor dh_a = at != dt ? ar.alloc(at, {N, d}) : dh.matrix(d);  // dh as a GEMM operand
+  const Tensor dxn_a(dxn.data, at, {A.B, A.T, d});  // the FFN's ∂L/∂xn2 (act_dtype())
   // Side-channel gradients, zeroed up front (consumers above accumulate into them).
   for (int l = 0; l < L; ++l) {
     Routing& r = A.route[l];
@@ -330,20 +359,21 @@ void Model::backward() {
   for (int l = L - 1; l >= 0; --l) {
     const Layer& ly = layers_[l];
     // SwiGLU branch: h2 = h1 + act·W_downᵀ.
-    if (at != dt) be_.convert(dh, dh_a);
+    be_.gemm(dh_a, false, ps.param(ly.w_down), false, dact);
     Tensor act = A.act[l];
-    if (!keep_act) {
+    if (keep_act) {
+      be_.swiglu_bwd(A.gu[l], dact, dgu);
+    } else {  // act recomputed by the backward pass itself (one read of gate·up)
       act = A.act_tmp;
-      be_.swiglu_fwd(A.gu[l], act);
+      be_.swiglu_bwd_fwd(A.gu[l], dact, dgu, act);
     }
     be_.gemm(dh_a, true, act, false, ps.grad(ly.w_down), 1.0, 1.0);
-    be_.gemm(dh_a, false, ps.param(ly.w_down), false, dact);
-    be_.swiglu_bwd(A.gu[l], dact, dgu);
     Tensor g_gu(ps.grad(ly.w_gate).data, dt, {2 * F, d});
     Tensor w_gu(ps.param(ly.w_gate).data, dt, {2 * F, d});
     be_.gemm(dgu, true, A.xn2[l], false, g_gu, 1.0, 1.0);
-    be_.gemm(dgu, false, w_gu, false, dxn);
-    be_.rmsnorm_bwd(A.h[2 * l + 1], ps.param(ly.norm2), A.rstd2[l], dxn, dh, ps.grad(ly.norm2));
+    be_.gemm(dgu, false, w_gu, false, dxn_a);
+    const DType io = mixer_io_dtype(shape_, be_, l);
+    norm_bwd(A.h[2 * l + 1], ly.norm2, A.rstd2[l], dxn_a, io != dt);
     // Routing projection: h1 += side·Pᵀ.
     Routing& r = A.route[l];
     if (ly.route_p >= 0) {
@@ -359,8 +389,9 @@ void Model::backward() {
       be_.gemm(dlow, false, ps.param(ly.route_d), false, r.d_out, 1.0, 1.0);
     }
     // Mixer branch: h1 = h0 + Mixer(RMSNorm(h0)).
-    mixers_[l]->backward(ctx, dh, dxn, r);
-    be_.rmsnorm_bwd(A.h[2 * l], ps.param(ly.norm1), A.rstd1[l], dxn, dh, ps.grad(ly.norm1));
+    const Tensor dxn_m(dxn.data, io, {A.B, A.T, d});
+    mixers_[l]->backward(ctx, io != dt ? Tensor(dh_a.data, io, {A.B, A.T, d}) : dh, dxn_m, r);
+    norm_bwd(A.h[2 * l], ly.norm1, A.rstd1[l], dxn_m, l > 0);
     if (grads_ready_) grads_ready(l);
   }
   be_.embedding_bwd(A.ids, dh, ps.grad(embed_));

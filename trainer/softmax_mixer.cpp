@@ -50,8 +50,8 @@ void SoftmaxMixer::forward(ForwardContext& ctx, const Tensor& x, const Tensor& y
   // the GPU in mixed precision, so the flash kernels read them without conversion passes.
   const DType at = be.act_dtype();
   const int64_t B = x.size(0), T = x.size(1);
-  x_ = x;
-  if (at != dt) {
+  x_ = x;  // the model hands over x in act_dtype() where it can (then kept as is)
+  if (x.dtype != at) {
     x_ = ar.alloc(at, std::vector<int64_t>(x.shape()));
     be.convert(x, x_);
   }
@@ -97,7 +97,7 @@ void SoftmaxMixer::backward(ForwardContext& ctx, const Tensor& dy, const Tensor&
   be.gemm(dy_a, true, o_.matrix(qd), false, gwo_, 1.0, 1.0);
   be.gemm(dy_a, false, wo_, false, dout.matrix(qd));
   be.attention_bwd(q_, k_, v_, o_, lse_, dout, dq, dk, dv, scale_, window_);
-  if (fused_qkv(at != dy.dtype)) {
+  if (fused_qkv(at != be.dtype())) {
     // [dq | dk | dv] (RoPE undone) as one matrix: one GEMM for the three weight gradients
     // and one for dx.
     const int64_t w = qd + 2 * kd, d = cfg_.d_model;

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <vector>
 
+#include <cub/device/device_radix_sort.cuh>
 #include <cuda.h>
 
 #include "kernels/cuda/attention/cudnn_attention.hpp"
@@ -117,64 +118,67 @@ __global__ void embedding_fwd_kernel(const int* ids, const float* table, float* 
   }
 }
 
-// One block row per distinct id (blockIdx.y), threads over columns; each walks the
-// positions holding that id in token order (a stable counting sort on the host), so the
-// sum has a fixed order without atomics and distinct rows run in parallel.
-__global__ void embedding_bwd_kernel(const int* uniq, const int* starts, const int* order, const float* dout,
-                                     float* dtable, int64_t d) {
-  const int u = blockIdx.y;
-  const int64_t col = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-  if (col >= d) return;
-  float* row = dtable + static_cast<int64_t>(uniq[u]) * d + col;
-  float acc = *row;
-  for (int i = starts[u]; i < starts[u + 1]; ++i) acc += dout[static_cast<int64_t>(order[i]) * d + col];
-  *row = acc;
+__global__ void iota_kernel(int* x, int64_t n) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    x[i] = static_cast<int>(i);
 }
 
-// ---------------------------------------------------------------- RMSNorm
-__global__ void rmsnorm_fwd_kernel(const float* x, const float* w, float* y, float* rstd, int64_t d, float eps) {
-  int64_t row = blockIdx.x;
-  const float* xr = x + row * d;
-  double ss = 0;
-  for (int64_t i = threadIdx.x; i < d; i += blockDim.x) ss += static_cast<double>(xr[i]) * xr[i];
-  ss = block_sum_d(ss);
-  float r = static_cast<float>(1.0 / sqrt(ss / d + eps));
-  if (threadIdx.x == 0) rstd[row] = r;
-  for (int64_t i = threadIdx.x; i < d; i += blockDim.x) y[row * d + i] = xr[i] * r * w[i];
+// The backward over token positions sorted by id (a stable radix sort: positions of one id
+// stay in token order). Block i handles the run of equal ids that starts at sorted position
+// i (other blocks exit at once); its warps take 4-column groups (lane c: columns 4c…4c+3
+// of a 128-column chunk) and add the run's dout rows four at a time (four loads in flight)
+// but in token order, starting from the table row's old value: no atomics, the same bits
+// as a sequential loop. Ids outside [0, V) are skipped. d % 4 == 0, 16-byte aligned rows.
+constexpr int kEmbWarps = 8;
+__global__ void __launch_bounds__(32 * kEmbWarps) embedding_bwd_sorted_kernel(const int* keys, const int* pos,
+                                                                              const float* dout, float* dtable,
+                                                                              int64_t n, int64_t d, int64_t V) {
+  const int64_t i = blockIdx.x;
+  const int id = keys[i];
+  if ((i > 0 && keys[i - 1] == id) || id < 0 || id >= V) return;
+  const int lane = threadIdx.x % kWarp, wid = threadIdx.x / kWarp;
+  int64_t e = i;  // the run's end: keys are sorted, so equal ids are contiguous
+  for (;;) {
+    const int64_t j = e + lane;
+    const unsigned same = __ballot_sync(0xffffffffu, j < n && keys[j] == id);
+    if (same == 0xffffffffu) {
+      e += kWarp;
+      continue;
+    }
+    e += __ffs(~same) - 1;
+    break;
+  }
+  for (int64_t c = (wid * (int64_t)kWarp + lane) * 4; c < d; c += kEmbWarps * kWarp * 4) {
+    float* row = dtable + static_cast<int64_t>(id) * d + c;
+    float4 acc = *reinterpret_cast<const float4*>(row);
+    int64_t j = i;
+    for (; j + 4 <= e; j += 4) {
+      float4 v[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) v[u] = *reinterpret_cast<const float4*>(dout + static_cast<int64_t>(pos[j + u]) * d + c);
+#pragma unroll
+      for (int u = 0; u < 4; ++u) acc.x += v[u].x, acc.y += v[u].y, acc.z += v[u].z, acc.w += v[u].w;
+    }
+    for (; j < e; ++j) {
+      const float4 v = *reinterpret_cast<const float4*>(dout + static_cast<int64_t>(pos[j]) * d + c);
+      acc.x += v.x, acc.y += v.y, acc.z += v.z, acc.w += v.w;
+    }
+    *reinterpret_cast<float4*>(row) = acc;
+  }
 }
 
-// dx += r·g − x·r³·(g·x)/d with g = dy·w.
-__global__ void rmsnorm_bwd_dx_kernel(const float* x, const float* w, const float* rstd, const float* dy,
-                                      float* dx, int64_t d) {
-  int64_t row = blockIdx.x;
-  const float* xr = x + row * d;
-  const float* dyr = dy + row * d;
-  double gx = 0;
-  for (int64_t i = threadIdx.x; i < d; i += blockDim.x) gx += static_cast<double>(dyr[i]) * w[i] * xr[i];
-  gx = block_sum_d(gx);
-  float r = rstd[row];
-  float c = static_cast<float>(gx / d) * r * r * r;
-  for (int64_t i = threadIdx.x; i < d; i += blockDim.x) dx[row * d + i] += r * dyr[i] * w[i] - xr[i] * c;
-}
-
-// dw[i] += Σ_rows dy·x·r in two deterministic stages: per chunk of rows (one thread per
-// column, rows in order) into partial[chunk][col], then the chunks in order.
-__global__ void rmsnorm_bwd_dw_partial(const float* x, const float* rstd, const float* dy, double* partial,
-                                       int64_t n, int64_t d, int64_t rows_per_chunk) {
-  int64_t col = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-  if (col >= d) return;
-  const int64_t r0 = blockIdx.y * rows_per_chunk, r1 = r0 + rows_per_chunk < n ? r0 + rows_per_chunk : n;
-  double acc = 0;
-  for (int64_t r = r0; r < r1; ++r) acc += static_cast<double>(dy[r * d + col]) * x[r * d + col] * rstd[r];
-  partial[blockIdx.y * d + col] = acc;
-}
-
-__global__ void rmsnorm_bwd_dw_final(const double* partial, float* dw, int64_t d, int chunks) {
-  int64_t col = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-  if (col >= d) return;
-  double acc = 0;
-  for (int c = 0; c < chunks; ++c) acc += partial[c * d + col];
-  dw[col] += static_cast<float>(acc);
+// The same for any d (one column per thread).
+__global__ void embedding_bwd_sorted_scalar(const int* keys, const int* pos, const float* dout, float* dtable,
+                                            int64_t n, int64_t d, int64_t V) {
+  const int64_t i = blockIdx.x;
+  const int id = keys[i];
+  if ((i > 0 && keys[i - 1] == id) || id < 0 || id >= V) return;
+  for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
+    float* row = dtable + static_cast<int64_t>(id) * d + c;
+    float acc = *row;
+    for (int64_t j = i; j < n && keys[j] == id; ++j) acc += dout[static_cast<int64_t>(pos[j]) * d + c];
+    *row = acc;
+  }
 }
 
 // Four elements per thread step (16-byte loads, 8-byte stores) where both pointers allow it:
@@ -228,11 +232,59 @@ __device__ inline void store8(bf16* p, const float (&x)[8]) {
   *reinterpret_cast<uint4*>(p) = u;
 }
 
+// ---------------------------------------------------------------- RMSNorm
+__global__ void rmsnorm_fwd_kernel(const float* x, const float* w, float* y, float* rstd, int64_t d, float eps) {
+  int64_t row = blockIdx.x;
+  const float* xr = x + row * d;
+  double ss = 0;
+  for (int64_t i = threadIdx.x; i < d; i += blockDim.x) ss += static_cast<double>(xr[i]) * xr[i];
+  ss = block_sum_d(ss);
+  float r = static_cast<float>(1.0 / sqrt(ss / d + eps));
+  if (threadIdx.x == 0) rstd[row] = r;
+  for (int64_t i = threadIdx.x; i < d; i += blockDim.x) y[row * d + i] = xr[i] * r * w[i];
+}
+
+// dx += r·g − x·r³·(g·x)/d with g = dy·w.
+template <class TD>
+__global__ void rmsnorm_bwd_dx_kernel(const float* x, const float* w, const float* rstd, const TD* dy,
+                                      float* dx, int64_t d) {
+  int64_t row = blockIdx.x;
+  const float* xr = x + row * d;
+  const TD* dyr = dy + row * d;
+  double gx = 0;
+  for (int64_t i = threadIdx.x; i < d; i += blockDim.x) gx += static_cast<double>(ldf(dyr + i)) * w[i] * xr[i];
+  gx = block_sum_d(gx);
+  float r = rstd[row];
+  float c = static_cast<float>(gx / d) * r * r * r;
+  for (int64_t i = threadIdx.x; i < d; i += blockDim.x) dx[row * d + i] += r * ldf(dyr + i) * w[i] - xr[i] * c;
+}
+
+// dw[i] += Σ_rows dy·x·r in two deterministic stages: per chunk of rows (one thread per
+// column, rows in order) into partial[chunk][col], then the chunks in order.
+template <class TD>
+__global__ void rmsnorm_bwd_dw_partial(const float* x, const float* rstd, const TD* dy, double* partial,
+                                       int64_t n, int64_t d, int64_t rows_per_chunk) {
+  int64_t col = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (col >= d) return;
+  const int64_t r0 = blockIdx.y * rows_per_chunk, r1 = r0 + rows_per_chunk < n ? r0 + rows_per_chunk : n;
+  double acc = 0;
+  for (int64_t r = r0; r < r1; ++r) acc += static_cast<double>(ldf(dy + r * d + col)) * x[r * d + col] * rstd[r];
+  partial[blockIdx.y * d + col] = acc;
+}
+
+__global__ void rmsnorm_bwd_dw_final(const double* partial, float* dw, int64_t d, int chunks) {
+  int64_t col = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (col >= d) return;
+  double acc = 0;
+  for (int c = 0; c < chunks; ++c) acc += partial[c * d + col];
+  dw[col] += static_cast<float>(acc);
+}
+
 // RMSNorm forward with the output in TY (f32 or bf16); the same arithmetic as
 // rmsnorm_fwd_kernel. With r given, h = x + r is formed and written first (the residual
 // add fused with the next norm; h may alias x).
-template <class TY>
-__global__ void add_rmsnorm_fwd_kernel(const float* x, const float* r, float* h, const float* w, TY* y,
+template <class TR, class TY>
+__global__ void add_rmsnorm_fwd_kernel(const float* x, const TR* r, float* h, const float* w, TY* y,
                                        float* rstd, int64_t d, float eps) {
   const int64_t row = blockIdx.x;
   const float* xr = x + row * d;
@@ -241,7 +293,7 @@ __global__ void add_rmsnorm_fwd_kernel(const float* x, const float* r, float* h,
   for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
     float v = xr[i];
     if (r) {
-      v += r[row * d + i];
+      v += ldf(r + row * d + i);
       hr[i] = v;
     }
     ss += static_cast<double>(v) * v;
@@ -251,6 +303,157 @@ __global__ void add_rmsnorm_fwd_kernel(const float* x, const float* r, float* h,
   if (threadIdx.x == 0) rstd[row] = rs;
   const float* src = r ? hr : xr;
   for (int64_t i = threadIdx.x; i < d; i += blockDim.x) stf(y + row * d + i, src[i] * rs * w[i]);
+}
+
+
+// ---- warp-per-row RMSNorm (d % 4 == 0, 16-byte aligned rows): the fast path ----
+// One warp per row, lane c handles the 4-element groups c, c+32, …; the row stays in
+// registers between the sum of squares and the output (one read of x, one write of y).
+// KMAX bounds the groups per lane (d ≤ 128·KMAX). Sums in float per lane, then a
+// fixed-order warp sum: deterministic.
+__device__ inline void ld4(const float* p, float (&v)[4]) {
+  const float4 f = *reinterpret_cast<const float4*>(p);
+  v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
+}
+__device__ inline void ld4(const bf16* p, float (&v)[4]) {
+  const uint2 u = *reinterpret_cast<const uint2*>(p);
+  const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x));
+  const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
+  v[0] = a.x, v[1] = a.y, v[2] = b.x, v[3] = b.y;
+}
+__device__ inline void st4(float* p, const float (&v)[4]) {
+  *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+}
+__device__ inline void st4(bf16* p, const float (&v)[4]) {
+  Bf16x4 o{__floats2bfloat162_rn(v[0], v[1]), __floats2bfloat162_rn(v[2], v[3])};
+  *reinterpret_cast<Bf16x4*>(p) = o;
+}
+
+constexpr int kNormWarps = 8;  // rows per block of the warp-per-row norms
+
+// y = RMSNorm(x + r) (r optional: TR = float with r = nullptr for the plain norm); h = x + r
+// written when r is given (h may alias x: each element is read before it is written by the
+// same lane).
+template <int KMAX, class TR, class TY>
+__global__ void __launch_bounds__(32 * kNormWarps) rmsnorm_fwd_rows(const float* x, const TR* r, float* h,
+                                                                    const float* __restrict__ w, TY* __restrict__ y,
+                                                                    float* __restrict__ rstd, int64_t n, int d,
+                                                                    float eps) {
+  const int lane = threadIdx.x % kWarp;
+  const int64_t row = blockIdx.x * (int64_t)kNormWarps + threadIdx.x / kWarp;
+  if (row >= n) return;
+  const int d4 = d / 4;
+  const int64_t base = row * d;
+  float v[KMAX][4];
+  float ss = 0.f;
+#pragma unroll
+  for (int k = 0; k < KMAX; ++k) {
+    const int c = lane + kWarp * k;
+    if (c < d4) {
+      ld4(x + base + 4 * c, v[k]);
+      if (r) {
+        float b[4];
+        ld4(r + base + 4 * c, b);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) v[k][e] += b[e];
+        st4(h + base + 4 * c, v[k]);
+      }
+#pragma unroll
+      for (int e = 0; e < 4; ++e) ss += v[k][e] * v[k][e];
+    }
+  }
+  ss = warp_sum(ss);
+  const float rs = static_cast<float>(1.0 / sqrt(static_cast<double>(ss) / d + eps));
+  if (lane == 0) rstd[row] = rs;
+#pragma unroll
+  for (int k = 0; k < KMAX; ++k) {
+    const int c = lane + kWarp * k;
+    if (c < d4) {
+      float wv[4], o[4];
+      ld4(w + 4 * c, wv);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[e] = v[k][e] * rs * wv[e];
+      st4(y + base + 4 * c, o);
+    }
+  }
+}
+
+// RMSNorm backward, one pass: per row (one warp) dx += r·g − x·r³·(g·x)/d with g = dy·w,
+// optionally dx_out = the new dx in TO (bf16: the next GEMMs' operand, instead of a separate
+// conversion pass), and dw's contribution Σ_rows dy·x·r accumulated per lane in registers
+// (the lane always owns the same columns), then summed over the block's warps in a fixed
+// order into partial[block][col]: no second read of x and dy for dw, no atomics. Rows go
+// to warps round-robin over a fixed grid, so the result does not depend on scheduling.
+template <int KMAX, class TD, class TO>
+__global__ void __launch_bounds__(32 * kNormWarps, 2)
+    rmsnorm_bwd_rows(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ rstd,
+                     const TD* __restrict__ dy, float* __restrict__ dx, TO* __restrict__ dx_out,
+                     float* __restrict__ partial, int64_t n, int d) {
+  extern __shared__ float warp_dw[];  // [kNormWarps][d]
+  const int lane = threadIdx.x % kWarp, wid = threadIdx.x / kWarp;
+  const int d4 = d / 4;
+  float acc[KMAX][4];
+#pragma unroll
+  for (int k = 0; k < KMAX; ++k)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[k][e] = 0.f;
+  const int64_t warps = (int64_t)gridDim.x * kNormWarps;
+  for (int64_t row = blockIdx.x * (int64_t)kNormWarps + wid; row < n; row += warps) {
+    const int64_t base = row * d;
+    const float r = rstd[row];
+    float xv[KMAX][4], gv[KMAX][4];
+    float gx = 0.f;
+#pragma unroll
+    for (int k = 0; k < KMAX; ++k) {
+      const int c = lane + kWarp * k;
+      if (c < d4) {
+        float wv[4];
+        ld4(x + base + 4 * c, xv[k]);
+        ld4(dy + base + 4 * c, gv[k]);
+        ld4(w + 4 * c, wv);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          acc[k][e] += gv[k][e] * xv[k][e] * r;
+          gv[k][e] *= wv[e];  // g = dy·w from here on
+          gx += gv[k][e] * xv[k][e];
+        }
+      }
+    }
+    gx = warp_sum(gx);
+    const float cc = (gx / d) * r * r * r;
+#pragma unroll
+    for (int k = 0; k < KMAX; ++k) {
+      const int c = lane + kWarp * k;
+      if (c < d4) {
+        float o[4];
+        ld4(dx + base + 4 * c, o);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[e] += r * gv[k][e] - xv[k][e] * cc;
+        st4(dx + base + 4 * c, o);
+        if (dx_out) st4(dx_out + base + 4 * c, o);
+      }
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < KMAX; ++k) {
+    const int c = lane + kWarp * k;
+    if (c < d4) st4(warp_dw + wid * d + 4 * c, acc[k]);
+  }
+  __syncthreads();
+  for (int col = threadIdx.x; col < d; col += blockDim.x) {
+    float s = 0.f;
+    for (int i = 0; i < kNormWarps; ++i) s += warp_dw[i * d + col];
+    partial[blockIdx.x * (int64_t)d + col] = s;
+  }
+}
+
+// dw[col] += Σ_blocks partial[block][col], in block order (double).
+__global__ void rmsnorm_dw_sum(const float* partial, float* dw, int d, int blocks) {
+  const int col = blockIdx.x * blockDim.x + threadIdx.x;
+  if (col >= d) return;
+  double s = 0;
+  for (int b = 0; b < blocks; ++b) s += partial[b * (int64_t)d + col];
+  dw[col] += static_cast<float>(s);
 }
 
 // ---------------------------------------------------------------- SwiGLU
@@ -308,6 +511,29 @@ __global__ void swiglu_bwd_bf16x8(const bf16* gu, const bf16* dh, bf16* dgu, int
       }
       store8(dgu + row * 2 * f + c8 * 8, dg);
       store8(dgu + row * 2 * f + f + c8 * 8, du);
+    }
+}
+
+// swiglu_bwd_bf16x8 that also writes h = silu(g)·u (the forward's output, recomputed in
+// the backward instead of stored): one read of gu serves both.
+__global__ void swiglu_bwd_fwd_bf16x8(const bf16* gu, const bf16* dh, bf16* dgu, bf16* h, int64_t n, int64_t f) {
+  const int64_t f8 = f / 8;
+  for (int64_t row = blockIdx.x; row < n; row += gridDim.x)
+    for (int64_t c8 = threadIdx.x; c8 < f8; c8 += blockDim.x) {
+      float g[8], u[8], dd[8], dg[8], du[8], o[8];
+      load8(gu + row * 2 * f + c8 * 8, g);
+      load8(gu + row * 2 * f + f + c8 * 8, u);
+      load8(dh + row * f + c8 * 8, dd);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const float sg = sigmoidf_(g[k]);
+        o[k] = g[k] * sg * u[k];
+        dg[k] = dd[k] * u[k] * sg * (1.f + g[k] * (1.f - sg));
+        du[k] = dd[k] * g[k] * sg;
+      }
+      store8(dgu + row * 2 * f + c8 * 8, dg);
+      store8(dgu + row * 2 * f + f + c8 * 8, du);
+      store8(h + row * f + c8 * 8, o);
     }
 }
 
@@ -458,14 +684,15 @@ __global__ void attention_dkv_kernel(const float* q, const float* k, const float
 }
 
 // ---------------------------------------------------------------- cross-entropy
-__global__ void ce_fwd_kernel(const float* logits, const int* targets, const float* mask, float* losses,
+template <class TL>
+__global__ void ce_fwd_kernel(const TL* logits, const int* targets, const float* mask, float* losses,
                               int* argmax, int64_t V) {
   int64_t row = blockIdx.x;
-  const float* lr = logits + row * V;
+  const TL* lr = logits + row * V;
   float m = -INFINITY;
   int64_t best = 0;
   for (int64_t i = threadIdx.x; i < V; i += blockDim.x)
-    if (lr[i] > m) m = lr[i], best = i;
+    if (ldf(lr + i) > m) m = ldf(lr + i), best = i;
   float gmax = block_max(m);
   __shared__ long long best_idx;
   if (threadIdx.x == 0) best_idx = V;
@@ -474,32 +701,32 @@ __global__ void ce_fwd_kernel(const float* logits, const int* targets, const flo
   if (m == gmax) atomicMin(&best_idx, static_cast<long long>(best));
   __syncthreads();
   double se = 0;
-  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) se += exp(static_cast<double>(lr[i] - gmax));
+  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) se += exp(static_cast<double>(ldf(lr + i) - gmax));
   se = block_sum_d(se);
   if (threadIdx.x == 0) {
     double lse = gmax + log(se);
-    losses[row] = static_cast<float>(mask[row] * (lse - lr[targets[row]]));
+    losses[row] = static_cast<float>(mask[row] * (lse - ldf(lr + targets[row])));
     if (argmax) argmax[row] = static_cast<int>(best_idx);
   }
 }
 
-template <class TD>
-__global__ void ce_bwd_kernel(const float* logits, const int* targets, const float* mask, float grad_scale,
+template <class TL, class TD>
+__global__ void ce_bwd_kernel(const TL* logits, const int* targets, const float* mask, float grad_scale,
                               TD* dlogits, int64_t V) {
   int64_t row = blockIdx.x;
-  const float* lr = logits + row * V;
+  const TL* lr = logits + row * V;
   float m = -INFINITY;
-  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) m = fmaxf(m, lr[i]);
+  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) m = fmaxf(m, ldf(lr + i));
   float gmax = block_max(m);
   double se = 0;
-  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) se += exp(static_cast<double>(lr[i] - gmax));
+  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) se += exp(static_cast<double>(ldf(lr + i) - gmax));
   se = block_sum_d(se);
   __syncthreads();  // every read of the row is done before dlogits (which may alias) is written
   float w = grad_scale * mask[row];
   int tgt = targets[row];
   float inv = static_cast<float>(1.0 / se);
   for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
-    float p = expf(lr[i] - gmax) * inv;
+    float p = expf(ldf(lr + i) - gmax) * inv;
     stf(dlogits + row * V + i, w * (p - (i == tgt ? 1.f : 0.f)));
   }
 }
@@ -508,16 +735,16 @@ __global__ void ce_bwd_kernel(const float* logits, const int* targets, const flo
 // memory (V floats): one read of the logits, one write of dlogits, instead of five passes.
 // Same arithmetic as ce_fwd_kernel + ce_bwd_kernel (reduction splits differ: not bitwise).
 constexpr int kCeFusedThreads = 1024;
-template <class TD>
-__global__ void __launch_bounds__(kCeFusedThreads) ce_fused_kernel(const float* logits, const int* targets,
+template <class TL, class TD>
+__global__ void __launch_bounds__(kCeFusedThreads) ce_fused_kernel(const TL* logits, const int* targets,
                                                                    const float* mask, float* losses, float grad_scale,
                                                                    TD* dlogits, int64_t V) {
   extern __shared__ float srow[];
   const int64_t row = blockIdx.x;
-  const float* lr = logits + row * V;
+  const TL* lr = logits + row * V;
   float m = -INFINITY;
   for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
-    const float x = lr[i];
+    const float x = ldf(lr + i);
     srow[i] = x;
     m = fmaxf(m, x);
   }
@@ -532,6 +759,78 @@ __global__ void __launch_bounds__(kCeFusedThreads) ce_fused_kernel(const float* 
   for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
     const float p = expf(srow[i] - gmax) * inv;
     stf(dlogits + row * V + i, w * (p - (i == tgt ? 1.f : 0.f)));
+  }
+}
+
+// The training cross-entropy on bf16 logits (the head GEMM's bf16 output), one row per
+// block of kCeRegThreads threads with the row held in registers (VPT 16-byte groups of 8
+// logits per thread): one read of the logits and one write of bf16 dlogits, in place
+// allowed (every read of the row precedes the block barrier before the writes). Max by
+// a block reduction; Σ exp in float per thread (exp2 of a pre-scaled argument), then in
+// double across the block in a fixed order: deterministic. V % 8 == 0, rows 16-byte aligned.
+constexpr int kCeRegThreads = 512;
+template <int VPT>
+__global__ void __launch_bounds__(kCeRegThreads, VPT <= 8 ? 2 : 1) ce_fused_bf16_rows(const bf16* logits, const int* targets,
+                                                                    const float* mask, float* losses, float grad_scale,
+                                                                    bf16* dlogits, int64_t V) {
+  constexpr float kLog2e = 1.4426950408889634f;
+  const int64_t row = blockIdx.x;
+  const uint4* lr = reinterpret_cast<const uint4*>(logits + row * V);
+  const int v8 = static_cast<int>(V / 8);
+  uint4 buf[VPT];
+  float m = -INFINITY;
+#pragma unroll
+  for (int k = 0; k < VPT; ++k) {
+    const int i = threadIdx.x + k * kCeRegThreads;
+    if (i < v8) {
+      buf[k] = lr[i];
+      const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&buf[k]);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float2 f = __bfloat1622float2(h[e]);
+        m = fmaxf(m, fmaxf(f.x, f.y));
+      }
+    }
+  }
+  const float gmax = block_max(m);
+  const float mscaled = gmax * kLog2e;
+  float se = 0.f;
+#pragma unroll
+  for (int k = 0; k < VPT; ++k) {
+    const int i = threadIdx.x + k * kCeRegThreads;
+    if (i < v8) {
+      const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&buf[k]);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float2 f = __bfloat1622float2(h[e]);
+        se += exp2f(fmaf(f.x, kLog2e, -mscaled)) + exp2f(fmaf(f.y, kLog2e, -mscaled));
+      }
+    }
+  }
+  const double sed = block_sum_d(se);  // its barriers also end every read of the row
+  const int tgt = targets[row];
+  if (threadIdx.x == 0) {
+    const float xt = __bfloat162float(logits[row * V + tgt]);
+    losses[row] = static_cast<float>(mask[row] * (gmax + log(sed) - xt));
+  }
+  __syncthreads();  // the target logit is read before any thread overwrites the row
+  const float w = grad_scale * mask[row];
+  const float inv = static_cast<float>(1.0 / sed);
+  uint4* dl = reinterpret_cast<uint4*>(dlogits + row * V);
+#pragma unroll
+  for (int k = 0; k < VPT; ++k) {
+    const int i = threadIdx.x + k * kCeRegThreads;
+    if (i < v8) {
+      const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&buf[k]);
+      float o[8];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float2 f = __bfloat1622float2(h[e]);
+        o[2 * e] = w * (exp2f(fmaf(f.x, kLog2e, -mscaled)) * inv - (8 * i + 2 * e == tgt ? 1.f : 0.f));
+        o[2 * e + 1] = w * (exp2f(fmaf(f.y, kLog2e, -mscaled)) * inv - (8 * i + 2 * e + 1 == tgt ? 1.f : 0.f));
+      }
+      store8(reinterpret_cast<bf16*>(dl + i), o);
+    }
   }
 }
 
@@ -596,6 +895,73 @@ __global__ void rope_qkv_kernel(T* qkv, T* q, T* k, T* v, const float2* cs, I N,
   }
 }
 
+// The RoPE kernels on 16-byte groups: W = 8 bf16 or 4 f32 consecutive pairs of one head
+// per thread (half % W == 0, 16-byte aligned tensors), so every access is one 16-byte load
+// or store and the index arithmetic is paid once per W pairs. Same arithmetic as above.
+__device__ inline void ldv(const bf16* p, float (&x)[8]) { load8(p, x); }
+__device__ inline void stv(bf16* p, const float (&x)[8]) { store8(p, x); }
+__device__ inline void ldv(const float* p, float (&x)[4]) { ld4(p, x); }
+__device__ inline void stv(float* p, const float (&x)[4]) { st4(p, x); }
+
+template <int W>
+__device__ inline void rotate_vec(float (&a)[W], float (&b)[W], const float2* cs, float sign) {
+  const float4* c4 = reinterpret_cast<const float4*>(cs);
+#pragma unroll
+  for (int j = 0; j < W / 2; ++j) {
+    const float4 r = c4[j];  // (cos, sin) of pairs 2j and 2j+1
+    const float c0 = r.x, s0 = sign * r.y, c1 = r.z, s1 = sign * r.w;
+    const float a0 = a[2 * j], b0 = b[2 * j], a1 = a[2 * j + 1], b1 = b[2 * j + 1];
+    a[2 * j] = a0 * c0 - b0 * s0;
+    b[2 * j] = b0 * c0 + a0 * s0;
+    a[2 * j + 1] = a1 * c1 - b1 * s1;
+    b[2 * j + 1] = b1 * c1 + a1 * s1;
+  }
+}
+
+template <class T, class I>
+__global__ void rope_apply_vec_kernel(T* x, const float2* cs, I B, I Tn, I H, I D, float sign) {
+  constexpr int W = 16 / sizeof(T);
+  const I half = D / 2, hv = half / W, n = B * Tn * H * hv;
+  for (I i = blockIdx.x * (I)blockDim.x + threadIdx.x; i < n; i += (I)gridDim.x * blockDim.x) {
+    const I p = (i % hv) * W, row = i / hv, t = (row / H) % Tn;
+    T* xr = x + row * D;
+    float a[W], b[W];
+    ldv(xr + p, a);
+    ldv(xr + p + half, b);
+    rotate_vec<W>(a, b, cs + t * half + p, sign);
+    stv(xr + p, a);
+    stv(xr + p + half, b);
+  }
+}
+
+template <class T, class I, int DIR>
+__global__ void rope_qkv_vec_kernel(T* qkv, T* q, T* k, T* v, const float2* cs, I N, I Tn, I Hq, I Hkv, I D) {
+  constexpr int W = 16 / sizeof(T);
+  const I half = D / 2, hv = half / W, H3 = Hq + 2 * Hkv, n = N * H3 * hv;
+  for (I i = blockIdx.x * (I)blockDim.x + threadIdx.x; i < n; i += (I)gridDim.x * blockDim.x) {
+    const I p = (i % hv) * W, hh = (i / hv) % H3, tok = i / (hv * H3), t = tok % Tn;
+    T* fused = qkv + (tok * H3 + hh) * D;
+    T* part;
+    bool rotate = true;
+    if (hh < Hq) {
+      part = q + (tok * Hq + hh) * D;
+    } else if (hh < Hq + Hkv) {
+      part = k + (tok * Hkv + hh - Hq) * D;
+    } else {
+      part = v + (tok * Hkv + hh - Hq - Hkv) * D;
+      rotate = false;
+    }
+    const T* src = DIR > 0 ? fused : part;
+    T* dst = DIR > 0 ? part : fused;
+    float a[W], b[W];
+    ldv(src + p, a);
+    ldv(src + p + half, b);
+    if (rotate) rotate_vec<W>(a, b, cs + t * half + p, static_cast<float>(DIR));
+    stv(dst + p, a);
+    stv(dst + p + half, b);
+  }
+}
+
 void require_f32(const Tensor& t, const char* what) {
   if (t.dtype != DType::f32) throw RuntimeError(std::string("cuda backend: ") + what + " must be f32");
 }
@@ -604,6 +970,7 @@ void require_act(const Tensor& t, const char* what) {
     throw RuntimeError(std::string("cuda backend: ") + what + " must be f32 or bf16, got " + to_string(t.dtype));
 }
 bool is_bf16(const Tensor& t) { return t.dtype == DType::bf16; }
+bool aligned16(const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data) % 16 == 0; }
 
 }  // namespace
 
@@ -1031,58 +1398,121 @@ void CudaBackend::embedding_bwd(const Tensor& ids, const Tensor& dout, const Ten
   OpTimer timer(*this, "embedding");
   const int64_t n = ids.numel(), d = dtable.last(), V = dtable.rows();
   touch(dtable);
-  // A stable counting sort of the token positions by id, on the host (N ints each way).
-  host_ids_.resize(n);
-  download(ids, host_ids_.data());
-  std::vector<int32_t> count(static_cast<std::size_t>(V) + 1, 0);
-  for (int32_t id : host_ids_) {
-    if (id < 0 || id >= V) throw RuntimeError("embedding_bwd: id " + std::to_string(id) + " outside the table");
-    ++count[id];
-  }
-  host_starts_.clear();
-  std::vector<int32_t> uniq, pos(static_cast<std::size_t>(V));
-  int32_t run = 0;
-  for (int64_t v = 0; v < V; ++v)
-    if (count[v]) {
-      uniq.push_back(static_cast<int32_t>(v));
-      host_starts_.push_back(run);
-      pos[v] = run;
-      run += count[v];
-    }
-  host_starts_.push_back(run);
-  host_order_.resize(n);
-  for (int64_t i = 0; i < n; ++i) host_order_[pos[host_ids_[i]]++] = static_cast<int32_t>(i);
-  const std::size_t nu = uniq.size(), need = 2 * nu + 1 + n;
-  if (nu == 0) return;
-  if (need > idx_scratch_n_) {
+  if (n == 0) return;
+  if (n >= (int64_t(1) << 31)) throw RuntimeError("cuda embedding_bwd: too many tokens");
+  // Token positions sorted by id on the device (cub's stable radix sort over the bits that
+  // V needs), so no host round trip stalls the stream.
+  int end_bit = 1;
+  while (end_bit < 31 && (int64_t(1) << end_bit) < V) ++end_bit;
+  std::size_t temp = 0;
+  LAR_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp, ids.ptr<int>(), static_cast<int*>(nullptr),
+                                                 static_cast<int*>(nullptr), static_cast<int*>(nullptr),
+                                                 static_cast<int>(n), 0, end_bit, stream_));
+  const std::size_t ints = 3 * static_cast<std::size_t>(n) + (temp + 3) / 4 + 64;
+  if (ints > idx_scratch_n_) {
     if (idx_scratch_) {
       synchronize();
       track_free(idx_scratch_);
       LAR_CUDA_CHECK(cudaFree(idx_scratch_));
     }
-    LAR_CUDA_CHECK(cudaMalloc(&idx_scratch_, need * sizeof(int32_t)));
-    track_alloc(idx_scratch_, need * sizeof(int32_t));
-    idx_scratch_n_ = need;
+    LAR_CUDA_CHECK(cudaMalloc(&idx_scratch_, ints * sizeof(int32_t)));
+    track_alloc(idx_scratch_, ints * sizeof(int32_t));
+    idx_scratch_n_ = ints;
   }
-  int32_t* d_uniq = idx_scratch_;
-  int32_t* d_starts = d_uniq + nu;
-  int32_t* d_order = d_starts + nu + 1;
-  LAR_CUDA_CHECK(cudaMemcpyAsync(d_uniq, uniq.data(), nu * 4, cudaMemcpyHostToDevice, stream_));
-  LAR_CUDA_CHECK(cudaMemcpyAsync(d_starts, host_starts_.data(), (nu + 1) * 4, cudaMemcpyHostToDevice, stream_));
-  LAR_CUDA_CHECK(cudaMemcpyAsync(d_order, host_order_.data(), n * 4, cudaMemcpyHostToDevice, stream_));
-  dim3 grid(static_cast<unsigned>((d + 127) / 128), static_cast<unsigned>(nu));
-  embedding_bwd_kernel<<<grid, 128, 0, stream_>>>(d_uniq, d_starts, d_order, dout.ptr<float>(), dtable.ptr<float>(), d);
+  int32_t* keys = idx_scratch_;
+  int32_t* pos_in = keys + n;
+  int32_t* pos = pos_in + n;
+  void* tmp = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(pos + n) + 255) / 256 * 256);
+  iota_kernel<<<blocks_for(n, 256), 256, 0, stream_>>>(pos_in, n);
   LAR_CUDA_LAUNCHED();
-  synchronize();  // the host vectors are reused by the next call
+  LAR_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(tmp, temp, ids.ptr<int>(), keys, pos_in, pos, static_cast<int>(n), 0,
+                                                 end_bit, stream_));
+  const unsigned blocks = static_cast<unsigned>(n);
+  if (d % 4 == 0 && aligned16(dout) && aligned16(dtable))
+    embedding_bwd_sorted_kernel<<<blocks, 32 * kEmbWarps, 0, stream_>>>(keys, pos, dout.ptr<float>(),
+                                                                        dtable.ptr<float>(), n, d, V);
+  else
+    embedding_bwd_sorted_scalar<<<blocks, 128, 0, stream_>>>(keys, pos, dout.ptr<float>(), dtable.ptr<float>(), n, d, V);
+  LAR_CUDA_LAUNCHED();
 }
+
+namespace {
+// Groups of 4 columns per lane of the warp-per-row norm kernels for rows of d (0: they do
+// not apply — d % 4 != 0, or d > 1024).
+int norm_groups(int64_t d) {
+  if (d % 4 != 0 || d <= 0) return 0;
+  const int64_t g = (d / 4 + kWarp - 1) / kWarp;
+  return g <= 1 ? 1 : g <= 2 ? 2 : g <= 4 ? 4 : g <= 8 ? 8 : 0;
+}
+unsigned norm_fwd_blocks(int64_t n) { return static_cast<unsigned>((n + kNormWarps - 1) / kNormWarps); }
+
+template <int K, class TR, class TY>
+void norm_fwd_k(const Tensor& x, const TR* r, const Tensor& h, const Tensor& w, const Tensor& y, const Tensor& rstd,
+                float eps, cudaStream_t st) {
+  const int64_t n = x.rows();
+  rmsnorm_fwd_rows<K, TR, TY><<<norm_fwd_blocks(n), 32 * kNormWarps, 0, st>>>(
+      x.ptr<float>(), r, h.empty() ? nullptr : h.ptr<float>(), w.ptr<float>(), y.ptr<TY>(), rstd.ptr<float>(), n,
+      static_cast<int>(x.last()), eps);
+}
+// y = RMSNorm(x [+ r]) through the warp-per-row kernel (r, h empty for the plain norm).
+template <class TR, class TY>
+void norm_fwd_rows(int groups, const Tensor& x, const Tensor& r, const Tensor& h, const Tensor& w, const Tensor& y,
+                   const Tensor& rstd, float eps, cudaStream_t st) {
+  const TR* rp = r.empty() ? nullptr : r.ptr<TR>();
+  switch (groups) {
+    case 1: norm_fwd_k<1, TR, TY>(x, rp, h, w, y, rstd, eps, st); break;
+    case 2: norm_fwd_k<2, TR, TY>(x, rp, h, w, y, rstd, eps, st); break;
+    case 4: norm_fwd_k<4, TR, TY>(x, rp, h, w, y, rstd, eps, st); break;
+    default: norm_fwd_k<8, TR, TY>(x, rp, h, w, y, rstd, eps, st); break;
+  }
+}
+template <class TR>
+void norm_fwd_rows_y(int groups, const Tensor& x, const Tensor& r, const Tensor& h, const Tensor& w, const Tensor& y,
+                     const Tensor& rstd, float eps, cudaStream_t st) {
+  if (is_bf16(y)) norm_fwd_rows<TR, bf16>(groups, x, r, h, w, y, rstd, eps, st);
+  else norm_fwd_rows<TR, float>(groups, x, r, h, w, y, rstd, eps, st);
+}
+bool norm_rows_ok(const Tensor& x, std::initializer_list<const Tensor*> others) {
+  if (norm_groups(x.last()) == 0 || !aligned16(x)) return false;
+  for (const Tensor* t : others)
+    if (!t->empty() && !aligned16(*t)) return false;
+  return true;
+}
+// Blocks of the one-pass norm backward: a fixed count for a given row count (so the
+// dw partial sums, and the result, do not depend on the device).
+constexpr int kNormBwdBlocks = 264;
+int norm_bwd_blocks(int64_t n) {
+  return static_cast<int>(std::min<int64_t>(kNormBwdBlocks, (n + kNormWarps - 1) / kNormWarps));
+}
+template <int K, class TD, class TO>
+void norm_bwd_k(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy, const Tensor& dx,
+                const Tensor& dx_out, float* partial, int blocks, cudaStream_t st) {
+  const int d = static_cast<int>(x.last());
+  rmsnorm_bwd_rows<K, TD, TO><<<blocks, 32 * kNormWarps, kNormWarps * d * sizeof(float), st>>>(
+      x.ptr<float>(), w.ptr<float>(), rstd.ptr<float>(), dy.ptr<TD>(), dx.ptr<float>(),
+      dx_out.empty() ? nullptr : dx_out.ptr<TO>(), partial, x.rows(), d);
+}
+template <class TD, class TO>
+void norm_bwd_rows(int groups, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy, const Tensor& dx,
+                   const Tensor& dx_out, float* partial, int blocks, cudaStream_t st) {
+  switch (groups) {
+    case 1: norm_bwd_k<1, TD, TO>(x, w, rstd, dy, dx, dx_out, partial, blocks, st); break;
+    case 2: norm_bwd_k<2, TD, TO>(x, w, rstd, dy, dx, dx_out, partial, blocks, st); break;
+    case 4: norm_bwd_k<4, TD, TO>(x, w, rstd, dy, dx, dx_out, partial, blocks, st); break;
+    default: norm_bwd_k<8, TD, TO>(x, w, rstd, dy, dx, dx_out, partial, blocks, st); break;
+  }
+}
+}  // namespace
 
 void CudaBackend::rmsnorm_fwd(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& rstd, double eps) {
   OpTimer timer(*this, "rmsnorm");
   require_f32(x, "rmsnorm x");
   require_act(y, "rmsnorm y");
   int64_t n = x.rows(), d = x.last();
-  if (is_bf16(y))
-    add_rmsnorm_fwd_kernel<<<static_cast<unsigned>(n), 256, 0, stream_>>>(
+  if (norm_rows_ok(x, {&w, &y}))
+    norm_fwd_rows_y<float>(norm_groups(d), x, Tensor(), Tensor(), w, y, rstd, static_cast<float>(eps), stream_);
+  else if (is_bf16(y))
+    add_rmsnorm_fwd_kernel<float, bf16><<<static_cast<unsigned>(n), 256, 0, stream_>>>(
         x.ptr<float>(), nullptr, nullptr, w.ptr<float>(), y.ptr<bf16>(), rstd.ptr<float>(), d, static_cast<float>(eps));
   else
     rmsnorm_fwd_kernel<<<static_cast<unsigned>(n), 256, 0, stream_>>>(x.ptr<float>(), w.ptr<float>(), y.ptr<float>(),
@@ -1094,43 +1524,95 @@ void CudaBackend::add_rmsnorm_fwd(const Tensor& x, const Tensor& r, const Tensor
                                   const Tensor& rstd, double eps) {
   OpTimer timer(*this, "residual add + rmsnorm");
   require_f32(x, "add_rmsnorm x");
-  require_f32(r, "add_rmsnorm r");
+  require_act(r, "add_rmsnorm r");
   require_f32(h, "add_rmsnorm h");
   require_act(y, "add_rmsnorm y");
   if (x.numel() != r.numel() || x.numel() != h.numel() || x.numel() != y.numel())
     throw RuntimeError("cuda add_rmsnorm_fwd: sizes differ");
   touch(h);
   const int64_t n = x.rows(), d = x.last();
-  if (is_bf16(y))
-    add_rmsnorm_fwd_kernel<<<static_cast<unsigned>(n), 256, 0, stream_>>>(
-        x.ptr<float>(), r.ptr<float>(), h.ptr<float>(), w.ptr<float>(), y.ptr<bf16>(), rstd.ptr<float>(), d,
-        static_cast<float>(eps));
-  else
-    add_rmsnorm_fwd_kernel<<<static_cast<unsigned>(n), 256, 0, stream_>>>(
-        x.ptr<float>(), r.ptr<float>(), h.ptr<float>(), w.ptr<float>(), y.ptr<float>(), rstd.ptr<float>(), d,
-        static_cast<float>(eps));
+  const float fe = static_cast<float>(eps);
+  if (norm_rows_ok(x, {&r, &h, &w, &y})) {
+    if (is_bf16(r)) norm_fwd_rows_y<bf16>(norm_groups(d), x, r, h, w, y, rstd, fe, stream_);
+    else norm_fwd_rows_y<float>(norm_groups(d), x, r, h, w, y, rstd, fe, stream_);
+  } else {
+    const unsigned rows = static_cast<unsigned>(n);
+    if (is_bf16(r) && is_bf16(y))
+      add_rmsnorm_fwd_kernel<<<rows, 256, 0, stream_>>>(x.ptr<float>(), r.ptr<bf16>(), h.ptr<float>(), w.ptr<float>(),
+                                                        y.ptr<bf16>(), rstd.ptr<float>(), d, fe);
+    else if (is_bf16(r))
+      add_rmsnorm_fwd_kernel<<<rows, 256, 0, stream_>>>(x.ptr<float>(), r.ptr<bf16>(), h.ptr<float>(), w.ptr<float>(),
+                                                        y.ptr<float>(), rstd.ptr<float>(), d, fe);
+    else if (is_bf16(y))
+      add_rmsnorm_fwd_kernel<<<rows, 256, 0, stream_>>>(x.ptr<float>(), r.ptr<float>(), h.ptr<float>(),
+                                                        w.ptr<float>(), y.ptr<bf16>(), rstd.ptr<float>(), d, fe);
+    else
+      add_rmsnorm_fwd_kernel<<<rows, 256, 0, stream_>>>(x.ptr<float>(), r.ptr<float>(), h.ptr<float>(),
+                                                        w.ptr<float>(), y.ptr<float>(), rstd.ptr<float>(), d, fe);
+  }
   LAR_CUDA_LAUNCHED();
 }
 
 void CudaBackend::rmsnorm_bwd(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
                               const Tensor& dx, const Tensor& dw) {
+  rmsnorm_bwd_convert(x, w, rstd, dy, dx, dw, Tensor());
+}
+
+void CudaBackend::rmsnorm_bwd_convert(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
+                                      const Tensor& dx, const Tensor& dw, const Tensor& dx_out) {
   OpTimer timer(*this, "rmsnorm");
-  require_f32(dy, "rmsnorm_bwd dy");
+  require_f32(x, "rmsnorm_bwd x");
+  require_act(dy, "rmsnorm_bwd dy");
+  require_f32(dx, "rmsnorm_bwd dx");
+  if (!dx_out.empty()) require_act(dx_out, "rmsnorm_bwd dx_out");
+  if (dy.numel() != x.numel() || dx.numel() != x.numel() || (!dx_out.empty() && dx_out.numel() != x.numel()))
+    throw RuntimeError("cuda rmsnorm_bwd: sizes differ");
   touch(dx);
   touch(dw);
-  int64_t n = x.rows(), d = x.last();
-  rmsnorm_bwd_dx_kernel<<<static_cast<unsigned>(n), 256, 0, stream_>>>(x.ptr<float>(), w.ptr<float>(),
-                                                                       rstd.ptr<float>(), dy.ptr<float>(),
-                                                                       dx.ptr<float>(), d);
+  if (!dx_out.empty()) touch(dx_out);
+  const int64_t n = x.rows(), d = x.last();
+  if (n == 0) return;
+  if (norm_rows_ok(x, {&w, &dy, &dx, &dx_out}) && (dx_out.empty() || dx_out.dtype == DType::bf16)) {
+    // One pass: dx, the bf16 copy and dw's per-block partials, then the partials in order.
+    const int blocks = norm_bwd_blocks(n), g = norm_groups(d);
+    float* partial = reinterpret_cast<float*>(scratch_doubles((static_cast<std::size_t>(blocks) * d + 1) / 2));
+    if (is_bf16(dy)) norm_bwd_rows<bf16, bf16>(g, x, w, rstd, dy, dx, dx_out, partial, blocks, stream_);
+    else norm_bwd_rows<float, bf16>(g, x, w, rstd, dy, dx, dx_out, partial, blocks, stream_);
+    LAR_CUDA_LAUNCHED();
+    rmsnorm_dw_sum<<<static_cast<unsigned>((d + 127) / 128), 128, 0, stream_>>>(partial, dw.ptr<float>(),
+                                                                               static_cast<int>(d), blocks);
+    LAR_CUDA_LAUNCHED();
+    return;
+  }
+  if (is_bf16(dy))
+    rmsnorm_bwd_dx_kernel<<<static_cast<unsigned>(n), 256, 0, stream_>>>(
+        x.ptr<float>(), w.ptr<float>(), rstd.ptr<float>(), dy.ptr<bf16>(), dx.ptr<float>(), d);
+  else
+    rmsnorm_bwd_dx_kernel<<<static_cast<unsigned>(n), 256, 0, stream_>>>(
+        x.ptr<float>(), w.ptr<float>(), rstd.ptr<float>(), dy.ptr<float>(), dx.ptr<float>(), d);
   LAR_CUDA_LAUNCHED();
   const int chunks = static_cast<int>(std::min<int64_t>(128, std::max<int64_t>(1, n / 64)));
   const int64_t rows_per = (n + chunks - 1) / chunks;
   double* partial = scratch_doubles(static_cast<std::size_t>(chunks) * d);
-  rmsnorm_bwd_dw_partial<<<dim3(static_cast<unsigned>((d + 127) / 128), chunks), 128, 0, stream_>>>(
-      x.ptr<float>(), rstd.ptr<float>(), dy.ptr<float>(), partial, n, d, rows_per);
+  const dim3 grid(static_cast<unsigned>((d + 127) / 128), chunks);
+  if (is_bf16(dy))
+    rmsnorm_bwd_dw_partial<<<grid, 128, 0, stream_>>>(x.ptr<float>(), rstd.ptr<float>(), dy.ptr<bf16>(), partial, n,
+                                                      d, rows_per);
+  else
+    rmsnorm_bwd_dw_partial<<<grid, 128, 0, stream_>>>(x.ptr<float>(), rstd.ptr<float>(), dy.ptr<float>(), partial,
+                                                      n, d, rows_per);
   LAR_CUDA_LAUNCHED();
   rmsnorm_bwd_dw_final<<<blocks_for(d, 128), 128, 0, stream_>>>(partial, dw.ptr<float>(), d, chunks);
   LAR_CUDA_LAUNCHED();
+  if (!dx_out.empty()) {
+    if (dx_out.dtype == DType::f32) {
+      LAR_CUDA_CHECK(cudaMemcpyAsync(dx_out.data, dx.data, dx.bytes(), cudaMemcpyDeviceToDevice, stream_));
+    } else {
+      f32_to_bf16_kernel<<<blocks_for((dx.numel() + 3) / 4, 256), 256, 0, stream_>>>(dx.ptr<float>(),
+                                                                                     dx_out.ptr<bf16>(), dx.numel());
+      LAR_CUDA_LAUNCHED();
+    }
+  }
 }
 
 namespace {
@@ -1144,7 +1626,6 @@ void swiglu_bwd_launch(const Tensor& gu, const Tensor& dh, const Tensor& dgu, cu
   swiglu_bwd_typed<<<row_blocks(dh.rows()), 256, 0, st>>>(gu.ptr<A>(), dh.ptr<D>(), dgu.ptr<A>(), dh.rows(),
                                                           dh.last());
 }
-bool aligned16(const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data) % 16 == 0; }
 }  // namespace
 
 void CudaBackend::swiglu_fwd(const Tensor& gu, const Tensor& h) {
@@ -1181,6 +1662,19 @@ void CudaBackend::swiglu_bwd(const Tensor& gu, const Tensor& dh, const Tensor& d
   LAR_CUDA_LAUNCHED();
 }
 
+void CudaBackend::swiglu_bwd_fwd(const Tensor& gu, const Tensor& dh, const Tensor& dgu, const Tensor& h) {
+  if (!(is_bf16(gu) && is_bf16(dh) && is_bf16(dgu) && is_bf16(h) && dh.last() % 8 == 0 && aligned16(gu) &&
+        aligned16(dh) && aligned16(dgu) && aligned16(h)))
+    return Backend::swiglu_bwd_fwd(gu, dh, dgu, h);
+  OpTimer timer(*this, "swiglu");
+  const int64_t n = dh.rows(), f = dh.last();
+  if (gu.numel() != 2 * n * f || dgu.numel() != gu.numel() || h.numel() != dh.numel())
+    throw RuntimeError("cuda swiglu_bwd_fwd: gu " + gu.shape_str() + ", dh " + dh.shape_str() + ", h " + h.shape_str());
+  swiglu_bwd_fwd_bf16x8<<<row_blocks(n), 128, 0, stream_>>>(gu.ptr<bf16>(), dh.ptr<bf16>(), dgu.ptr<bf16>(),
+                                                           h.ptr<bf16>(), n, f);
+  LAR_CUDA_LAUNCHED();
+}
+
 const float2* CudaBackend::rope_table(int64_t T, int64_t D, double base, int64_t pos0) {
   const int64_t half = D / 2;
   // The (cos, sin) table of positions pos0 … pos0+T−1 is cached: training calls this four
@@ -1210,6 +1704,17 @@ void CudaBackend::rope(const Tensor& x, double base, int64_t pos0, double sign) 
   const float2* cs = rope_table(T, D, base, pos0);
   const float sg = static_cast<float>(sign);
   const int64_t pairs = x.numel() / 2;
+  const int64_t W = is_bf16(x) ? 8 : 4;
+  if ((D / 2) % W == 0 && aligned16(x) && pairs < (int64_t(1) << 31)) {  // 16-byte groups of W pairs
+    using I = uint32_t;
+    const int blocks = blocks_for(pairs / W, 256);
+    if (is_bf16(x))
+      rope_apply_vec_kernel<bf16, I><<<blocks, 256, 0, stream_>>>(x.ptr<bf16>(), cs, I(x.size(0)), I(T), I(x.size(2)), I(D), sg);
+    else
+      rope_apply_vec_kernel<float, I><<<blocks, 256, 0, stream_>>>(x.ptr<float>(), cs, I(x.size(0)), I(T), I(x.size(2)), I(D), sg);
+    LAR_CUDA_LAUNCHED();
+    return;
+  }
   const int blocks = blocks_for(pairs, 256);
   if (pairs < (int64_t(1) << 31)) {
     using I = uint32_t;
@@ -1232,6 +1737,14 @@ void rope_qkv_launch(const Tensor& qkv, const Tensor& q, const Tensor& k, const 
                      cudaStream_t st) {
   const int64_t N = q.size(0) * q.size(1), Tn = q.size(1), Hq = q.size(2), Hkv = k.size(2), D = q.size(3);
   const int64_t n = N * (Hq + 2 * Hkv) * (D / 2);
+  constexpr int64_t W = 16 / sizeof(T);
+  if ((D / 2) % W == 0 && aligned16(qkv) && aligned16(q) && aligned16(k) && aligned16(v) && n < (int64_t(1) << 31)) {
+    using I = uint32_t;  // 16-byte groups of W pairs per thread
+    rope_qkv_vec_kernel<T, I, DIR><<<blocks_for(n / W, 256), 256, 0, st>>>(qkv.ptr<T>(), q.ptr<T>(), k.ptr<T>(),
+                                                                         v.ptr<T>(), cs, I(N), I(Tn), I(Hq), I(Hkv), I(D));
+    LAR_CUDA_LAUNCHED();
+    return;
+  }
   const int blocks = blocks_for(n, 256);
   if (n < (int64_t(1) << 31)) {
     using I = uint32_t;
@@ -1520,58 +2033,97 @@ double host_sum(Backend& be, const Tensor& losses, int64_t n) {
 double CudaBackend::cross_entropy_fwd(const Tensor& logits, const Tensor& targets, const Tensor& mask,
                                       const Tensor& losses, const Tensor& argmax) {
   OpTimer timer(*this, "cross-entropy");
+  require_act(logits, "cross-entropy logits");
   int64_t n = logits.rows(), V = logits.last();
-  ce_fwd_kernel<<<static_cast<unsigned>(n), 256, 0, stream_>>>(logits.ptr<float>(), targets.ptr<int>(),
-                                                               mask.ptr<float>(), losses.ptr<float>(),
-                                                               argmax.empty() ? nullptr : argmax.ptr<int>(), V);
+  int* am = argmax.empty() ? nullptr : argmax.ptr<int>();
+  if (is_bf16(logits))
+    ce_fwd_kernel<<<static_cast<unsigned>(n), 256, 0, stream_>>>(logits.ptr<bf16>(), targets.ptr<int>(),
+                                                                 mask.ptr<float>(), losses.ptr<float>(), am, V);
+  else
+    ce_fwd_kernel<<<static_cast<unsigned>(n), 256, 0, stream_>>>(logits.ptr<float>(), targets.ptr<int>(),
+                                                                 mask.ptr<float>(), losses.ptr<float>(), am, V);
   LAR_CUDA_LAUNCHED();
   return host_sum(*this, losses, n);
 }
 
+namespace {
+template <class TL, class TD>
+void ce_bwd_launch(const Tensor& logits, const Tensor& targets, const Tensor& mask, float grad_scale,
+                   const Tensor& dlogits, cudaStream_t st) {
+  ce_bwd_kernel<<<static_cast<unsigned>(logits.rows()), 256, 0, st>>>(
+      logits.ptr<TL>(), targets.ptr<int>(), mask.ptr<float>(), grad_scale, dlogits.ptr<TD>(), logits.last());
+}
+template <class TL, class TD>
+void ce_fused_launch(const Tensor& logits, const Tensor& targets, const Tensor& mask, const Tensor& losses,
+                     float grad_scale, const Tensor& dlogits, std::size_t smem, cudaStream_t st) {
+  LAR_CUDA_CHECK(cudaFuncSetAttribute(ce_fused_kernel<TL, TD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(smem)));
+  ce_fused_kernel<<<static_cast<unsigned>(logits.rows()), kCeFusedThreads, smem, st>>>(
+      logits.ptr<TL>(), targets.ptr<int>(), mask.ptr<float>(), losses.ptr<float>(), grad_scale, dlogits.ptr<TD>(),
+      logits.last());
+}
+template <int VPT>
+void ce_rows_launch(const Tensor& logits, const Tensor& targets, const Tensor& mask, const Tensor& losses,
+                    float grad_scale, const Tensor& dlogits, cudaStream_t st) {
+  ce_fused_bf16_rows<VPT><<<static_cast<unsigned>(logits.rows()), kCeRegThreads, 0, st>>>(
+      logits.ptr<bf16>(), targets.ptr<int>(), mask.ptr<float>(), losses.ptr<float>(), grad_scale, dlogits.ptr<bf16>(),
+      logits.last());
+}
+}  // namespace
+
 void CudaBackend::cross_entropy_bwd(const Tensor& logits, const Tensor& targets, const Tensor& mask,
                                     double grad_scale, const Tensor& dlogits) {
   OpTimer timer(*this, "cross-entropy");
-  require_f32(logits, "cross-entropy logits");
+  require_act(logits, "cross-entropy logits");
   require_act(dlogits, "cross-entropy dlogits");
-  int64_t n = logits.rows(), V = logits.last();
-  if (is_bf16(dlogits))
-    ce_bwd_kernel<<<static_cast<unsigned>(n), 256, 0, stream_>>>(logits.ptr<float>(), targets.ptr<int>(),
-                                                                 mask.ptr<float>(), static_cast<float>(grad_scale),
-                                                                 dlogits.ptr<bf16>(), V);
+  if (dlogits.data == logits.data && dlogits.dtype != logits.dtype)
+    throw RuntimeError("cuda cross_entropy_bwd: dlogits may alias the logits only in their dtype");
+  touch(dlogits);
+  const float gs = static_cast<float>(grad_scale);
+  if (is_bf16(logits))
+    is_bf16(dlogits) ? ce_bwd_launch<bf16, bf16>(logits, targets, mask, gs, dlogits, stream_)
+                     : ce_bwd_launch<bf16, float>(logits, targets, mask, gs, dlogits, stream_);
   else
-    ce_bwd_kernel<<<static_cast<unsigned>(n), 256, 0, stream_>>>(logits.ptr<float>(), targets.ptr<int>(),
-                                                                 mask.ptr<float>(), static_cast<float>(grad_scale),
-                                                                 dlogits.ptr<float>(), V);
+    is_bf16(dlogits) ? ce_bwd_launch<float, bf16>(logits, targets, mask, gs, dlogits, stream_)
+                     : ce_bwd_launch<float, float>(logits, targets, mask, gs, dlogits, stream_);
   LAR_CUDA_LAUNCHED();
 }
 
 double CudaBackend::cross_entropy_fwd_bwd(const Tensor& logits, const Tensor& targets, const Tensor& mask,
                                           const Tensor& losses, double grad_scale, const Tensor& dlogits) {
-  require_f32(logits, "cross-entropy logits");
+  require_act(logits, "cross-entropy logits");
   require_act(dlogits, "cross-entropy dlogits");
   const int64_t n = logits.rows(), V = logits.last();
+  const float gs = static_cast<float>(grad_scale);
+  const bool alias = dlogits.data == logits.data;
+  // bf16 logits, V % 8 == 0: the row in registers (≤ 16 groups of 8 per thread, V ≤ 65536).
+  const int64_t groups = (V / 8 + kCeRegThreads - 1) / kCeRegThreads;
+  if (is_bf16(logits) && is_bf16(dlogits) && V % 8 == 0 && groups <= 16 && aligned16(logits) && aligned16(dlogits) &&
+      (alias || static_cast<const char*>(dlogits.data) >= static_cast<const char*>(logits.data) + logits.bytes() ||
+       static_cast<const char*>(logits.data) >= static_cast<const char*>(dlogits.data) + dlogits.bytes())) {
+    OpTimer timer(*this, "cross-entropy");
+    touch(dlogits);
+    if (groups <= 2) ce_rows_launch<2>(logits, targets, mask, losses, gs, dlogits, stream_);
+    else if (groups <= 4) ce_rows_launch<4>(logits, targets, mask, losses, gs, dlogits, stream_);
+    else if (groups <= 8) ce_rows_launch<8>(logits, targets, mask, losses, gs, dlogits, stream_);
+    else ce_rows_launch<16>(logits, targets, mask, losses, gs, dlogits, stream_);
+    LAR_CUDA_LAUNCHED();
+    return host_sum(*this, losses, n);
+  }
   const std::size_t smem = static_cast<std::size_t>(V) * sizeof(float);
-  // The row must fit in shared memory (V ≤ 40960), and dlogits must not alias the logits
-  // (the fused kernel writes dlogits while other rows' logits are still unread: fine, but an
-  // aliased f32 dlogits is what the two-kernel path already handles in place).
-  if (smem > 160 * 1024 || dlogits.data == logits.data)
+  // The row must fit in shared memory (V ≤ 40960); in place only in one dtype (the row is
+  // staged before any write, but a bf16 dlogits over f32 logits would overlap other rows).
+  if (smem > 160 * 1024 || (alias && dlogits.dtype != logits.dtype))
     return Backend::cross_entropy_fwd_bwd(logits, targets, mask, losses, grad_scale, dlogits);
   {
     OpTimer timer(*this, "cross-entropy");
     touch(dlogits);
-    if (is_bf16(dlogits)) {
-      LAR_CUDA_CHECK(cudaFuncSetAttribute(ce_fused_kernel<bf16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(smem)));
-      ce_fused_kernel<<<static_cast<unsigned>(n), kCeFusedThreads, smem, stream_>>>(
-          logits.ptr<float>(), targets.ptr<int>(), mask.ptr<float>(), losses.ptr<float>(),
-          static_cast<float>(grad_scale), dlogits.ptr<bf16>(), V);
-    } else {
-      LAR_CUDA_CHECK(cudaFuncSetAttribute(ce_fused_kernel<float>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(smem)));
-      ce_fused_kernel<<<static_cast<unsigned>(n), kCeFusedThreads, smem, stream_>>>(
-          logits.ptr<float>(), targets.ptr<int>(), mask.ptr<float>(), losses.ptr<float>(),
-          static_cast<float>(grad_scale), dlogits.ptr<float>(), V);
-    }
+    if (is_bf16(logits))
+      is_bf16(dlogits) ? ce_fused_launch<bf16, bf16>(logits, targets, mask, losses, gs, dlogits, smem, stream_)
+                       : ce_fused_launch<bf16, float>(logits, targets, mask, losses, gs, dlogits, smem, stream_);
+    else
+      is_bf16(dlogits) ? ce_fused_launch<float, bf16>(logits, targets, mask, losses, gs, dlogits, smem, stream_)
+                       : ce_fused_launch<float, float>(logits, targets, mask, losses, gs, dlogits, smem, stream_);
     LAR_CUDA_LAUNCHED();
   }
   return host_sum(*this, losses, n);
@@ -1620,8 +2172,15 @@ void CudaBackend::adamw_step(const Tensor& w, const Tensor& g, const Tensor& m, 
   OpTimer timer(*this, "optimiser");
   const int64_t n = w.numel();
   if (g.numel() != n || m.numel() != n || v.numel() != n) throw RuntimeError("cuda adamw_step: sizes differ");
-  touch(w);
-  optim::adamw_step(w.ptr<float>(), g.ptr<float>(), m.ptr<float>(), v.ptr<float>(), n, s, stream_);
+  // Inside the registered weights the update also writes the bf16 mirror's copy of w, so
+  // the mirror stays as fresh as it was (no refresh pass after the optimiser step).
+  uint16_t* mirror = nullptr;
+  const char* p = static_cast<const char*>(w.data);
+  if (mirror_ && p >= weights_ && p + w.bytes() <= weights_ + weights_bytes_ && (p - weights_) % 4 == 0)
+    mirror = static_cast<uint16_t*>(mirror_) + (p - weights_) / 4;
+  else
+    touch(w);
+  optim::adamw_step(w.ptr<float>(), g.ptr<float>(), m.ptr<float>(), v.ptr<float>(), n, s, mirror, stream_);
 }
 
 void CudaBackend::momentum_step(const Tensor& g, const Tensor& buf, const Tensor& u, double mu, bool nesterov) {

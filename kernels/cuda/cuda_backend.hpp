@@ -63,6 +63,9 @@ class CudaBackend final : public Backend {
                    const Tensor& dx, const Tensor& dw) override;
   void swiglu_fwd(const Tensor& gu, const Tensor& h) override;
   void swiglu_bwd(const Tensor& gu, const Tensor& dh, const Tensor& dgu) override;
+  void swiglu_bwd_fwd(const Tensor& gu, const Tensor& dh, const Tensor& dgu, const Tensor& h) override;
+  void rmsnorm_bwd_convert(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy, const Tensor& dx,
+                           const Tensor& dw, const Tensor& dx_act) override;
   void rope_fwd(const Tensor& x, double base, int64_t pos0) override;
   void rope_bwd(const Tensor& dx, double base, int64_t pos0) override;
   void rope_split_qkv(const Tensor& qkv, const Tensor& q, const Tensor& k, const Tensor& v, double base,
@@ -167,11 +170,10 @@ class CudaBackend final : public Backend {
   std::string gpu_name_;
   void* big_scratch_ = nullptr;
   std::size_t big_scratch_n_ = 0;
-  int32_t* idx_scratch_ = nullptr;  // embedding backward's CSR, device side
+  int32_t* idx_scratch_ = nullptr;  // embedding backward: sorted ids, positions, sort workspace
   std::size_t idx_scratch_n_ = 0;
   std::size_t live_bytes_ = 0, peak_bytes_ = 0;
   std::vector<std::pair<void*, std::size_t>> allocs_;  // live cudaMalloc blocks (few: arena, params, state)
-  std::vector<int32_t> host_ids_, host_order_, host_starts_;  // embedding backward's CSR, host side
   double* scratch_doubles(std::size_t n);  // device scratch for reductions
   double reduce_to_host(void (*partial_kernel)(const float*, int64_t, double*), const Tensor& x);
   std::string name_;

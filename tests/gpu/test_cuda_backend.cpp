@@ -153,8 +153,10 @@ TEST(CudaBackend, ReductionsAndAxpy) {
 
 TEST(CudaBackend, Embedding) {
   Pair p;
-  // 132 tokens over 50 ids (repeats and unused rows); 5000 tokens over 3000 ids, d = 200.
-  for (auto [N, V, d] : {std::tuple<int64_t, int, int64_t>{132, 50, 48}, {5000, 3000, 200}}) {
+  // 132 tokens over 50 ids (repeats and unused rows); 5000 tokens over 3000 ids, d = 200;
+  // runs of ≈ 1000 equal ids (the device sort's long runs); d = 30: the one-column kernel.
+  for (auto [N, V, d] : {std::tuple<int64_t, int, int64_t>{132, 50, 48}, {5000, 3000, 200}, {3001, 3, 36},
+                         {700, 5, 30}}) {
     auto table = p.randn({V, d});
     auto ids = p.ids({N}, V);
     auto out = p.poisoned({N, d});
@@ -171,7 +173,9 @@ TEST(CudaBackend, Embedding) {
 
 TEST(CudaBackend, RmsNorm) {
   Pair p;
-  for (auto [n, d] : {std::pair<int64_t, int64_t>{37, 64}, {37, 1000}, {37, 1024}, {4099, 96}}) {
+  // d % 4 == 0 and ≤ 1024: the warp-per-row kernels (4099 rows: several per warp);
+  // d = 30 and 2048: the block-per-row fallback.
+  for (auto [n, d] : {std::pair<int64_t, int64_t>{37, 64}, {37, 1000}, {37, 1024}, {4099, 96}, {37, 30}, {37, 2048}}) {
     auto x = p.randn({n, d}), w = p.randn({d}), y = p.poisoned({n, d}), r = p.poisoned({n});
     p.gpu->rmsnorm_fwd(x.first, w.first, y.first, r.first, 1e-6);
     p.cpu->rmsnorm_fwd(x.second, w.second, y.second, r.second, 1e-6);
@@ -199,13 +203,15 @@ TEST(CudaBackend, SwiGLU) {
 
 TEST(CudaBackend, Rope) {
   Pair p;
-  auto x = p.randn({2, 77, 3, 64});
-  p.gpu->rope_fwd(x.first, 5e5, 11);
-  p.cpu->rope_fwd(x.second, 5e5, 11);
-  EXPECT_LT(p.rel_rms(x), kTol);
-  p.gpu->rope_bwd(x.first, 5e5, 11);
-  p.cpu->rope_bwd(x.second, 5e5, 11);
-  EXPECT_LT(p.rel_rms(x), kTol);
+  for (int64_t D : {64, 12}) {  // 16-byte groups of pairs (D/2 % 4 == 0) and the scalar kernel
+    auto x = p.randn({2, 77, 3, D});
+    p.gpu->rope_fwd(x.first, 5e5, 11);
+    p.cpu->rope_fwd(x.second, 5e5, 11);
+    EXPECT_LT(p.rel_rms(x), kTol) << D;
+    p.gpu->rope_bwd(x.first, 5e5, 11);
+    p.cpu->rope_bwd(x.second, 5e5, 11);
+    EXPECT_LT(p.rel_rms(x), kTol) << D;
+  }
 }
 
 TEST(CudaBackend, AttentionGqaWindowKvCache) {
@@ -481,10 +487,11 @@ TEST(CudaBackend, RopeSplitMergeQkv) {
     Pair p(precision);
     const bool bf = std::string(precision) == "mixed";
     const double tol = bf ? 1e-2 : kTol;
-    const int64_t B = 2, T = 37, Hq = 4, Hkv = 2, D = 64;
+    const int64_t B = 2, T = 37, Hq = 4, Hkv = 2;
     auto mk = [&](std::vector<int64_t> s) { return bf ? p.randn_bf16(s) : p.randn(s); };
     auto out = [&](std::vector<int64_t> s) { return bf ? p.poisoned_bf16(s) : p.poisoned(s); };
-    for (int64_t pos0 : {0, 5}) {
+    // D = 64: 16-byte groups of pairs per thread; D = 20: the scalar kernel.
+    for (auto [pos0, D] : {std::pair<int64_t, int64_t>{0, 64}, {5, 64}, {3, 20}}) {
       auto qkv = mk({B, T, Hq + 2 * Hkv, D});
       auto q = out({B, T, Hq, D}), k = out({B, T, Hkv, D}), v = out({B, T, Hkv, D});
       p.gpu->rope_split_qkv(qkv.first, q.first, k.first, v.first, 1e4, pos0);
@@ -533,4 +540,167 @@ TEST(CudaBackend, ArenaGrowsInPlace) {
   Tensor b2 = ar.alloc(DType::f32, {n});
   EXPECT_EQ(a2.data, a.data);
   EXPECT_EQ(b2.data, b.data);
+}
+
+namespace {
+// Bitwise equality of two tensors of one dtype (the fused paths must give the unfused bits).
+bool same_bits(Backend& be, const Tensor& a, const Tensor& b) {
+  if (a.bytes() != b.bytes()) return false;
+  std::vector<char> x(a.bytes()), y(b.bytes());
+  be.download(a, x.data());
+  be.download(b, y.data());
+  return x == y;
+}
+}  // namespace
+
+// The one-pass norm backward (dx, dw and the bf16 copy of dx in one kernel; bf16 dy), the
+// residual add with a bf16 branch output, at the warp-per-row shapes and the fallbacks.
+TEST(CudaBackend, FusedNormPassesBf16) {
+  Pair p("mixed");
+  for (auto [n, d] : {std::pair<int64_t, int64_t>{37, 64}, {4099, 1024}, {37, 1000}, {37, 30}, {37, 2048}}) {
+    auto x = p.randn({n, d}), w = p.randn({d});
+    auto y = p.poisoned_bf16({n, d}), rs = p.poisoned({n});
+    p.gpu->rmsnorm_fwd(x.first, w.first, y.first, rs.first, 1e-5);
+    p.cpu->rmsnorm_fwd(x.second, w.second, y.second, rs.second, 1e-5);
+    EXPECT_LT(p.rel_rms(rs), kTol) << d;
+    auto dy = p.randn_bf16({n, d});
+    auto dx = p.randn({n, d}), dw = p.randn({d});
+    auto dx_a = p.poisoned_bf16({n, d});
+    p.gpu->rmsnorm_bwd_convert(x.first, w.first, rs.first, dy.first, dx.first, dw.first, dx_a.first);
+    p.cpu->rmsnorm_bwd_convert(x.second, w.second, rs.second, dy.second, dx.second, dw.second, dx_a.second);
+    EXPECT_LT(p.rel_rms(dx), kTol) << "bf16 dy, f32 math: " << n << "x" << d;
+    EXPECT_LT(p.rel_rms(dw), kTol) << n << "x" << d;
+    EXPECT_LT(p.rel_rms(dx_a), 1e-2) << n << "x" << d;
+    Tensor conv = p.ga.alloc(DType::bf16, {n, d});
+    p.gpu->convert(dx.first, conv);
+    EXPECT_TRUE(same_bits(*p.gpu, conv, dx_a.first)) << "dx_act is exactly convert(dx): " << d;
+    // The plain backward with bf16 dy, twice from the same inputs: the same bits.
+    auto dx2 = p.randn({n, d}), dw2 = p.randn({d});
+    Tensor dx3 = p.ga.alloc(DType::f32, {n, d}), dw3 = p.ga.alloc(DType::f32, {d});
+    p.gpu->copy(dx2.first, dx3);
+    p.gpu->copy(dw2.first, dw3);
+    p.gpu->rmsnorm_bwd(x.first, w.first, rs.first, dy.first, dx2.first, dw2.first);
+    p.gpu->rmsnorm_bwd(x.first, w.first, rs.first, dy.first, dx3, dw3);
+    p.cpu->rmsnorm_bwd(x.second, w.second, rs.second, dy.second, dx2.second, dw2.second);
+    EXPECT_LT(p.rel_rms(dx2), kTol) << d;
+    EXPECT_LT(p.rel_rms(dw2), kTol) << d;
+    EXPECT_TRUE(same_bits(*p.gpu, dx2.first, dx3) && same_bits(*p.gpu, dw2.first, dw3)) << "deterministic " << d;
+    // h = x + r with r in bf16 (the branch output), y in bf16; h aliasing x.
+    auto r = p.randn_bf16({n, d});
+    auto h = p.poisoned({n, d}), yb = p.poisoned_bf16({n, d});
+    p.gpu->add_rmsnorm_fwd(x.first, r.first, h.first, w.first, yb.first, rs.first, 1e-5);
+    p.cpu->add_rmsnorm_fwd(x.second, r.second, h.second, w.second, yb.second, rs.second, 1e-5);
+    EXPECT_LT(p.rel_rms(h), kTol) << d;
+    EXPECT_LT(p.rel_rms(rs), kTol) << d;
+    EXPECT_LT(p.rel_rms(yb), 1e-2) << d;
+    p.gpu->add_rmsnorm_fwd(x.first, r.first, x.first, w.first, yb.first, rs.first, 1e-5);
+    p.cpu->add_rmsnorm_fwd(x.second, r.second, x.second, w.second, yb.second, rs.second, 1e-5);
+    EXPECT_LT(p.rel_rms(x), kTol) << d;
+    EXPECT_LT(p.rel_rms(yb), 1e-2) << d;
+  }
+}
+
+// swiglu_bwd_fwd: the backward and the recomputed hidden from one read of gate·up — the
+// same bits as swiglu_bwd + swiglu_fwd (16-byte path), and the CPU's values.
+TEST(CudaBackend, SwigluBackwardWithHidden) {
+  Pair p("mixed");
+  for (int64_t f : {2816, 88, 45}) {
+    const int64_t n = 29;
+    auto gu = p.randn_bf16({n, 2 * f}, 2.0), dh = p.randn_bf16({n, f});
+    auto dgu = p.poisoned_bf16({n, 2 * f}), h = p.poisoned_bf16({n, f});
+    p.gpu->swiglu_bwd_fwd(gu.first, dh.first, dgu.first, h.first);
+    p.cpu->swiglu_bwd_fwd(gu.second, dh.second, dgu.second, h.second);
+    EXPECT_LT(p.rel_rms(dgu), 1e-2) << f;
+    EXPECT_LT(p.rel_rms(h), 1e-2) << f;
+    Tensor dgu2 = p.ga.alloc(DType::bf16, {n, 2 * f}), h2 = p.ga.alloc(DType::bf16, {n, f});
+    p.gpu->swiglu_fwd(gu.first, h2);
+    p.gpu->swiglu_bwd(gu.first, dh.first, dgu2);
+    EXPECT_TRUE(same_bits(*p.gpu, h.first, h2)) << f;
+    EXPECT_TRUE(same_bits(*p.gpu, dgu.first, dgu2)) << f;
+  }
+}
+
+// Cross-entropy on bf16 logits (the head GEMM's bf16 output): the fused forward+backward in
+// place (row in registers for V % 8 == 0: V = 32000 and 50000; shared-memory kernel for
+// V = 3001) and into a separate buffer, the forward with argmax, and the backward.
+TEST(CudaBackend, CrossEntropyBf16Logits) {
+  Pair p("mixed");
+  for (int64_t V : {32000, 50000, 3001}) {
+    const int64_t N = 37;
+    auto logits = p.randn_bf16({N, V}, 3.0);
+    auto tg = p.ids({N}, static_cast<int>(V));
+    auto mask = p.randn({N});
+    auto losses = p.poisoned({N});
+    Tensor keep = p.ga.alloc(DType::bf16, {N, V});
+    p.gpu->copy(logits.first, keep);
+    {  // forward with argmax; backward into bf16 from bf16 logits
+      Tensor ag = p.ga.alloc(DType::i32, {N}), ac = p.ca.alloc(DType::i32, {N});
+      const double g = p.gpu->cross_entropy_fwd(logits.first, tg.first, mask.first, losses.first, ag);
+      const double c = p.cpu->cross_entropy_fwd(logits.second, tg.second, mask.second, losses.second, ac);
+      EXPECT_NEAR(g, c, 1e-5 * std::abs(c) + 1e-6) << V;
+      EXPECT_LT(p.rel_rms(losses), kTol) << V;
+      std::vector<int32_t> hg(N), hc(N);
+      p.gpu->download(ag, hg.data());
+      p.cpu->download(ac, hc.data());
+      EXPECT_EQ(hg, hc) << V;
+      auto dl = p.poisoned_bf16({N, V});
+      p.gpu->cross_entropy_bwd(logits.first, tg.first, mask.first, 0.25, dl.first);
+      p.cpu->cross_entropy_bwd(logits.second, tg.second, mask.second, 0.25, dl.second);
+      EXPECT_LT(p.rel_rms(dl), 1e-2) << V;
+    }
+    auto dl = p.poisoned_bf16({N, V});
+    const double c = p.cpu->cross_entropy_fwd_bwd(logits.second, tg.second, mask.second, losses.second, 0.5, dl.second);
+    const double g = p.gpu->cross_entropy_fwd_bwd(logits.first, tg.first, mask.first, losses.first, 0.5, dl.first);
+    EXPECT_NEAR(g, c, 1e-5 * std::abs(c) + 1e-6) << V;
+    EXPECT_LT(p.rel_rms(losses), kTol) << V;
+    EXPECT_LT(p.rel_rms(dl), 1e-2) << V;
+    // In place: dlogits over the logits, the same bits as into a separate buffer.
+    const double gi = p.gpu->cross_entropy_fwd_bwd(logits.first, tg.first, mask.first, losses.first, 0.5, logits.first);
+    EXPECT_EQ(gi, g) << V;
+    EXPECT_TRUE(same_bits(*p.gpu, logits.first, dl.first)) << "in place " << V;
+    // Deterministic: the same inputs again give the same bits.
+    auto dl2 = p.poisoned_bf16({N, V});
+    EXPECT_EQ(p.gpu->cross_entropy_fwd_bwd(keep, tg.first, mask.first, losses.first, 0.5, dl2.first), g) << V;
+    EXPECT_TRUE(same_bits(*p.gpu, dl2.first, dl.first)) << V;
+  }
+}
+
+// AdamW inside the registered weights also writes their bf16 mirror (no refresh pass): a GEMM
+// right after the step sees the new weights — vectorised (aligned) and scalar (odd offset)
+// paths, and the f32 results equal the same update outside the weights.
+TEST(CudaBackend, AdamWKeepsTheWeightMirrorFresh) {
+  Pair p("mixed");
+  const int64_t M = 64, N = 96, K = 72;
+  auto W = p.randn({N + 1, K});
+  p.gpu->register_weights(W.first);
+  auto A = p.randn_bf16({M, K});
+  auto C0 = p.poisoned({M, N});
+  Tensor Bg = W.first.slice0(1, N), Bc = W.second.slice0(1, N);
+  p.gpu->gemm(A.first, false, Bg, true, C0.first);  // the mirror is fresh now
+  Backend::AdamWStep s;
+  s.step_size = 0.5f;
+  s.decay = 0.99f;
+  for (int64_t off : {K, 3 + K}) {  // rows 1… (16-byte aligned), then an odd element offset
+    const int64_t n = N * K - 3;
+    Tensor w = Tensor(static_cast<float*>(W.first.data) + off, DType::f32, {n});
+    auto g = p.randn({n}), m = p.randn({n}, 0.1), v = p.randn({n}, 0.1);
+    std::vector<float> hv(n);
+    p.gpu->download(v.first, hv.data());
+    for (float& x : hv) x = std::abs(x);
+    p.gpu->upload(hv.data(), v.first);
+    Tensor wc = p.ga.alloc(DType::f32, {n}), mc = p.ga.alloc(DType::f32, {n}), vc = p.ga.alloc(DType::f32, {n});
+    p.gpu->copy(w, wc), p.gpu->copy(m.first, mc), p.gpu->copy(v.first, vc);
+    p.gpu->adamw_step(w, g.first, m.first, v.first, s);
+    p.gpu->adamw_step(wc, g.first, mc, vc, s);  // outside the weights: plain
+    EXPECT_TRUE(same_bits(*p.gpu, w, wc)) << off;
+    EXPECT_TRUE(same_bits(*p.gpu, m.first, mc)) << off;
+    std::vector<float> hw(W.first.numel());
+    p.gpu->download(W.first, hw.data());
+    std::vector<double> hd(hw.begin(), hw.end());
+    p.cpu->upload(hd.data(), W.second);
+    auto C = p.poisoned({M, N});
+    p.gpu->gemm(A.first, false, Bg, true, C.first);
+    p.cpu->gemm(A.second, false, Bc, true, C.second);
+    EXPECT_LT(p.rel_rms(C), 1e-2) << "mirror after adamw, offset " << off;
+  }
 }

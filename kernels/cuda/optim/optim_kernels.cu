@@ -6,6 +6,8 @@
 // one block for the Frobenius sums), so results are deterministic.
 #include "kernels/cuda/optim/optim_kernels.hpp"
 
+#include <cuda_bf16.h>
+
 #include <cmath>
 
 #include "kernels/cuda/cuda_check.hpp"
@@ -21,18 +23,47 @@ int grid_for(int64_t n, int threads) {
 #define LAR_GRID_LOOP(i, n) \
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
 
+// One AdamW element: updates m and v, returns the new w.
+__device__ inline float adamw_one(float wi, float gi, float& mi, float& vi, const Backend::AdamWStep& s, float one_b1,
+                                  float one_b2) {
+  mi = __fadd_rn(__fmul_rn(s.beta1, mi), __fmul_rn(one_b1, gi));
+  // (1−β2)·g·g evaluates left to right on the host: ((1−β2)·g)·g.
+  vi = __fadd_rn(__fmul_rn(s.beta2, vi), __fmul_rn(__fmul_rn(one_b2, gi), gi));
+  const float denom = __fadd_rn(__fmul_rn(__fsqrt_rn(vi), s.inv_sqrt_bc2), s.eps);
+  return __fsub_rn(__fmul_rn(wi, s.decay), __fmul_rn(s.step_size, __fdiv_rn(mi, denom)));
+}
+
 __global__ void adamw_kernel(float* __restrict__ w, const float* __restrict__ g, float* __restrict__ m,
-                             float* __restrict__ v, int64_t n, Backend::AdamWStep s) {
+                             float* __restrict__ v, int64_t n, Backend::AdamWStep s, __nv_bfloat16* __restrict__ mirror) {
   const float one_b1 = __fsub_rn(1.0f, s.beta1), one_b2 = __fsub_rn(1.0f, s.beta2);
   LAR_GRID_LOOP(i, n) {
-    const float gi = g[i];
-    const float mi = __fadd_rn(__fmul_rn(s.beta1, m[i]), __fmul_rn(one_b1, gi));
-    // (1−β2)·g·g evaluates left to right on the host: ((1−β2)·g)·g.
-    const float vi = __fadd_rn(__fmul_rn(s.beta2, v[i]), __fmul_rn(__fmul_rn(one_b2, gi), gi));
+    float mi = m[i], vi = v[i];
+    const float wi = adamw_one(w[i], g[i], mi, vi, s, one_b1, one_b2);
     m[i] = mi;
     v[i] = vi;
-    const float denom = __fadd_rn(__fmul_rn(__fsqrt_rn(vi), s.inv_sqrt_bc2), s.eps);
-    w[i] = __fsub_rn(__fmul_rn(w[i], s.decay), __fmul_rn(s.step_size, __fdiv_rn(mi, denom)));
+    w[i] = wi;
+    if (mirror) mirror[i] = __float2bfloat16_rn(wi);
+  }
+}
+
+// Four elements per thread step through 16-byte accesses (the scalar loop moved ≈ 1.9 TB/s).
+struct alignas(8) Bf16x4 {
+  __nv_bfloat162 lo, hi;
+};
+__global__ void adamw_vec_kernel(float4* __restrict__ w, const float4* __restrict__ g, float4* __restrict__ m,
+                                 float4* __restrict__ v, int64_t n4, Backend::AdamWStep s, Bf16x4* __restrict__ mirror) {
+  const float one_b1 = __fsub_rn(1.0f, s.beta1), one_b2 = __fsub_rn(1.0f, s.beta2);
+  LAR_GRID_LOOP(i, n4) {
+    const float4 gi = g[i];
+    float4 wi = w[i], mi = m[i], vi = v[i];
+    wi.x = adamw_one(wi.x, gi.x, mi.x, vi.x, s, one_b1, one_b2);
+    wi.y = adamw_one(wi.y, gi.y, mi.y, vi.y, s, one_b1, one_b2);
+    wi.z = adamw_one(wi.z, gi.z, mi.z, vi.z, s, one_b1, one_b2);
+    wi.w = adamw_one(wi.w, gi.w, mi.w, vi.w, s, one_b1, one_b2);
+    m[i] = mi;
+    v[i] = vi;
+    w[i] = wi;
+    if (mirror) mirror[i] = Bf16x4{__floats2bfloat162_rn(wi.x, wi.y), __floats2bfloat162_rn(wi.z, wi.w)};
   }
 }
 
@@ -122,8 +153,23 @@ __global__ void decayed_update_kernel(float* __restrict__ w, const float* __rest
 }  // namespace
 
 void adamw_step(float* w, const float* g, float* m, float* v, int64_t n, const Backend::AdamWStep& s,
-                cudaStream_t st) {
-  adamw_kernel<<<grid_for(n, 256), 256, 0, st>>>(w, g, m, v, n, s);
+                uint16_t* mirror, cudaStream_t st) {
+  auto* mb = reinterpret_cast<__nv_bfloat16*>(mirror);
+  const auto al = [](const void* p, unsigned a) { return reinterpret_cast<uintptr_t>(p) % a == 0; };
+  if (al(w, 16) && al(g, 16) && al(m, 16) && al(v, 16) && (!mirror || al(mirror, 8))) {
+    const int64_t n4 = n / 4;
+    if (n4 > 0) {
+      adamw_vec_kernel<<<grid_for(n4, 256), 256, 0, st>>>(
+          reinterpret_cast<float4*>(w), reinterpret_cast<const float4*>(g), reinterpret_cast<float4*>(m),
+          reinterpret_cast<float4*>(v), n4, s, reinterpret_cast<Bf16x4*>(mirror));
+      LAR_CUDA_LAUNCHED();
+    }
+    const int64_t done = n4 * 4;
+    if (done == n) return;
+    w += done, g += done, m += done, v += done, n -= done;
+    if (mb) mb += done;
+  }
+  adamw_kernel<<<grid_for(n, 256), 256, 0, st>>>(w, g, m, v, n, s, mb);
   LAR_CUDA_LAUNCHED();
 }
 

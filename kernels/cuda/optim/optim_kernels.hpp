@@ -11,8 +11,11 @@
 
 namespace lar::kernels::cuda::optim {
 
+// mirror (optional, else nullptr): also writes the new w rounded to bf16 there (the
+// backend's bf16 weight mirror, kept fresh by the update instead of a separate pass).
+// Vectorised (16-byte accesses) where w, g, m, v are 16-byte aligned; the same bits either way.
 void adamw_step(float* w, const float* g, float* m, float* v, int64_t n, const Backend::AdamWStep& s,
-                cudaStream_t st);
+                uint16_t* mirror, cudaStream_t st);
 void momentum_step(const float* g, float* buf, float* u, int64_t n, float mu, bool nesterov, cudaStream_t st);
 void scale(float* x, int64_t n, float alpha, cudaStream_t st);
 // dst [c,r] = alpha·srcᵀ, src [r,c].
