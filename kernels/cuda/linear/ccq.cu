@@ -10,7 +10,7 @@
 // every pass is three launches:
 //   stats   one CTA per (group, h, b): the group's own sums (fwd: Σ KᵀK, Σ k; bwd also
 //           GK = Σ dAᵀQ, W = Σ (λ/t²)(g qᵀ + q gᵀ) and Gm with m = 0 at the group start)
-//   scan    per (b, h), 16 CTAs of 4 rows each: inclusive prefix of K, m over the groups (+
+//   scan    per (b, h), 8 CTAs of 8 rows (a warp per row): inclusive prefix of K, m over the groups (+
 //           K0, m0; the last one is the final statistics), Gm += W m_start, then the
 //           exclusive suffix sums of GK and Gm (all in fp32, fixed order: deterministic)
 //   main    one CTA per (group, h, b) walks its kGroup chunks from its start state (forward:
@@ -38,7 +38,7 @@
 namespace lar::kernels::cuda::linear {
 namespace {
 
-constexpr int kGroup = 8;  // chunks per group: workspace [B,H,nc/8] records, 8 CTAs per head at T=4096
+constexpr int kGroup = 16;  // chunks per group: workspace [B,H,nc/16] records, 4 CTAs per head at T=4096
 // Workspace records per (b, h, group), fp32: forward {K, m}; backward {K, m, GK, W, Gm}.
 constexpr int kOffK = 0, kOffM = D * D, kOffGK = D * D + D, kOffW = 2 * D * D + D, kOffGm = 3 * D * D + D;
 constexpr int kRecF = D * D + D, kRecB = 3 * D * D + 2 * D;
@@ -88,34 +88,117 @@ __device__ __forceinline__ float quad_sum(float x) {
   x += __shfl_xor_sync(FULL, x, 1);
   return x + __shfl_xor_sync(FULL, x, 2);
 }
-// Column sum of a bf16 tile by thread (column tid/4, rows 16·(tid%4)..), returned to the quad.
+// Column sum of a bf16 tile by thread (column tid/4, rows 4·r + tid%4), returned to the quad
+// (rows interleaved by part: a warp's 32 loads hit 16 banks, two lanes per word, no conflict).
 __device__ __forceinline__ float col_sum(const bf16* s) {
   const int c = threadIdx.x >> 2, part = threadIdx.x & 3;
   float x = 0.f;
 #pragma unroll
-  for (int r = 0; r < 16; ++r) x += bf(s, 16 * part + r, c);
+  for (int r = 0; r < 16; ++r) x += bf(s, 4 * r + part, c);
   return quad_sum(x);
 }
-
-// sM[i][c] = base_c + Σ_{j≤i} K[j][c] (bf16 tile K, fp32 out); returns the column total
-// Σ_j K[j][c] to every thread of the quad of column c. Thread (column tid/4, part tid%4)
-// scans rows 16·part...
-__device__ __forceinline__ float cumsum_k(const bf16* sK, const float* base, float* sM) {
-  const int c = threadIdx.x >> 2, p = threadIdx.x & 3;
-  float v[16];
+// Dots of the fp32 vector v [64] with row tid/4 of the bf16 tiles A (and B), returned to the
+// quad. Part tid%4 takes the column pairs 8j + 2·part: for each j the warp's 8 rows × 4 parts
+// read 32 different banks.
+template <bool kTwo>
+__device__ __forceinline__ void row_dots(const float* v, const bf16* A, const bf16* B, float& x, float& y) {
+  const int r = threadIdx.x >> 2, part = threadIdx.x & 3;
+  x = 0.f, y = 0.f;
 #pragma unroll
-  for (int r = 0; r < 16; ++r) v[r] = __bfloat162float(sK[(16 * p + r) * LD + c]) + (r ? v[r - 1] : 0.f);
-  float inc = v[15];
-#pragma unroll
-  for (int o = 1; o < 4; o <<= 1) {
-    const float y = __shfl_up_sync(FULL, inc, o);
-    if (p >= o) inc += y;
+  for (int j = 0; j < 8; ++j) {
+    const int c = 8 * j + 2 * part;
+    const float2 m = *reinterpret_cast<const float2*>(v + c);
+    const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(A + r * LD + c));
+    x += m.x * a.x + m.y * a.y;
+    if (kTwo) {
+      const float2 bb = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(B + r * LD + c));
+      y += m.x * bb.x + m.y * bb.y;
+    }
   }
-  const float total = __shfl_sync(FULL, inc, (threadIdx.x & 31) | 3);
-  const float ex = inc - v[15] + base[c];
+  x = quad_sum(x);
+  if (kTwo) y = quad_sum(y);
+}
+// Two adjacent bf16 of a tile as floats.
+__device__ __forceinline__ float2 bf2(const bf16* s, int r, int c) {
+  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(s + r * LD + c));
+}
+// Partial column sums Σ_i a_i X[i][c] + b_i Y[i][c] (bf16 tiles X, Y; fp32 a, b [64]) of the
+// column pair c = 2·(tid/8), rows 8·r + tid%8 (each load of the warp in its own bank); the
+// caller sums the 8 parts (pair_sum).
+__device__ __forceinline__ float2 col_pair_part(const float* a, const bf16* X, const float* b, const bf16* Y) {
+  const int c = 2 * (threadIdx.x >> 3), part = threadIdx.x & 7;
+  float2 s = make_float2(0.f, 0.f);
 #pragma unroll
-  for (int r = 0; r < 16; ++r) sM[(16 * p + r) * LDF + c] = v[r] + ex;
-  return total;
+  for (int r = 0; r < 8; ++r) {
+    const int i = 8 * r + part;
+    const float2 x = bf2(X, i, c), y = bf2(Y, i, c);
+    s.x += a[i] * x.x + b[i] * y.x;
+    s.y += a[i] * x.y + b[i] * y.y;
+  }
+  return s;
+}
+__device__ __forceinline__ float2 pair_sum(float2 s) {
+#pragma unroll
+  for (int o = 1; o < 8; o <<= 1) s.x += __shfl_xor_sync(FULL, s.x, o), s.y += __shfl_xor_sync(FULL, s.y, o);
+  return s;
+}
+// Fragment loads of chunk_common.cuh's gemm (warp tile rows 16·wm.., columns 32·wn..), split
+// out so that two products with a common operand load it once per k step.
+template <bool A_KM>
+__device__ __forceinline__ void ld_a(uint32_t (&a)[4], const bf16* A, const Lane& L, int kk) {
+  const int lane = L.lane;
+  if (!A_KM)
+    ldsm_x4(a, A + (16 * L.wm + (lane & 15)) * LD + 16 * kk + (lane >> 4) * 8);
+  else
+    ldsm_x4_t(a, A + (16 * kk + (lane & 7) + ((lane >> 4) << 3)) * LD + 16 * L.wm + ((lane >> 3) & 1) * 8);
+}
+template <bool B_KN>
+__device__ __forceinline__ void ld_b(uint32_t (&b)[4], const bf16* B, const Lane& L, int kk, int nn) {
+  const int lane = L.lane, n0 = 32 * L.wn + 16 * nn;
+  if (!B_KN)
+    ldsm_x4(b, B + (n0 + (lane & 7) + ((lane >> 4) << 3)) * LD + 16 * kk + ((lane >> 3) & 1) * 8);
+  else
+    ldsm_x4_t(b, B + (16 * kk + (lane & 7) + (((lane >> 3) & 1) << 3)) * LD + n0 + (lane >> 4) * 8);
+}
+// c1 += A·B1, c2 += A·B2 (c1 and c2 may be the same accumulator).
+template <bool A_KM, bool B1_KN, bool B2_KN>
+__device__ __forceinline__ void gemm_same_a(Acc& c1, const bf16* B1, Acc& c2, const bf16* B2, const bf16* A,
+                                            const Lane& L) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    uint32_t a[4];
+    ld_a<A_KM>(a, A, L, kk);
+#pragma unroll
+    for (int nn = 0; nn < 2; ++nn) {
+      uint32_t b1[4], b2[4];
+      ld_b<B1_KN>(b1, B1, L, kk, nn);
+      ld_b<B2_KN>(b2, B2, L, kk, nn);
+      mma(c1[2 * nn], a, b1[0], b1[1]);
+      mma(c2[2 * nn], a, b2[0], b2[1]);
+      mma(c1[2 * nn + 1], a, b1[2], b1[3]);
+      mma(c2[2 * nn + 1], a, b2[2], b2[3]);
+    }
+  }
+}
+// c1 += A1·B, c2 += A2·B.
+template <bool A1_KM, bool A2_KM, bool B_KN>
+__device__ __forceinline__ void gemm_same_b(Acc& c1, const bf16* A1, Acc& c2, const bf16* A2, const bf16* B,
+                                            const Lane& L) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    uint32_t a1[4], a2[4];
+    ld_a<A1_KM>(a1, A1, L, kk);
+    ld_a<A2_KM>(a2, A2, L, kk);
+#pragma unroll
+    for (int nn = 0; nn < 2; ++nn) {
+      uint32_t b[4];
+      ld_b<B_KN>(b, B, L, kk, nn);
+      mma(c1[2 * nn], a1, b[0], b[1]);
+      mma(c2[2 * nn], a2, b[0], b[1]);
+      mma(c1[2 * nn + 1], a1, b[2], b[3]);
+      mma(c2[2 * nn + 1], a2, b[2], b[3]);
+    }
+  }
 }
 
 // ---------------------------------------------------------------- stats (forward)
@@ -184,7 +267,7 @@ __global__ void __launch_bounds__(NT, 2) ccq_stats_bwd_kernel(const QParams p) {
   const bool cen = p.centered;
   Acc Ks, GK, Y;
   zero(Ks), zero(GK), zero(Y);
-  float gmp = 0.f;  // Gm0 partial of column tid/4 over rows 16·(tid%4)..
+  float2 gmp = make_float2(0.f, 0.f);  // Gm0 partial of columns 2·(tid/8) + {0, 1}, rows 8·r + tid%8
   if (tid < C) sMl[tid] = 0.f;
   auto prefetch = [&](int ci, int buf) {
     const int t0 = ci * C, n = min(C, p.T - t0);
@@ -208,9 +291,9 @@ __global__ void __launch_bounds__(NT, 2) ccq_stats_bwd_kernel(const QParams p) {
     for (int i = tid; i < C * 32; i += NT) {
       const int t = i >> 5, c = 2 * (i & 31);
       const float inv = sInv[t], fa = -sLam[t] * inv, fe = sLam[t] * inv * inv;
-      const float g0 = bf(sG, t, c), g1 = bf(sG, t, c + 1);
-      *reinterpret_cast<uint32_t*>(sdA + t * LD + c) = pack(fa * g0, fa * g1);
-      *reinterpret_cast<uint32_t*>(sE + t * LD + c) = pack(fe * g0, fe * g1);
+      const float2 gg = bf2(sG, t, c);
+      *reinterpret_cast<uint32_t*>(sdA + t * LD + c) = pack(fa * gg.x, fa * gg.y);
+      *reinterpret_cast<uint32_t*>(sE + t * LD + c) = pack(fe * gg.x, fe * gg.y);
     }
     gemm<true, true>(Ks, sK, sK, L);
     {
@@ -220,7 +303,7 @@ __global__ void __launch_bounds__(NT, 2) ccq_stats_bwd_kernel(const QParams p) {
     if (cen) {
       Acc s1, se;
       zero(s1), zero(se);
-      gemm2<false, false, false, false>(s1, sQ, sK, se, sG, sK, L);
+      gemm_same_b<false, false, false>(s1, sQ, se, sG, sK, L);
       float r1[2] = {0.f, 0.f}, re[2] = {0.f, 0.f};
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt)
@@ -232,31 +315,27 @@ __global__ void __launch_bounds__(NT, 2) ccq_stats_bwd_kernel(const QParams p) {
         const float x = quad_sum(r1[hh]), y = quad_sum(re[hh]);
         if (L.tig == 0) sRs1[L.wn * C + L.row(2 * hh)] = x, sRse[L.wn * C + L.row(2 * hh)] = y;
       }
-      const int r = tid >> 2, part = tid & 3;
-      float x = 0.f, y = 0.f;
-#pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        const float mm = mcur[16 * part + j];
-        x += mm * bf(sQ, r, 16 * part + j);
-        y += mm * bf(sG, r, 16 * part + j);
-      }
-      x = quad_sum(x), y = quad_sum(y);
-      if (part == 0) sMq0[r] = x, sMg0[r] = y;
+      float x, y;
+      row_dots<true>(mcur, sQ, sG, x, y);
+      if ((tid & 3) == 0) sMq0[tid >> 2] = x, sMg0[tid >> 2] = y;
     }
     __syncthreads();
-    // phase 2: GK += dAᵀQ, Y += EᵀQ; Gm0 column partials
+    // phase 2: GK += dAᵀQ, Y += EᵀQ; per row a = λ mq/t², b = λ mg/t² (in place of m·q, m·g)
     if (cen) {
-      gemm2<true, true, true, true>(GK, sdA, sQ, Y, sE, sQ, L);
-      const int c = tid >> 2, part = tid & 3;
-#pragma unroll
-      for (int rr = 0; rr < 16; ++rr) {
-        const int i = 16 * part + rr;
-        const float mq = sMq0[i] + sRs1[i] + sRs1[C + i], mg = sMg0[i] + sRse[i] + sRse[C + i];
-        const float f = sLam[i] * sInv[i] * sInv[i];
-        gmp += f * (mq * bf(sG, i, c) + mg * bf(sQ, i, c));
+      gemm_same_b<true, true, true>(GK, sdA, Y, sE, sQ, L);
+      if (tid < C) {
+        const float f = sLam[tid] * sInv[tid] * sInv[tid];
+        sMq0[tid] = f * (sMq0[tid] + (sRs1[tid] + sRs1[C + tid]));
+        sMg0[tid] = f * (sMg0[tid] + (sRse[tid] + sRse[C + tid]));
       }
     } else {
       gemm<true, true>(GK, sdA, sQ, L);
+    }
+    __syncthreads();
+    // phase 3: Gm0 column partials Σ_i a_i g_i + b_i q_i
+    if (cen) {
+      const float2 x = col_pair_part(sMq0, sG, sMg0, sQ);
+      gmp.x += x.x, gmp.y += x.y;
     }
     __syncthreads();
   }
@@ -264,8 +343,8 @@ __global__ void __launch_bounds__(NT, 2) ccq_stats_bwd_kernel(const QParams p) {
   store_frag(R + kOffK, Ks, L);
   store_frag(R + kOffGK, GK, L);
   if (tid < C) R[kOffM + tid] = sMl[((c1 - c0) & 1) * C + tid];
-  gmp = quad_sum(gmp);
-  if ((tid & 3) == 0) R[kOffGm + (tid >> 2)] = cen ? gmp : 0.f;
+  gmp = pair_sum(gmp);
+  if ((tid & 7) == 0) R[kOffGm + 2 * (tid >> 3)] = cen ? gmp.x : 0.f, R[kOffGm + 2 * (tid >> 3) + 1] = cen ? gmp.y : 0.f;
   store_f(sY, Y, L, [](float x, int, int) { return x; });
   __syncthreads();
   for (int i = tid; i < D * D; i += NT) {
@@ -275,91 +354,87 @@ __global__ void __launch_bounds__(NT, 2) ccq_stats_bwd_kernel(const QParams p) {
 }
 
 // ---------------------------------------------------------------- scan over the groups
-// Block (slice, h, b): rows 4·slice .. +3 of the 64×64 matrices, thread (row tid/64, column
-// tid%64); m (and m_start for the W m term) in shared memory in every slice, written by
-// slice 0. Groups are read 8 at a time so that their loads are in flight together.
+// Block (slice, h, b), 8 warps: warp w owns row a = 8·slice + w of the 64×64 matrices, lane l
+// its columns l and l + 32, and keeps m of those two columns in registers (every row does, so
+// that the row's W m_start is a warp reduction: no shared memory, no barrier). Slice 0's warp 0
+// writes m. Groups are read kScanBatch at a time so that their loads are in flight together.
 constexpr int kScanBatch = 8;
 
 template <bool kBwd>
 __global__ void __launch_bounds__(NT) ccq_scan_kernel(const QParams p) {
-  __shared__ float sm[C], spart[NT / 32];
-  const int s = blockIdx.x, h = blockIdx.y, b = blockIdx.z, tid = threadIdx.x, warp = tid >> 5;
-  const int a = 4 * s + (tid >> 6), c = tid & 63, e = a * D + c;
+  const int s = blockIdx.x, h = blockIdx.y, b = blockIdx.z, lane = threadIdx.x & 31;
+  const int a = 8 * s + (threadIdx.x >> 5), e0 = a * D + lane, e1 = e0 + 32;
   const size_t bh = static_cast<size_t>(b) * p.H + h;
-  const bool gm_thread = kBwd && c == 0;  // owns Gm[a]
-  const bool cen = p.centered;
-  float Kacc = p.K0 ? p.K0[bh * D * D + e] : 0.f;
-  if (tid < C) sm[tid] = p.m0 ? p.m0[bh * D + tid] : 0.f;
-  __syncthreads();
+  const bool writes_m = s == 0 && a == 0, cen = p.centered;
+  float K0 = p.K0 ? p.K0[bh * D * D + e0] : 0.f, K1 = p.K0 ? p.K0[bh * D * D + e1] : 0.f;
+  float m0 = p.m0 ? p.m0[bh * D + lane] : 0.f, m1 = p.m0 ? p.m0[bh * D + lane + 32] : 0.f;
   for (int g0 = 0; g0 < p.ng; g0 += kScanBatch) {
     const int cnt = min(kScanBatch, p.ng - g0);
-    float kl[kScanBatch], ml[kScanBatch], wl[kScanBatch], gl[kScanBatch];
+    float k0[kScanBatch], k1[kScanBatch], n0[kScanBatch], n1[kScanBatch], w0[kScanBatch], w1[kScanBatch],
+        gl[kScanBatch];
 #pragma unroll
     for (int u = 0; u < kScanBatch; ++u) {
-      kl[u] = ml[u] = wl[u] = gl[u] = 0.f;
+      k0[u] = k1[u] = n0[u] = n1[u] = w0[u] = w1[u] = gl[u] = 0.f;
       if (u < cnt) {
         const float* R = rec(p, b, h, g0 + u);
-        kl[u] = R[kOffK + e];
-        if (tid < C) ml[u] = R[kOffM + tid];
-        if (kBwd && cen) wl[u] = R[kOffW + e];
-        if (gm_thread) gl[u] = R[kOffGm + a];
+        k0[u] = R[kOffK + e0], k1[u] = R[kOffK + e1];
+        n0[u] = R[kOffM + lane], n1[u] = R[kOffM + lane + 32];
+        if (kBwd && cen) w0[u] = R[kOffW + e0], w1[u] = R[kOffW + e1], gl[u] = R[kOffGm + a];
       }
     }
 #pragma unroll
     for (int u = 0; u < kScanBatch; ++u) {
       if (u >= cnt) break;
       float* R = rec(p, b, h, g0 + u);
-      Kacc += kl[u];
-      R[kOffK + e] = Kacc;
-      if (kBwd) {  // (W m_start)[a]: the row's 64 products over its two warps
-        float x = wl[u] * sm[c];
+      K0 += k0[u], K1 += k1[u];
+      R[kOffK + e0] = K0, R[kOffK + e1] = K1;
+      if (kBwd) {  // Gm of the group += (W m_start)[a]
+        float x = w0[u] * m0 + w1[u] * m1;
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(FULL, x, o);
-        if ((tid & 31) == 0) spart[warp] = x;
+        if (lane == 0) R[kOffGm + a] = cen ? gl[u] + x : 0.f;
       }
-      __syncthreads();
-      if (gm_thread) R[kOffGm + a] = cen ? gl[u] + (spart[warp] + spart[warp + 1]) : 0.f;
-      if (tid < C) {
-        sm[tid] += ml[u];
-        if (s == 0) R[kOffM + tid] = sm[tid];
-      }
-      __syncthreads();
+      m0 += n0[u], m1 += n1[u];
+      if (writes_m) R[kOffM + lane] = m0, R[kOffM + lane + 32] = m1;
     }
   }
-  if (p.Kout) p.Kout[bh * D * D + e] = Kacc;
-  if (p.mout && s == 0 && tid < C) p.mout[bh * D + tid] = sm[tid];
+  if (p.Kout) p.Kout[bh * D * D + e0] = K0, p.Kout[bh * D * D + e1] = K1;
+  if (p.mout && writes_m) p.mout[bh * D + lane] = m0, p.mout[bh * D + lane + 32] = m1;
   if (!kBwd) return;
   // exclusive suffix sums of GK and Gm (each thread reads back only what it wrote or owns)
-  float GKacc = 0.f, gmacc = 0.f;
+  float G0 = 0.f, G1 = 0.f, gm = 0.f;
   for (int g0 = p.ng - 1; g0 >= 0; g0 -= kScanBatch) {
     const int cnt = min(kScanBatch, g0 + 1);
-    float kl[kScanBatch], gl[kScanBatch];
+    float k0[kScanBatch], k1[kScanBatch], gl[kScanBatch];
 #pragma unroll
     for (int u = 0; u < kScanBatch; ++u) {
-      kl[u] = gl[u] = 0.f;
+      k0[u] = k1[u] = gl[u] = 0.f;
       if (u < cnt) {
         const float* R = rec(p, b, h, g0 - u);
-        kl[u] = R[kOffGK + e];
-        if (gm_thread) gl[u] = R[kOffGm + a];
+        k0[u] = R[kOffGK + e0], k1[u] = R[kOffGK + e1];
+        if (lane == 0) gl[u] = R[kOffGm + a];
       }
     }
 #pragma unroll
     for (int u = 0; u < kScanBatch; ++u) {
       if (u >= cnt) break;
       float* R = rec(p, b, h, g0 - u);
-      R[kOffGK + e] = GKacc;
-      GKacc += kl[u];
-      if (gm_thread) {
-        R[kOffGm + a] = gmacc;
-        gmacc += gl[u];
+      R[kOffGK + e0] = G0, R[kOffGK + e1] = G1;
+      G0 += k0[u], G1 += k1[u];
+      if (lane == 0) {
+        R[kOffGm + a] = gm;
+        gm += gl[u];
       }
     }
   }
 }
 
 // ---------------------------------------------------------------- forward (main)
-// Q K ×2 (prefetch), Ks P (bf16), M (fp32), m ping-pong, row sums of (QKᵀ⊙L) [2][C], mprev·q, λ.
-constexpr size_t kQFwdSmem = 6 * TILE * sizeof(bf16) + (TILEF + 2 * C + 2 * C + C + C) * sizeof(float);
+// The mean term rides in the intra-chunk matrix: with mq_i = M_iᵀq_i = m_prevᵀq_i + Σ_{j≤i} k_jᵀq_i,
+//   P' = (Q Kᵀ − mq/t) ⊙ L,  R' = Q K_prev + P' K = A − (mq_i/t_i) Σ_{j≤i} k_j,
+//   r_i = R'_i/t_i − m_prev mq_i/t_i²   (uncentered: P' = Q Kᵀ ⊙ L, no m term).
+// Q K ×2 (prefetch), Ks P (bf16), m ping-pong, row sums of (QKᵀ⊙L) [2][C], m_prevᵀq, λ, 1/t.
+constexpr size_t kQFwdSmem = 6 * TILE * sizeof(bf16) + (2 * C + 2 * C + C + C + C) * sizeof(float);
 
 __global__ void __launch_bounds__(NT, 2) ccq_fwd_kernel(const QParams p) {
   extern __shared__ __align__(128) unsigned char smem[];
@@ -368,15 +443,16 @@ __global__ void __launch_bounds__(NT, 2) ccq_fwd_kernel(const QParams p) {
   bf16* sKb = base + 2 * TILE;
   bf16* sKs = base + 4 * TILE;
   bf16* sP = base + 5 * TILE;
-  float* sM = reinterpret_cast<float*>(base + 6 * TILE);
-  float* sMv = sM + TILEF;  // [2][C] ping-pong
-  float* sRow = sM + TILEF + 2 * C;  // [2][C]
+  float* sMv = reinterpret_cast<float*>(base + 6 * TILE);  // [2][C] ping-pong
+  float* sRow = sMv + 2 * C;  // [2][C]
   float* sMq = sRow + 2 * C;
   float* sLam = sMq + C;
+  float* sInv = sLam + C;
   const Lane L;
   const int g = blockIdx.x, h = blockIdx.y, b = blockIdx.z, tid = threadIdx.x;
   const size_t bh = static_cast<size_t>(b) * p.H + h, stride = static_cast<size_t>(p.H) * D;
   const int c0 = g * p.G, c1 = min(p.nc, c0 + p.G);
+  const bool cen = p.centered;
 
   // statistics before the group: K0, m0 for the first, else the scan's prefix after g − 1
   const float* Kst = g ? rec(p, b, h, g - 1) + kOffK : p.K0 ? p.K0 + bh * D * D : nullptr;
@@ -398,19 +474,20 @@ __global__ void __launch_bounds__(NT, 2) ccq_fwd_kernel(const QParams p) {
   for (int ci = c0; ci < c1; ++ci) {
     const int it = ci - c0, buf = it & 1, t0 = ci * C, n = min(C, p.T - t0);
     const bf16 *sQ = sQb + buf * TILE, *sK = sKb + buf * TILE;
-    float* mcur = sMv + (it & 1) * C;
+    const float* mcur = sMv + (it & 1) * C;
     float* mnext = sMv + ((it + 1) & 1) * C;
     if (ci + 1 < c1) prefetch(ci + 1, buf ^ 1);
     cp_async_commit();
-    if (tid < C) sLam[tid] = tid < n ? p.lam[(static_cast<size_t>(b) * p.T + t0 + tid) * p.H + h] : 0.f;
+    load_rows(p, b, h, t0, n, sLam, sInv);
     store_bf(sKs, Ks, L, [](float x, int, int) { return x; });
     cp_async_wait<1>();
     __syncthreads();
-    // phase 1: P = (Q Kᵀ) ⊙ L (+ its row sums: Σ_{j≤i} k_jᵀ q_i), R = Q K_prev, M, m_prevᵀ q
+    // phase 1: P = Q Kᵀ (masked, row sums), R = Q K_prev, K += KᵀK, m_prevᵀq, m after the chunk
     Acc R, P;
     zero(R);
     zero(P);
-    gemm2<false, false, false, false>(P, sQ, sK, R, sQ, sKs, L);
+    gemm_same_a<false, false, false>(P, sK, R, sKs, sQ, L);
+    if (ci + 1 < c1) gemm<true, true>(Ks, sK, sK, L);
     {
       float rs[2] = {0.f, 0.f};
 #pragma unroll
@@ -420,7 +497,6 @@ __global__ void __launch_bounds__(NT, 2) ccq_fwd_kernel(const QParams p) {
           if (L.row(e) < L.col(nt, e)) P[nt][e] = 0.f;
           rs[e >> 1] += P[nt][e];
         }
-      store_bf(sP, P, L, [](float x, int, int) { return x; });
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const float x = quad_sum(rs[hh]);
@@ -428,44 +504,56 @@ __global__ void __launch_bounds__(NT, 2) ccq_fwd_kernel(const QParams p) {
       }
     }
     {
-      const float tot = cumsum_k(sK, mcur, sM);
+      const float tot = col_sum(sK);
       if ((tid & 3) == 0) mnext[tid >> 2] = mcur[tid >> 2] + tot;
-      const int r = tid >> 2, part = tid & 3;  // m_prevᵀ q_r
-      float x = 0.f;
-#pragma unroll
-      for (int j = 0; j < 16; ++j) x += mcur[16 * part + j] * bf(sQ, r, 16 * part + j);
-      x = quad_sum(x);
-      if (part == 0) sMq[r] = x;
+      float x, y;
+      row_dots<false>(mcur, sQ, nullptr, x, y);
+      if ((tid & 3) == 0) sMq[tid >> 2] = x;
     }
     __syncthreads();
-    // phase 2: R += P K; q_c = q − λ r; K += Kᵀ K
-    gemm<false, true>(R, sP, sK, L);
+    // phase 1b: mq per row, P' = P − mq/t on j ≤ i
+    float rmq[2], rinv[2];
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int i = L.row(2 * hh);
+      rmq[hh] = sMq[i] + (sRow[i] + sRow[C + i]);
+      rinv[hh] = sInv[i];
+    }
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
-        const int i = L.row(2 * hh), a = L.col(nt, 0);
-        if (i >= n) continue;
-        const float ti = static_cast<float>(p.t0 + t0 + i + 1), inv = 1.f / ti;
-        const float mq = sMq[i] + sRow[i] + sRow[C + i];
-        float r0 = R[nt][2 * hh] * inv, r1 = R[nt][2 * hh + 1] * inv;
-        if (p.centered) {
-          r0 -= sM[i * LDF + a] * mq * inv * inv;
-          r1 -= sM[i * LDF + a + 1] * mq * inv * inv;
-        }
-        const float lam = sLam[i];
-        *reinterpret_cast<uint32_t*>(p.qc + qrow(p, b, t0 + i, h) + a) =
-            pack(bf(sQ, i, a) - lam * r0, bf(sQ, i, a + 1) - lam * r1);
+        const int i = L.row(2 * hh), j = L.col(nt, 0);
+        const float o = cen ? rmq[hh] * rinv[hh] : 0.f;
+        const float v0 = j <= i ? P[nt][2 * hh] - o : 0.f, v1 = j + 1 <= i ? P[nt][2 * hh + 1] - o : 0.f;
+        *reinterpret_cast<uint32_t*>(sP + i * LD + j) = pack(v0, v1);
       }
-    if (ci + 1 < c1) gemm<true, true>(Ks, sK, sK, L);
+    __syncthreads();
+    // phase 2: R += P' K; q_c = q − λ r
+    gemm<false, true>(R, sP, sK, L);
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int i = L.row(2 * hh);
+      if (i >= n) continue;
+      const float inv = rinv[hh], lam = sLam[i], mt = cen ? rmq[hh] * inv * inv : 0.f;
+      bf16* dst = p.qc + qrow(p, b, t0 + i, h);
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+        const int a = L.col(nt, 0);
+        const float2 m = *reinterpret_cast<const float2*>(mcur + a);
+        const float2 q = bf2(sQ, i, a);
+        const float r0 = R[nt][2 * hh] * inv - m.x * mt, r1 = R[nt][2 * hh + 1] * inv - m.y * mt;
+        *reinterpret_cast<uint32_t*>(dst + a) = pack(q.x - lam * r0, q.y - lam * r1);
+      }
+    }
     __syncthreads();
   }
 }
 
 // ---------------------------------------------------------------- backward (main)
-// Q K G ×2 (prefetch), Ks (K_prev), S1', S2', dA, GK (sym) bf16 tiles; m and Gm ping-pong;
-// per-row: λ, 1/t, m·q, m·g, mq, mg, row partials [2][C] of Σ_{j>i} s1, Σ_{j>i} p, Σ s1·p, q·X.
-constexpr size_t kQBwdSmem = 11 * TILE * sizeof(bf16) + (2 * C + 2 * C + 6 * C + 4 * 2 * C) * sizeof(float);
+// Q K G ×2 (prefetch), Ks (K_prev), S1', S2', dA, GK bf16 tiles; m and Gm ping-pong;
+// per-row: λ, 1/t, m·q, m·g, mq, mg, a, b, row partials [2][C] of Σ_{j>i} s1, Σ_{j>i} p, Σ s1·p, q·X.
+constexpr size_t kQBwdSmem = 11 * TILE * sizeof(bf16) + (2 * C + 2 * C + 8 * C + 4 * 2 * C) * sizeof(float);
 
 __global__ void __launch_bounds__(NT, 2) ccq_bwd_kernel(const QParams p) {
   extern __shared__ __align__(128) unsigned char smem[];
@@ -487,10 +575,12 @@ __global__ void __launch_bounds__(NT, 2) ccq_bwd_kernel(const QParams p) {
   float* sMcg = fb + 7 * C;
   float* sMq = fb + 8 * C;
   float* sMg = fb + 9 * C;
-  float* sSu1 = fb + 10 * C;  // [2][C] each from here
-  float* sSu2 = fb + 12 * C;
-  float* sRsp = fb + 14 * C;
-  float* sXq = fb + 16 * C;
+  float* sA = fb + 10 * C;
+  float* sB = fb + 11 * C;
+  float* sSu1 = fb + 12 * C;  // [2][C] each from here
+  float* sSu2 = fb + 14 * C;
+  float* sRsp = fb + 16 * C;
+  float* sXq = fb + 18 * C;
   const Lane L;
   const int g = blockIdx.x, h = blockIdx.y, b = blockIdx.z, tid = threadIdx.x;
   const size_t stride = static_cast<size_t>(p.H) * D;
@@ -525,17 +615,8 @@ __global__ void __launch_bounds__(NT, 2) ccq_bwd_kernel(const QParams p) {
     store_bf(sGK, GK, L, [](float x, int, int) { return x; });
     cp_async_wait<1>();
     __syncthreads();
-    // phase A: GK + GKᵀ in place; K_prev = K − KᵀK; s1 = QKᵀ, pk = GKᵀ (kept in registers) and
-    // their row partials; m·q, m·g with the m after the chunk; m_prev; dA = −λ g/t
-    for (int i = tid; i < D * D; i += NT) {
-      const int r = i >> 6, c = i & 63;
-      if (r < c) {
-        const bf16 v = __float2bfloat16(bf(sGK, r, c) + bf(sGK, c, r));
-        sGK[r * LD + c] = v, sGK[c * LD + r] = v;
-      } else if (r == c) {
-        sGK[r * LD + r] = __float2bfloat16(2.f * bf(sGK, r, r));
-      }
-    }
+    // phase A: K_prev = K − KᵀK; s1 = QKᵀ, pk = GKᵀ (kept in registers) and their row
+    // partials; m·q, m·g with the m after the chunk; m_prev; dA = −λ g/t
     {
       Acc a;
       zero(a);
@@ -548,7 +629,7 @@ __global__ void __launch_bounds__(NT, 2) ccq_bwd_kernel(const QParams p) {
     }
     Acc s1, pk;
     zero(s1), zero(pk);
-    gemm2<false, false, false, false>(s1, sQ, sK, pk, sG, sK, L);
+    gemm_same_b<false, false, false>(s1, sQ, pk, sG, sK, L);
     {
       float u1[2] = {0.f, 0.f}, u2[2] = {0.f, 0.f}, sp[2] = {0.f, 0.f};
 #pragma unroll
@@ -570,14 +651,8 @@ __global__ void __launch_bounds__(NT, 2) ccq_bwd_kernel(const QParams p) {
     }
     {
       const int r = tid >> 2, part = tid & 3;
-      float x = 0.f, y = 0.f;
-#pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        const float mm = mcur[16 * part + j];
-        x += mm * bf(sQ, r, 16 * part + j);
-        y += mm * bf(sG, r, 16 * part + j);
-      }
-      x = quad_sum(x), y = quad_sum(y);
+      float x, y;
+      row_dots<true>(mcur, sQ, sG, x, y);
       if (part == 0) sMcq[r] = x, sMcg[r] = y;
       const float tot = col_sum(sK);
       if (part == 0) mprev[r] = mcur[r] - tot;  // (column r: col_sum's column is tid/4 too)
@@ -585,23 +660,25 @@ __global__ void __launch_bounds__(NT, 2) ccq_bwd_kernel(const QParams p) {
     for (int i = tid; i < C * 32; i += NT) {
       const int t = i >> 5, c = 2 * (i & 31);
       const float f = -sLam[t] * sInv[t];
-      *reinterpret_cast<uint32_t*>(sdA + t * LD + c) = pack(f * bf(sG, t, c), f * bf(sG, t, c + 1));
+      const float2 gg = bf2(sG, t, c);
+      *reinterpret_cast<uint32_t*>(sdA + t * LD + c) = pack(f * gg.x, f * gg.y);
     }
     __syncthreads();
     // phase A2: mq_i = M_iᵀq_i = (m after the chunk)ᵀq_i − Σ_{j>i} k_jᵀq_i (mg alike); S1', S2'
-    float rmq[2], rmg[2];
+    float rmq[2], rmg[2], rinv[2], rlam[2];
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       const int i = L.row(2 * hh);
       rmq[hh] = sMcq[i] - (sSu1[i] + sSu1[C + i]);
       rmg[hh] = sMcg[i] - (sSu2[i] + sSu2[C + i]);
+      rinv[hh] = sInv[i], rlam[hh] = sLam[i];
     }
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const int i = L.row(2 * hh), j = L.col(nt, 0);
-        const float inv = sInv[i], lam = sLam[i], fa = -lam * inv;
+        const float inv = rinv[hh], lam = rlam[hh], fa = -lam * inv;
         const float o1 = cen ? rmq[hh] * inv : 0.f, o2 = cen ? lam * rmg[hh] * inv * inv : 0.f;
         const float a0 = j <= i ? s1[nt][2 * hh] - o1 : 0.f, a1 = j + 1 <= i ? s1[nt][2 * hh + 1] - o1 : 0.f;
         const float b0 = j <= i ? fa * pk[nt][2 * hh] + o2 : 0.f, b1 = j + 1 <= i ? fa * pk[nt][2 * hh + 1] + o2 : 0.f;
@@ -609,8 +686,9 @@ __global__ void __launch_bounds__(NT, 2) ccq_bwd_kernel(const QParams p) {
         *reinterpret_cast<uint32_t*>(sS2 + i * LD + j) = pack(b0, b1);
       }
     if (tid < C) {
-      sMq[tid] = sMcq[tid] - (sSu1[tid] + sSu1[C + tid]);
-      sMg[tid] = sMcg[tid] - (sSu2[tid] + sSu2[C + tid]);
+      const float mq = sMcq[tid] - (sSu1[tid] + sSu1[C + tid]), mg = sMcg[tid] - (sSu2[tid] + sSu2[C + tid]);
+      const float f = sLam[tid] * sInv[tid] * sInv[tid];
+      sMq[tid] = mq, sMg[tid] = mg, sA[tid] = f * mq, sB[tid] = f * mg;
     }
     __syncthreads();
     // phase B: X = G K_prev, dq = g − (λ/t) X + S2' K + b m_prev; q·X; GK += dAᵀQ;
@@ -619,54 +697,53 @@ __global__ void __launch_bounds__(NT, 2) ccq_bwd_kernel(const QParams p) {
       Acc X, dq;
       zero(X), zero(dq);
       gemm2<false, true, false, true>(X, sG, sKs, dq, sS2, sK, L);
-      float xq[2] = {0.f, 0.f};
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const int i = L.row(2 * hh), a = L.col(nt, 0);
-          xq[hh] += X[nt][2 * hh] * bf(sQ, i, a) + X[nt][2 * hh + 1] * bf(sQ, i, a + 1);
-          if (i >= n) continue;
-          const float inv = sInv[i], lam = sLam[i], fa = -lam * inv, bb = cen ? lam * sMg[i] * inv * inv : 0.f;
-          const float d0 = bf(sG, i, a) + fa * X[nt][2 * hh] + dq[nt][2 * hh] + bb * mprev[a];
-          const float d1 = bf(sG, i, a + 1) + fa * X[nt][2 * hh + 1] + dq[nt][2 * hh + 1] + bb * mprev[a + 1];
-          *reinterpret_cast<uint32_t*>(p.dq + qrow(p, b, t0 + i, h) + a) = pack(d0, d1);
-        }
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
-        const float x = quad_sum(xq[hh]);
-        if (L.tig == 0) sXq[L.wn * C + L.row(2 * hh)] = x;
+        const int i = L.row(2 * hh);
+        const float fa = -rlam[hh] * rinv[hh], bb = cen ? sB[i] : 0.f;
+        bf16* dst = p.dq + qrow(p, b, t0 + i, h);
+        float xq = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) {
+          const int a = L.col(nt, 0);
+          const float2 q = bf2(sQ, i, a), gg = bf2(sG, i, a), m = *reinterpret_cast<const float2*>(mprev + a);
+          xq += X[nt][2 * hh] * q.x + X[nt][2 * hh + 1] * q.y;
+          const float d0 = gg.x + fa * X[nt][2 * hh] + dq[nt][2 * hh] + bb * m.x;
+          const float d1 = gg.y + fa * X[nt][2 * hh + 1] + dq[nt][2 * hh + 1] + bb * m.y;
+          if (i < n) *reinterpret_cast<uint32_t*>(dst + a) = pack(d0, d1);
+        }
+        xq = quad_sum(xq);
+        if (L.tig == 0) sXq[L.wn * C + i] = xq;
       }
     }
-    if (ci > c0) gemm<true, true>(GK, sdA, sQ, L);
     {
       Acc dk;
       zero(dk);
-      gemm<true, true>(dk, sS2, sQ, L);
+      if (ci > c0)
+        gemm_same_b<true, true, true>(dk, sS2, GK, sdA, sQ, L);  // dk = S2'ᵀ Q; GK += dAᵀ Q
+      else
+        gemm<true, true>(dk, sS2, sQ, L);
       gemm<true, true>(dk, sS1, sdA, L);
-      gemm<false, true>(dk, sK, sGK, L);
+      gemm_same_a<false, true, false>(dk, sGK, dk, sGK, sK, L);  // K GK + K GKᵀ
 #pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
+      for (int hh = 0; hh < 2; ++hh) {
+        const int j = L.row(2 * hh);
+        if (j >= n) continue;
+        bf16* row = p.dk + qrow(p, b, t0 + j, h);
 #pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const int j = L.row(2 * hh), a = L.col(nt, 0);
-          if (j >= n) continue;
-          uint32_t* dst = reinterpret_cast<uint32_t*>(p.dk + qrow(p, b, t0 + j, h) + a);
-          const __nv_bfloat162 old = *reinterpret_cast<const __nv_bfloat162*>(dst);
-          *dst = pack(__low2float(old) + (dk[nt][2 * hh] + gmcur[a]), __high2float(old) + (dk[nt][2 * hh + 1] + gmcur[a + 1]));
+        for (int nt = 0; nt < 4; ++nt) {
+          const int a = L.col(nt, 0);
+          uint32_t* dst = reinterpret_cast<uint32_t*>(row + a);
+          const float2 old = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(dst));
+          const float2 gm = *reinterpret_cast<const float2*>(gmcur + a);
+          *dst = pack(old.x + (dk[nt][2 * hh] + gm.x), old.y + (dk[nt][2 * hh + 1] + gm.y));
         }
+      }
     }
     if (cen) {
-      const int c = tid >> 2, part = tid & 3;
-      float x = 0.f;
-#pragma unroll
-      for (int rr = 0; rr < 16; ++rr) {
-        const int i = 16 * part + rr;
-        const float f = sLam[i] * sInv[i] * sInv[i];
-        x += f * (sMq[i] * bf(sG, i, c) + sMg[i] * bf(sQ, i, c));
-      }
-      x = quad_sum(x);
-      if (part == 0) gmnext[c] = gmcur[c] + x;
+      const float2 x = pair_sum(col_pair_part(sA, sG, sB, sQ));
+      const int c = 2 * (tid >> 3);
+      if ((tid & 7) == 0) gmnext[c] = gmcur[c] + x.x, gmnext[c + 1] = gmcur[c + 1] + x.y;
     } else if (tid < C) {
       gmnext[tid] = 0.f;
     }
@@ -757,7 +834,7 @@ void ccq_fwd(const DeltaShape& s, const CcqInputs& in, __nv_bfloat16* qc, const 
   p.rec = kRecF;
   Workspace ws(static_cast<size_t>(p.B) * p.H * p.ng * p.rec, stream);
   p.ws = ws.p;
-  const dim3 groups(p.ng, p.H, p.B), slices(D / 4, p.H, p.B);
+  const dim3 groups(p.ng, p.H, p.B), slices(D / 8, p.H, p.B);
   qlaunch(ccq_stats_fwd_kernel, groups, kStatsFwdSmem, p, stream);
   qlaunch(ccq_scan_kernel<false>, slices, 0, p, stream);
   qlaunch(ccq_fwd_kernel, groups, kQFwdSmem, p, stream);
@@ -778,7 +855,7 @@ void ccq_bwd(const DeltaShape& s, const CcqInputs& in, const CcqStats& fin, cons
   p.rec = kRecB;
   Workspace ws(static_cast<size_t>(p.B) * p.H * p.ng * p.rec, stream);
   p.ws = ws.p;
-  const dim3 groups(p.ng, p.H, p.B), slices(D / 4, p.H, p.B);
+  const dim3 groups(p.ng, p.H, p.B), slices(D / 8, p.H, p.B);
   qlaunch(ccq_stats_bwd_kernel, groups, kStatsBwdSmem, p, stream);
   qlaunch(ccq_scan_kernel<true>, slices, 0, p, stream);
   qlaunch(ccq_bwd_kernel, groups, kQBwdSmem, p, stream);
