@@ -278,12 +278,13 @@ __device__ __forceinline__ void subst_bwd_scalar(const float* sAw, const float* 
   }
 }
 
-// The same two solves with the 4×4 diagonal blocks inverted ahead (diag_block_inverse), so a
-// block costs one round of 4 independent shuffles and a 4×4 product instead of 4 dependent
-// shuffle steps: the dependency chain of a solve is about half as long.
-// M_jb = (I + diag(β) Aw)_jb⁻¹ (unit lower) of rows 4jb..4jb+3; stored as sNf[jb] = M diag(β)
-// (for subst_fwd_blk) and sNb[jb] = Mᵀ (for subst_bwd_blk), 16 floats each, row-major.
-__device__ __forceinline__ void diag_block_inverse(const float* sAw, const float* sB, float* sNf, float* sNb, int jb) {
+// The forward substitution with the 4×4 diagonal blocks inverted ahead and two columns per
+// thread (the fused gdn forward): a block costs two rounds of independent shuffles around one
+// 4-term dot product instead of 4 dependent shuffle steps, and every float4 of Aw serves two
+// columns, so the solve reads half the shared memory of subst_fwd_regs on half the threads.
+// M_jb = (I + diag(β) Aw)_jb⁻¹ (unit lower) of rows 4jb..4jb+3, stored as sNf[jb] = M diag(β),
+// 16 floats row-major (one thread per block).
+__device__ __forceinline__ void diag_block_inverse(const float* sAw, const float* sB, float* sNf, int jb) {
   const int r0 = 4 * jb;
   float b[4], t[4][4], m[4][4];
 #pragma unroll
@@ -307,56 +308,46 @@ __device__ __forceinline__ void diag_block_inverse(const float* sAw, const float
 #pragma unroll
   for (int i = 0; i < 4; ++i)
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      sNf[jb * 16 + i * 4 + j] = m[i][j] * b[j];
-      sNb[jb * 16 + i * 4 + j] = m[j][i];
-    }
+    for (int j = 0; j < 4; ++j) sNf[jb * 16 + i * 4 + j] = m[i][j] * b[j];
 }
 __device__ __forceinline__ float dot4(const float4 n, const float (&r)[4]) {
   return n.x * r[0] + n.y * r[1] + n.z * r[2] + n.w * r[3];
 }
-__device__ __forceinline__ float pick4(const float (&v)[4], int p) {
-  return p == 0 ? v[0] : p == 1 ? v[1] : p == 2 ? v[2] : v[3];
+// acc + n·r as four chained FMAs (written as a sum, the compiler keeps the dot product and
+// the add apart: five instructions).
+__device__ __forceinline__ float fma4(const float4 n, const float (&r)[4], float acc) {
+  return fmaf(n.w, r[3], fmaf(n.z, r[2], fmaf(n.y, r[1], fmaf(n.x, r[0], acc))));
 }
-// subst_fwd_regs with the inverted diagonal blocks (same layout and result up to rounding).
-__device__ __forceinline__ void subst_fwd_blk(const float* sAw, const float* sNf, float (&x)[16]) {
+// (I + diag(β) Aw) U = diag(β) X for columns 2c, 2c+1 (x0, x1 = rows 4i+p of X on entry, of U
+// on return; thread (c = tid/4 within its 128, p = tid%4)).
+__device__ __forceinline__ void subst_fwd_blk2(const float* sAw, const float* sNf, float (&x0)[16], float (&x1)[16]) {
   const int p = threadIdx.x & 3, lane = threadIdx.x & 31;
-  float acc[16];
+  float a0[16], a1[16];
 #pragma unroll
-  for (int i = 0; i < 16; ++i) acc[i] = 0.f;
+  for (int i = 0; i < 16; ++i) a0[i] = a1[i] = 0.f;
 #pragma unroll
   for (int jb = 0; jb < 16; ++jb) {
-    const float r = x[jb] - acc[jb];
-    float rs[4], xs[4];
+    const float4 nrow = *reinterpret_cast<const float4*>(sNf + jb * 16 + p * 4);
+    const float r0 = x0[jb] - a0[jb], r1 = x1[jb] - a1[jb];
+    float rs0[4], rs1[4], xs0[4], xs1[4];
 #pragma unroll
-    for (int jj = 0; jj < 4; ++jj) rs[jj] = __shfl_sync(FULL, r, (lane & ~3) | jj);
+    for (int jj = 0; jj < 4; ++jj) {
+      rs0[jj] = __shfl_sync(FULL, r0, (lane & ~3) | jj);
+      rs1[jj] = __shfl_sync(FULL, r1, (lane & ~3) | jj);
+    }
+    x0[jb] = dot4(nrow, rs0);
+    x1[jb] = dot4(nrow, rs1);
 #pragma unroll
-    for (int jj = 0; jj < 4; ++jj) xs[jj] = dot4(*reinterpret_cast<const float4*>(sNf + jb * 16 + jj * 4), rs);
-    x[jb] = pick4(xs, p);
+    for (int jj = 0; jj < 4; ++jj) {
+      xs0[jj] = __shfl_sync(FULL, x0[jb], (lane & ~3) | jj);
+      xs1[jj] = __shfl_sync(FULL, x1[jb], (lane & ~3) | jj);
+    }
 #pragma unroll
-    for (int i = jb + 1; i < 16; ++i)
-      acc[i] += dot4(*reinterpret_cast<const float4*>(sAw + (4 * i + p) * LDF + 4 * jb), xs);
-  }
-}
-// subst_bwd with the inverted diagonal blocks (same layout and result up to rounding).
-__device__ __forceinline__ void subst_bwd_blk(const float* sAwT, const float* sNb, const float* sB, float (&x)[16]) {
-  const int p = threadIdx.x & 3, lane = threadIdx.x & 31;
-  float acc[16];
-#pragma unroll
-  for (int i = 0; i < 16; ++i) acc[i] = 0.f;
-#pragma unroll
-  for (int jb = 15; jb >= 0; --jb) {
-    const float r = x[jb] - acc[jb];
-    float rs[4], xs[4];
-#pragma unroll
-    for (int jj = 0; jj < 4; ++jj) rs[jj] = __shfl_sync(FULL, r, (lane & ~3) | jj);
-#pragma unroll
-    for (int jj = 0; jj < 4; ++jj) xs[jj] = dot4(*reinterpret_cast<const float4*>(sNb + jb * 16 + jj * 4), rs);
-    x[jb] = pick4(xs, p);
-    const float4 bb = *reinterpret_cast<const float4*>(sB + 4 * jb);
-    const float ys[4] = {bb.x * xs[0], bb.y * xs[1], bb.z * xs[2], bb.w * xs[3]};
-#pragma unroll
-    for (int i = 0; i < jb; ++i) acc[i] += dot4(*reinterpret_cast<const float4*>(sAwT + (4 * i + p) * LDF + 4 * jb), ys);
+    for (int i = jb + 1; i < 16; ++i) {
+      const float4 a = *reinterpret_cast<const float4*>(sAw + (4 * i + p) * LDF + 4 * jb);
+      a0[i] = fma4(a, xs0, a0[i]);
+      a1[i] = fma4(a, xs1, a1[i]);
+    }
   }
 }
 

@@ -12,7 +12,8 @@
 //
 // Every product is a 64×64 (×64) GEMM: 8 warps, warp (wm, wn) owns rows 16·wm.., columns
 // 32·wn.. of the output; operands are bf16 tiles in shared memory (row stride 72 elements,
-// conflict-free ldmatrix), transposed operands through ldmatrix.trans.
+// conflict-free ldmatrix), transposed operands through ldmatrix.trans. The fused forward runs
+// two such 8-warp groups per CTA on different products (fwd_kernel).
 //
 // Two implementations, chosen per pass from the shape (use_two_phase): the fused kernels (one
 // CTA per (b, h) walks the chunks with the state in registers; best when B·H fills the GPU)
@@ -268,9 +269,6 @@ __device__ __forceinline__ void bwd_publish_partials(const float (&rowG)[2], con
 // Warp 0, after a barrier behind bwd_publish_partials: dg (the reverse cumsum of dG within
 // the chunk: g_t enters every G_s, s ≥ t) and dβ of the chunk's rows. sPartB: nullable
 // [8][C] further per-warp dβ partials.
-// kRows / kCols / kWarps: the number of row, column and G_last slots (2, 4, 8 for one 8-warp
-// group; twice that in the 16-warp fused backward).
-template <int kRows = 2, int kCols = 4, int kWarps = 8>
 __device__ __forceinline__ void bwd_write_dg_dbeta(const Params& p, const float* sRowG, const float* sRowB,
                                                    const float* sColG, const float* sGl, const float* sPartB,
                                                    int b, int h, int t0, int n, const Lane& L) {
@@ -278,20 +276,14 @@ __device__ __forceinline__ void bwd_write_dg_dbeta(const Params& p, const float*
 #pragma unroll
   for (int q = 0; q < 2; ++q) {
     const int t = 2 * L.lane + q;
-    d[q] = sRowG[t];
-#pragma unroll
-    for (int r = 1; r < kRows; ++r) d[q] += sRowG[r * C + t];
-#pragma unroll
-    for (int r = 0; r < kCols; ++r) d[q] += sColG[r * C + t];
-    bsum[q] = sRowB[t];
-#pragma unroll
-    for (int r = 1; r < kRows; ++r) bsum[q] += sRowB[r * C + t];
+    d[q] = sRowG[t] + sRowG[C + t] + sColG[t] + sColG[C + t] + sColG[2 * C + t] + sColG[3 * C + t];
+    bsum[q] = sRowB[t] + sRowB[C + t];
     if (sPartB)
       for (int w = 0; w < 8; ++w) bsum[q] += sPartB[w * C + t];
   }
   if (L.lane == 31) {
     float s = 0.f;
-    for (int w = 0; w < kWarps; ++w) s += sGl[w];
+    for (int w = 0; w < 8; ++w) s += sGl[w];
     d[1] += s;  // G_last: row 63 (rows ≥ n carry g = 0, so the reverse cumsum is the same)
   }
   float s = d[0] + d[1];
@@ -314,237 +306,32 @@ __device__ __forceinline__ void bwd_write_dg_dbeta(const Params& p, const float*
 }
 
 // ---------------------------------------------------------------- forward
-// Shared memory: 2×(Q,K,V) + S, P, U, Û (bf16), Aw, X (fp32), G, β.
-constexpr size_t kFwdSmem = (10 * TILE) * sizeof(bf16) + (2 * TILEF + 2 * C) * sizeof(float);
-
-__global__ void __launch_bounds__(NT, 1) fwd_kernel(const Params p) {
-  extern __shared__ __align__(128) unsigned char smem[];
-  bf16* sQ = reinterpret_cast<bf16*>(smem);  // [2] each
-  bf16* sK = sQ + 2 * TILE;
-  bf16* sV = sK + 2 * TILE;
-  bf16* sS = sV + 2 * TILE;
-  bf16* sP = sS + TILE;
-  bf16* sU = sP + TILE;
-  bf16* sUh = sU + TILE;
-  float* sAw = reinterpret_cast<float*>(sUh + TILE);
-  float* sX = sAw + TILEF;
-  float* sG = sX + TILEF;
-  float* sB = sG + C;
-  const Lane L;
-  const int h = blockIdx.x, b = blockIdx.y, tid = threadIdx.x;
-  const size_t bh = static_cast<size_t>(b) * p.H + h, stride = static_cast<size_t>(p.H) * D;
-
-  Acc st;  // the state, rows v, columns c (fp32)
-#pragma unroll
-  for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e)
-      st[nt][e] = p.S0 ? p.S0[bh * D * D + L.row(e) * D + L.col(nt, e)] : 0.f;
-  store_bf(sS, st, L, [](float x, int, int) { return x; });
-
-  auto prefetch = [&](int ci) {
-    const int t0 = ci * C, n = min(C, p.T - t0), buf = ci & 1;
-    load_tile(sQ + buf * TILE, p.q + row_off(p, b, t0, h), stride, n);
-    load_tile(sK + buf * TILE, p.k + row_off(p, b, t0, h), stride, n);
-    load_tile(sV + buf * TILE, p.v + row_off(p, b, t0, h), stride, n);
-  };
-  prefetch(0);
-  cp_async_commit();
-  GateRegs gr = fetch_gates(p, b, h, 0, min(C, p.T));
-
-  for (int ci = 0; ci < p.nc; ++ci) {
-    const int t0 = ci * C, n = min(C, p.T - t0), buf = ci & 1;
-    if (ci + 1 < p.nc) prefetch(ci + 1);
-    cp_async_commit();
-    publish_gates(gr, sG, sB);
-    if (ci + 1 < p.nc) gr = fetch_gates(p, b, h, t0 + C, min(C, p.T - t0 - C));
-    cp_async_wait<1>();
-    __syncthreads();  // (A) tiles, gates and the bf16 state are in place
-    const bf16 *Q = sQ + buf * TILE, *K = sK + buf * TILE, *V = sV + buf * TILE;
-    if (p.bound) {  // the chunk's start state for the backward
-      bf16* dst = p.bound + (bh * p.nc + ci) * D * D;
-      for (int i = tid; i < D * 8; i += NT) {
-        const int r = i >> 3, c = i & 7;
-        *reinterpret_cast<uint4*>(dst + r * D + c * 8) = *reinterpret_cast<const uint4*>(sS + r * LD + c * 8);
-      }
-    }
-    const float Gl = sG[C - 1];
-    Acc o;
-    fwd_chunk_terms(Q, K, V, sS, sG, sAw, sP, sX, o, L);
-    __syncthreads();  // (B)
-    {
-      float x[16];
-      subst_fwd(sAw, sX, sB, x);
-      const int c = tid >> 2, pp = tid & 3;
-#pragma unroll
-      for (int i = 0; i < 16; ++i) {
-        const int t = 4 * i + pp;
-        sU[t * LD + c] = __float2bfloat16(x[i]);
-        sUh[t * LD + c] = __float2bfloat16(x[i] * __expf(Gl - sG[t]));
-      }
-    }
-    __syncthreads();  // (C)
-    gemm<false, true>(o, sP, sU, L);  // + P U
-    store_rows(p.o, p, b, h, t0, n, o, p.scale, L);
-    const float el = __expf(Gl);
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) st[nt][e] *= el;
-    gemm<true, true>(st, sUh, K, L);  // + Ûᵀ K
-    __syncthreads();  // (D) every read of sS and of this buffer is done
-    store_bf(sS, st, L, [](float x, int, int) { return x; });
-  }
-  cp_async_wait<0>();
-  if (p.S_out)
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) p.S_out[bh * D * D + L.row(e) * D + L.col(nt, e)] = st[nt][e];
-}
-
-// ---------------------------------------------------------------- forward, two warp groups
-// The fused forward with two 8-warp groups per CTA (512 threads, ≤ 128 registers), for the
-// same reason as bwd2_kernel below: twice the warps on each chunk's independent products.
-//   phase 1  A: P = (Q Kᵀ ∘ M), o = e^G Q S0ᵀ   B: Aw, X = V − e^G K S0ᵀ
-//   phase 2  A: the chunk's start state out      B: U = T⁻¹ diag(β) X, Û = e^{G_last − G} U
-//   phase 3  A: o += P U, stored                 B: S ← e^{G_last} S + Ûᵀ K
-// `keep` is group A's output accumulator and group B's state.
+// One CTA of two 8-warp groups (512 threads, ≤ 128 registers) per (b, h). The state-independent
+// products of the NEXT chunk (P and Aw need only its q, k and gates) are built by group A while
+// group B runs this chunk's solve, so the per-chunk chain is one GEMM, the solve and one GEMM:
+//   phase 1  A: o = e^G Q S0ᵀ                          B: X = V − e^G K S0ᵀ, the 4×4 block inverses
+//   phase 2  A: P, Aw of chunk c+1; the start state out  B: U = T⁻¹ diag(β) X, Û = e^{G_last − G} U
+//   phase 3  A: o += P U, stored                        B: S ← e^{G_last} S + Ûᵀ K
+// q, k, v are loaded two chunks ahead (3 buffers, by group B only), the gates published one
+// chunk ahead (2 slots). The solve runs on 4 of B's warps with two columns per thread
+// (subst_fwd_blk2: each float4 of Aw serves two columns, half the shared-memory reads).
 constexpr int NT2 = 2 * NT;
+constexpr size_t kFwdSmem = (14 * TILE) * sizeof(bf16) + (3 * TILEF + 4 * C + 256) * sizeof(float);
 
-// Barrier of one 8-warp group (ids 1 and 2; 0 is __syncthreads).
-__device__ __forceinline__ void group_sync(int id) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(NT) : "memory"); }
+// Barrier of group B (warps 8..15; id 2, 256 threads; 0 is __syncthreads).
+__device__ __forceinline__ void group_b_sync() { asm volatile("bar.sync 2, %0;\n" ::"n"(NT) : "memory"); }
 
-// load_tile for 512 threads: one 16-byte piece each.
-__device__ __forceinline__ void load_tile2(bf16* s, const bf16* gsrc, size_t stride, int n) {
-  const int r = threadIdx.x >> 3, c = threadIdx.x & 7;
-  const bool ok = r < n;
-  cp_async16(s + r * LD + c * 8, ok ? gsrc + r * stride + c * 8 : gsrc, ok);
+// load_tile by group B (threads 256..511) alone: two 16-byte pieces each.
+__device__ __forceinline__ void load_tile_b(bf16* s, const bf16* gsrc, size_t stride, int n) {
+#pragma unroll
+  for (int i = threadIdx.x - NT; i < C * 8; i += NT) {
+    const int r = i >> 3, c = i & 7;
+    const bool ok = r < n;
+    cp_async16(s + r * LD + c * 8, ok ? gsrc + r * stride + c * 8 : gsrc, ok);
+  }
 }
 
-__global__ void __launch_bounds__(NT2, 1) fwd2_kernel(const Params p) {
-  extern __shared__ __align__(128) unsigned char smem[];
-  bf16* sQ = reinterpret_cast<bf16*>(smem);  // [2] each
-  bf16* sK = sQ + 2 * TILE;
-  bf16* sV = sK + 2 * TILE;
-  bf16* sS = sV + 2 * TILE;
-  bf16* sP = sS + TILE;
-  bf16* sU = sP + TILE;
-  bf16* sUh = sU + TILE;
-  float* sAw = reinterpret_cast<float*>(sUh + TILE);
-  float* sX = sAw + TILEF;
-  float* sG = sX + TILEF;
-  float* sB = sG + C;
-  const int tid = threadIdx.x, warp = tid >> 5;
-  const bool grpA = warp < 8;
-  const Lane L(warp & 7);
-  const int h = blockIdx.x, b = blockIdx.y;
-  const size_t bh = static_cast<size_t>(b) * p.H + h, stride = static_cast<size_t>(p.H) * D;
-
-  Acc keep;
-  if (!grpA) {
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        keep[nt][e] = p.S0 ? p.S0[bh * D * D + L.row(e) * D + L.col(nt, e)] : 0.f;
-    store_bf(sS, keep, L, [](float x, int, int) { return x; });
-  }
-
-  auto prefetch = [&](int ci) {
-    const int t0 = ci * C, n = min(C, p.T - t0), buf = ci & 1;
-    load_tile2(sQ + buf * TILE, p.q + row_off(p, b, t0, h), stride, n);
-    load_tile2(sK + buf * TILE, p.k + row_off(p, b, t0, h), stride, n);
-    load_tile2(sV + buf * TILE, p.v + row_off(p, b, t0, h), stride, n);
-  };
-  prefetch(0);
-  cp_async_commit();
-  GateRegs gr = fetch_gates(p, b, h, 0, min(C, p.T));
-
-  for (int ci = 0; ci < p.nc; ++ci) {
-    const int t0 = ci * C, n = min(C, p.T - t0), buf = ci & 1;
-    if (ci + 1 < p.nc) prefetch(ci + 1);
-    cp_async_commit();
-    publish_gates(gr, sG, sB);
-    if (ci + 1 < p.nc) gr = fetch_gates(p, b, h, t0 + C, min(C, p.T - t0 - C));
-    cp_async_wait<1>();
-    __syncthreads();  // (A) tiles, gates and the bf16 state are in place
-    const bf16 *Q = sQ + buf * TILE, *K = sK + buf * TILE, *V = sV + buf * TILE;
-    const float Gl = sG[C - 1];
-    if (grpA) {
-      Acc a;
-      zero(a);
-      zero(keep);
-      gemm2<false, false, false, false>(a, Q, K, keep, Q, sS, L);  // Q Kᵀ, Q S0ᵀ
-      store_bf(sP, a, L, [&](float x, int t, int j) { return t >= j ? x * __expf(sG[t] - sG[j]) : 0.f; });
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) keep[nt][e] *= __expf(sG[L.row(e)]);
-    } else {
-      Acc a, x;
-      zero(a);
-      zero(x);
-      gemm2<false, false, false, false>(a, K, K, x, K, sS, L);  // K Kᵀ, K S0ᵀ
-      store_f(sAw, a, L, [&](float v, int t, int j) { return t > j ? v * __expf(sG[t] - sG[j]) : 0.f; });
-      store_f(sX, x, L, [&](float v, int t, int c) { return bf(V, t, c) - __expf(sG[t]) * v; });
-    }
-    __syncthreads();  // (B)
-    if (grpA) {
-      if (p.bound) {  // the chunk's start state for the backward
-        bf16* dst = p.bound + (bh * p.nc + ci) * D * D;
-        for (int i = tid; i < D * 8; i += NT) {
-          const int r = i >> 3, c = i & 7;
-          *reinterpret_cast<uint4*>(dst + r * D + c * 8) = *reinterpret_cast<const uint4*>(sS + r * LD + c * 8);
-        }
-      }
-    } else {
-      float x[16];
-      const int c = (tid - NT) >> 2, pp = tid & 3;
-#pragma unroll
-      for (int i = 0; i < 16; ++i) x[i] = sX[(4 * i + pp) * LDF + c];
-      subst_fwd_regs(sAw, sB, x);
-#pragma unroll
-      for (int i = 0; i < 16; ++i) {
-        const int t = 4 * i + pp;
-        sU[t * LD + c] = __float2bfloat16(x[i]);
-        sUh[t * LD + c] = __float2bfloat16(x[i] * __expf(Gl - sG[t]));
-      }
-    }
-    __syncthreads();  // (C)
-    if (grpA) {
-      gemm<false, true>(keep, sP, sU, L);  // + P U
-      store_rows(p.o, p, b, h, t0, n, keep, p.scale, L);
-    } else {
-      const float el = __expf(Gl);
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) keep[nt][e] *= el;
-      gemm<true, true>(keep, sUh, K, L);  // + Ûᵀ K
-    }
-    __syncthreads();  // (D) every read of sS and of this buffer is done
-    if (!grpA) store_bf(sS, keep, L, [](float x, int, int) { return x; });
-  }
-  cp_async_wait<0>();
-  if (p.S_out && !grpA)
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) p.S_out[bh * D * D + L.row(e) * D + L.col(nt, e)] = keep[nt][e];
-}
-
-// ---------------------------------------------------------------- forward, pipelined two groups
-// As fwd2_kernel, but the state-independent products of the NEXT chunk (P and Aw need only
-// its q, k and gates) are computed by group A while group B runs this chunk's solve, so the
-// per-chunk chain is one GEMM, the solve and one GEMM:
-//   phase 1  A: o = e^G Q S0ᵀ                     B: X = V − e^G K S0ᵀ
-//   phase 2  A: P, Aw of chunk c+1; start state    B: U = T⁻¹ diag(β) X, Û = e^{G_last − G} U
-//   phase 3  A: o += P U, stored                   B: S ← e^{G_last} S + Ûᵀ K
-// q, k, v are loaded two chunks ahead (3 buffers), gates published one chunk ahead (2 slots).
-constexpr size_t kFwd3Smem = (14 * TILE) * sizeof(bf16) + (3 * TILEF + 4 * C) * sizeof(float);
-
-__global__ void __launch_bounds__(NT2, 1) fwd3_kernel(const Params p) {
+__global__ void __launch_bounds__(NT2, 1) fwd_kernel(const Params p) {
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* sQ = reinterpret_cast<bf16*>(smem);  // [3] each
   bf16* sK = sQ + 3 * TILE;
@@ -552,11 +339,12 @@ __global__ void __launch_bounds__(NT2, 1) fwd3_kernel(const Params p) {
   bf16* sS = sV + 3 * TILE;
   bf16* sU = sS + TILE;
   bf16* sUh = sU + TILE;
-  bf16* sP = sUh + TILE;                              // [2]
+  bf16* sP = sUh + TILE;                                 // [2]
   float* sAw = reinterpret_cast<float*>(sP + 2 * TILE);  // [2]
   float* sX = sAw + 2 * TILEF;
-  float* sG = sX + TILEF;  // [2][C]
-  float* sB = sG + 2 * C;  // [2][C]
+  float* sG = sX + TILEF;   // [2][C]
+  float* sB = sG + 2 * C;   // [2][C]
+  float* sNf = sB + 2 * C;  // [16][16] the diagonal blocks' inverses (diag_block_inverse)
   const int tid = threadIdx.x, warp = tid >> 5;
   const bool grpA = warp < 8;
   const Lane L(warp & 7);
@@ -572,12 +360,14 @@ __global__ void __launch_bounds__(NT2, 1) fwd3_kernel(const Params p) {
         keep[nt][e] = p.S0 ? p.S0[bh * D * D + L.row(e) * D + L.col(nt, e)] : 0.f;
     store_bf(sS, keep, L, [](float x, int, int) { return x; });
   }
+  // Only group B loads: a buffer is refilled after B's last read of it (its Ûᵀ K, then a group-B
+  // barrier) without a barrier of the whole CTA at the end of the chunk (A reads no tile in phase 3).
   auto prefetch = [&](int ci) {
-    if (ci < p.nc) {
+    if (ci < p.nc && !grpA) {
       const int t0 = ci * C, n = min(C, p.T - t0), buf = ci % 3;
-      load_tile2(sQ + buf * TILE, p.q + row_off(p, b, t0, h), stride, n);
-      load_tile2(sK + buf * TILE, p.k + row_off(p, b, t0, h), stride, n);
-      load_tile2(sV + buf * TILE, p.v + row_off(p, b, t0, h), stride, n);
+      load_tile_b(sQ + buf * TILE, p.q + row_off(p, b, t0, h), stride, n);
+      load_tile_b(sK + buf * TILE, p.k + row_off(p, b, t0, h), stride, n);
+      load_tile_b(sV + buf * TILE, p.v + row_off(p, b, t0, h), stride, n);
     }
     cp_async_commit();
   };
@@ -634,17 +424,24 @@ __global__ void __launch_bounds__(NT2, 1) fwd3_kernel(const Params p) {
       zero(x);
       gemm<false, false>(x, K, sS, L);  // K S0ᵀ
       store_f(sX, x, L, [&](float v, int t, int c) { return bf(V, t, c) - __expf(G[t]) * v; });
-      group_sync(2);
-      float u[16];
-      const int c = (tid - NT) >> 2, pp = tid & 3;
+      if (tid - NT < 16) diag_block_inverse(sAw + sl * TILEF, Bt, sNf, tid - NT);
+      group_b_sync();
+      const int tb = tid - NT, c = 2 * (tb >> 2), pp = tb & 3;
+      if (tb < NT / 2) {  // warps 8..11: columns c, c+1
+        float u0[16], u1[16];
 #pragma unroll
-      for (int i = 0; i < 16; ++i) u[i] = sX[(4 * i + pp) * LDF + c];
-      subst_fwd_regs(sAw + sl * TILEF, Bt, u);
+        for (int i = 0; i < 16; ++i) {
+          const float2 v = *reinterpret_cast<const float2*>(sX + (4 * i + pp) * LDF + c);
+          u0[i] = v.x, u1[i] = v.y;
+        }
+        subst_fwd_blk2(sAw + sl * TILEF, sNf, u0, u1);
 #pragma unroll
-      for (int i = 0; i < 16; ++i) {
-        const int t = 4 * i + pp;
-        sU[t * LD + c] = __float2bfloat16(u[i]);
-        sUh[t * LD + c] = __float2bfloat16(u[i] * __expf(Gl - G[t]));
+        for (int i = 0; i < 16; ++i) {
+          const int t = 4 * i + pp;
+          const float f = __expf(Gl - G[t]);
+          *reinterpret_cast<uint32_t*>(sU + t * LD + c) = pack(u0[i], u1[i]);
+          *reinterpret_cast<uint32_t*>(sUh + t * LD + c) = pack(u0[i] * f, u1[i] * f);
+        }
       }
     }
     __syncthreads();  // (C)
@@ -658,9 +455,10 @@ __global__ void __launch_bounds__(NT2, 1) fwd3_kernel(const Params p) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) keep[nt][e] *= el;
       gemm<true, true>(keep, sUh, K, L);  // + Ûᵀ K
+      group_b_sync();  // every group-B read of K is done before a group-B thread refills its buffer
+      // Every read of sS (phases 1–2) is behind barrier (C); the next chunk's (A) publishes it.
+      store_bf(sS, keep, L, [](float x, int, int) { return x; });
     }
-    __syncthreads();  // (D) every read of sS, U, Û and this chunk's buffers is done
-    if (!grpA) store_bf(sS, keep, L, [](float x, int, int) { return x; });
   }
   cp_async_wait<0>();
   if (p.S_out && !grpA)
@@ -828,266 +626,6 @@ __global__ void __launch_bounds__(NT, 1) bwd_kernel(const Params p) {
     for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) p.dS0[bh * D * D + L.row(e) * D + L.col(nt, e)] = dS[nt][e];
-}
-
-// ---------------------------------------------------------------- backward, two warp groups
-// The fused backward with two 8-warp groups per CTA (512 threads, ≤ 128 registers). The
-// 8-warp kernel above is latency-bound (one CTA per SM: 2 warps per scheduler, ≈ 0.4 of them
-// eligible); here each chunk's independent products are split between the groups, so twice
-// the warps share the chunk's work and the two triangular solves run side by side:
-//   phase 1  A: Aw (Awᵀ in its upper triangle), X = V − e^G K S0ᵀ, Q̃, K̃
-//            B: P, then dU = e^{G_last − G} K dSᵀ + scale Pᵀ dO
-//   phase 2  A: U = T⁻¹ diag(β) X              B: dR = T⁻ᵀ dU (with dv and dβ's v-term)
-//   phase 3  A: dKK, dR S0 (dk's and the gates' terms)
-//            B: dQK, and the state gradient dS ← e^{G_last} dS + scale dOᵀ Q̃ − dRᵀ K̃
-//   phase 4  A: dQKᵀ Q + dKK K + dKKᵀ K        B: dq, U dS (dk's term, into the X tile)
-//   phase 5  A: dk                              B: dS into shared memory; warp 8: dg, dβ
-// `keep` is group A's dk accumulator (phases 3–5) and group B's state gradient (one set of
-// registers for both, so the 128-register budget holds).
-constexpr size_t kBwd2Smem =
-    18 * TILE * sizeof(bf16) + (3 * TILEF + 2 * C + 4 * C + 4 * C + 8 * C + 8 * C + 16) * sizeof(float);
-static_assert(kBwd2Smem <= 227 * 1024, "one two-group backward CTA per SM");
-
-__global__ void __launch_bounds__(NT2, 1) bwd2_kernel(const Params p) {
-  extern __shared__ __align__(128) unsigned char smem[];
-  bf16* sIn = reinterpret_cast<bf16*>(smem);  // [2][5] tiles: Q K V dO S0 of chunks with parity 0, 1
-  bf16* sdS = sIn + 10 * TILE;
-  bf16* sP = sdS + TILE;
-  bf16* sU = sP + TILE;
-  bf16* sdR = sU + TILE;
-  bf16* sdQK = sdR + TILE;
-  bf16* sdKK = sdQK + TILE;
-  bf16* sQt = sdKK + TILE;
-  bf16* sKt = sQt + TILE;
-  float* sAw = reinterpret_cast<float*>(sKt + TILE);  // Aw below the diagonal, Awᵀ above
-  float* sX = sAw + TILEF;                            // X; in phase 4 group B's dk term
-  float* sdU = sX + TILEF;
-  float* sG = sdU + TILEF;
-  float* sB = sG + C;
-  float* sRowG = sB + C;          // [4][C]: group A wn 0, 1; group B wn 0, 1
-  float* sRowB = sRowG + 4 * C;   // [4][C]
-  float* sColG = sRowB + 4 * C;   // [8][C]: group A wm 0..3; group B wm 0..3
-  float* sPartB = sColG + 8 * C;  // [8][C] per group-B warp: dβ's v-term
-  float* sGl = sPartB + 8 * C;    // [16] per warp
-  const int tid = threadIdx.x, warp = tid >> 5;
-  const bool grpA = warp < 8;
-  const Lane L(warp & 7);
-  const int h = blockIdx.x, b = blockIdx.y;
-  const size_t bh = static_cast<size_t>(b) * p.H + h, stride = static_cast<size_t>(p.H) * D;
-  const float scale = p.scale;
-  const int sc = (tid & (NT - 1)) >> 2, sp = tid & 3;  // solve layout: column sc, rows 4i+sp
-
-  Acc keep, pf;  // keep: see above; pf: group B's P in fp32 (phases 1–3)
-  if (!grpA) {
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        keep[nt][e] = p.dST ? p.dST[bh * D * D + L.row(e) * D + L.col(nt, e)] : 0.f;
-    store_bf(sdS, keep, L, [](float x, int, int) { return x; });
-  }
-
-  auto prefetch = [&](int ci) {
-    const int t0 = ci * C, n = min(C, p.T - t0);
-    bf16* dst = sIn + (ci & 1) * 5 * TILE;
-    load_tile2(dst, p.q + row_off(p, b, t0, h), stride, n);
-    load_tile2(dst + TILE, p.k + row_off(p, b, t0, h), stride, n);
-    load_tile2(dst + 2 * TILE, p.v + row_off(p, b, t0, h), stride, n);
-    load_tile2(dst + 3 * TILE, p.dout + row_off(p, b, t0, h), stride, n);
-    load_tile2(dst + 4 * TILE, p.bound_in + (bh * p.nc + ci) * D * D, D, C);
-  };
-  prefetch(p.nc - 1);
-  cp_async_commit();
-  GateRegs gr = fetch_gates(p, b, h, (p.nc - 1) * C, p.T - (p.nc - 1) * C);
-
-  for (int ci = p.nc - 1; ci >= 0; --ci) {
-    const int t0 = ci * C, n = min(C, p.T - t0);
-    if (ci > 0) prefetch(ci - 1);
-    cp_async_commit();
-    publish_gates(gr, sG, sB);
-    if (ci > 0) gr = fetch_gates(p, b, h, t0 - C, C);
-    cp_async_wait<1>();
-    __syncthreads();  // P0
-    const bf16* sQ = sIn + (ci & 1) * 5 * TILE;
-    const bf16 *sK = sQ + TILE, *sV = sQ + 2 * TILE, *sdO = sQ + 3 * TILE, *sS0 = sQ + 4 * TILE;
-    const float Gl = sG[C - 1], el = __expf(Gl);
-    float rowG[2] = {0.f, 0.f}, rowB[2] = {0.f, 0.f}, colG[4][2] = {}, gl = 0.f;
-    // ---- phase 1
-    if (grpA) {
-      Acc a, x;
-      zero(a);
-      zero(x);
-      gemm2<false, false, false, false>(a, sK, sK, x, sK, sS0, L);  // K Kᵀ, K S0ᵀ
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int t = L.row(e), j = L.col(nt, e);
-          if (t > j) {
-            const float y = a[nt][e] * __expf(sG[t] - sG[j]);
-            sAw[t * LDF + j] = y;
-            sAw[j * LDF + t] = y;
-          }
-        }
-      store_f(sX, x, L, [&](float v, int t, int c) { return bf(sV, t, c) - __expf(sG[t]) * v; });
-      // Q̃ = e^G q, K̃ = β e^G k (operands of the dS update)
-      for (int i = tid; i < C * D / 2; i += NT) {
-        const int t = i >> 5, c = (i & 31) * 2;
-        const float eg = __expf(sG[t]), ek = sB[t] * eg;
-        *reinterpret_cast<uint32_t*>(sQt + t * LD + c) = pack(bf(sQ, t, c) * eg, bf(sQ, t, c + 1) * eg);
-        *reinterpret_cast<uint32_t*>(sKt + t * LD + c) = pack(bf(sK, t, c) * ek, bf(sK, t, c + 1) * ek);
-      }
-    } else {
-      zero(pf);
-      gemm<false, false>(pf, sQ, sK, L);  // Q Kᵀ
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int t = L.row(e), j = L.col(nt, e);
-          pf[nt][e] = t >= j ? pf[nt][e] * __expf(sG[t] - sG[j]) : 0.f;
-        }
-      store_bf(sP, pf, L, [](float x, int, int) { return x; });
-      group_sync(2);
-      bwd_du(sK, sdS, sP, sdO, sG, Gl, scale, sdU, L);
-    }
-    __syncthreads();  // P1
-    // ---- phase 2: the two solves side by side
-    {
-      float x[16];
-      const float* src = grpA ? sX : sdU;
-#pragma unroll
-      for (int i = 0; i < 16; ++i) x[i] = src[(4 * i + sp) * LDF + sc];
-      if (grpA) {
-        subst_fwd_regs(sAw, sB, x);
-#pragma unroll
-        for (int i = 0; i < 16; ++i) sU[(4 * i + sp) * LD + sc] = __float2bfloat16(x[i]);
-      } else {
-        subst_bwd(sAw, sB, x);
-#pragma unroll
-        for (int i = 0; i < 16; ++i) {
-          const int t = 4 * i + sp;
-          sdR[t * LD + sc] = __float2bfloat16(x[i]);
-          if (t < n) p.dv[row_off(p, b, t0 + t, h) + sc] = __float2bfloat16(sB[t] * x[i]);
-          // dβ_t gets Σ_c dR·v: over the 8 columns of this warp, then over the warps
-          float r = x[i] * bf(sV, t, sc);
-          r += __shfl_xor_sync(FULL, r, 4);
-          r += __shfl_xor_sync(FULL, r, 8);
-          r += __shfl_xor_sync(FULL, r, 16);
-          if (L.lane < 4) sPartB[(warp - 8) * C + t] = r;
-        }
-      }
-    }
-    __syncthreads();  // P2
-    // ---- phase 3
-    if (grpA) {
-      Acc da, c3;
-      zero(da);
-      zero(c3);
-      gemm2<false, false, false, true>(da, sdR, sU, c3, sdR, sS0, L);  // dR Uᵀ, dR S0
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int t = L.row(e), j = L.col(nt, e);  // (token, token) for dR Uᵀ; (token, channel) for dR S0
-          const float bt = sB[t];
-          const float m = t > j ? __expf(sG[t] - sG[j]) : 0.f;
-          const float dA = t > j ? -da[nt][e] : 0.f;
-          const float x = t > j ? dA * sAw[t * LDF + j] : 0.f;
-          const float kk = bf(sK, t, j), y = -__expf(sG[t]) * c3[nt][e];
-          rowB[e >> 1] += x + y * kk;
-          rowG[e >> 1] += bt * (x + y * kk);
-          colG[nt][e & 1] -= bt * x;
-          da[nt][e] = dA * bt * m;  // dKK
-          keep[nt][e] = bt * y;     // dk's dR S0 term
-        }
-      store_bf(sdKK, da, L, [](float x, int, int) { return x; });
-    } else {
-      {
-        Acc dp;
-        zero(dp);
-        gemm<false, false>(dp, sdO, sU, L);  // dO Uᵀ
-#pragma unroll
-        for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int t = L.row(e), j = L.col(nt, e);
-            const float m = t >= j ? __expf(sG[t] - sG[j]) : 0.f;
-            const float dP = t >= j ? scale * dp[nt][e] : 0.f;
-            const float y = dP * pf[nt][e];
-            rowG[e >> 1] += y;
-            colG[nt][e & 1] -= y;
-            dp[nt][e] = dP * m;  // dQK
-          }
-        store_bf(sdQK, dp, L, [](float x, int, int) { return x; });
-      }
-      Acc a, c2;  // dS at the chunk start
-      zero(a);
-      zero(c2);
-      gemm2<true, true, true, true>(a, sdO, sQt, c2, sdR, sKt, L);  // dOᵀ Q̃, dRᵀ K̃
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int v = L.row(e), c = L.col(nt, e);
-          gl += keep[nt][e] * bf(sS0, v, c) * el;
-          keep[nt][e] = keep[nt][e] * el + scale * a[nt][e] - c2[nt][e];
-        }
-    }
-    __syncthreads();  // P3
-    // ---- phase 4
-    if (grpA) {
-      Acc a, t2;
-      zero(a);
-      zero(t2);
-      gemm2<true, true, false, true>(a, sdQK, sQ, t2, sdKK, sK, L);  // dQKᵀ Q, dKK K
-      gemm<true, true>(a, sdKK, sK, L);                               // dKKᵀ K
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) keep[nt][e] += a[nt][e] + t2[nt][e];
-    } else {
-      bwd_dq(p, sdQK, sK, sdO, sS0, sQ, sG, b, h, t0, n, rowG, L);
-      Acc c2;
-      zero(c2);
-      gemm<false, true>(c2, sU, sdS, L);  // U dS (the end-of-chunk gradient, still in sdS)
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int t = L.row(e), c = L.col(nt, e);
-          const float dl = __expf(Gl - sG[t]), x = dl * c2[nt][e] * bf(sK, t, c);
-          gl += x;
-          rowG[e >> 1] -= x;
-          c2[nt][e] *= dl;
-        }
-      store_f(sX, c2, L, [](float x, int, int) { return x; });
-    }
-    bwd_publish_partials(rowG, rowB, colG, gl, sRowG + (grpA ? 0 : 2 * C), sRowB + (grpA ? 0 : 2 * C),
-                         sColG + (grpA ? 0 : 4 * C), sGl, L);
-    __syncthreads();  // P4
-    // ---- phase 5
-    if (grpA) {
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const float2 x = *reinterpret_cast<const float2*>(sX + L.row(2 * hh) * LDF + L.col(nt, 0));
-          keep[nt][2 * hh] += x.x;
-          keep[nt][2 * hh + 1] += x.y;
-        }
-      store_rows(p.dk, p, b, h, t0, n, keep, 1.f, L);
-    } else {
-      store_bf(sdS, keep, L, [](float x, int, int) { return x; });
-      if (warp == 8) bwd_write_dg_dbeta<4, 8, 16>(p, sRowG, sRowB, sColG, sGl, sPartB, b, h, t0, n, L);
-    }
-    __syncthreads();  // the next chunk overwrites the tiles, G and β
-  }
-  if (p.dS0 && !grpA)
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) p.dS0[bh * D * D + L.row(e) * D + L.col(nt, e)] = keep[nt][e];
 }
 
 // ---------------------------------------------------------------- two-phase (chunk-parallel) path
@@ -1510,9 +1048,9 @@ Params make_params(const DeltaShape& s, const char* what) {
 // Which path runs a pass. The fused kernels take one CTA per (b, h) for the whole sequence;
 // the two-phase path spreads the chunks over the GPU but moves more bytes and repeats the
 // solves. Cost model fitted on the H200 (132 SMs; gdn at B=8 T=4096 and B=1 T=32K, H=16; µs):
-// fused fwd 9.5, bwd 18.8 per chunk and wave of B·H CTAs; two-phase fwd 0.124, bwd 0.186 per
-// (b, h, chunk) plus 1.3 per chunk on the sequential pass. So the fused path wins from about
-// B·H ≥ 66 (fwd) / 94 (bwd) on 132 SMs. LAR_DELTA_PATH=fused|chunked|auto overrides (A/B
+// fused fwd 7.5 (the two-group forward; 9.5 before), bwd 18.8 per chunk and wave of B·H CTAs;
+// two-phase fwd 0.124, bwd 0.186 per (b, h, chunk) plus 1.3 per chunk on the sequential pass.
+// So the fused path wins from about B·H ≥ 50 (fwd) / 94 (bwd) on 132 SMs. LAR_DELTA_PATH=fused|chunked|auto overrides (A/B
 // timing, tests of both paths).
 bool use_two_phase(const Params& p, bool bwd) {
   const char* env = std::getenv("LAR_DELTA_PATH");
@@ -1528,7 +1066,7 @@ bool use_two_phase(const Params& p, bool bwd) {
     return n;
   }();
   const double bh = static_cast<double>(p.B) * p.H;
-  const double fused = (bwd ? 18.8 : 9.5) * std::ceil(bh / sms);
+  const double fused = (bwd ? 18.8 : 7.5) * std::ceil(bh / sms);
   const double chunked = (bwd ? 0.186 : 0.124) * bh * 132.0 / sms + 1.3;
   return chunked < fused;
 }
@@ -1605,14 +1143,7 @@ void delta_fwd(const DeltaShape& s, const bf16* q, const bf16* k, const bf16* v,
   if (!q || !k || !v || !beta || !o) throw RuntimeError("delta_fwd: q, k, v, beta and o are required");
   p.q = q, p.k = k, p.v = v, p.g = g, p.beta = beta, p.S0 = S0, p.o = o, p.S_out = S_out, p.bound = boundary;
   if (!use_two_phase(p, false)) {
-    const char* v = std::getenv("LAR_DELTA_BWD1");  // A/B timing of the one-group kernels
-    const char* f = std::getenv("LAR_DELTA_FWD");
-    if (v && std::string(v) == "1")
-      launch(fwd_kernel, dim3(p.H, p.B), kFwdSmem, p, stream);
-    else if (f && std::string(f) == "2")
-      launch(fwd2_kernel, dim3(p.H, p.B), kFwdSmem, p, stream, NT2);
-    else
-      launch(fwd3_kernel, dim3(p.H, p.B), kFwd3Smem, p, stream, NT2);
+    launch(fwd_kernel, dim3(p.H, p.B), kFwdSmem, p, stream, NT2);
     return;
   }
   const size_t chunks = static_cast<size_t>(p.B) * p.H * p.nc;
@@ -1633,11 +1164,7 @@ void delta_bwd(const DeltaShape& s, const bf16* q, const bf16* k, const bf16* v,
   p.q = q, p.k = k, p.v = v, p.g = g, p.beta = beta, p.bound_in = boundary, p.dout = dout, p.dST = dST;
   p.dq = dq, p.dk = dk, p.dv = dv, p.dg = dg, p.dbeta = dbeta, p.dS0 = dS0;
   if (!use_two_phase(p, true)) {
-    const char* v = std::getenv("LAR_DELTA_BWD1");  // A/B timing of the one-group backward
-    if (v && std::string(v) == "1")
-      launch(bwd_kernel, dim3(p.H, p.B), kBwdSmem, p, stream);
-    else
-      launch(bwd2_kernel, dim3(p.H, p.B), kBwd2Smem, p, stream, NT2);
+    launch(bwd_kernel, dim3(p.H, p.B), kBwdSmem, p, stream);
     return;
   }
   const size_t chunks = static_cast<size_t>(p.B) * p.H * p.nc;
