@@ -64,10 +64,15 @@ __device__ __forceinline__ Part part_of(int c, int Cq) {
 // the conv's K−1 predecessors (L1/L2 hits: the previous warp's rows) — and then does kTokW
 // independent token computations, each with its own 4-step shuffle reduction over the 16
 // lanes of the head, so many loads and reductions are in flight instead of one per-token
-// dependency chain (the walks this replaces: 7.0 ms fwd / 18.5 ms bwd per step at B·T = 32K).
+// dependency chain (the walks this replaces: 7.0 ms fwd / 18.5 ms bwd per step at B·T = 32K;
+// these: 5.0 / 10.4, H200). Both are now bound by issued instructions, not by the bytes.
 // The conv's taps are zero-padded at the front to K (4, or 8 for W 5..8): K − W leading
 // taps are 0, so every width shares one code path; K = 1 is the no-conv case (W = 0).
 constexpr int kTokW = 8;                 // tokens per warp (and per thread)
+// Backward: tokens per shared L2 butterfly. Measured on the H200 at B·T = 32K, 16 heads:
+// 1 → 521 µs per call, 2 → 559 µs (spills under the 128-register bound of 2 blocks/SM);
+// the forward's 8-token butterfly (no spills) measured the same as 8 separate ones.
+constexpr int kGrp = 1;
 constexpr int kTileTok = 8 * kTokW;      // tokens per block: 64
 constexpr int kTileCh = 32 * 4;          // channels per block: 128 (two heads)
 
@@ -83,10 +88,12 @@ __device__ __forceinline__ Raw4<TP> zero_raw4() {
   if constexpr (std::is_same_v<TP, bf16>) return make_uint2(0u, 0u);
   else return make_float4(0.f, 0.f, 0.f, 0.f);
 }
+// bf16 → fp32 is a shift or a mask of the bits; written in plain C (not the cuda_bf16
+// intrinsics, which are inline asm the compiler cannot merge) so that a row used by the K
+// conv taps and K weight-gradient taps is unpacked once.
 __device__ __forceinline__ void unpack4(uint2 u, float* f) {
-  const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x));
-  const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
-  f[0] = lo.x, f[1] = lo.y, f[2] = hi.x, f[3] = hi.y;
+  f[0] = __uint_as_float(u.x << 16), f[1] = __uint_as_float(u.x & 0xffff0000u);
+  f[2] = __uint_as_float(u.y << 16), f[3] = __uint_as_float(u.y & 0xffff0000u);
 }
 __device__ __forceinline__ void unpack4(float4 v, float* f) { f[0] = v.x, f[1] = v.y, f[2] = v.z, f[3] = v.w; }
 __device__ __forceinline__ void st4(bf16* p, const float* f) {
@@ -106,10 +113,6 @@ __device__ __forceinline__ void add4(const float* p, float* f) {
 // SiLU's sigmoid with the fast division (≈ 2 ulp; the precise 1/x is a ≈ 10-instruction
 // sequence, and the tile kernels are close to instruction-bound).
 __device__ __forceinline__ float sigm_fast(float x) { return __fdividef(1.f, 1.f + __expf(-x)); }
-__device__ __forceinline__ float silu_grad_fast(float x) {
-  const float s = sigm_fast(x);
-  return s * (1.f + x * (1.f - s));
-}
 // Sum over the 16 lanes of a head (mask: this half of the warp; xor offsets < 16 stay in it).
 __device__ __forceinline__ float head_sum(float v, unsigned mask) {
   for (int o = 8; o > 0; o >>= 1) v += __shfl_xor_sync(mask, v, o);
@@ -182,17 +185,24 @@ __device__ __forceinline__ void tile_conv(const R4 (&x)[n], int i, const float (
   }
 }
 
-// The activation of token n: SiLU(s) (s itself without conv), plus cler's routed input.
-template <int K>
-__device__ __forceinline__ void tile_act(const QkvArgs& a, Part pt, int64_t n, const float* s, float* act) {
-#pragma unroll
-  for (int e = 0; e < 4; ++e) act[e] = K > 1 ? s[e] * sigm_fast(s[e]) : s[e];
+// cler's routed input on ṽ: act += Γ·rin (v part only).
+__device__ __forceinline__ void add_routed(const QkvArgs& a, Part pt, int64_t n, float* act) {
   if (pt.which == 2 && a.rin) {
     const float gm = *a.gamma;
     const float4 r = *reinterpret_cast<const float4*>(a.rin + n * a.Cv + pt.col);
     act[0] = fmaf(gm, r.x, act[0]), act[1] = fmaf(gm, r.y, act[1]);
     act[2] = fmaf(gm, r.z, act[2]), act[3] = fmaf(gm, r.w, act[3]);
   }
+}
+
+// Per-head sums of G tokens at once: the G values of each butterfly round are independent,
+// so the 4 rounds cost 4 shuffle latencies for all G tokens instead of 4 per token.
+template <int G>
+__device__ __forceinline__ void head_sums(float (&v)[G], unsigned mask) {
+#pragma unroll
+  for (int o = 8; o > 0; o >>= 1)
+#pragma unroll
+    for (int i = 0; i < G; ++i) v[i] += __shfl_xor_sync(mask, v[i], o);
 }
 
 template <int K, class TP>
@@ -203,7 +213,28 @@ __global__ void __launch_bounds__(kThreads) qkv_fwd_kernel(QkvArgs a, bf16* q, b
   tile_weights<K>(a, th.pt, w);
   Raw4<TP> x[kTokW + K - 1];
   tile_rows<K, TP>(a, th, th.t0, x);
-  const bool norm = th.pt.which < 2 && a.l2;
+  float act[kTokW][4];
+#pragma unroll
+  for (int i = 0; i < kTokW; ++i) {
+    float s[4];
+    tile_conv<K>(x, i, w, s);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) act[i][e] = K > 1 ? s[e] * sigm_fast(s[e]) : s[e];
+    if (th.t0 + i < a.T) add_routed(a, th.pt, th.nb + th.t0 + i, act[i]);
+  }
+  if (th.pt.which < 2 && a.l2) {  // uniform per half-warp
+    float ss[kTokW];
+#pragma unroll
+    for (int i = 0; i < kTokW; ++i)
+      ss[i] = act[i][0] * act[i][0] + act[i][1] * act[i][1] + act[i][2] * act[i][2] + act[i][3] * act[i][3];
+    head_sums(ss, th.hmask);
+#pragma unroll
+    for (int i = 0; i < kTokW; ++i) {
+      const float rn = rsqrtf(ss[i] + 1e-6f);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) act[i][e] *= rn;
+    }
+  }
   bf16* out = th.pt.which == 0 ? q : th.pt.which == 1 ? k : v;
   const int64_t ldo = th.pt.which == 2 ? a.Cv : a.Cq;
 #pragma unroll
@@ -211,17 +242,8 @@ __global__ void __launch_bounds__(kThreads) qkv_fwd_kernel(QkvArgs a, bf16* q, b
     const int t = th.t0 + i;
     if (t >= a.T) break;  // uniform over the warp
     const int64_t n = th.nb + t;
-    float s[4], act[4];
-    tile_conv<K>(x, i, w, s);
-    tile_act<K>(a, th.pt, n, s, act);
-    if (norm) {
-      const float rn =
-          rsqrtf(head_sum(act[0] * act[0] + act[1] * act[1] + act[2] * act[2] + act[3] * act[3], th.hmask) + 1e-6f);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) act[e] *= rn;
-    }
-    st4(out + n * ldo + th.pt.col, act);
-    if (th.pt.which == 2 && vout) st4(vout + n * a.Cv + th.pt.col, act);
+    st4(out + n * ldo + th.pt.col, act[i]);
+    if (th.pt.which == 2 && vout) st4(vout + n * a.Cv + th.pt.col, act[i]);
   }
 }
 
@@ -240,46 +262,91 @@ __device__ __forceinline__ const bf16* dy_row(const QkvArgs& a, const QkvGrads& 
   return pt.which == 0 ? g.dq + n * a.Cq + pt.col : pt.which == 1 ? g.dk + n * a.Cq + pt.col : g.dv + n * a.Cv + pt.col;
 }
 
-// du of token n (the gradient on the conv pre-activation s; on P without conv) from dy,
-// recomputing the activation from s. own: the token is this tile's (cler's d_in and the
-// Γ terms are written by the tile that owns the token).
-template <int K>
-__device__ __forceinline__ void tile_du(const QkvArgs& a, const QkvGrads& g, const TileThread& th, int64_t n,
-                                        const float* s, const float* dy, bool own, float* du) {
-  float act[4];
-  tile_act<K>(a, th.pt, n, s, act);
+// du (the gradient on the conv pre-activation s; on P without conv) of G consecutive tokens
+// t_first + i whose conv windows start at row row0 + i of x, from their dy (raw bf16 in
+// dyr[i]), recomputing the activation; 0 for tokens past the end. The L2 sums of the G
+// tokens share one butterfly. own: the tokens are this tile's (cler's d_in and the Γ terms
+// are written by the tile that owns the token).
+template <int K, int G, class R4, int n>
+__device__ __forceinline__ void tile_du(const QkvArgs& a, const QkvGrads& g, const TileThread& th, const R4 (&x)[n],
+                                        int row0, int t_first, const uint2 (&dyr)[G], const float (&w)[K][4],
+                                        bool own, float (&du)[G][4]) {
+  // (the activation itself is needed only by the L2 norm, on q and k, which have no routed
+  // input: act = s·σ(s) there, recomputed where used instead of held in registers)
+  float s[G][4], sg[G][4];
 #pragma unroll
-  for (int e = 0; e < 4; ++e) du[e] = dy[e];
-  if (th.pt.which < 2 && a.l2) {
+  for (int i = 0; i < G; ++i) {
+    const int t = t_first + i;
+    tile_conv<K>(x, row0 + i, w, s[i]);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) sg[i][e] = K > 1 ? sigm_fast(s[i][e]) : 1.f;
+    if (t < a.T) {
+      tile_dy(a, g, th.pt, th.nb + t, dyr[i], du[i]);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) du[i][e] = 0.f;
+    }
+  }
+  if (th.pt.which < 2 && a.l2) {  // uniform per half-warp
     // y = a·r, r = 1/sqrt(Σa² + eps): da = r (dy − y (y·dy)), y·dy = r (a·dy)
-    float aa = 0.f, ad = 0.f;
+    float sums[2 * G];
 #pragma unroll
-    for (int e = 0; e < 4; ++e) aa = fmaf(act[e], act[e], aa), ad = fmaf(act[e], dy[e], ad);
+    for (int i = 0; i < G; ++i) {
+      float aa = 0.f, ad = 0.f;
 #pragma unroll
-    for (int o = 8; o > 0; o >>= 1) {
-      aa += __shfl_xor_sync(th.hmask, aa, o);
-      ad += __shfl_xor_sync(th.hmask, ad, o);
+      for (int e = 0; e < 4; ++e) {
+        const float act = s[i][e] * sg[i][e];
+        aa = fmaf(act, act, aa), ad = fmaf(act, du[i][e], ad);
+      }
+      sums[2 * i] = aa, sums[2 * i + 1] = ad;
     }
-    const float rn = rsqrtf(aa + 1e-6f), dot = rn * ad;
+    head_sums(sums, th.hmask);
 #pragma unroll
-    for (int e = 0; e < 4; ++e) du[e] = rn * (dy[e] - act[e] * rn * dot);
-  }
-  if (own && th.pt.which == 2 && a.rin) {  // ṽ = silu(conv) + gamma·rin
-    const int64_t i = n * a.Cv + th.pt.col;
-    const float4 rr = *reinterpret_cast<const float4*>(a.rin + i);
-    if (g.d_in) {
-      const float gm = *a.gamma;
-      float4 di = *reinterpret_cast<float4*>(g.d_in + i);
-      di.x = fmaf(gm, du[0], di.x), di.y = fmaf(gm, du[1], di.y);
-      di.z = fmaf(gm, du[2], di.z), di.w = fmaf(gm, du[3], di.w);
-      *reinterpret_cast<float4*>(g.d_in + i) = di;
+    for (int i = 0; i < G; ++i) {
+      const float rn = rsqrtf(sums[2 * i] + 1e-6f), dot = rn * sums[2 * i + 1];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) du[i][e] = rn * (du[i][e] - s[i][e] * sg[i][e] * rn * dot);
     }
-    *reinterpret_cast<float4*>(g.dgam_terms + i) = make_float4(du[0] * rr.x, du[1] * rr.y, du[2] * rr.z, du[3] * rr.w);
   }
-  if constexpr (K > 1) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) du[e] *= silu_grad_fast(s[e]);
+  for (int i = 0; i < G; ++i) {
+    const int t = t_first + i;
+    if (own && th.pt.which == 2 && a.rin && t < a.T) {  // ṽ = silu(conv) + gamma·rin
+      const int64_t j = (th.nb + t) * a.Cv + th.pt.col;
+      const float4 rr = *reinterpret_cast<const float4*>(a.rin + j);
+      if (g.d_in) {
+        const float gm = *a.gamma;
+        float4 di = *reinterpret_cast<float4*>(g.d_in + j);
+        di.x = fmaf(gm, du[i][0], di.x), di.y = fmaf(gm, du[i][1], di.y);
+        di.z = fmaf(gm, du[i][2], di.z), di.w = fmaf(gm, du[i][3], di.w);
+        *reinterpret_cast<float4*>(g.d_in + j) = di;
+      }
+      *reinterpret_cast<float4*>(g.dgam_terms + j) =
+          make_float4(du[i][0] * rr.x, du[i][1] * rr.y, du[i][2] * rr.z, du[i][3] * rr.w);
+    }
+    if constexpr (K > 1) {  // silu'(s) = σ (1 + s (1 − σ)), σ from the recompute above
+#pragma unroll
+      for (int e = 0; e < 4; ++e) du[i][e] *= sg[i][e] * (1.f + s[i][e] * (1.f - sg[i][e]));
+    }
+    if (t >= a.T) du[i][0] = du[i][1] = du[i][2] = du[i][3] = 0.f;
   }
+}
+
+// dP of the warp's token i: Σ_j w[j]·du[i + K−1−j], du index ≥ kTokW from the halo.
+template <int K, int H, class TP>
+__device__ __forceinline__ void tile_dP(const QkvArgs& a, const TileThread& th, const float (&w)[K][4],
+                                        const float (&du)[kTokW][4], const float (&hal)[H][4], int i, TP* dP) {
+  const int t = th.t0 + i;
+  if (t >= a.T) return;
+  float d[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int j = 0; j < K; ++j) {
+    const int m = i + K - 1 - j;  // du of token t + K−1−j
+    const float* u = m < kTokW ? du[m] : hal[m - kTokW < H ? m - kTokW : 0];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) d[e] = fmaf(w[j][e], u[e], d[e]);
+  }
+  st4(dP + (th.nb + t) * a.ldp + th.c, d);
 }
 
 // The backward of the whole qkv pass per tile: du of the warp's kTokW tokens (recomputing
@@ -310,17 +377,19 @@ __global__ void __launch_bounds__(kThreads, 2) qkv_bwd_kernel(QkvArgs a, QkvGrad
 #pragma unroll
     for (int i = 0; i < kTokW; ++i)
       dyr[i] = th.t0 + i < a.T ? ld_raw4(dy_row(a, g, th.pt, th.nb + th.t0 + i)) : make_uint2(0u, 0u);
+    // groups of kGrp tokens, one butterfly per group for its L2 sums (see kGrp)
 #pragma unroll
-    for (int i = 0; i < kTokW; ++i) {
-      const int t = th.t0 + i;
-      if (t < a.T) {  // uniform over the warp
-        float s[4], dy[4];
-        tile_conv<K>(x, i, w, s);
-        tile_dy(a, g, th.pt, th.nb + t, dyr[i], dy);
-        tile_du<K>(a, g, th, th.nb + t, s, dy, true, du[i]);
-      } else {
-        du[i][0] = du[i][1] = du[i][2] = du[i][3] = 0.f;
-      }
+    for (int h = 0; h < kTokW; h += kGrp) {
+      // (group-local arrays: pointers into du / dyr would keep them out of registers)
+      uint2 dg[kGrp];
+      float ug[kGrp][4];
+#pragma unroll
+      for (int i = 0; i < kGrp; ++i) dg[i] = dyr[h + i];
+      tile_du<K, kGrp>(a, g, th, x, h, th.t0 + h, dg, w, true, ug);
+#pragma unroll
+      for (int i = 0; i < kGrp; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) du[h + i][e] = ug[i][e];
     }
     if constexpr (K > 1) {
 #pragma unroll
@@ -350,35 +419,23 @@ __global__ void __launch_bounds__(kThreads, 2) qkv_bwd_kernel(QkvArgs a, QkvGrad
         }
       } else {
         Raw4<TP> xh[2 * K - 2];
+        uint2 dyh[H];
         tile_rows<K, TP>(a, th, th0, xh);
 #pragma unroll
-        for (int j = 0; j < H; ++j) {
-          const int t = th0 + j;
-          if (t < a.T) {
-            float s[4], dy[4];
-            tile_conv<K>(xh, j, w, s);
-            tile_dy(a, g, th.pt, th.nb + t, ld_raw4(dy_row(a, g, th.pt, th.nb + t)), dy);
-            tile_du<K>(a, g, th, th.nb + t, s, dy, false, hal[j]);
-          } else {
-            hal[j][0] = hal[j][1] = hal[j][2] = hal[j][3] = 0.f;
-          }
+        for (int j = 0; j < H; ++j)
+          dyh[j] = th0 + j < a.T ? ld_raw4(dy_row(a, g, th.pt, th.nb + th0 + j)) : make_uint2(0u, 0u);
+#pragma unroll
+        for (int j = 0; j < H; ++j) {  // one at a time: the last warp's extra work, kept small in registers
+          const uint2 dj[1] = {dyh[j]};
+          float uj[1][4];
+          tile_du<K, 1>(a, g, th, xh, j, th0 + j, dj, w, false, uj);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) hal[j][e] = uj[0][e];
         }
       }
     }
 #pragma unroll
-    for (int i = 0; i < kTokW; ++i) {
-      const int t = th.t0 + i;
-      if (t >= a.T) break;
-      float d[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-      for (int j = 0; j < K; ++j) {
-        const int m = i + K - 1 - j;  // du of token t + K−1−j
-        const float* u = m < kTokW ? du[m] : hal[m - kTokW < H ? m - kTokW : 0];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) d[e] = fmaf(w[j][e], u[e], d[e]);
-      }
-      st4(dP + (th.nb + t) * a.ldp + th.c, d);
-    }
+    for (int i = 0; i < kTokW; ++i) tile_dP<K, H>(a, th, w, du, hal, i, dP);
   }
   if constexpr (K > 1) {
     __syncthreads();  // the exchange slots are read: reuse them for the weight sums
@@ -422,18 +479,33 @@ __global__ void conv_weight_finish(QkvArgs a, const float* partial, int64_t rang
 }
 
 // ---------------------------------------------------------------- gates
+// softplus(x) and σ(x) from one exp: e = exp(−|x|) ∈ (0, 1], softplus = max(x, 0) + log(1 + e)
+// (its series below 1e-3, where 1 + e would round), σ = 1/(1 + e) or e/(1 + e). The precise
+// log1pf and division made the [N, 1024] gate passes instruction-bound (≈ 45% of the bandwidth).
+__device__ __forceinline__ void softplus_sigm(float x, float& sp, float& sg) {
+  const float e = __expf(-fabsf(x));
+  const float r = __fdividef(1.f, 1.f + e);
+  sp = fmaxf(x, 0.f) + (e < 1e-3f ? e * (1.f - 0.5f * e) : __logf(1.f + e));
+  sg = x >= 0.f ? r : e * r;
+}
+__device__ __forceinline__ float softplus_fast(float x) {
+  float sp, sg;
+  softplus_sigm(x, sp, sg);
+  return sp;
+}
+__device__ __forceinline__ float gate_value(const GateArgs& a, float f, int c) {
+  switch (a.map) {
+    case GateMap::decay: return -__expf(a.A_log[c / a.per_head]) * softplus_fast(f + a.bias[c]);
+    case GateMap::logsig16: return -softplus_fast(-(f + a.bias[c])) / 16.f;
+    default: return sigm(a.bias ? f + a.bias[c] : f);
+  }
+}
 __global__ void gate_fwd_kernel(GateArgs a, float* out, bf16* outb) {
   const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= a.N * a.C) return;
   const int64_t n = i / a.C;
   const int c = static_cast<int>(i % a.C);
-  const float f = a.f[n * a.ldf + c];
-  float y;
-  switch (a.map) {
-    case GateMap::decay: y = -__expf(a.A_log[c / a.per_head]) * softplus(f + a.bias[c]); break;
-    case GateMap::logsig16: y = -softplus(-(f + a.bias[c])) / 16.f; break;
-    default: y = sigm(a.bias ? f + a.bias[c] : f);
-  }
+  const float y = gate_value(a, a.f[n * a.ldf + c], c);
   if (out) out[i] = y;
   else outb[i] = __float2bfloat16(y);
 }
@@ -441,13 +513,6 @@ __global__ void gate_fwd_kernel(GateArgs a, float* out, bf16* outb) {
 // The same maps four channels at a time (float4 loads and stores: the [N, 1024] maps of
 // kda / gla / gdn2 are pure bandwidth; the scalar kernel with its 64-bit index division
 // ran at ≈ 40% of it). Needs C, ldf % 4 = 0, 16-byte aligned f and out (checked by the host).
-__device__ __forceinline__ float gate_value(const GateArgs& a, float f, int c) {
-  switch (a.map) {
-    case GateMap::decay: return -__expf(a.A_log[c / a.per_head]) * softplus(f + a.bias[c]);
-    case GateMap::logsig16: return -softplus(-(f + a.bias[c])) / 16.f;
-    default: return sigm(a.bias ? f + a.bias[c] : f);
-  }
-}
 __global__ void gate_fwd4_kernel(GateArgs a, float* out, bf16* outb) {
   const int C4 = a.C / 4;
   const int i4 = blockIdx.x * blockDim.x + threadIdx.x;  // N·C < 2^31 (checked by the host)
@@ -562,10 +627,14 @@ __global__ void gate_bwd_fused_kernel(GateArgs a, const float* dy, TD* df, int64
       for (int e = 0; e < 4; ++e) {
         const float x = f[e] + bias[e];
         if (a.map == GateMap::decay) {
-          o[e] = -d[e] * A[e] * sigm(x);
-          sa[e] += d[e] * (-A[e] * softplus(x));
+          float sp, sg;
+          softplus_sigm(x, sp, sg);
+          o[e] = -d[e] * A[e] * sg;
+          sa[e] += d[e] * (-A[e] * sp);
         } else {
-          o[e] = d[e] * sigm(-x) / 16.f;
+          float sp, sg;
+          softplus_sigm(-x, sp, sg);
+          o[e] = d[e] * sg / 16.f;
         }
         sb[e] += o[e];
       }
