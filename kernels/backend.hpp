@@ -205,6 +205,22 @@ class Backend {
   // w ← w·decay − step_size·(m / (sqrt(v)·inv_sqrt_bc2 + eps)). All f32, same numel.
   virtual void adamw_step(const Tensor& w, const Tensor& g, const Tensor& m, const Tensor& v,
                           const AdamWStep& s) = 0;
+  // adamw_step over many slices of whole f32 buffers w, g (same layout), m and v: segment i
+  // updates w/g [offset, offset+n), m [m_offset, …), v [v_offset, …) with its own scalars.
+  // The same bits as one adamw_step per segment (the default); the GPU runs all of them in
+  // one launch (one pass over the parameters instead of one launch per tensor).
+  struct AdamWSegment {
+    int64_t offset = 0, m_offset = 0, v_offset = 0, n = 0;
+    AdamWStep step;
+  };
+  virtual void adamw_step_multi(const Tensor& w, const Tensor& g, const Tensor& m, const Tensor& v,
+                                const std::vector<AdamWSegment>& segments) {
+    auto at = [](const Tensor& t, int64_t off, int64_t n) {
+      return Tensor(static_cast<char*>(t.data) + off * static_cast<int64_t>(dtype_size(t.dtype)), t.dtype, {n});
+    };
+    for (const AdamWSegment& s : segments)
+      adamw_step(at(w, s.offset, s.n), at(g, s.offset, s.n), at(m, s.m_offset, s.n), at(v, s.v_offset, s.n), s.step);
+  }
   // Muon momentum: buf ← μ·buf + (1−μ)·g;  u = nesterov ? (1−μ)·g + μ·buf : buf.
   virtual void momentum_step(const Tensor& g, const Tensor& buf, const Tensor& u, double mu, bool nesterov) = 0;
   // x ← alpha·x (gradient clipping).

@@ -27,7 +27,7 @@ namespace {
 constexpr int kWarp = 32;
 constexpr int kMaxHeadDim = 256;                 // per-lane register arrays below
 constexpr int kPerLane = kMaxHeadDim / kWarp;
-constexpr int kReduceBlocks = 256;
+constexpr int kReduceBlocks = 1024;
 
 __device__ inline float warp_sum(float v) {
   for (int o = kWarp / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -88,8 +88,19 @@ __global__ void axpy_kernel(float alpha, const float* x, float* y, int64_t n) {
 // Per-block partial sums of x² (double), then one block adds the partials in order.
 __global__ void sum_squares_partial(const float* x, int64_t n, double* partial) {
   double acc = 0;
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-    acc += static_cast<double>(x[i]) * x[i];
+  const int64_t tid = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, stride = (int64_t)gridDim.x * blockDim.x;
+  int64_t done = 0;
+  if ((reinterpret_cast<uintptr_t>(x) & 15) == 0) {  // 16-byte loads (the grad norm reads 1.2 GB)
+    const int64_t n4 = n / 4;
+#pragma unroll 4
+    for (int64_t i = tid; i < n4; i += stride) {
+      const float4 v = reinterpret_cast<const float4*>(x)[i];
+      acc += static_cast<double>(v.x) * v.x + static_cast<double>(v.y) * v.y + static_cast<double>(v.z) * v.z +
+             static_cast<double>(v.w) * v.w;
+    }
+    done = n4 * 4;
+  }
+  for (int64_t i = done + tid; i < n; i += stride) acc += static_cast<double>(x[i]) * x[i];
   double s = block_sum_d(acc);
   if (threadIdx.x == 0) partial[blockIdx.x] = s;
 }
@@ -380,10 +391,12 @@ __global__ void __launch_bounds__(32 * kNormWarps) rmsnorm_fwd_rows(const float*
 
 // RMSNorm backward, one pass: per row (one warp) dx += r·g − x·r³·(g·x)/d with g = dy·w,
 // optionally dx_out = the new dx in TO (bf16: the next GEMMs' operand, instead of a separate
-// conversion pass), and dw's contribution Σ_rows dy·x·r accumulated per lane in registers
-// (the lane always owns the same columns), then summed over the block's warps in a fixed
-// order into partial[block][col]: no second read of x and dy for dw, no atomics. Rows go
-// to warps round-robin over a fixed grid, so the result does not depend on scheduling.
+// conversion pass), and dw's contribution Σ_rows dy·x·r accumulated per warp in shared
+// memory (each lane owns the same columns in every row: no conflicts, no barriers), then
+// summed over the block's warps in a fixed order into partial[block][col]: no second read
+// of x and dy for dw, no atomics. x, dy and the old dx of a row are loaded together before
+// the row's reduction (three streams in flight per warp). Rows go to warps round-robin
+// over a fixed grid, so the result does not depend on scheduling.
 template <int KMAX, class TD, class TO>
 __global__ void __launch_bounds__(32 * kNormWarps, 2)
     rmsnorm_bwd_rows(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ rstd,
@@ -392,31 +405,44 @@ __global__ void __launch_bounds__(32 * kNormWarps, 2)
   extern __shared__ float warp_dw[];  // [kNormWarps][d]
   const int lane = threadIdx.x % kWarp, wid = threadIdx.x / kWarp;
   const int d4 = d / 4;
-  float acc[KMAX][4];
+  float* my_dw = warp_dw + wid * d;
 #pragma unroll
-  for (int k = 0; k < KMAX; ++k)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) acc[k][e] = 0.f;
+  for (int k = 0; k < KMAX; ++k) {
+    const int c = lane + kWarp * k;
+    if (c < d4) {
+      const float z[4] = {0.f, 0.f, 0.f, 0.f};
+      st4(my_dw + 4 * c, z);
+    }
+  }
   const int64_t warps = (int64_t)gridDim.x * kNormWarps;
   for (int64_t row = blockIdx.x * (int64_t)kNormWarps + wid; row < n; row += warps) {
     const int64_t base = row * d;
     const float r = rstd[row];
-    float xv[KMAX][4], gv[KMAX][4];
+    float xv[KMAX][4], gv[KMAX][4], ov[KMAX][4];
+#pragma unroll
+    for (int k = 0; k < KMAX; ++k) {
+      const int c = lane + kWarp * k;
+      if (c < d4) {
+        ld4(x + base + 4 * c, xv[k]);
+        ld4(dy + base + 4 * c, gv[k]);
+        ld4(dx + base + 4 * c, ov[k]);
+      }
+    }
     float gx = 0.f;
 #pragma unroll
     for (int k = 0; k < KMAX; ++k) {
       const int c = lane + kWarp * k;
       if (c < d4) {
-        float wv[4];
-        ld4(x + base + 4 * c, xv[k]);
-        ld4(dy + base + 4 * c, gv[k]);
+        float wv[4], acc[4];
         ld4(w + 4 * c, wv);
+        ld4(my_dw + 4 * c, acc);
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          acc[k][e] += gv[k][e] * xv[k][e] * r;
+          acc[e] += gv[k][e] * xv[k][e] * r;
           gv[k][e] *= wv[e];  // g = dy·w from here on
           gx += gv[k][e] * xv[k][e];
         }
+        st4(my_dw + 4 * c, acc);
       }
     }
     gx = warp_sum(gx);
@@ -425,19 +451,12 @@ __global__ void __launch_bounds__(32 * kNormWarps, 2)
     for (int k = 0; k < KMAX; ++k) {
       const int c = lane + kWarp * k;
       if (c < d4) {
-        float o[4];
-        ld4(dx + base + 4 * c, o);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) o[e] += r * gv[k][e] - xv[k][e] * cc;
-        st4(dx + base + 4 * c, o);
-        if (dx_out) st4(dx_out + base + 4 * c, o);
+        for (int e = 0; e < 4; ++e) ov[k][e] += r * gv[k][e] - xv[k][e] * cc;
+        st4(dx + base + 4 * c, ov[k]);
+        if (dx_out) st4(dx_out + base + 4 * c, ov[k]);
       }
     }
-  }
-#pragma unroll
-  for (int k = 0; k < KMAX; ++k) {
-    const int c = lane + kWarp * k;
-    if (c < d4) st4(warp_dw + wid * d + 4 * c, acc[k]);
   }
   __syncthreads();
   for (int col = threadIdx.x; col < d; col += blockDim.x) {
@@ -794,16 +813,21 @@ __global__ void __launch_bounds__(kCeRegThreads, VPT <= 8 ? 2 : 1) ce_fused_bf16
   }
   const float gmax = block_max(m);
   const float mscaled = gmax * kLog2e;
+  // exp(x − max) once per logit: summed in float, and kept (rounded to bf16, in place of the
+  // logit) for the output pass — the output is bf16 anyway, and one exp per logit instead
+  // of two halves the MUFU work, which bounds this kernel next to its memory traffic.
   float se = 0.f;
 #pragma unroll
   for (int k = 0; k < VPT; ++k) {
     const int i = threadIdx.x + k * kCeRegThreads;
     if (i < v8) {
-      const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&buf[k]);
+      __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&buf[k]);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const float2 f = __bfloat1622float2(h[e]);
-        se += exp2f(fmaf(f.x, kLog2e, -mscaled)) + exp2f(fmaf(f.y, kLog2e, -mscaled));
+        const float a = exp2f(fmaf(f.x, kLog2e, -mscaled)), b = exp2f(fmaf(f.y, kLog2e, -mscaled));
+        se += a + b;
+        h[e] = __floats2bfloat162_rn(a, b);
       }
     }
   }
@@ -825,9 +849,9 @@ __global__ void __launch_bounds__(kCeRegThreads, VPT <= 8 ? 2 : 1) ce_fused_bf16
       float o[8];
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const float2 f = __bfloat1622float2(h[e]);
-        o[2 * e] = w * (exp2f(fmaf(f.x, kLog2e, -mscaled)) * inv - (8 * i + 2 * e == tgt ? 1.f : 0.f));
-        o[2 * e + 1] = w * (exp2f(fmaf(f.y, kLog2e, -mscaled)) * inv - (8 * i + 2 * e + 1 == tgt ? 1.f : 0.f));
+        const float2 f = __bfloat1622float2(h[e]);  // exp(x − max)
+        o[2 * e] = w * (f.x * inv - (8 * i + 2 * e == tgt ? 1.f : 0.f));
+        o[2 * e + 1] = w * (f.y * inv - (8 * i + 2 * e + 1 == tgt ? 1.f : 0.f));
       }
       store8(reinterpret_cast<bf16*>(dl + i), o);
     }
@@ -2181,6 +2205,25 @@ void CudaBackend::adamw_step(const Tensor& w, const Tensor& g, const Tensor& m, 
   else
     touch(w);
   optim::adamw_step(w.ptr<float>(), g.ptr<float>(), m.ptr<float>(), v.ptr<float>(), n, s, mirror, stream_);
+}
+
+void CudaBackend::adamw_step_multi(const Tensor& w, const Tensor& g, const Tensor& m, const Tensor& v,
+                                   const std::vector<AdamWSegment>& segments) {
+  OpTimer timer(*this, "optimiser");
+  for (const Tensor* t : {&w, &g, &m, &v}) require_f32(*t, "adamw_step_multi buffer");
+  if (g.numel() != w.numel()) throw RuntimeError("cuda adamw_step_multi: w and g differ in size");
+  for (const AdamWSegment& s : segments)
+    if (s.n < 0 || s.offset < 0 || s.m_offset < 0 || s.v_offset < 0 || s.offset + s.n > w.numel() ||
+        s.m_offset + s.n > m.numel() || s.v_offset + s.n > v.numel())
+      throw RuntimeError("cuda adamw_step_multi: a segment lies outside its buffers");
+  // Inside the registered weights the update also writes the bf16 mirror (see adamw_step).
+  uint16_t* mirror = nullptr;
+  const char* p = static_cast<const char*>(w.data);
+  if (mirror_ && p >= weights_ && p + w.bytes() <= weights_ + weights_bytes_ && (p - weights_) % 4 == 0)
+    mirror = static_cast<uint16_t*>(mirror_) + (p - weights_) / 4;
+  else
+    touch(w);
+  optim::adamw_step_multi(w.ptr<float>(), g.ptr<float>(), m.ptr<float>(), v.ptr<float>(), segments, mirror, stream_);
 }
 
 void CudaBackend::momentum_step(const Tensor& g, const Tensor& buf, const Tensor& u, double mu, bool nesterov) {

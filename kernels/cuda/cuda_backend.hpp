@@ -92,6 +92,8 @@ class CudaBackend final : public Backend {
 
   void adamw_step(const Tensor& w, const Tensor& g, const Tensor& m, const Tensor& v,
                   const AdamWStep& s) override;
+  void adamw_step_multi(const Tensor& w, const Tensor& g, const Tensor& m, const Tensor& v,
+                        const std::vector<AdamWSegment>& segments) override;
   void momentum_step(const Tensor& g, const Tensor& buf, const Tensor& u, double mu, bool nesterov) override;
   void scale(const Tensor& x, double alpha) override;
   void transpose(const Tensor& src, const Tensor& dst, double alpha) override;

@@ -704,3 +704,58 @@ TEST(CudaBackend, AdamWKeepsTheWeightMirrorFresh) {
     EXPECT_LT(p.rel_rms(C), 1e-2) << "mirror after adamw, offset " << off;
   }
 }
+
+// adamw_step_multi: many segments (own scalars, odd offsets and lengths, m and v laid out
+// apart from w, segments longer than one block and more than one launch's table) in one
+// call — the same bits as adamw_step per segment, on the GPU and on the CPU; inside the
+// registered weights the bf16 mirror follows.
+TEST(CudaBackend, AdamWMultiSegment) {
+  Pair p("mixed");
+  const int64_t total = 200003;
+  auto w = p.randn({total}), g = p.randn({total}), m = p.randn({total + 7}, 0.1), v = p.randn({total + 7}, 0.1);
+  for (auto* t : {&v}) {  // second moments are ≥ 0
+    std::vector<float> h(t->first.numel());
+    p.gpu->download(t->first, h.data());
+    for (float& x : h) x = std::abs(x);
+    std::vector<double> hd(h.begin(), h.end());
+    p.gpu->upload(h.data(), t->first);
+    p.cpu->upload(hd.data(), t->second);
+  }
+  std::vector<Backend::AdamWSegment> segs;
+  int64_t off = 0;
+  for (int i = 0; off < total - 1; ++i) {
+    Backend::AdamWSegment s;
+    s.offset = off;
+    s.n = std::min<int64_t>(total - 1 - off, i % 3 == 0 ? 5 : i % 3 == 1 ? 1031 : 9000 + i);
+    s.m_offset = off + 7, s.v_offset = off + (i % 2) * 7;  // m shifted, v alternately
+    s.step.step_size = 0.01f * (1 + i % 5);
+    s.step.decay = 1.0f - 0.001f * (i % 4);
+    s.step.inv_sqrt_bc2 = 1.5f;
+    segs.push_back(s);
+    off += s.n + (i % 7 == 0 ? 1 : 0);  // an occasional untouched element between segments
+  }
+  ASSERT_GT(segs.size(), 48u) << "more segments than one launch takes (48)";
+  // The reference: one adamw_step per segment, on copies.
+  Tensor w2 = p.ga.alloc(DType::f32, {total}), m2 = p.ga.alloc(DType::f32, {total + 7}),
+         v2 = p.ga.alloc(DType::f32, {total + 7});
+  p.gpu->copy(w.first, w2), p.gpu->copy(m.first, m2), p.gpu->copy(v.first, v2);
+  auto at = [](const Tensor& t, int64_t o, int64_t n) { return Tensor(t.ptr<float>() + o, DType::f32, {n}); };
+  for (const auto& s : segs)
+    p.gpu->adamw_step(at(w2, s.offset, s.n), at(g.first, s.offset, s.n), at(m2, s.m_offset, s.n),
+                      at(v2, s.v_offset, s.n), s.step);
+  p.gpu->register_weights(w.first);
+  auto A = p.randn_bf16({3, 1000});
+  Tensor Wg = w.first.slice0(0, 200000).view({200, 1000});
+  auto C = p.poisoned({3, 200});
+  p.gpu->gemm(A.first, false, Wg, true, C.first);  // mirror fresh before the update
+  p.gpu->adamw_step_multi(w.first, g.first, m.first, v.first, segs);
+  p.cpu->adamw_step_multi(w.second, g.second, m.second, v.second, segs);
+  EXPECT_TRUE(same_bits(*p.gpu, w.first, w2));
+  EXPECT_TRUE(same_bits(*p.gpu, m.first, m2));
+  EXPECT_TRUE(same_bits(*p.gpu, v.first, v2));
+  EXPECT_LT(p.rel_rms(w), 1e-6) << "vs the CPU in double";
+  Tensor Wc = w.second.slice0(0, 200000).view({200, 1000});
+  p.gpu->gemm(A.first, false, Wg, true, C.first);
+  p.cpu->gemm(A.second, false, Wc, true, C.second);
+  EXPECT_LT(p.rel_rms(C), 1e-2) << "the mirror after adamw_step_multi";
+}

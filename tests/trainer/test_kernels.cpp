@@ -282,3 +282,54 @@ TEST(AttentionF32, AgreesWithTheF64Reference) {
   for (size_t i = 0; i < od.size(); ++i) ASSERT_NEAR(of[i], od[i], 1e-5) << i;
 }
 }  // namespace
+
+// The fused ops the GPU backend implements in one pass (rmsnorm_bwd_convert,
+// swiglu_bwd_fwd, adamw_step_multi): on the CPU they are their compositions of the plain
+// ops, which these check value for value.
+TEST_F(Kernels, FusedOpsEqualTheirCompositions) {
+  const int n = 6, d = 12, F = 10;
+  auto x = random_vec(n * d, 40), w = random_vec(d, 41), dy = random_vec(n * d, 42), dx0 = random_vec(n * d, 43);
+  std::vector<double> y(n * d), rstd(n);
+  be.rmsnorm_fwd(T64(x, {n, d}), T64(w, {d}), T64(y, {n, d}), T64(rstd, {n}), 1e-5);
+  auto dx1 = dx0, dx2 = dx0;
+  std::vector<double> dw1(d, 0.5), dw2(d, 0.5), copy(n * d, -7.0);
+  be.rmsnorm_bwd_convert(T64(x, {n, d}), T64(w, {d}), T64(rstd, {n}), T64(dy, {n, d}), T64(dx1, {n, d}),
+                         T64(dw1, {d}), T64(copy, {n, d}));
+  be.rmsnorm_bwd(T64(x, {n, d}), T64(w, {d}), T64(rstd, {n}), T64(dy, {n, d}), T64(dx2, {n, d}), T64(dw2, {d}));
+  EXPECT_EQ(dx1, dx2);
+  EXPECT_EQ(dw1, dw2);
+  EXPECT_EQ(copy, dx1) << "dx_act is the updated dx";
+  EXPECT_NE(dx1, dx0);
+
+  auto gu = random_vec(n * 2 * F, 44), dh = random_vec(n * F, 45);
+  std::vector<double> h1(n * F, 9.0), h2(n * F), dgu1(n * 2 * F), dgu2(n * 2 * F);
+  be.swiglu_bwd_fwd(T64(gu, {n, 2 * F}), T64(dh, {n, F}), T64(dgu1, {n, 2 * F}), T64(h1, {n, F}));
+  be.swiglu_fwd(T64(gu, {n, 2 * F}), T64(h2, {n, F}));
+  be.swiglu_bwd(T64(gu, {n, 2 * F}), T64(dh, {n, F}), T64(dgu2, {n, 2 * F}));
+  EXPECT_EQ(h1, h2);
+  EXPECT_EQ(dgu1, dgu2);
+
+  const int P = 40;
+  auto pw = random_vec(P, 46), pg = random_vec(P, 47), pm = random_vec(P + 3, 48), pv = random_vec(P + 3, 49);
+  for (double& v : pv) v = std::abs(v);
+  const auto pw0 = pw;
+  auto pw2 = pw, pm2 = pm, pv2 = pv;
+  std::vector<kernels::Backend::AdamWSegment> segs(3);
+  segs[0].offset = 0, segs[0].m_offset = 3, segs[0].v_offset = 0, segs[0].n = 7;
+  segs[1].offset = 9, segs[1].m_offset = 12, segs[1].v_offset = 9, segs[1].n = 20;
+  segs[2].offset = 29, segs[2].m_offset = 32, segs[2].v_offset = 29, segs[2].n = 11;
+  segs[1].step.step_size = 0.3f, segs[1].step.decay = 0.9f;
+  segs[0].step.step_size = 0.2f;
+  segs[2].step.step_size = 0.1f;
+  be.adamw_step_multi(T64(pw, {P}), T64(pg, {P}), T64(pm, {P + 3}), T64(pv, {P + 3}), segs);
+  for (const auto& s : segs)
+    be.adamw_step(Tensor(pw2.data() + s.offset, DType::f64, {s.n}), Tensor(pg.data() + s.offset, DType::f64, {s.n}),
+                  Tensor(pm2.data() + s.m_offset, DType::f64, {s.n}), Tensor(pv2.data() + s.v_offset, DType::f64, {s.n}),
+                  s.step);
+  EXPECT_EQ(pw, pw2);
+  EXPECT_EQ(pm, pm2);
+  EXPECT_EQ(pv, pv2);
+  EXPECT_EQ(pw[7], pw0[7]) << "elements between segments stay";
+  EXPECT_EQ(pw[8], pw0[8]);
+  EXPECT_NE(pw[0], pw0[0]);
+}

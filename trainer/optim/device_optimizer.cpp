@@ -90,6 +90,14 @@ void DeviceOptimizer::step(const Tensor& params, const Tensor& grads, double lr_
   const double bc2 = 1.0 - std::pow(c.beta2, t);
   const Tensor m(m_, DType::f32, {static_cast<int64_t>(std::max<std::size_t>(host_.m_.size(), 1))});
   const Tensor v(v_, DType::f32, {static_cast<int64_t>(std::max<std::size_t>(host_.v_.size(), 1))});
+  // Every AdamW parameter is a segment of one adamw_step_multi (one pass on the GPU instead
+  // of a launch per tensor); consecutive parameters whose weights, gradients, m and v are
+  // contiguous and whose scalars are equal share a segment. Elementwise: the same bits.
+  std::vector<kernels::Backend::AdamWSegment> segs;
+  auto same = [](const kernels::Backend::AdamWStep& x, const kernels::Backend::AdamWStep& y) {
+    return x.beta1 == y.beta1 && x.beta2 == y.beta2 && x.eps == y.eps && x.step_size == y.step_size &&
+           x.inv_sqrt_bc2 == y.inv_sqrt_bc2 && x.decay == y.decay;
+  };
   for (std::size_t i = 0; i < host_.params_.size(); ++i) {
     const ParamView& p = host_.params_[i];
     const Optimizer::Slot& s = host_.slots_[i];
@@ -106,9 +114,19 @@ void DeviceOptimizer::step(const Tensor& params, const Tensor& grads, double lr_
     a.step_size = static_cast<float>(lr / bc1);
     a.inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
     a.decay = static_cast<float>(1.0 - lr * s.wd);
-    be_.adamw_step(at(params, p.offset, p.size()), at(grads, p.offset, p.size()), at(m, s.m_off, p.size()),
-                   at(v, s.v_off, p.size()), a);
+    const int64_t n = static_cast<int64_t>(p.size()), off = static_cast<int64_t>(p.offset);
+    const int64_t m_off = static_cast<int64_t>(s.m_off), v_off = static_cast<int64_t>(s.v_off);
+    auto* last = segs.empty() ? nullptr : &segs.back();
+    if (last && same(last->step, a) && last->offset + last->n == off && last->m_offset + last->n == m_off &&
+        last->v_offset + last->n == v_off) {
+      last->n += n;
+    } else {
+      kernels::Backend::AdamWSegment seg;
+      seg.offset = off, seg.m_offset = m_off, seg.v_offset = v_off, seg.n = n, seg.step = a;
+      segs.push_back(seg);
+    }
   }
+  if (!segs.empty()) be_.adamw_step_multi(params, grads, m, v, segs);
 }
 
 void DeviceOptimizer::muon_update(const ParamView& p, const Optimizer::Slot& s, const Tensor& params,

@@ -67,6 +67,69 @@ __global__ void adamw_vec_kernel(float4* __restrict__ w, const float4* __restric
   }
 }
 
+// The multi-tensor AdamW: up to kAdamWSegs segments per launch, kAdamWChunk elements per
+// block; a block finds its segment by binary search over the segments' first blocks.
+constexpr int kAdamWSegs = 48;
+constexpr int kAdamWChunk = 4096;
+struct AdamWSegDev {
+  int64_t off, m_off, v_off, n;
+  int block0;
+  Backend::AdamWStep s;
+};
+struct AdamWTable {
+  AdamWSegDev seg[kAdamWSegs];
+  int count;
+};
+__global__ void __launch_bounds__(256) adamw_multi_kernel(float* __restrict__ w, const float* __restrict__ g,
+                                                          float* __restrict__ m, float* __restrict__ v,
+                                                          __nv_bfloat16* __restrict__ mirror,
+                                                          const __grid_constant__ AdamWTable t) {
+  int lo = 0, hi = t.count - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (t.seg[mid].block0 <= static_cast<int>(blockIdx.x)) lo = mid;
+    else hi = mid - 1;
+  }
+  const AdamWSegDev& sg = t.seg[lo];
+  const Backend::AdamWStep s = sg.s;
+  const float one_b1 = __fsub_rn(1.0f, s.beta1), one_b2 = __fsub_rn(1.0f, s.beta2);
+  const int64_t begin = static_cast<int64_t>(blockIdx.x - sg.block0) * kAdamWChunk;
+  const int64_t len = sg.n - begin < kAdamWChunk ? sg.n - begin : kAdamWChunk;
+  float* ws = w + sg.off + begin;
+  const float* gs = g + sg.off + begin;
+  float* ms = m + sg.m_off + begin;
+  float* vs = v + sg.v_off + begin;
+  __nv_bfloat16* mr = mirror ? mirror + sg.off + begin : nullptr;
+  const auto al = [](const void* p, unsigned a) { return reinterpret_cast<uintptr_t>(p) % a == 0; };
+  int64_t done = 0;
+  if (al(ws, 16) && al(gs, 16) && al(ms, 16) && al(vs, 16) && (!mr || al(mr, 8))) {
+    const int64_t n4 = len / 4;
+    for (int64_t i = threadIdx.x; i < n4; i += blockDim.x) {
+      const float4 gi = reinterpret_cast<const float4*>(gs)[i];
+      float4 wi = reinterpret_cast<float4*>(ws)[i], mi = reinterpret_cast<float4*>(ms)[i],
+             vi = reinterpret_cast<float4*>(vs)[i];
+      wi.x = adamw_one(wi.x, gi.x, mi.x, vi.x, s, one_b1, one_b2);
+      wi.y = adamw_one(wi.y, gi.y, mi.y, vi.y, s, one_b1, one_b2);
+      wi.z = adamw_one(wi.z, gi.z, mi.z, vi.z, s, one_b1, one_b2);
+      wi.w = adamw_one(wi.w, gi.w, mi.w, vi.w, s, one_b1, one_b2);
+      reinterpret_cast<float4*>(ms)[i] = mi;
+      reinterpret_cast<float4*>(vs)[i] = vi;
+      reinterpret_cast<float4*>(ws)[i] = wi;
+      if (mr)
+        reinterpret_cast<Bf16x4*>(mr)[i] = Bf16x4{__floats2bfloat162_rn(wi.x, wi.y), __floats2bfloat162_rn(wi.z, wi.w)};
+    }
+    done = n4 * 4;
+  }
+  for (int64_t i = done + threadIdx.x; i < len; i += blockDim.x) {
+    float mi = ms[i], vi = vs[i];
+    const float wi = adamw_one(ws[i], gs[i], mi, vi, s, one_b1, one_b2);
+    ms[i] = mi;
+    vs[i] = vi;
+    ws[i] = wi;
+    if (mr) mr[i] = __float2bfloat16_rn(wi);
+  }
+}
+
 __global__ void momentum_kernel(const float* __restrict__ g, float* __restrict__ buf, float* __restrict__ u,
                                 int64_t n, float mu, bool nesterov) {
   const float one_mu = __fsub_rn(1.0f, mu);
@@ -80,6 +143,13 @@ __global__ void momentum_kernel(const float* __restrict__ g, float* __restrict__
 
 __global__ void scale_kernel(float* x, int64_t n, float a) {
   LAR_GRID_LOOP(i, n) x[i] = __fmul_rn(x[i], a);
+}
+__global__ void scale4_kernel(float4* x, int64_t n4, float a) {
+  LAR_GRID_LOOP(i, n4) {
+    float4 v = x[i];
+    v.x = __fmul_rn(v.x, a), v.y = __fmul_rn(v.y, a), v.z = __fmul_rn(v.z, a), v.w = __fmul_rn(v.w, a);
+    x[i] = v;
+  }
 }
 
 // 32×32 tiles through shared memory (padded: no bank conflicts) so reads and writes are
@@ -173,12 +243,37 @@ void adamw_step(float* w, const float* g, float* m, float* v, int64_t n, const B
   LAR_CUDA_LAUNCHED();
 }
 
+void adamw_step_multi(float* w, const float* g, float* m, float* v, const std::vector<Backend::AdamWSegment>& segs,
+                      uint16_t* mirror, cudaStream_t st) {
+  std::size_t i = 0;
+  while (i < segs.size()) {
+    AdamWTable t{};
+    int blocks = 0;
+    for (t.count = 0; t.count < kAdamWSegs && i < segs.size(); ++i) {
+      const Backend::AdamWSegment& s = segs[i];
+      if (s.n <= 0) continue;
+      t.seg[t.count++] = AdamWSegDev{s.offset, s.m_offset, s.v_offset, s.n, blocks, s.step};
+      blocks += static_cast<int>((s.n + kAdamWChunk - 1) / kAdamWChunk);
+    }
+    if (t.count == 0) continue;
+    adamw_multi_kernel<<<blocks, 256, 0, st>>>(w, g, m, v, reinterpret_cast<__nv_bfloat16*>(mirror), t);
+    LAR_CUDA_LAUNCHED();
+  }
+}
+
 void momentum_step(const float* g, float* buf, float* u, int64_t n, float mu, bool nesterov, cudaStream_t st) {
   momentum_kernel<<<grid_for(n, 256), 256, 0, st>>>(g, buf, u, n, mu, nesterov);
   LAR_CUDA_LAUNCHED();
 }
 
 void scale(float* x, int64_t n, float alpha, cudaStream_t st) {
+  if (reinterpret_cast<uintptr_t>(x) % 16 == 0 && n >= 4) {  // 16-byte accesses, the tail below
+    const int64_t n4 = n / 4;
+    scale4_kernel<<<grid_for(n4, 256), 256, 0, st>>>(reinterpret_cast<float4*>(x), n4, alpha);
+    LAR_CUDA_LAUNCHED();
+    x += n4 * 4, n -= n4 * 4;
+    if (n == 0) return;
+  }
   scale_kernel<<<grid_for(n, 256), 256, 0, st>>>(x, n, alpha);
   LAR_CUDA_LAUNCHED();
 }

@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "kernels/backend.hpp"
 
@@ -16,6 +17,10 @@ namespace lar::kernels::cuda::optim {
 // Vectorised (16-byte accesses) where w, g, m, v are 16-byte aligned; the same bits either way.
 void adamw_step(float* w, const float* g, float* m, float* v, int64_t n, const Backend::AdamWStep& s,
                 uint16_t* mirror, cudaStream_t st);
+// Backend::adamw_step_multi in one launch per 48 segments (blocks of 4096 elements, each
+// finding its segment in a table passed by value); mirror as above (indexed like w).
+void adamw_step_multi(float* w, const float* g, float* m, float* v, const std::vector<Backend::AdamWSegment>& segs,
+                      uint16_t* mirror, cudaStream_t st);
 void momentum_step(const float* g, float* buf, float* u, int64_t n, float mu, bool nesterov, cudaStream_t st);
 void scale(float* x, int64_t n, float alpha, cudaStream_t st);
 // dst [c,r] = alpha·srcᵀ, src [r,c].
