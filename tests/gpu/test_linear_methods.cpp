@@ -5,13 +5,15 @@
 //   the recurrent decode of gla, kda, gdn2 and CARVE stepped token by token against the
 //   chunk forward (o ≤ 5e-3 after bf16 rounding of both, final state ≤ 5e-3);
 //   CCQ forward + backward against kernels/cpu/linear/ccq.hpp (statistics carried in,
-//   uncentered, T = 1 to 4645: several chunk groups), and a second call bit-identical.
+//   uncentered, T = 1 to 4645: several chunk groups; both backward kernels), and a second
+//   call bit-identical.
 // Every GPU output is poisoned with NaN before the launches.
 #include <gtest/gtest.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <random>
 #include <string>
@@ -420,15 +422,21 @@ TEST(LinearMethodsCuda, CcqMatchesCpuReference) {
   for (const CcqCase& c : {CcqCase{2, 200, 3, 0, true}, CcqCase{1, 700, 2, 0, true}, CcqCase{2, 130, 2, 50, true},
                            CcqCase{1, 100, 2, 0, false}, CcqCase{1, 1, 2, 5, true}, CcqCase{2, 1500, 2, 0, true},
                            CcqCase{1, 4645, 1, 7, true}, CcqCase{1, 1100, 2, 3, false}}) {
-    const CcqErrors e = run_ccq(rng, c);
-    std::printf("%s: qc %.2e K %.2e m %.2e dq %.2e dk %.2e (CCQ's part %.2e) dlambda %.2e (CCQ moves q by %.2e)\n",
-                name(c).c_str(), e.qc, e.K, e.m, e.dq, e.dk, e.dk_add, e.dl, e.effect);
-    EXPECT_LT(e.qc, 5e-3) << name(c);
-    EXPECT_LT(e.K, 5e-3) << name(c);
-    EXPECT_LT(e.m, 5e-3) << name(c);
-    for (double v : {e.dq, e.dk, e.dl}) EXPECT_LT(v, 1e-2) << name(c);
-    EXPECT_LT(e.dk_add, 2e-2) << name(c);  // (read back through the bf16 sum with the backbone's dk)
-    EXPECT_GT(e.effect, 1e-2) << name(c);
-    EXPECT_TRUE(e.same_bits) << name(c) << ": a second call gave different bits";
+    // both backward kernels: the sequential default and the chunk-parallel one (LAR_CCQ_BWD=par)
+    for (const char* bwd : {"seq", "par"}) {
+      setenv("LAR_CCQ_BWD", bwd, 1);
+      const std::string what = name(c) + " bwd=" + bwd;
+      const CcqErrors e = run_ccq(rng, c);
+      std::printf("%s: qc %.2e K %.2e m %.2e dq %.2e dk %.2e (CCQ's part %.2e) dlambda %.2e (CCQ moves q by %.2e)\n",
+                  what.c_str(), e.qc, e.K, e.m, e.dq, e.dk, e.dk_add, e.dl, e.effect);
+      EXPECT_LT(e.qc, 5e-3) << what;
+      EXPECT_LT(e.K, 5e-3) << what;
+      EXPECT_LT(e.m, 5e-3) << what;
+      for (double v : {e.dq, e.dk, e.dl}) EXPECT_LT(v, 1e-2) << what;
+      EXPECT_LT(e.dk_add, 2e-2) << what;  // (read back through the bf16 sum with the backbone's dk)
+      EXPECT_GT(e.effect, 1e-2) << what;
+      EXPECT_TRUE(e.same_bits) << what << ": a second call gave different bits";
+    }
+    unsetenv("LAR_CCQ_BWD");
   }
 }

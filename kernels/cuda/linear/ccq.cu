@@ -7,7 +7,8 @@
 // Chunk-parallel (docs/perf.md, "CCQ chunk-parallel"). The statistics have no decay, so the
 // state before a chunk is a prefix sum of per-chunk terms, and the gradients on it (GK on
 // K_prev, Gm on m_prev) are suffix sums. Chunks (64 tokens) are taken in groups of kGroup;
-// every pass is three launches:
+// the forward, and the backward with LAR_CCQ_BWD=par, are three launches each (the default
+// backward is the sequential kernel at the end of this file, measured faster: docs/perf.md):
 //   stats   one CTA per (group, h, b): the group's own sums (fwd: Σ KᵀK, Σ k; bwd also
 //           GK = Σ dAᵀQ, W = Σ (λ/t²)(g qᵀ + q gᵀ) and Gm with m = 0 at the group start)
 //   scan    per (b, h), 8 CTAs of 8 rows (a warp per row): inclusive prefix of K, m over the groups (+
@@ -49,6 +50,7 @@ struct QParams {
   bf16 *qc, *dq, *dk;
   float *Kout, *mout, *dlam;
   float* ws;  // workspace records [B, H, ng, rec]
+  const float *Kfin, *mfin;  // the sequential backward's start: the forward's final statistics
   int B, T, H, nc, G, ng, rec, centered;  // G chunks per group, ng groups
   double t0;  // tokens seen before this call
 };
@@ -756,6 +758,218 @@ __global__ void __launch_bounds__(NT, 2) ccq_bwd_kernel(const QParams p) {
   }
 }
 
+// ---------------------------------------------------------------- backward (sequential)
+// The default backward (LAR_CCQ_BWD=par selects the chunk-parallel one above): one CTA per
+// (b, h) walks all the chunks in reverse from the forward's final statistics, peeling
+// K_prev = K − KᵀK and m_prev = m − Σk in fp32 and carrying GK, Gm; 13 GEMMs per chunk.
+// Measured faster than the chunk-parallel backward on the H200 (0.81–0.83 ms against
+// 0.85–0.97 ms at B=8 T=4096 H=16: see docs/perf.md), which re-reads q, k, dqc in its stats pass.
+// sM[i][c] = base_c + Σ_{j≤i} K[j][c] − (sub: the column total); returns the column total.
+__device__ __forceinline__ float cumsum_k_seq(const bf16* sK, const float* base, float* sM, bool sub) {
+  const int c = threadIdx.x >> 2, p = threadIdx.x & 3;
+  float v[16];
+#pragma unroll
+  for (int r = 0; r < 16; ++r) v[r] = __bfloat162float(sK[(16 * p + r) * LD + c]) + (r ? v[r - 1] : 0.f);
+  float inc = v[15];
+#pragma unroll
+  for (int o = 1; o < 4; o <<= 1) {
+    const float y = __shfl_up_sync(FULL, inc, o);
+    if (p >= o) inc += y;
+  }
+  const float total = __shfl_sync(FULL, inc, (threadIdx.x & 31) | 3);
+  const float ex = inc - v[15] + base[c] - (sub ? total : 0.f);
+#pragma unroll
+  for (int r = 0; r < 16; ++r) sM[(16 * p + r) * LDF + c] = v[r] + ex;
+  return total;
+}
+// Q K G(dqc) Ks S1 dA S2 GK (bf16), M, dM (fp32), m and Gm ping-pong, mq, mg, dλ partials, λ.
+constexpr size_t kQBwdSeqSmem = 8 * TILE * sizeof(bf16) + (2 * TILEF + 4 * C + C + C + 2 * C + C) * sizeof(float);
+
+__global__ void __launch_bounds__(NT, 1) ccq_bwd_seq_kernel(const QParams p) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  bf16* sQ = reinterpret_cast<bf16*>(smem);
+  bf16* sK = sQ + TILE;
+  bf16* sG = sK + TILE;
+  bf16* sKs = sG + TILE;
+  bf16* sS1 = sKs + TILE;
+  bf16* sdA = sS1 + TILE;
+  bf16* sS2 = sdA + TILE;
+  bf16* sGK = sS2 + TILE;
+  float* sM = reinterpret_cast<float*>(sGK + TILE);
+  float* sDM = sM + TILEF;
+  float* sMv0 = sDM + TILEF;
+  float* sMv1 = sMv0 + C;
+  float* sGm0 = sMv1 + C;
+  float* sGm1 = sGm0 + C;
+  float* sMq = sGm1 + C;
+  float* sMg = sMq + C;
+  float* sDl = sMg + C;  // [2][C]
+  float* sLam = sDl + 2 * C;
+  const Lane L;
+  const int h = blockIdx.x, b = blockIdx.y, tid = threadIdx.x;
+  const size_t bh = static_cast<size_t>(b) * p.H + h, stride = static_cast<size_t>(p.H) * D;
+
+  Acc Kc, GK;  // statistic at the end of the chunk (peeled to its start), gradient on later K_prev
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) Kc[nt][e] = p.Kfin[bh * D * D + L.row(e) * D + L.col(nt, e)], GK[nt][e] = 0.f;
+  if (tid < C) sMv0[tid] = p.mfin[bh * D + tid], sGm0[tid] = 0.f;
+
+  for (int ci = p.nc - 1, it = 0; ci >= 0; --ci, ++it) {
+    float* mcur = (it & 1) ? sMv1 : sMv0;
+    float* mprev = (it & 1) ? sMv0 : sMv1;
+    float* gmcur = (it & 1) ? sGm1 : sGm0;
+    float* gmnext = (it & 1) ? sGm0 : sGm1;
+    const int t0 = ci * C, n = min(C, p.T - t0);
+    load_tile(sQ, p.q + qrow(p, b, t0, h), stride, n);
+    load_tile(sK, p.k + qrow(p, b, t0, h), stride, n);
+    load_tile(sG, p.dqc + qrow(p, b, t0, h), stride, n);
+    cp_async_commit();
+    if (tid < C) sLam[tid] = tid < n ? p.lam[(static_cast<size_t>(b) * p.T + t0 + tid) * p.H + h] : 0.f;
+    store_bf(sGK, GK, L, [](float x, int, int) { return x; });
+    cp_async_wait<0>();
+    __syncthreads();
+    // phase A: K_prev = K − Kᵀ K (→ Ks), S1 = (Q Kᵀ) ⊙ L, M = m_prev + cumsum k, dA = −λ g / t
+    {
+      Acc a, s1;
+      zero(a);
+      zero(s1);
+      gemm2<true, true, false, false>(a, sK, sK, s1, sQ, sK, L);
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) Kc[nt][e] -= a[nt][e];
+      store_bf(sKs, Kc, L, [](float x, int, int) { return x; });
+      store_bf(sS1, s1, L, [](float x, int i, int j) { return i >= j ? x : 0.f; });
+    }
+    {
+      const float tot = cumsum_k_seq(sK, mcur, sM, true);
+      if ((tid & 3) == 0) mprev[tid >> 2] = mcur[tid >> 2] - tot;
+    }
+    for (int i = tid; i < C * 32; i += NT) {
+      const int t = i >> 5, c = 2 * (i & 31);
+      const float f = -sLam[t] / static_cast<float>(p.t0 + t0 + t + 1);
+      *reinterpret_cast<uint32_t*>(sdA + t * LD + c) = pack(f * bf(sG, t, c), f * bf(sG, t, c + 1));
+    }
+    __syncthreads();
+    // phase B: R = Q K_prev + S1 K; mq = Mᵀq, mg = Mᵀg row by row
+    Acc R;
+    zero(R);
+    gemm<false, false>(R, sQ, sKs, L);
+    gemm<false, true>(R, sS1, sK, L);
+    {
+      const int r = tid >> 2, part = tid & 3;
+      float x = 0.f, y = 0.f;
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        const float mm = sM[r * LDF + 16 * part + j];
+        x += mm * bf(sQ, r, 16 * part + j);
+        y += mm * bf(sG, r, 16 * part + j);
+      }
+      x += __shfl_xor_sync(FULL, x, 1);
+      x += __shfl_xor_sync(FULL, x, 2);
+      y += __shfl_xor_sync(FULL, y, 1);
+      y += __shfl_xor_sync(FULL, y, 2);
+      if (part == 0) sMq[r] = x, sMg[r] = y;
+    }
+    __syncthreads();
+    // phase C: dλ partials, S2 = (dA Kᵀ) ⊙ L, dq = dA K_prev, GK += dAᵀ Q, dM (reverse cumsum + Gm)
+    {
+      float dl[2] = {0.f, 0.f};
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = L.row(e), a = L.col(nt, e);
+          const float inv = 1.f / static_cast<float>(p.t0 + t0 + i + 1);
+          float r = R[nt][e] * inv;
+          if (p.centered) r -= sM[i * LDF + a] * sMq[i] * inv * inv;
+          dl[e >> 1] += bf(sG, i, a) * r;
+        }
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        float x = dl[hh];
+        x += __shfl_xor_sync(FULL, x, 1);
+        x += __shfl_xor_sync(FULL, x, 2);
+        if (L.tig == 0) sDl[L.wn * C + L.row(2 * hh)] = x;
+      }
+    }
+    Acc dq;
+    {
+      Acc s2;
+      zero(s2);
+      zero(dq);
+      gemm2<false, false, false, false>(s2, sdA, sK, dq, sdA, sKs, L);
+      store_bf(sS2, s2, L, [](float x, int i, int j) { return i >= j ? x : 0.f; });
+    }
+    gemm<true, true>(GK, sdA, sQ, L);
+    {  // dM_i = (λ g mq − q mdr)/t², mdr = −λ mg; then suffix sums per column, + Gm
+      const int c = tid >> 2, part = tid & 3;
+      float v[16];
+#pragma unroll
+      for (int rr = 15; rr >= 0; --rr) {
+        const int i = 16 * part + rr;
+        const float inv = 1.f / static_cast<float>(p.t0 + t0 + i + 1), lam = sLam[i];
+        const float x = p.centered ? (lam * bf(sG, i, c) * sMq[i] + bf(sQ, i, c) * lam * sMg[i]) * inv * inv : 0.f;
+        v[rr] = x + (rr < 15 ? v[rr + 1] : 0.f);
+      }
+      float inc = v[0];
+#pragma unroll
+      for (int o = 1; o < 4; o <<= 1) {
+        const float y = __shfl_down_sync(FULL, inc, o);
+        if (part + o < 4) inc += y;
+      }
+      const float total = __shfl_sync(FULL, inc, (threadIdx.x & 31) & ~3);
+      const float ex = inc - v[0] + gmcur[c];
+#pragma unroll
+      for (int rr = 0; rr < 16; ++rr) sDM[(16 * part + rr) * LDF + c] = v[rr] + ex;
+      if (part == 0) gmnext[c] = gmcur[c] + total;
+    }
+    __syncthreads();
+    // phase D: dq += S2 K, + g − M mdr/t²; dk += S2ᵀ Q + S1ᵀ dA + K (GK + GKᵀ) + dM sums
+    gemm<false, true>(dq, sS2, sK, L);
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int i = L.row(2 * hh), a = L.col(nt, 0);
+        if (i >= n) continue;
+        const float inv = 1.f / static_cast<float>(p.t0 + t0 + i + 1);
+        const float mdr = -sLam[i] * sMg[i];
+        float d0 = dq[nt][2 * hh] + bf(sG, i, a), d1 = dq[nt][2 * hh + 1] + bf(sG, i, a + 1);
+        if (p.centered) {
+          d0 -= sM[i * LDF + a] * mdr * inv * inv;
+          d1 -= sM[i * LDF + a + 1] * mdr * inv * inv;
+        }
+        *reinterpret_cast<uint32_t*>(p.dq + qrow(p, b, t0 + i, h) + a) = pack(d0, d1);
+      }
+    {
+      Acc dk;
+      zero(dk);
+      gemm<true, true>(dk, sS2, sQ, L);
+      gemm<true, true>(dk, sS1, sdA, L);
+      gemm<false, true>(dk, sK, sGK, L);
+      gemm<false, false>(dk, sK, sGK, L);
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int j = L.row(2 * hh), a = L.col(nt, 0);
+          if (j >= n) continue;
+          uint32_t* dst = reinterpret_cast<uint32_t*>(p.dk + qrow(p, b, t0 + j, h) + a);
+          const __nv_bfloat162 old = *reinterpret_cast<const __nv_bfloat162*>(dst);
+          *dst = pack(__low2float(old) + dk[nt][2 * hh] + sDM[j * LDF + a],
+                      __high2float(old) + dk[nt][2 * hh + 1] + sDM[j * LDF + a + 1]);
+        }
+    }
+    if (tid < C && tid < n)
+      p.dlam[(static_cast<size_t>(b) * p.T + t0 + tid) * p.H + h] = -(sDl[tid] + sDl[C + tid]);
+    __syncthreads();
+  }
+}
+
+
 // ---------------------------------------------------------------- host side
 // Chunks per group: kGroup, or LAR_CCQ_GROUP (1..64) when set (a tuning knob for the bench).
 int group_chunks() {
@@ -765,6 +979,13 @@ int group_chunks() {
     return v >= 1 && v <= 64 ? v : kGroup;
   }();
   return g;
+}
+
+// LAR_CCQ_BWD=par selects the chunk-parallel backward (read at every call, so that a test can
+// run both); otherwise the sequential one.
+bool parallel_bwd() {
+  const char* e = std::getenv("LAR_CCQ_BWD");
+  return e && std::string(e) == "par";
 }
 
 QParams make_qparams(const DeltaShape& s, const char* what) {
@@ -847,11 +1068,16 @@ void ccq_bwd(const DeltaShape& s, const CcqInputs& in, const CcqStats& fin, cons
     throw RuntimeError("ccq_bwd: q, k, lambda, the final statistics, dqc, dq, dk and dlambda are required");
   if (dq == dqc) throw RuntimeError("ccq_bwd: dq must not alias dqc");
   if (in.t0 < 0) throw RuntimeError("ccq_bwd: negative t0 " + std::to_string(in.t0));
-  // The statistics at every group boundary are rebuilt from K0, m0 and the keys (the scan
-  // below), so fin is not read: it only has to exist (the forward that made it ran).
   p.q = in.q, p.k = in.k, p.lam = in.lambda, p.K0 = in.K0, p.m0 = in.m0, p.centered = in.centered ? 1 : 0;
   p.t0 = static_cast<double>(in.t0);
   p.dqc = dqc, p.dq = dq, p.dk = dk, p.dlam = dlambda;
+  if (!parallel_bwd()) {  // default: the sequential backward, from fin
+    p.Kfin = fin.K, p.mfin = fin.m;
+    qlaunch(ccq_bwd_seq_kernel, dim3(p.H, p.B), kQBwdSeqSmem, p, stream);
+    return;
+  }
+  // chunk-parallel: the statistics at every group boundary are rebuilt from K0, m0 and the
+  // keys (the scan below); fin is not read
   p.rec = kRecB;
   Workspace ws(static_cast<size_t>(p.B) * p.H * p.ng * p.rec, stream);
   p.ws = ws.p;
