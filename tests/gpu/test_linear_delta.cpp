@@ -174,9 +174,11 @@ TEST(LinearDeltaCuda, MatchesCpuReference) {
   ASSERT_EQ(cudaGetDeviceCount(&devices), cudaSuccess);
   ASSERT_GT(devices, 0);
   std::mt19937_64 rng{std::random_device{}()};
+  // The one-token case has 16 (b, h) rows, not 2: its dg is one sum per row, often near zero,
+  // and a relative RMS over only two of them read 4.1e-2 once in six runs (1e-3–8e-3 otherwise).
   for (const char* path : {"chunked", "fused"}) {
     for (const Case& c : {Case{2, 200, 4, true, true}, Case{1, 100, 3, true, false}, Case{2, 64, 2, false, false},
-                          Case{1, 333, 2, false, true}, Case{1, 1, 2, true, true}, Case{1, 1000, 2, true, true},
+                          Case{1, 333, 2, false, true}, Case{2, 1, 8, true, true}, Case{1, 1000, 2, true, true},
                           Case{3, 129, 1, true, false}}) {
       const ScopedPath forced(path);
       const Inputs in = make_inputs(rng, c);
