@@ -727,7 +727,10 @@ TEST(CudaBackend, AdamWMultiSegment) {
     Backend::AdamWSegment s;
     s.offset = off;
     s.n = std::min<int64_t>(total - 1 - off, i % 3 == 0 ? 5 : i % 3 == 1 ? 1031 : 9000 + i);
-    s.m_offset = off + 7, s.v_offset = off + (i % 2) * 7;  // m shifted, v alternately
+    // m and v shifted against w by different amounts; segments must not overlap in any of the
+    // three (an alternating v shift made neighbours share 7 entries: the per-segment reference
+    // then updates them twice in order, the one-launch update once each, in parallel)
+    s.m_offset = off + 7, s.v_offset = off + 3;
     s.step.step_size = 0.01f * (1 + i % 5);
     s.step.decay = 1.0f - 0.001f * (i % 4);
     s.step.inv_sqrt_bc2 = 1.5f;
