@@ -28,13 +28,12 @@
 
 #include <cstdint>
 #include <cstdlib>
-#include <map>
-#include <mutex>
 #include <string>
 
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/linear/chunk_common.cuh"
 #include "kernels/cuda/linear/linear_methods.hpp"
+#include "kernels/cuda/linear/scratch.hpp"
 
 namespace lar::kernels::cuda::linear {
 namespace {
@@ -1002,40 +1001,6 @@ QParams make_qparams(const DeltaShape& s, const char* what) {
   return p;
 }
 
-// The workspace comes from a private stream-ordered pool that keeps its memory (a layer
-// calls ccq_fwd / ccq_bwd with the same sizes every step: no allocation after the first).
-cudaMemPool_t ccq_pool() {
-  static std::mutex mu;
-  static std::map<int, cudaMemPool_t> pools;
-  int dev = 0;
-  LAR_CUDA_CHECK(cudaGetDevice(&dev));
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = pools.find(dev);
-  if (it != pools.end()) return it->second;
-  cudaMemPoolProps props{};
-  props.allocType = cudaMemAllocationTypePinned;
-  props.location.type = cudaMemLocationTypeDevice;
-  props.location.id = dev;
-  cudaMemPool_t pl = nullptr;
-  LAR_CUDA_CHECK(cudaMemPoolCreate(&pl, &props));
-  uint64_t keep = UINT64_MAX;
-  LAR_CUDA_CHECK(cudaMemPoolSetAttribute(pl, cudaMemPoolAttrReleaseThreshold, &keep));
-  pools.emplace(dev, pl);
-  return pl;
-}
-struct Workspace {
-  float* p = nullptr;
-  cudaStream_t stream;
-  Workspace(size_t floats, cudaStream_t s) : stream(s) {
-    void* ptr = nullptr;
-    LAR_CUDA_CHECK(cudaMallocFromPoolAsync(&ptr, floats * sizeof(float), ccq_pool(), s));
-    p = static_cast<float*>(ptr);
-  }
-  ~Workspace() { cudaFreeAsync(p, stream); }
-  Workspace(const Workspace&) = delete;
-  Workspace& operator=(const Workspace&) = delete;
-};
-
 template <class K>
 void qlaunch(K kernel, dim3 grid, size_t smem, const QParams& p, cudaStream_t stream) {
   LAR_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
@@ -1053,8 +1018,8 @@ void ccq_fwd(const DeltaShape& s, const CcqInputs& in, __nv_bfloat16* qc, const 
   p.t0 = static_cast<double>(in.t0);
   p.qc = qc, p.Kout = out.K, p.mout = out.m;
   p.rec = kRecF;
-  Workspace ws(static_cast<size_t>(p.B) * p.H * p.ng * p.rec, stream);
-  p.ws = ws.p;
+  Scratch ws(stream);
+  p.ws = ws.get<float>(static_cast<size_t>(p.B) * p.H * p.ng * p.rec);
   const dim3 groups(p.ng, p.H, p.B), slices(D / 8, p.H, p.B);
   qlaunch(ccq_stats_fwd_kernel, groups, kStatsFwdSmem, p, stream);
   qlaunch(ccq_scan_kernel<false>, slices, 0, p, stream);
@@ -1079,8 +1044,8 @@ void ccq_bwd(const DeltaShape& s, const CcqInputs& in, const CcqStats& fin, cons
   // chunk-parallel: the statistics at every group boundary are rebuilt from K0, m0 and the
   // keys (the scan below); fin is not read
   p.rec = kRecB;
-  Workspace ws(static_cast<size_t>(p.B) * p.H * p.ng * p.rec, stream);
-  p.ws = ws.p;
+  Scratch ws(stream);
+  p.ws = ws.get<float>(static_cast<size_t>(p.B) * p.H * p.ng * p.rec);
   const dim3 groups(p.ng, p.H, p.B), slices(D / 8, p.H, p.B);
   qlaunch(ccq_stats_bwd_kernel, groups, kStatsBwdSmem, p, stream);
   qlaunch(ccq_scan_kernel<true>, slices, 0, p, stream);

@@ -25,14 +25,13 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
-#include <map>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/linear/chunk_common.cuh"
 #include "kernels/cuda/linear/linear_attention.hpp"
+#include "kernels/cuda/linear/scratch.hpp"
 
 namespace lar::kernels::cuda::linear {
 namespace {
@@ -1070,48 +1069,6 @@ bool use_two_phase(const Params& p, bool bwd) {
   const double chunked = (bwd ? 0.186 : 0.124) * bh * 132.0 / sms + 1.3;
   return chunked < fused;
 }
-
-// Stream-ordered scratch for the two-phase path's per-chunk terms, from a private memory pool
-// that keeps its memory between calls (the default pool would unmap it at every synchronisation).
-class Scratch {
- public:
-  explicit Scratch(cudaStream_t stream) : stream_(stream) {}
-  ~Scratch() {
-    for (void* p : ptrs_) cudaFreeAsync(p, stream_);
-  }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-  template <class T>
-  T* get(size_t count) {
-    void* ptr = nullptr;
-    LAR_CUDA_CHECK(cudaMallocFromPoolAsync(&ptr, count * sizeof(T), pool(), stream_));
-    ptrs_.push_back(ptr);
-    return static_cast<T*>(ptr);
-  }
-
- private:
-  static cudaMemPool_t pool() {
-    static std::mutex mu;
-    static std::map<int, cudaMemPool_t> pools;
-    int dev = 0;
-    LAR_CUDA_CHECK(cudaGetDevice(&dev));
-    std::lock_guard<std::mutex> lock(mu);
-    auto it = pools.find(dev);
-    if (it != pools.end()) return it->second;
-    cudaMemPoolProps props{};
-    props.allocType = cudaMemAllocationTypePinned;
-    props.location.type = cudaMemLocationTypeDevice;
-    props.location.id = dev;
-    cudaMemPool_t pl = nullptr;
-    LAR_CUDA_CHECK(cudaMemPoolCreate(&pl, &props));
-    uint64_t keep = UINT64_MAX;
-    LAR_CUDA_CHECK(cudaMemPoolSetAttribute(pl, cudaMemPoolAttrReleaseThreshold, &keep));
-    pools.emplace(dev, pl);
-    return pl;
-  }
-  cudaStream_t stream_;
-  std::vector<void*> ptrs_;
-};
 
 // One launch with its dynamic shared memory (the limit must be raised above 48 KB first).
 void launch(void (*kernel)(Params), dim3 grid, size_t smem, const Params& p, cudaStream_t stream, int threads = NT) {
