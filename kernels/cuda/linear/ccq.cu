@@ -60,22 +60,6 @@ __device__ __forceinline__ size_t qrow(const QParams& p, int b, int t, int h) {
 __device__ __forceinline__ float* rec(const QParams& p, int b, int h, int g) {
   return p.ws + ((static_cast<size_t>(b) * p.H + h) * p.ng + g) * p.rec;
 }
-__device__ __forceinline__ void load_frag(Acc& a, const float* src, const Lane& L) {
-#pragma unroll
-  for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const float2 v = *reinterpret_cast<const float2*>(src + L.row(2 * hh) * D + L.col(nt, 0));
-      a[nt][2 * hh] = v.x, a[nt][2 * hh + 1] = v.y;
-    }
-}
-__device__ __forceinline__ void store_frag(float* dst, const Acc& a, const Lane& L) {
-#pragma unroll
-  for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh)
-      *reinterpret_cast<float2*>(dst + L.row(2 * hh) * D + L.col(nt, 0)) = make_float2(a[nt][2 * hh], a[nt][2 * hh + 1]);
-}
 // λ_i and 1/t_i of the rows of the chunk starting at token t0 (rows ≥ n: λ = 0).
 __device__ __forceinline__ void load_rows(const QParams& p, int b, int h, int t0, int n, float* sLam, float* sInv) {
   const int i = threadIdx.x;
@@ -231,7 +215,7 @@ __global__ void __launch_bounds__(NT, 2) ccq_stats_fwd_kernel(const QParams p) {
     __syncthreads();  // before the next prefetch overwrites this buffer
   }
   float* R = rec(p, b, h, g);
-  store_frag(R + kOffK, Ks, L);
+  frag_store_f(R + kOffK, Ks, L);
   sCol[tid] = col;
   __syncthreads();
   if (tid < C) R[kOffM + tid] = (sCol[tid] + sCol[C + tid]) + (sCol[2 * C + tid] + sCol[3 * C + tid]);
@@ -341,8 +325,8 @@ __global__ void __launch_bounds__(NT, 2) ccq_stats_bwd_kernel(const QParams p) {
     __syncthreads();
   }
   float* R = rec(p, b, h, g);
-  store_frag(R + kOffK, Ks, L);
-  store_frag(R + kOffGK, GK, L);
+  frag_store_f(R + kOffK, Ks, L);
+  frag_store_f(R + kOffGK, GK, L);
   if (tid < C) R[kOffM + tid] = sMl[((c1 - c0) & 1) * C + tid];
   gmp = pair_sum(gmp);
   if ((tid & 7) == 0) R[kOffGm + 2 * (tid >> 3)] = cen ? gmp.x : 0.f, R[kOffGm + 2 * (tid >> 3) + 1] = cen ? gmp.y : 0.f;
@@ -460,7 +444,7 @@ __global__ void __launch_bounds__(NT, 2) ccq_fwd_kernel(const QParams p) {
   const float* mst = g ? rec(p, b, h, g - 1) + kOffM : p.m0 ? p.m0 + bh * D : nullptr;
   Acc Ks;
   if (Kst)
-    load_frag(Ks, Kst, L);
+    frag_load_f(Ks, Kst, L);
   else
     zero(Ks);
   if (tid < C) sMv[tid] = mst ? mst[tid] : 0.f;
@@ -591,8 +575,8 @@ __global__ void __launch_bounds__(NT, 2) ccq_bwd_kernel(const QParams p) {
   // K, m after the group (the scan's inclusive prefix); GK, Gm of everything after it
   const float* R0 = rec(p, b, h, g);
   Acc Kc, GK;
-  load_frag(Kc, R0 + kOffK, L);
-  load_frag(GK, R0 + kOffGK, L);
+  frag_load_f(Kc, R0 + kOffK, L);
+  frag_load_f(GK, R0 + kOffGK, L);
   if (tid < C) sMv[tid] = R0[kOffM + tid], sGm[tid] = R0[kOffGm + tid];
   auto prefetch = [&](int ci, int buf) {
     const int t0 = ci * C, n = min(C, p.T - t0);

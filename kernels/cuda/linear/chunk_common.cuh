@@ -75,6 +75,24 @@ __device__ __forceinline__ void zero(Acc& c) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) c[i][0] = c[i][1] = c[i][2] = c[i][3] = 0.f;
 }
+// An fp32 64×64 row-major tile ↔ a warp's accumulator fragments (store scaled by f).
+__device__ __forceinline__ void frag_load_f(Acc& c, const float* src, const Lane& L) {
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const float2 x = *reinterpret_cast<const float2*>(src + L.row(2 * hh) * D + L.col(nt, 0));
+      c[nt][2 * hh] = x.x, c[nt][2 * hh + 1] = x.y;
+    }
+}
+__device__ __forceinline__ void frag_store_f(float* dst, const Acc& c, const Lane& L, float f = 1.f) {
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh)
+      *reinterpret_cast<float2*>(dst + L.row(2 * hh) * D + L.col(nt, 0)) =
+          make_float2(f * c[nt][2 * hh], f * c[nt][2 * hh + 1]);
+}
 // c += A·B over k = 0..63. A_KM: A stored [k][m] (else [m][k]); B_KN: B stored [k][n] (else [n][k]).
 template <bool A_KM, bool B_KN>
 __device__ __forceinline__ void gemm(Acc& c, const bf16* A, const bf16* B, const Lane& L) {

@@ -645,30 +645,13 @@ __global__ void __launch_bounds__(NT, 1) bwd_kernel(const Params p) {
 __device__ __forceinline__ size_t chunk_off(const Params& p, size_t bh, int ci) {
   return (bh * p.nc + ci) * D * D;
 }
-// Fragment → global [64][64] (row stride 64), bf16 or fp32 (times f).
+// Fragment → global [64][64] bf16, row stride 64 (the fp32 load/store are in chunk_common.cuh).
 __device__ __forceinline__ void frag_store_bf(bf16* dst, const Acc& c, const Lane& L) {
 #pragma unroll
   for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh)
       *reinterpret_cast<uint32_t*>(dst + L.row(2 * hh) * D + L.col(nt, 0)) = pack(c[nt][2 * hh], c[nt][2 * hh + 1]);
-}
-__device__ __forceinline__ void frag_store_f(float* dst, const Acc& c, const Lane& L, float f) {
-#pragma unroll
-  for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh)
-      *reinterpret_cast<float2*>(dst + L.row(2 * hh) * D + L.col(nt, 0)) =
-          make_float2(f * c[nt][2 * hh], f * c[nt][2 * hh + 1]);
-}
-__device__ __forceinline__ void frag_load_f(Acc& c, const float* src, const Lane& L) {
-#pragma unroll
-  for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const float2 x = *reinterpret_cast<const float2*>(src + L.row(2 * hh) * D + L.col(nt, 0));
-      c[nt][2 * hh] = x.x, c[nt][2 * hh + 1] = x.y;
-    }
 }
 
 // (1) prep. Forward: M and E = (D U0)ᵀ K. Backward: M and E = scale dOᵀ Q'.
