@@ -417,8 +417,8 @@ TEST(LinearMethodsCuda, CcqMatchesCpuReference) {
   ASSERT_EQ(cudaGetDeviceCount(&devices), cudaSuccess);
   ASSERT_GT(devices, 0);
   std::mt19937_64 rng{std::random_device{}()};
-  // (the kernels take chunks in groups of 8 and scan over the groups 8 at a time: T = 1500
-  // has 3 groups, T = 4645 has 10 with a 37-token last chunk)
+  // (the kernels take chunks in groups of 16 and scan over the groups: T = 1500 has 2 groups,
+  // T = 4645 has 5 with a 37-token last chunk)
   for (const CcqCase& c : {CcqCase{2, 200, 3, 0, true}, CcqCase{1, 700, 2, 0, true}, CcqCase{2, 130, 2, 50, true},
                            CcqCase{1, 100, 2, 0, false}, CcqCase{1, 1, 2, 5, true}, CcqCase{2, 1500, 2, 0, true},
                            CcqCase{1, 4645, 1, 7, true}, CcqCase{1, 1100, 2, 3, false}}) {
@@ -439,4 +439,30 @@ TEST(LinearMethodsCuda, CcqMatchesCpuReference) {
     }
     unsetenv("LAR_CCQ_BWD");
   }
+}
+
+// The tuning settings are checked: a bad LAR_CCQ_GROUP or LAR_CCQ_BWD is an error that names
+// it, raised before anything runs.
+TEST(LinearMethodsCuda, CcqRejectsBadSettings) {
+  gl::DeltaShape s;
+  s.B = 1, s.T = 16, s.H = 1;
+  const auto message = [&](const char* var, const char* value, bool bwd) {
+    setenv(var, value, 1);
+    std::string what = "no error";
+    try {
+      if (bwd)
+        gl::ccq_bwd(s, gl::CcqInputs{}, gl::CcqStats{}, nullptr, nullptr, nullptr, nullptr, nullptr);
+      else
+        gl::ccq_fwd(s, gl::CcqInputs{}, nullptr, gl::CcqStats{}, nullptr);
+    } catch (const std::exception& e) {
+      what = e.what();
+    }
+    unsetenv(var);
+    return what;
+  };
+  for (const char* bad : {"0", "65", "8x", "many"})
+    EXPECT_NE(message("LAR_CCQ_GROUP", bad, false).find(std::string("LAR_CCQ_GROUP=") + bad + ": expected"),
+              std::string::npos)
+        << bad;
+  EXPECT_NE(message("LAR_CCQ_BWD", "fast", true).find("LAR_CCQ_BWD=fast: expected seq or par"), std::string::npos);
 }

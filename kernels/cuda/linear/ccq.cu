@@ -952,23 +952,24 @@ __global__ void __launch_bounds__(NT, 1) ccq_bwd_seq_kernel(const QParams p) {
   }
 }
 
-
 // ---------------------------------------------------------------- host side
-// Chunks per group: kGroup, or LAR_CCQ_GROUP (1..64) when set (a tuning knob for the bench).
+// LAR_CCQ_GROUP=N (chunks per group of the chunk-parallel passes, 1–64; default kGroup) and
+// LAR_CCQ_BWD=seq|par (the sequential backward, the default, or the chunk-parallel one) are
+// read at every call, so that a test can run each setting; anything else is an error.
 int group_chunks() {
-  static const int g = [] {
-    const char* e = std::getenv("LAR_CCQ_GROUP");
-    const int v = e ? std::atoi(e) : 0;
-    return v >= 1 && v <= 64 ? v : kGroup;
-  }();
-  return g;
+  const char* e = std::getenv("LAR_CCQ_GROUP");
+  if (!e || !*e) return kGroup;
+  char* end = nullptr;
+  const long v = std::strtol(e, &end, 10);
+  if (*end != '\0' || v < 1 || v > 64)
+    throw RuntimeError(std::string("LAR_CCQ_GROUP=") + e + ": expected a number of chunks from 1 to 64");
+  return static_cast<int>(v);
 }
-
-// LAR_CCQ_BWD=par selects the chunk-parallel backward (read at every call, so that a test can
-// run both); otherwise the sequential one.
 bool parallel_bwd() {
   const char* e = std::getenv("LAR_CCQ_BWD");
-  return e && std::string(e) == "par";
+  if (!e || !*e || std::string(e) == "seq") return false;
+  if (std::string(e) == "par") return true;
+  throw RuntimeError(std::string("LAR_CCQ_BWD=") + e + ": expected seq or par");
 }
 
 QParams make_qparams(const DeltaShape& s, const char* what) {
@@ -1013,6 +1014,7 @@ void ccq_fwd(const DeltaShape& s, const CcqInputs& in, __nv_bfloat16* qc, const 
 void ccq_bwd(const DeltaShape& s, const CcqInputs& in, const CcqStats& fin, const __nv_bfloat16* dqc,
              __nv_bfloat16* dq, __nv_bfloat16* dk, float* dlambda, cudaStream_t stream) {
   QParams p = make_qparams(s, "ccq_bwd");
+  const bool par = parallel_bwd();
   if (!in.q || !in.k || !in.lambda || !fin.K || !fin.m || !dqc || !dq || !dk || !dlambda)
     throw RuntimeError("ccq_bwd: q, k, lambda, the final statistics, dqc, dq, dk and dlambda are required");
   if (dq == dqc) throw RuntimeError("ccq_bwd: dq must not alias dqc");
@@ -1020,7 +1022,7 @@ void ccq_bwd(const DeltaShape& s, const CcqInputs& in, const CcqStats& fin, cons
   p.q = in.q, p.k = in.k, p.lam = in.lambda, p.K0 = in.K0, p.m0 = in.m0, p.centered = in.centered ? 1 : 0;
   p.t0 = static_cast<double>(in.t0);
   p.dqc = dqc, p.dq = dq, p.dk = dk, p.dlam = dlambda;
-  if (!parallel_bwd()) {  // default: the sequential backward, from fin
+  if (!par) {  // default: the sequential backward, from fin
     p.Kfin = fin.K, p.mfin = fin.m;
     qlaunch(ccq_bwd_seq_kernel, dim3(p.H, p.B), kQBwdSeqSmem, p, stream);
     return;
