@@ -68,11 +68,6 @@ __device__ __forceinline__ void load_rows(const QParams& p, int b, int h, int t0
     sInv[i] = 1.f / static_cast<float>(p.t0 + t0 + i + 1);
   }
 }
-// Quad (4 lanes) sum.
-__device__ __forceinline__ float quad_sum(float x) {
-  x += __shfl_xor_sync(FULL, x, 1);
-  return x + __shfl_xor_sync(FULL, x, 2);
-}
 // Column sum of a bf16 tile by thread (column tid/4, rows 4·r + tid%4), returned to the quad
 // (rows interleaved by part: a warp's 32 loads hit 16 banks, two lanes per word, no conflict).
 __device__ __forceinline__ float col_sum(const bf16* s) {
@@ -850,10 +845,8 @@ __global__ void __launch_bounds__(NT, 1) ccq_bwd_seq_kernel(const QParams p) {
         x += mm * bf(sQ, r, 16 * part + j);
         y += mm * bf(sG, r, 16 * part + j);
       }
-      x += __shfl_xor_sync(FULL, x, 1);
-      x += __shfl_xor_sync(FULL, x, 2);
-      y += __shfl_xor_sync(FULL, y, 1);
-      y += __shfl_xor_sync(FULL, y, 2);
+      x = quad_sum(x);
+      y = quad_sum(y);
       if (part == 0) sMq[r] = x, sMg[r] = y;
     }
     __syncthreads();
@@ -873,8 +866,7 @@ __global__ void __launch_bounds__(NT, 1) ccq_bwd_seq_kernel(const QParams p) {
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         float x = dl[hh];
-        x += __shfl_xor_sync(FULL, x, 1);
-        x += __shfl_xor_sync(FULL, x, 2);
+        x = quad_sum(x);
         if (L.tig == 0) sDl[L.wn * C + L.row(2 * hh)] = x;
       }
     }

@@ -88,8 +88,7 @@ __device__ __forceinline__ void carve_u(const CParams& p, const CarveU& U, const
 #pragma unroll
   for (int j = 0; j < 8; ++j)
     if (8 * part + j < p.rank) s += U.u2[j] * sH[8 * part + j];
-  s += __shfl_xor_sync(FULL, s, 1);
-  s += __shfl_xor_sync(FULL, s, 2);
+  s = quad_sum(s);
   if (part == 0) sUc[c] = s;
 }
 
@@ -302,9 +301,7 @@ __global__ void __launch_bounds__(NT, 1) cfwd_kernel(const CParams p) {
 #pragma unroll
         for (int u = 0; u < 2; ++u) {
           float x = o[nt][u] + o[nt][2 + u];
-          x += __shfl_xor_sync(FULL, x, 4);
-          x += __shfl_xor_sync(FULL, x, 8);
-          x += __shfl_xor_sync(FULL, x, 16);
+          x = col8_sum(x);
           if (L.g == 0) sColS[L.wm * C + L.col(nt, u)] = x * (p.scale / C);
         }
 #pragma unroll
@@ -658,9 +655,7 @@ __global__ void __launch_bounds__(NT, 1) cbwd_kernel(const CParams p) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         float x = colL[nt][e];
-        x += __shfl_xor_sync(FULL, x, 4);
-        x += __shfl_xor_sync(FULL, x, 8);
-        x += __shfl_xor_sync(FULL, x, 16);
+        x = col8_sum(x);
         if (L.g == 0) sColL[L.wm * C + L.col(nt, e)] = x;
       }
     if (MODE == kCarve)
@@ -669,17 +664,14 @@ __global__ void __launch_bounds__(NT, 1) cbwd_kernel(const CParams p) {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           float x = colU[nt][e];
-          x += __shfl_xor_sync(FULL, x, 4);
-          x += __shfl_xor_sync(FULL, x, 8);
-          x += __shfl_xor_sync(FULL, x, 16);
+          x = col8_sum(x);
           if (L.g == 0) sDu[L.wm * C + L.col(nt, e)] = x;
         }
     if (MODE == kKda || MODE == kCarve)
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         float x = rowB[hh];
-        x += __shfl_xor_sync(FULL, x, 1);
-        x += __shfl_xor_sync(FULL, x, 2);
+        x = quad_sum(x);
         if (L.tig == 0) sRowB[L.wn * C + L.row(2 * hh)] = x;
       }
     __syncthreads();  // every read of the tiles, sdS and Aw is done
@@ -699,9 +691,7 @@ __global__ void __launch_bounds__(NT, 1) cbwd_kernel(const CParams p) {
       for (int j = 0; j < 8; ++j) {
         aU2[j] += du * (8 * part + j < p.rank ? sH[8 * part + j] : 0.f);
         float x = cU.u2[j] * du;
-        x += __shfl_xor_sync(FULL, x, 4);
-        x += __shfl_xor_sync(FULL, x, 8);
-        x += __shfl_xor_sync(FULL, x, 16);
+        x = col8_sum(x);
         if ((tid & 31) < 4) sDhP[(tid >> 5) * 32 + 8 * part + j] = x;
       }
     }

@@ -71,6 +71,17 @@ struct Lane {
   __device__ int col(int nt, int e) const { return 32 * wn + 8 * nt + 2 * tig + (e & 1); }
 };
 using Acc = float[4][4];
+// Sums over the lanes of a fragment: quad_sum over the 4 lanes (tig) that hold one row,
+// col8_sum over the 8 lanes (g) that hold one column.
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(FULL, x, 1);
+  return x + __shfl_xor_sync(FULL, x, 2);
+}
+__device__ __forceinline__ float col8_sum(float x) {
+  x += __shfl_xor_sync(FULL, x, 4);
+  x += __shfl_xor_sync(FULL, x, 8);
+  return x + __shfl_xor_sync(FULL, x, 16);
+}
 __device__ __forceinline__ void zero(Acc& c) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) c[i][0] = c[i][1] = c[i][2] = c[i][3] = 0.f;

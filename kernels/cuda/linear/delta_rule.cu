@@ -241,10 +241,8 @@ __device__ __forceinline__ void bwd_publish_partials(const float (&rowG)[2], con
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
     float rg = rowG[hh], rb = rowB[hh];
-    rg += __shfl_xor_sync(FULL, rg, 1);
-    rg += __shfl_xor_sync(FULL, rg, 2);
-    rb += __shfl_xor_sync(FULL, rb, 1);
-    rb += __shfl_xor_sync(FULL, rb, 2);
+    rg = quad_sum(rg);
+    rb = quad_sum(rb);
     if (L.tig == 0) {
       sRowG[L.wn * C + L.row(2 * hh)] = rg;
       sRowB[L.wn * C + L.row(2 * hh)] = rb;
@@ -255,9 +253,7 @@ __device__ __forceinline__ void bwd_publish_partials(const float (&rowG)[2], con
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       float cg = colG[nt][e];
-      cg += __shfl_xor_sync(FULL, cg, 4);
-      cg += __shfl_xor_sync(FULL, cg, 8);
-      cg += __shfl_xor_sync(FULL, cg, 16);
+      cg = col8_sum(cg);
       if (L.g == 0) sColG[L.wm * C + L.col(nt, e)] = cg;
     }
 #pragma unroll
@@ -958,9 +954,7 @@ __global__ void __launch_bounds__(NT, 2) bwd_main_kernel(const Params p) {
       if (t < n) p.dv[row_off(p, b, t0 + t, h) + c] = __float2bfloat16(sB[t] * x[i]);
       // dβ_t gets Σ_c dR·v: sum over the 8 columns of this warp, then over the warps
       float r = x[i] * bf(sV, t, c);
-      r += __shfl_xor_sync(FULL, r, 4);
-      r += __shfl_xor_sync(FULL, r, 8);
-      r += __shfl_xor_sync(FULL, r, 16);
+      r = col8_sum(r);
       if (L.lane < 4) sPartB[warp * C + t] = r;
     }
   }
@@ -996,8 +990,7 @@ __global__ void __launch_bounds__(NT) decode_kernel(const Params p) {
   float sk_dot = 0.f;
 #pragma unroll
   for (int i = 0; i < 16; ++i) sk_dot += s[i] * sk[part * 16 + i];
-  sk_dot += __shfl_xor_sync(FULL, sk_dot, 1);
-  sk_dot += __shfl_xor_sync(FULL, sk_dot, 2);
+  sk_dot = quad_sum(sk_dot);
   const float u = beta * (__bfloat162float(p.v[bh * D + v]) - sk_dot);
   float od = 0.f;
 #pragma unroll
@@ -1005,8 +998,7 @@ __global__ void __launch_bounds__(NT) decode_kernel(const Params p) {
     s[i] += u * sk[part * 16 + i];
     od += s[i] * sq[part * 16 + i];
   }
-  od += __shfl_xor_sync(FULL, od, 1);
-  od += __shfl_xor_sync(FULL, od, 2);
+  od = quad_sum(od);
 #pragma unroll
   for (int i = 0; i < 4; ++i)
     reinterpret_cast<float4*>(S)[i] = make_float4(s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3]);
