@@ -650,23 +650,8 @@ __global__ void __launch_bounds__(NT, 1) cbwd_kernel(const CParams p) {
         }
     }
     // reductions: G_last column sums, dβ row sums
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        float x = colL[nt][e];
-        x = col8_sum(x);
-        if (L.g == 0) sColL[L.wm * C + L.col(nt, e)] = x;
-      }
-    if (MODE == kCarve)
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          float x = colU[nt][e];
-          x = col8_sum(x);
-          if (L.g == 0) sDu[L.wm * C + L.col(nt, e)] = x;
-        }
+    store_col_sums(colL, sColL, L);
+    if (MODE == kCarve) store_col_sums(colU, sDu, L);
     if (MODE == kKda || MODE == kCarve)
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {

@@ -82,6 +82,17 @@ __device__ __forceinline__ float col8_sum(float x) {
   x += __shfl_xor_sync(FULL, x, 8);
   return x + __shfl_xor_sync(FULL, x, 16);
 }
+// Per-column partials of a warp's fragment (col[nt][e] for column L.col(nt, e)) summed over the
+// warp's 16 rows into s[wm·C + column]: one slot per row block, summed over the 4 by the reader.
+__device__ __forceinline__ void store_col_sums(const float (&col)[4][2], float* s, const Lane& L) {
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const float x = col8_sum(col[nt][e]);
+      if (L.g == 0) s[L.wm * C + L.col(nt, e)] = x;
+    }
+}
 __device__ __forceinline__ void zero(Acc& c) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) c[i][0] = c[i][1] = c[i][2] = c[i][3] = 0.f;

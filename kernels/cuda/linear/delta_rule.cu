@@ -248,14 +248,7 @@ __device__ __forceinline__ void bwd_publish_partials(const float (&rowG)[2], con
       sRowB[L.wn * C + L.row(2 * hh)] = rb;
     }
   }
-#pragma unroll
-  for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      float cg = colG[nt][e];
-      cg = col8_sum(cg);
-      if (L.g == 0) sColG[L.wm * C + L.col(nt, e)] = cg;
-    }
+  store_col_sums(colG, sColG, L);
 #pragma unroll
   for (int o = 16; o; o >>= 1) gl += __shfl_xor_sync(FULL, gl, o);
   if (L.lane == 0) sGl[threadIdx.x >> 5] = gl;
