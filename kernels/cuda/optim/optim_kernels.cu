@@ -32,39 +32,45 @@ __device__ inline float adamw_one(float wi, float gi, float& mi, float& vi, cons
   const float denom = __fadd_rn(__fmul_rn(__fsqrt_rn(vi), s.inv_sqrt_bc2), s.eps);
   return __fsub_rn(__fmul_rn(wi, s.decay), __fmul_rn(s.step_size, __fdiv_rn(mi, denom)));
 }
+// Element i updated in place, with its bf16 mirror when there is one.
+__device__ __forceinline__ void adamw_at(float* w, const float* g, float* m, float* v, __nv_bfloat16* mirror,
+                                         int64_t i, const Backend::AdamWStep& s, float one_b1, float one_b2) {
+  float mi = m[i], vi = v[i];
+  const float wi = adamw_one(w[i], g[i], mi, vi, s, one_b1, one_b2);
+  m[i] = mi;
+  v[i] = vi;
+  w[i] = wi;
+  if (mirror) mirror[i] = __float2bfloat16_rn(wi);
+}
 
 __global__ void adamw_kernel(float* __restrict__ w, const float* __restrict__ g, float* __restrict__ m,
                              float* __restrict__ v, int64_t n, Backend::AdamWStep s, __nv_bfloat16* __restrict__ mirror) {
   const float one_b1 = __fsub_rn(1.0f, s.beta1), one_b2 = __fsub_rn(1.0f, s.beta2);
-  LAR_GRID_LOOP(i, n) {
-    float mi = m[i], vi = v[i];
-    const float wi = adamw_one(w[i], g[i], mi, vi, s, one_b1, one_b2);
-    m[i] = mi;
-    v[i] = vi;
-    w[i] = wi;
-    if (mirror) mirror[i] = __float2bfloat16_rn(wi);
-  }
+  LAR_GRID_LOOP(i, n) adamw_at(w, g, m, v, mirror, i, s, one_b1, one_b2);
 }
 
 // Four elements per thread step through 16-byte accesses (the scalar loop moved ≈ 1.9 TB/s).
 struct alignas(8) Bf16x4 {
   __nv_bfloat162 lo, hi;
 };
+// Elements 4i..4i+3 updated in place, with their bf16 mirror when there is one.
+__device__ __forceinline__ void adamw_at4(float4* w, const float4* g, float4* m, float4* v, Bf16x4* mirror, int64_t i,
+                                          const Backend::AdamWStep& s, float one_b1, float one_b2) {
+  const float4 gi = g[i];
+  float4 wi = w[i], mi = m[i], vi = v[i];
+  wi.x = adamw_one(wi.x, gi.x, mi.x, vi.x, s, one_b1, one_b2);
+  wi.y = adamw_one(wi.y, gi.y, mi.y, vi.y, s, one_b1, one_b2);
+  wi.z = adamw_one(wi.z, gi.z, mi.z, vi.z, s, one_b1, one_b2);
+  wi.w = adamw_one(wi.w, gi.w, mi.w, vi.w, s, one_b1, one_b2);
+  m[i] = mi;
+  v[i] = vi;
+  w[i] = wi;
+  if (mirror) mirror[i] = Bf16x4{__floats2bfloat162_rn(wi.x, wi.y), __floats2bfloat162_rn(wi.z, wi.w)};
+}
 __global__ void adamw_vec_kernel(float4* __restrict__ w, const float4* __restrict__ g, float4* __restrict__ m,
                                  float4* __restrict__ v, int64_t n4, Backend::AdamWStep s, Bf16x4* __restrict__ mirror) {
   const float one_b1 = __fsub_rn(1.0f, s.beta1), one_b2 = __fsub_rn(1.0f, s.beta2);
-  LAR_GRID_LOOP(i, n4) {
-    const float4 gi = g[i];
-    float4 wi = w[i], mi = m[i], vi = v[i];
-    wi.x = adamw_one(wi.x, gi.x, mi.x, vi.x, s, one_b1, one_b2);
-    wi.y = adamw_one(wi.y, gi.y, mi.y, vi.y, s, one_b1, one_b2);
-    wi.z = adamw_one(wi.z, gi.z, mi.z, vi.z, s, one_b1, one_b2);
-    wi.w = adamw_one(wi.w, gi.w, mi.w, vi.w, s, one_b1, one_b2);
-    m[i] = mi;
-    v[i] = vi;
-    w[i] = wi;
-    if (mirror) mirror[i] = Bf16x4{__floats2bfloat162_rn(wi.x, wi.y), __floats2bfloat162_rn(wi.z, wi.w)};
-  }
+  LAR_GRID_LOOP(i, n4) adamw_at4(w, g, m, v, mirror, i, s, one_b1, one_b2);
 }
 
 // The multi-tensor AdamW: up to kAdamWSegs segments per launch, kAdamWChunk elements per
@@ -104,30 +110,12 @@ __global__ void __launch_bounds__(256) adamw_multi_kernel(float* __restrict__ w,
   int64_t done = 0;
   if (al(ws, 16) && al(gs, 16) && al(ms, 16) && al(vs, 16) && (!mr || al(mr, 8))) {
     const int64_t n4 = len / 4;
-    for (int64_t i = threadIdx.x; i < n4; i += blockDim.x) {
-      const float4 gi = reinterpret_cast<const float4*>(gs)[i];
-      float4 wi = reinterpret_cast<float4*>(ws)[i], mi = reinterpret_cast<float4*>(ms)[i],
-             vi = reinterpret_cast<float4*>(vs)[i];
-      wi.x = adamw_one(wi.x, gi.x, mi.x, vi.x, s, one_b1, one_b2);
-      wi.y = adamw_one(wi.y, gi.y, mi.y, vi.y, s, one_b1, one_b2);
-      wi.z = adamw_one(wi.z, gi.z, mi.z, vi.z, s, one_b1, one_b2);
-      wi.w = adamw_one(wi.w, gi.w, mi.w, vi.w, s, one_b1, one_b2);
-      reinterpret_cast<float4*>(ms)[i] = mi;
-      reinterpret_cast<float4*>(vs)[i] = vi;
-      reinterpret_cast<float4*>(ws)[i] = wi;
-      if (mr)
-        reinterpret_cast<Bf16x4*>(mr)[i] = Bf16x4{__floats2bfloat162_rn(wi.x, wi.y), __floats2bfloat162_rn(wi.z, wi.w)};
-    }
+    for (int64_t i = threadIdx.x; i < n4; i += blockDim.x)
+      adamw_at4(reinterpret_cast<float4*>(ws), reinterpret_cast<const float4*>(gs), reinterpret_cast<float4*>(ms),
+                reinterpret_cast<float4*>(vs), reinterpret_cast<Bf16x4*>(mr), i, s, one_b1, one_b2);
     done = n4 * 4;
   }
-  for (int64_t i = done + threadIdx.x; i < len; i += blockDim.x) {
-    float mi = ms[i], vi = vs[i];
-    const float wi = adamw_one(ws[i], gs[i], mi, vi, s, one_b1, one_b2);
-    ms[i] = mi;
-    vs[i] = vi;
-    ws[i] = wi;
-    if (mr) mr[i] = __float2bfloat16_rn(wi);
-  }
+  for (int64_t i = done + threadIdx.x; i < len; i += blockDim.x) adamw_at(ws, gs, ms, vs, mr, i, s, one_b1, one_b2);
 }
 
 __global__ void momentum_kernel(const float* __restrict__ g, float* __restrict__ buf, float* __restrict__ u,
