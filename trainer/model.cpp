@@ -251,7 +251,7 @@ StepResult Model::forward(const data::Batch& batch, bool training, std::vector<i
       be_.add_rmsnorm_fwd(A.h[2 * l], y, A.h[2 * l + 1], ps.param(ly.norm2), A.xn2[l], A.rstd2[l], kNormEps);
     } else {
       be_.copy(A.h[2 * l], A.h[2 * l + 1]);
-      be_.axpy(1.0, A.mix_y, A.h[2 * l + 1]);
+      be_.axpy(1.0, y, A.h[2 * l + 1]);
       if (ly.route_p >= 0) {  // cler_h / clvr: h += side·P_lᵀ
         if (r.out.empty()) throw RuntimeError("layer " + std::to_string(l) + " publishes no side channel");
         be_.gemm(r.out, false, ps.param(ly.route_p), true, A.h[2 * l + 1], 1.0, 1.0);
