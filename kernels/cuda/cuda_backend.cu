@@ -885,6 +885,15 @@ __global__ void rope_apply_kernel(T* x, const float2* cs, I B, I Tn, I H, I D, f
   }
 }
 
+// Token tok's row of head hh of the fused qkv layout [q heads | k heads | v heads] in the
+// separate q [N, Hq, D], k and v [N, Hkv, D] tensors.
+template <class T, class I>
+__device__ inline T* qkv_part(T* q, T* k, T* v, I tok, I hh, I Hq, I Hkv, I D) {
+  if (hh < Hq) return q + (tok * Hq + hh) * D;
+  if (hh < Hq + Hkv) return k + (tok * Hkv + hh - Hq) * D;
+  return v + (tok * Hkv + hh - Hq - Hkv) * D;
+}
+
 // q/k/v split of one GEMM's qkv [N, Hq+2·Hkv, D] with RoPE on q and k (dir = +1), and
 // its transpose (dir = −1: merge dq, dk, dv into dqkv, rotating back). One thread per
 // (token, head, pair); I the index type.
@@ -894,16 +903,8 @@ __global__ void rope_qkv_kernel(T* qkv, T* q, T* k, T* v, const float2* cs, I N,
   for (I i = blockIdx.x * (I)blockDim.x + threadIdx.x; i < n; i += (I)gridDim.x * blockDim.x) {
     const I p = i % half, hh = (i / half) % H3, tok = i / (half * H3), t = tok % Tn;
     T* fused = qkv + (tok * H3 + hh) * D;
-    T* part;
-    bool rotate = true;
-    if (hh < Hq) {
-      part = q + (tok * Hq + hh) * D;
-    } else if (hh < Hq + Hkv) {
-      part = k + (tok * Hkv + hh - Hq) * D;
-    } else {
-      part = v + (tok * Hkv + hh - Hq - Hkv) * D;
-      rotate = false;
-    }
+    const bool rotate = hh < Hq + Hkv;  // q and k; v is copied as is
+    T* part = qkv_part(q, k, v, tok, hh, Hq, Hkv, D);
     const T* src = DIR > 0 ? fused : part;
     T* dst = DIR > 0 ? part : fused;
     const float a = ldf(src + p), b = ldf(src + p + half);
@@ -965,16 +966,8 @@ __global__ void rope_qkv_vec_kernel(T* qkv, T* q, T* k, T* v, const float2* cs, 
   for (I i = blockIdx.x * (I)blockDim.x + threadIdx.x; i < n; i += (I)gridDim.x * blockDim.x) {
     const I p = (i % hv) * W, hh = (i / hv) % H3, tok = i / (hv * H3), t = tok % Tn;
     T* fused = qkv + (tok * H3 + hh) * D;
-    T* part;
-    bool rotate = true;
-    if (hh < Hq) {
-      part = q + (tok * Hq + hh) * D;
-    } else if (hh < Hq + Hkv) {
-      part = k + (tok * Hkv + hh - Hq) * D;
-    } else {
-      part = v + (tok * Hkv + hh - Hq - Hkv) * D;
-      rotate = false;
-    }
+    const bool rotate = hh < Hq + Hkv;  // q and k; v is copied as is
+    T* part = qkv_part(q, k, v, tok, hh, Hq, Hkv, D);
     const T* src = DIR > 0 ? fused : part;
     T* dst = DIR > 0 ? part : fused;
     float a[W], b[W];
