@@ -4,7 +4,7 @@
 // Per chunk of n ≤ 64 tokens with start state S0 [dv×dk], G the in-chunk cumulative log-gate,
 // M[t,j] = exp(G_t − G_j) (t ≥ j; every exponent ≤ 0), e = β k, z = β v:
 //   Aw = (K Kᵀ ∘ M) strictly lower;  A = diag(β) Aw
-//   X  = V − diag(e^G) K S0ᵀ;         (I + A) U = diag(β) X     (forward substitution, fp32)
+//   X  = V − diag(e^G) K S0ᵀ;         (I + A) U = diag(β) X     (U = T⁻¹ β X, T = I + A)
 //   P  = (Q Kᵀ ∘ M) lower;            O = scale (diag(e^G) Q S0ᵀ + P U)
 //   S_end = e^{G_last} S0 + (diag(e^{G_last − G}) U)ᵀ K
 // Padded rows of a partial last chunk load as zeros with g = β = 0, which makes every one of
@@ -13,7 +13,9 @@
 // Every product is a 64×64 (×64) GEMM: 8 warps, warp (wm, wn) owns rows 16·wm.., columns
 // 32·wn.. of the output; operands are bf16 tiles in shared memory (row stride 72 elements,
 // conflict-free ldmatrix), transposed operands through ldmatrix.trans. The fused forward runs
-// two such 8-warp groups per CTA on different products (fwd_kernel).
+// two such 8-warp groups per CTA on different products (fwd_kernel). The fused kernels build T⁻¹
+// per chunk on tensor cores and apply it by GEMM ("T⁻¹ on tensor cores"); the two-phase path's
+// kernels solve by fp32 forward substitution (chunk_common.cuh).
 //
 // Two implementations, chosen per pass from the shape (use_two_phase): the fused kernels (one
 // CTA per (b, h) walks the chunks with the state in registers; best when B·H fills the GPU)
@@ -293,18 +295,185 @@ __device__ __forceinline__ void bwd_write_dg_dbeta(const Params& p, const float*
   }
 }
 
+// ---------------------------------------------------------------- T⁻¹ on tensor cores
+// The fused kernels' triangular solves (U = T⁻¹ diag(β) X, and the backward's dR = T⁻ᵀ dU, with
+// T = I + diag(β) Aw) as GEMMs with T⁻¹ built once per chunk: the 16×16 diagonal blocks are
+// inverted by substitution (one warp each), the blocks below them merged with mma (fla's
+// structure). A product that must stay fp32-accurate takes its operands split into bf16 hi + lo
+// (x ≈ hi + lo to ≈ 2⁻¹⁶ relative) and sums hi·hi + hi·lo + lo·hi in fp32: the merge always, the
+// forward's U = T⁻¹ β X too (o within 5e-3 needs it); the backward applies T⁻¹ from bf16 (hi)
+// operands, which the gradients' 1e-2 allows (H200: ≤ 4.5e-3 vs ≤ 3.9e-3 split, 3% faster).
+__device__ __forceinline__ void split_bf(float x, float y, uint32_t& hi, uint32_t& lo) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
+  const float2 f = __bfloat1622float2(h);
+  hi = *reinterpret_cast<const uint32_t*>(&h);
+  lo = pack(x - f.x, y - f.y);
+}
+// Fragment → hi and lo bf16 tiles (f(value, row, col) gives the stored value).
+template <class F>
+__device__ __forceinline__ void store_split(bf16* H, bf16* Lo, const Acc& c, const Lane& L, F f) {
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = L.row(2 * h), cc = L.col(nt, 0);
+      uint32_t hi, lo;
+      split_bf(f(c[nt][2 * h], r, cc), f(c[nt][2 * h + 1], r, cc + 1), hi, lo);
+      *reinterpret_cast<uint32_t*>(H + r * LD + cc) = hi;
+      *reinterpret_cast<uint32_t*>(Lo + r * LD + cc) = lo;
+    }
+}
+// ldmatrix addresses of gemm's operand fragments (k-step kk; B's 16 columns from n0).
+template <bool A_KM>
+__device__ __forceinline__ const bf16* a_frag_addr(const bf16* A, int wm, int kk, int lane) {
+  return A_KM ? A + (16 * kk + (lane & 7) + ((lane >> 4) << 3)) * LD + 16 * wm + ((lane >> 3) & 1) * 8
+              : A + (16 * wm + (lane & 15)) * LD + 16 * kk + (lane >> 4) * 8;
+}
+template <bool B_KN>
+__device__ __forceinline__ const bf16* b_frag_addr(const bf16* B, int n0, int kk, int lane) {
+  return B_KN ? B + (16 * kk + (lane & 7) + (((lane >> 3) & 1) << 3)) * LD + n0 + (lane >> 4) * 8
+              : B + (n0 + (lane & 7) + ((lane >> 4) << 3)) * LD + 16 * kk + ((lane >> 3) & 1) * 8;
+}
+template <bool TRANS>
+__device__ __forceinline__ void ldsm(uint32_t (&r)[4], const bf16* p) {
+  if (TRANS)
+    ldsm_x4_t(r, p);
+  else
+    ldsm_x4(r, p);
+}
+// c += A·B like gemm, A and B given as hi/lo tile pairs (kSplit: Ah·Bh + Ah·Bl + Al·Bh; else
+// Ah·Bh), over the k-steps k_lo ≤ kk ≤ k_hi only (the other blocks of a triangular operand are 0).
+template <bool A_KM, bool B_KN, bool kSplit>
+__device__ __forceinline__ void gemm_split(Acc& c, const bf16* Ah, const bf16* Al, const bf16* Bh, const bf16* Bl,
+                                           const Lane& L, int k_lo, int k_hi) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    if (kk < k_lo || kk > k_hi) continue;  // warp-uniform
+    uint32_t ah[4], al[4];
+    ldsm<A_KM>(ah, a_frag_addr<A_KM>(Ah, L.wm, kk, L.lane));
+    if (kSplit) ldsm<A_KM>(al, a_frag_addr<A_KM>(Al, L.wm, kk, L.lane));
+#pragma unroll
+    for (int nn = 0; nn < 2; ++nn) {
+      const int n0 = 32 * L.wn + 16 * nn;
+      uint32_t bh[4], bl[4];
+      ldsm<B_KN>(bh, b_frag_addr<B_KN>(Bh, n0, kk, L.lane));
+      mma(c[2 * nn], ah, bh[0], bh[1]);
+      mma(c[2 * nn + 1], ah, bh[2], bh[3]);
+      if (kSplit) {
+        ldsm<B_KN>(bl, b_frag_addr<B_KN>(Bl, n0, kk, L.lane));
+        mma(c[2 * nn], ah, bl[0], bl[1]);
+        mma(c[2 * nn + 1], ah, bl[2], bl[3]);
+        mma(c[2 * nn], al, bh[0], bh[1]);
+        mma(c[2 * nn + 1], al, bh[2], bh[3]);
+      }
+    }
+  }
+}
+// Diagonal block i of T⁻¹ = (I + diag(β) Aw)⁻¹ (16×16, unit lower) by forward substitution,
+// one warp: lane c < 16 solves column c (lanes 16..31 repeat it); hi/lo into TiH/TiL, zeros
+// above the diagonal included. The Aw reads are the same address across the warp (broadcast).
+__device__ __forceinline__ void diag_inverse16(const float* sAw, const float* sB, bf16* TiH, bf16* TiL, int i,
+                                               int lane) {
+  const int r0 = 16 * i, c = lane & 15;
+  float x[16];
+#pragma unroll
+  for (int r = 0; r < 16; ++r) {
+    float s = 0.f;
+#pragma unroll
+    for (int kq = 0; kq < (r + 3) / 4; ++kq) {
+      const float4 a = *reinterpret_cast<const float4*>(sAw + (r0 + r) * LDF + r0 + 4 * kq);
+      const float av[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        if (4 * kq + j < r) s = fmaf(av[j], x[4 * kq + j], s);
+    }
+    x[r] = (r == c ? 1.f : 0.f) - sB[r0 + r] * s;
+  }
+  if (lane < 16)
+#pragma unroll
+    for (int r = 0; r < 16; ++r) {
+      const bf16 h = __float2bfloat16(x[r]);
+      TiH[(r0 + r) * LD + r0 + c] = h;
+      TiL[(r0 + r) * LD + r0 + c] = __float2bfloat16(x[r] - __bfloat162float(h));
+    }
+}
+// Named barriers (0 is __syncthreads); the merge takes two consecutive ids from bar0.
+__device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void bar_arrive(int id, int n) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+// Block row I (1..3) of T⁻¹ below the diagonal, by warp I, after every diagonal block is in
+// TiH/TiL: with Y = −Ti_II L_I,<I (L = diag(β) Aw), Ti_Ij = Σ_{k=j}^{I−1} Y_Ik Ti_kj for
+// j = I−1 down to 0 (step s = I − j). Step s needs Ti_kj of rows k < I from steps < s of the
+// warps below, so a named barrier among the warps still merging separates the steps (warp s
+// arrives after its last step; warps > s wait). Warps 1..3 of their group must be warps 1..3
+// of a 4-aligned set (the barrier counts whole warps).
+template <int I>
+__device__ __forceinline__ void merge_row(const float* sAw, const float* sB, bf16* TiH, bf16* TiL, int lane,
+                                          int bar0) {
+  const int g = lane >> 2, tig = lane & 3, r0 = 16 * I;
+  uint32_t ah[4], al[4];
+  ldsm_x4(ah, TiH + (r0 + (lane & 15)) * LD + r0 + (lane >> 4) * 8);
+  ldsm_x4(al, TiL + (r0 + (lane & 15)) * LD + r0 + (lane >> 4) * 8);
+  const float b0 = sB[r0 + 2 * tig], b1 = sB[r0 + 2 * tig + 1], b8 = sB[r0 + 2 * tig + 8], b9 = sB[r0 + 2 * tig + 9];
+  float y[2 * I][4];
+#pragma unroll
+  for (int nt = 0; nt < 2 * I; ++nt) {
+    const int n = 8 * nt + g;
+    y[nt][0] = y[nt][1] = y[nt][2] = y[nt][3] = 0.f;
+    uint32_t bh0, bl0, bh1, bl1;  // B[k][n] = L[r0 + k][n]: k = 2tig, 2tig+1 | 2tig+8, 2tig+9
+    split_bf(b0 * sAw[(r0 + 2 * tig) * LDF + n], b1 * sAw[(r0 + 2 * tig + 1) * LDF + n], bh0, bl0);
+    split_bf(b8 * sAw[(r0 + 2 * tig + 8) * LDF + n], b9 * sAw[(r0 + 2 * tig + 9) * LDF + n], bh1, bl1);
+    mma(y[nt], ah, bh0, bh1);
+    mma(y[nt], ah, bl0, bl1);
+    mma(y[nt], al, bh0, bh1);
+  }
+  uint32_t yh[I][4], yl[I][4];  // −Y as A fragments, k-block kb = n-tiles 2kb, 2kb+1
+#pragma unroll
+  for (int kb = 0; kb < I; ++kb) {
+    split_bf(-y[2 * kb][0], -y[2 * kb][1], yh[kb][0], yl[kb][0]);
+    split_bf(-y[2 * kb][2], -y[2 * kb][3], yh[kb][1], yl[kb][1]);
+    split_bf(-y[2 * kb + 1][0], -y[2 * kb + 1][1], yh[kb][2], yl[kb][2]);
+    split_bf(-y[2 * kb + 1][2], -y[2 * kb + 1][3], yh[kb][3], yl[kb][3]);
+  }
+#pragma unroll
+  for (int s = 1; s <= I; ++s) {
+    const int j = I - s;
+    float o[2][4] = {};
+#pragma unroll
+    for (int kb = j; kb < I; ++kb) {
+      uint32_t bh[4], bl[4];
+      const int off = (16 * kb + (lane & 7) + (((lane >> 3) & 1) << 3)) * LD + 16 * j + (lane >> 4) * 8;
+      ldsm_x4_t(bh, TiH + off);
+      ldsm_x4_t(bl, TiL + off);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        mma(o[h], yh[kb], bh[2 * h], bh[2 * h + 1]);
+        mma(o[h], yh[kb], bl[2 * h], bl[2 * h + 1]);
+        mma(o[h], yl[kb], bh[2 * h], bh[2 * h + 1]);
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int r = r0 + g + 8 * hh, cc = 16 * j + 8 * h + 2 * tig;
+        uint32_t hi, lo;
+        split_bf(o[h][2 * hh], o[h][2 * hh + 1], hi, lo);
+        *reinterpret_cast<uint32_t*>(TiH + r * LD + cc) = hi;
+        *reinterpret_cast<uint32_t*>(TiL + r * LD + cc) = lo;
+      }
+    if (s < 3) {
+      if (I > s)
+        bar_sync(bar0 + s - 1, 32 * (4 - s));
+      else
+        bar_arrive(bar0 + s - 1, 32 * (4 - s));
+    }
+  }
+}
+
 // ---------------------------------------------------------------- forward
-// One CTA of two 8-warp groups (512 threads, ≤ 128 registers) per (b, h). The state-independent
-// products of the NEXT chunk (P and Aw need only its q, k and gates) are built by group A while
-// group B runs this chunk's solve, so the per-chunk chain is one GEMM, the solve and one GEMM:
-//   phase 1  A: o = e^G Q S0ᵀ                          B: X = V − e^G K S0ᵀ, the 4×4 block inverses
-//   phase 2  A: P, Aw of chunk c+1; the start state out  B: U = T⁻¹ diag(β) X, Û = e^{G_last − G} U
-//   phase 3  A: o += P U, stored                        B: S ← e^{G_last} S + Ûᵀ K
-// q, k, v are loaded two chunks ahead (3 buffers, by group B only), the gates published one
-// chunk ahead (2 slots). The solve runs on 4 of B's warps with two columns per thread
-// (subst_fwd_blk2: each float4 of Aw serves two columns, half the shared-memory reads).
 constexpr int NT2 = 2 * NT;
-constexpr size_t kFwdSmem = (14 * TILE) * sizeof(bf16) + (3 * TILEF + 4 * C + 256) * sizeof(float);
 
 // Barrier of group B (warps 8..15; id 2, 256 threads; 0 is __syncthreads).
 __device__ __forceinline__ void group_b_sync() { asm volatile("bar.sync 2, %0;\n" ::"n"(NT) : "memory"); }
@@ -319,6 +488,20 @@ __device__ __forceinline__ void load_tile_b(bf16* s, const bf16* gsrc, size_t st
   }
 }
 
+// One CTA of two 8-warp groups (512 threads, ≤ 128 registers) per (b, h), software-pipelined
+// across chunks. The state-independent terms of the NEXT chunk (P, Aw and T⁻¹ need only its q, k
+// and gates) are built by group A while group B runs this chunk, so B's chain per chunk is three
+// GEMMs:
+//   phase 1  A: o = e^G Q S0ᵀ; the start state out;     B: X = V − e^G K S0ᵀ → β X (hi/lo),
+//              P, Aw, T⁻¹ of chunk c+1                      U = T⁻¹ β X, Û = e^{G_last − G} U
+//   phase 2  A: o += P U, stored                        B: S ← e^{G_last} S + Ûᵀ K
+// q, k, v are loaded two chunks ahead (3 buffers, by group B only), the gates published one
+// chunk ahead (2 slots), P and T⁻¹ double-buffered. Barrier ids: 2 group B, 3 group A, 4–5 the
+// merge (group A's warps 1..3).
+constexpr size_t kFwdSmem = 20 * TILE * sizeof(bf16) + (TILEF + 4 * C) * sizeof(float);
+
+__device__ __forceinline__ void group_a_sync() { asm volatile("bar.sync 3, %0;\n" ::"n"(NT) : "memory"); }
+
 __global__ void __launch_bounds__(NT2, 1) fwd_kernel(const Params p) {
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* sQ = reinterpret_cast<bf16*>(smem);  // [3] each
@@ -327,12 +510,14 @@ __global__ void __launch_bounds__(NT2, 1) fwd_kernel(const Params p) {
   bf16* sS = sV + 3 * TILE;
   bf16* sU = sS + TILE;
   bf16* sUh = sU + TILE;
-  bf16* sP = sUh + TILE;                                 // [2]
-  float* sAw = reinterpret_cast<float*>(sP + 2 * TILE);  // [2]
-  float* sX = sAw + 2 * TILEF;
-  float* sG = sX + TILEF;   // [2][C]
+  bf16* sP = sUh + TILE;    // [2]
+  bf16* sTiH = sP + 2 * TILE;  // [2]
+  bf16* sTiL = sTiH + 2 * TILE;  // [2]
+  bf16* sXH = sTiL + 2 * TILE;
+  bf16* sXL = sXH + TILE;
+  float* sAw = reinterpret_cast<float*>(sXL + TILE);  // group A only
+  float* sG = sAw + TILEF;  // [2][C]
   float* sB = sG + 2 * C;   // [2][C]
-  float* sNf = sB + 2 * C;  // [16][16] the diagonal blocks' inverses (diag_block_inverse)
   const int tid = threadIdx.x, warp = tid >> 5;
   const bool grpA = warp < 8;
   const Lane L(warp & 7);
@@ -347,9 +532,12 @@ __global__ void __launch_bounds__(NT2, 1) fwd_kernel(const Params p) {
       for (int e = 0; e < 4; ++e)
         keep[nt][e] = p.S0 ? p.S0[bh * D * D + L.row(e) * D + L.col(nt, e)] : 0.f;
     store_bf(sS, keep, L, [](float x, int, int) { return x; });
+  } else {
+    for (int i = tid; i < 2 * C * C; i += NT) {  // T⁻¹'s blocks above the diagonal stay 0
+      const int s = i >> 12, r = (i >> 6) & 63, c = i & 63;
+      if ((c >> 4) > (r >> 4)) sTiH[s * TILE + r * LD + c] = sTiL[s * TILE + r * LD + c] = __float2bfloat16(0.f);
+    }
   }
-  // Only group B loads: a buffer is refilled after B's last read of it (its Ûᵀ K, then a group-B
-  // barrier) without a barrier of the whole CTA at the end of the chunk (A reads no tile in phase 3).
   auto prefetch = [&](int ci) {
     if (ci < p.nc && !grpA) {
       const int t0 = ci * C, n = min(C, p.T - t0), buf = ci % 3;
@@ -360,18 +548,26 @@ __global__ void __launch_bounds__(NT2, 1) fwd_kernel(const Params p) {
     cp_async_commit();
   };
   auto gates = [&](int ci) { return fetch_gates(p, b, h, ci * C, min(C, p.T - ci * C)); };
-  // Group A: P and Aw of chunk ci (its tiles and gates in place).
+  // Group A: P, Aw and T⁻¹ of chunk ci (its tiles and gates in place).
   auto local_terms = [&](int ci) {
     const bf16 *Q = sQ + (ci % 3) * TILE, *K = sK + (ci % 3) * TILE;
-    const float* G = sG + (ci & 1) * C;
+    const float *G = sG + (ci & 1) * C, *Bt = sB + (ci & 1) * C;
+    bf16 *TiH = sTiH + (ci & 1) * TILE, *TiL = sTiL + (ci & 1) * TILE;
     Acc a, a2;
     zero(a);
     zero(a2);
     gemm2<false, false, false, false>(a, Q, K, a2, K, K, L);  // Q Kᵀ, K Kᵀ
     store_bf(sP + (ci & 1) * TILE, a, L,
              [&](float x, int t, int j) { return t >= j ? x * __expf(G[t] - G[j]) : 0.f; });
-    store_f(sAw + (ci & 1) * TILEF, a2, L,
-            [&](float x, int t, int j) { return t > j ? x * __expf(G[t] - G[j]) : 0.f; });
+    store_f(sAw, a2, L, [&](float x, int t, int j) { return t > j ? x * __expf(G[t] - G[j]) : 0.f; });
+    if (L.wn == (L.wm >> 1)) {  // this warp holds the diagonal block wm of Aw
+      __syncwarp();
+      diag_inverse16(sAw, Bt, TiH, TiL, L.wm, L.lane);
+    }
+    group_a_sync();
+    if (warp == 1) merge_row<1>(sAw, Bt, TiH, TiL, L.lane, 4);
+    if (warp == 2) merge_row<2>(sAw, Bt, TiH, TiL, L.lane, 4);
+    if (warp == 3) merge_row<3>(sAw, Bt, TiH, TiL, L.lane, 4);
   };
   prefetch(0);
   prefetch(1);
@@ -388,7 +584,7 @@ __global__ void __launch_bounds__(NT2, 1) fwd_kernel(const Params p) {
     if (ci + 1 < p.nc) publish_gates(gr, sG + (sl ^ 1) * C, sB + (sl ^ 1) * C);
     if (ci + 2 < p.nc) gr = gates(ci + 2);
     cp_async_wait<1>();
-    __syncthreads();  // (A) chunk ci+1's tiles and gates, chunk ci's P and Aw, the bf16 state
+    __syncthreads();  // (A) chunk ci+1's tiles and gates, chunk ci's P and T⁻¹, the bf16 state
     const bf16 *Q = sQ + buf * TILE, *K = sK + buf * TILE, *V = sV + buf * TILE;
     const float *G = sG + sl * C, *Bt = sB + sl * C;
     const float Gl = G[C - 1];
@@ -411,26 +607,12 @@ __global__ void __launch_bounds__(NT2, 1) fwd_kernel(const Params p) {
       Acc x;
       zero(x);
       gemm<false, false>(x, K, sS, L);  // K S0ᵀ
-      store_f(sX, x, L, [&](float v, int t, int c) { return bf(V, t, c) - __expf(G[t]) * v; });
-      if (tid - NT < 16) diag_block_inverse(sAw + sl * TILEF, Bt, sNf, tid - NT);
+      store_split(sXH, sXL, x, L, [&](float v, int t, int c) { return Bt[t] * (bf(V, t, c) - __expf(G[t]) * v); });
       group_b_sync();
-      const int tb = tid - NT, c = 2 * (tb >> 2), pp = tb & 3;
-      if (tb < NT / 2) {  // warps 8..11: columns c, c+1
-        float u0[16], u1[16];
-#pragma unroll
-        for (int i = 0; i < 16; ++i) {
-          const float2 v = *reinterpret_cast<const float2*>(sX + (4 * i + pp) * LDF + c);
-          u0[i] = v.x, u1[i] = v.y;
-        }
-        subst_fwd_blk2(sAw + sl * TILEF, sNf, u0, u1);
-#pragma unroll
-        for (int i = 0; i < 16; ++i) {
-          const int t = 4 * i + pp;
-          const float f = __expf(Gl - G[t]);
-          *reinterpret_cast<uint32_t*>(sU + t * LD + c) = pack(u0[i], u1[i]);
-          *reinterpret_cast<uint32_t*>(sUh + t * LD + c) = pack(u0[i] * f, u1[i] * f);
-        }
-      }
+      zero(x);
+      gemm_split<false, true, true>(x, sTiH + sl * TILE, sTiL + sl * TILE, sXH, sXL, L, 0, L.wm);  // U = T⁻¹ β X
+      store_bf(sU, x, L, [](float v, int, int) { return v; });
+      store_bf(sUh, x, L, [&](float v, int t, int) { return v * __expf(Gl - G[t]); });
     }
     __syncthreads();  // (C)
     if (grpA) {
@@ -443,8 +625,8 @@ __global__ void __launch_bounds__(NT2, 1) fwd_kernel(const Params p) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) keep[nt][e] *= el;
       gemm<true, true>(keep, sUh, K, L);  // + Ûᵀ K
-      group_b_sync();  // every group-B read of K is done before a group-B thread refills its buffer
-      // Every read of sS (phases 1–2) is behind barrier (C); the next chunk's (A) publishes it.
+      group_b_sync();  // every group-B read of K (and of βX) is done before a group-B thread refills it
+      // Every read of sS (phase 1) is behind barrier (C); the next chunk's (A) publishes it.
       store_bf(sS, keep, L, [](float x, int, int) { return x; });
     }
   }
@@ -457,10 +639,18 @@ __global__ void __launch_bounds__(NT2, 1) fwd_kernel(const Params p) {
 }
 
 // ---------------------------------------------------------------- backward
-// Shared memory: 2×(Q K V dO S0) (the next chunk loads while this one computes), dS P U dR
-// dQK dKK Q̃ K̃ (bf16), Aw, X/dU/dR, Awᵀ (fp32), G, β, partial sums.
-constexpr int kBwdTiles = 18;
-constexpr size_t kBwdSmem = kBwdTiles * TILE * sizeof(bf16) + (3 * TILEF + 2 * C + 2 * C + 2 * C + 4 * C + 8) * sizeof(float);
+// One CTA of 8 warps per (b, h) walks the chunks from the last, with the state gradient dS in
+// registers and the next chunk's tiles loading (cp.async) while this one computes. Per chunk:
+//   P0  tiles in
+//   A   K Kᵀ → Aw (fp32), Q Kᵀ → P; the 4 warps owning a diagonal block of Aw invert it;
+//       X = V − e^G K S0ᵀ → β X (bf16); Q̃, K̃
+//   P1  B   warps 1..3 merge T⁻¹'s blocks below the diagonal; every warp:
+//           dU = e^{G_last − G} K dSᵀ + scale Pᵀ dO (bf16)
+//   P2  C   U = T⁻¹ β X (bf16 tile), dR = T⁻ᵀ dU (dv and dβ's v-term from its registers)
+//   P3  dKK, dQK;  P4  dq, dk, the dS update;  P5  dg, dβ.
+// Shared memory: 2×(Q K V dO S0), dS P U dR dQK dKK Q̃ K̃ T⁻¹(hi, lo) βX (bf16; dU in dQK's tile),
+// Aw (fp32), G, β, partial sums.
+constexpr size_t kBwdSmem = 21 * TILE * sizeof(bf16) + (TILEF + 10 * C + 8) * sizeof(float);
 
 __global__ void __launch_bounds__(NT, 1) bwd_kernel(const Params p) {
   extern __shared__ __align__(128) unsigned char smem[];
@@ -473,12 +663,14 @@ __global__ void __launch_bounds__(NT, 1) bwd_kernel(const Params p) {
   bf16* sdKK = sdQK + TILE;
   bf16* sQt = sdKK + TILE;
   bf16* sKt = sQt + TILE;
-  float* sAw = reinterpret_cast<float*>(sKt + TILE);
-  float* sX = sAw + TILEF;
-  float* sAwT = sX + TILEF;
-  float* sG = sAwT + TILEF;
+  bf16* sTiH = sKt + TILE;
+  bf16* sTiL = sTiH + TILE;
+  bf16* sX = sTiL + TILE;  // β X
+  bf16* sdU = sdQK;        // dU lives from phase B to C; dQK is written after P3
+  float* sAw = reinterpret_cast<float*>(sX + TILE);
+  float* sG = sAw + TILEF;
   float* sB = sG + C;
-  float* sRowG = sB + C;     // [2][C] per wn
+  float* sRowG = sB + C;         // [2][C] per wn
   float* sRowB = sRowG + 2 * C;  // [2][C]
   float* sColG = sRowB + 2 * C;  // [4][C] per wm
   float* sGl = sColG + 4 * C;    // [8] per warp
@@ -494,6 +686,11 @@ __global__ void __launch_bounds__(NT, 1) bwd_kernel(const Params p) {
     for (int e = 0; e < 4; ++e)
       dS[nt][e] = p.dST ? p.dST[bh * D * D + L.row(e) * D + L.col(nt, e)] : 0.f;
   store_bf(sdS, dS, L, [](float x, int, int) { return x; });
+  // T⁻¹'s blocks above the diagonal stay 0 (the GEMMs skip them; zeroed for safety)
+  for (int i = tid; i < C * C; i += NT) {
+    const int r = i >> 6, c = i & 63;
+    if ((c >> 4) > (r >> 4)) sTiH[r * LD + c] = sTiL[r * LD + c] = __float2bfloat16(0.f);
+  }
 
   auto prefetch = [&](int ci) {
     const int t0 = ci * C, n = min(C, p.T - t0);
@@ -526,11 +723,7 @@ __global__ void __launch_bounds__(NT, 1) bwd_kernel(const Params p) {
       zero(a);
       zero(pf);
       gemm2<false, false, false, false>(a, sK, sK, pf, sQ, sK, L);  // K Kᵀ, Q Kᵀ
-      store_f(sAw, a, L, [&](float x, int t, int j) {
-        const float y = t > j ? x * __expf(sG[t] - sG[j]) : 0.f;
-        sAwT[j * LDF + t] = y;
-        return y;
-      });
+      store_f(sAw, a, L, [&](float x, int t, int j) { return t > j ? x * __expf(sG[t] - sG[j]) : 0.f; });
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
@@ -539,9 +732,13 @@ __global__ void __launch_bounds__(NT, 1) bwd_kernel(const Params p) {
           pf[nt][e] = t >= j ? pf[nt][e] * __expf(sG[t] - sG[j]) : 0.f;
         }
       store_bf(sP, pf, L, [](float x, int, int) { return x; });
+      if (L.wn == (L.wm >> 1)) {  // this warp holds the diagonal block wm of Aw
+        __syncwarp();
+        diag_inverse16(sAw, sB, sTiH, sTiL, L.wm, L.lane);
+      }
       zero(a);
-      gemm<false, false>(a, sK, sS0, L);
-      store_f(sX, a, L, [&](float x, int t, int c) { return bf(sV, t, c) - __expf(sG[t]) * x; });
+      gemm<false, false>(a, sK, sS0, L);  // K S0ᵀ
+      store_bf(sX, a, L, [&](float x, int t, int c) { return sB[t] * (bf(sV, t, c) - __expf(sG[t]) * x); });
       // Q̃ = e^G q, K̃ = β e^G k (operands of the dS update)
       for (int i = tid; i < C * D / 2; i += NT) {
         const int t = i >> 5, c = (i & 31) * 2;
@@ -551,44 +748,46 @@ __global__ void __launch_bounds__(NT, 1) bwd_kernel(const Params p) {
       }
     }
     __syncthreads();  // P1
+    if (warp == 1) merge_row<1>(sAw, sB, sTiH, sTiL, L.lane, 1);
+    if (warp == 2) merge_row<2>(sAw, sB, sTiH, sTiL, L.lane, 1);
+    if (warp == 3) merge_row<3>(sAw, sB, sTiH, sTiL, L.lane, 1);
     {
-      float x[16];
-      subst_fwd(sAw, sX, sB, x);
-      const int c = tid >> 2, pp = tid & 3;
+      Acc a, c2;  // dU
+      zero(a);
+      zero(c2);
+      gemm2<false, false, true, true>(a, sK, sdS, c2, sP, sdO, L);  // K dSᵀ, Pᵀ dO
 #pragma unroll
-      for (int i = 0; i < 16; ++i) sU[(4 * i + pp) * LD + c] = __float2bfloat16(x[i]);
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) a[nt][e] = a[nt][e] * __expf(Gl - sG[L.row(e)]) + scale * c2[nt][e];
+      store_bf(sdU, a, L, [](float x, int, int) { return x; });
     }
     __syncthreads();  // P2
-    bwd_du(sK, sdS, sP, sdO, sG, Gl, scale, sX, L);
-    __syncthreads();  // P3
     {
-      float x[16];
-      const int c = tid >> 2, pp = tid & 3;
+      Acc u, r;
+      zero(u);
+      zero(r);
+      gemm_split<false, true, false>(u, sTiH, nullptr, sX, nullptr, L, 0, L.wm);    // T⁻¹ β X (lower: kk ≤ wm)
+      gemm_split<true, true, false>(r, sTiH, nullptr, sdU, nullptr, L, L.wm, 3);  // T⁻ᵀ dU (upper: kk ≥ wm)
+      store_bf(sU, u, L, [](float x, int, int) { return x; });
+      store_bf(sdR, r, L, [](float x, int, int) { return x; });
+      // dv = β dR, dβ += Σ dR·v
 #pragma unroll
-      for (int i = 0; i < 16; ++i) x[i] = sX[(4 * i + pp) * LDF + c];
-      subst_bwd(sAwT, sB, x);
+      for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
-      for (int i = 0; i < 16; ++i) {
-        sX[(4 * i + pp) * LDF + c] = x[i];
-        sdR[(4 * i + pp) * LD + c] = __float2bfloat16(x[i]);
-      }
+        for (int hh = 0; hh < 2; ++hh) {
+          const int t = L.row(2 * hh), c = L.col(nt, 0);
+          const float r0 = r[nt][2 * hh], r1 = r[nt][2 * hh + 1];
+          rowB[hh] += r0 * bf(sV, t, c) + r1 * bf(sV, t, c + 1);
+          if (t < n)
+            *reinterpret_cast<uint32_t*>(p.dv + row_off(p, b, t0 + t, h) + c) = pack(sB[t] * r0, sB[t] * r1);
+        }
     }
-    __syncthreads();  // P4
+    __syncthreads();  // P3
     bwd_dkk_dqk(sdR, sU, sdO, sG, sB, sAw, pf, scale, rowB, rowG, colG, sdKK, sdQK, L);
-    __syncthreads();  // P5
+    __syncthreads();  // P4
     bwd_dq(p, sdQK, sK, sdO, sS0, sQ, sG, b, h, t0, n, rowG, L);
     bwd_dk<false>(p, sdQK, sQ, sU, sdS, sdKK, sK, sdR, sS0, sG, sB, Gl, el, b, h, t0, n, gl, rowG, rowB, L);
-    // dv = β dR, dβ += Σ dR·v
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int t = L.row(2 * hh), c = L.col(nt, 0);
-        const float2 r = *reinterpret_cast<const float2*>(sX + t * LDF + c);
-        rowB[hh] += r.x * bf(sV, t, c) + r.y * bf(sV, t, c + 1);
-        if (t < n)
-          *reinterpret_cast<uint32_t*>(p.dv + row_off(p, b, t0 + t, h) + c) = pack(sB[t] * r.x, sB[t] * r.y);
-      }
     {
       Acc a, c2;  // dS at the chunk start
       zero(a);
@@ -604,7 +803,7 @@ __global__ void __launch_bounds__(NT, 1) bwd_kernel(const Params p) {
         }
     }
     bwd_publish_partials(rowG, rowB, colG, gl, sRowG, sRowB, sColG, sGl, L);
-    __syncthreads();  // P6: every read of sdS, sS0 and the tiles is done
+    __syncthreads();  // P5: every read of sdS, sS0 and the tiles is done
     store_bf(sdS, dS, L, [](float x, int, int) { return x; });
     if (warp == 0) bwd_write_dg_dbeta(p, sRowG, sRowB, sColG, sGl, nullptr, b, h, t0, n, L);
     __syncthreads();  // the next chunk overwrites the tiles, G and β
@@ -1015,10 +1214,10 @@ Params make_params(const DeltaShape& s, const char* what) {
 // Which path runs a pass. The fused kernels take one CTA per (b, h) for the whole sequence;
 // the two-phase path spreads the chunks over the GPU but moves more bytes and repeats the
 // solves. Cost model fitted on the H200 (132 SMs; gdn at B=8 T=4096 and B=1 T=32K, H=16; µs):
-// fused fwd 7.5 (the two-group forward; 9.5 before), bwd 18.8 per chunk and wave of B·H CTAs;
-// two-phase fwd 0.124, bwd 0.186 per (b, h, chunk) plus 1.3 per chunk on the sequential pass.
-// So the fused path wins from about B·H ≥ 50 (fwd) / 94 (bwd) on 132 SMs. LAR_DELTA_PATH=fused|chunked|auto overrides (A/B
-// timing, tests of both paths).
+// fused fwd 6.5, bwd 13.3 per chunk and wave of B·H CTAs (T⁻¹ on tensor cores; 7.5 / 18.8 with
+// the fp32 substitutions); two-phase fwd 0.124, bwd 0.186 per (b, h, chunk) plus 1.3 per chunk on
+// the sequential pass. So the fused path wins from about B·H ≥ 42 (fwd) / 65 (bwd) on 132 SMs.
+// LAR_DELTA_PATH=fused|chunked|auto overrides (A/B timing, tests of both paths).
 bool use_two_phase(const Params& p, bool bwd) {
   const char* env = std::getenv("LAR_DELTA_PATH");
   const std::string want = env ? env : "";
@@ -1033,7 +1232,7 @@ bool use_two_phase(const Params& p, bool bwd) {
     return n;
   }();
   const double bh = static_cast<double>(p.B) * p.H;
-  const double fused = (bwd ? 18.8 : 7.5) * std::ceil(bh / sms);
+  const double fused = (bwd ? 13.3 : 6.5) * std::ceil(bh / sms);
   const double chunked = (bwd ? 0.186 : 0.124) * bh * 132.0 / sms + 1.3;
   return chunked < fused;
 }
