@@ -60,11 +60,18 @@ __device__ __forceinline__ size_t qrow(const QParams& p, int b, int t, int h) {
 __device__ __forceinline__ float* rec(const QParams& p, int b, int h, int g) {
   return p.ws + ((static_cast<size_t>(b) * p.H + h) * p.ng + g) * p.rec;
 }
-// λ_i and 1/t_i of the rows of the chunk starting at token t0 (rows ≥ n: λ = 0).
-__device__ __forceinline__ void load_rows(const QParams& p, int b, int h, int t0, int n, float* sLam, float* sInv) {
+// λ of row tid of chunk ci (0 past the sequence or outside 0..nc−1). The main loops load it a
+// chunk ahead into a register (lam_of for ci ∓ 1 while chunk ci runs), so that its global
+// latency overlaps a whole chunk instead of stalling the loop's first barrier.
+__device__ __forceinline__ float lam_of(const QParams& p, int b, int h, int ci) {
+  const int i = threadIdx.x, t = ci * C + i;
+  return i < C && ci >= 0 && ci < p.nc && t < p.T ? p.lam[(static_cast<size_t>(b) * p.T + t) * p.H + h] : 0.f;
+}
+// λ_i (from the register) and 1/t_i of the rows of the chunk starting at token t0.
+__device__ __forceinline__ void put_rows(const QParams& p, int t0, float lam, float* sLam, float* sInv) {
   const int i = threadIdx.x;
   if (i < C) {
-    sLam[i] = i < n ? p.lam[(static_cast<size_t>(b) * p.T + t0 + i) * p.H + h] : 0.f;
+    sLam[i] = lam;
     sInv[i] = 1.f / static_cast<float>(p.t0 + t0 + i + 1);
   }
 }
@@ -257,14 +264,16 @@ __global__ void __launch_bounds__(NT, 2) ccq_stats_bwd_kernel(const QParams p) {
   };
   prefetch(c0, 0);
   cp_async_commit();
+  float lam_nx = lam_of(p, b, h, c0);
   for (int ci = c0; ci < c1; ++ci) {
-    const int it = ci - c0, buf = it & 1, t0 = ci * C, n = min(C, p.T - t0);
+    const int it = ci - c0, buf = it & 1, t0 = ci * C;
     const bf16 *sQ = sQb + buf * TILE, *sK = sKb + buf * TILE, *sG = sGb + buf * TILE;
     const float* mcur = sMl + (it & 1) * C;
     float* mnext = sMl + ((it + 1) & 1) * C;
     if (ci + 1 < c1) prefetch(ci + 1, buf ^ 1);
     cp_async_commit();
-    load_rows(p, b, h, t0, n, sLam, sInv);
+    put_rows(p, t0, lam_nx, sLam, sInv);
+    lam_nx = ci + 1 < c1 ? lam_of(p, b, h, ci + 1) : 0.f;
     cp_async_wait<1>();
     __syncthreads();
     // phase 1: dA, E tiles; K stats; masked row sums of QKᵀ, GKᵀ; m·q, m·g; local m
@@ -416,7 +425,10 @@ __global__ void __launch_bounds__(NT) ccq_scan_kernel(const QParams p) {
 // Q K ×2 (prefetch), Ks P (bf16), m ping-pong, row sums of (QKᵀ⊙L) [2][C], m_prevᵀq, λ, 1/t.
 constexpr size_t kQFwdSmem = 6 * TILE * sizeof(bf16) + (2 * C + 2 * C + C + C + C) * sizeof(float);
 
-__global__ void __launch_bounds__(NT, 2) ccq_fwd_kernel(const QParams p) {
+// kOne: one CTA per (b, h) walks all the chunks (grid.x = 1, G = nc) from K0, m0 and writes the
+// final statistics itself: no stats pass, no scan, no workspace.
+template <bool kOne>
+__global__ void __launch_bounds__(NT, kOne ? 1 : 2) ccq_fwd_kernel(const QParams p) {
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* base = reinterpret_cast<bf16*>(smem);
   bf16* sQb = base;  // two buffers each (prefetch)
@@ -450,6 +462,7 @@ __global__ void __launch_bounds__(NT, 2) ccq_fwd_kernel(const QParams p) {
   };
   prefetch(c0, 0);
   cp_async_commit();
+  float lam_nx = lam_of(p, b, h, c0);
 
   for (int ci = c0; ci < c1; ++ci) {
     const int it = ci - c0, buf = it & 1, t0 = ci * C, n = min(C, p.T - t0);
@@ -458,7 +471,8 @@ __global__ void __launch_bounds__(NT, 2) ccq_fwd_kernel(const QParams p) {
     float* mnext = sMv + ((it + 1) & 1) * C;
     if (ci + 1 < c1) prefetch(ci + 1, buf ^ 1);
     cp_async_commit();
-    load_rows(p, b, h, t0, n, sLam, sInv);
+    put_rows(p, t0, lam_nx, sLam, sInv);
+    lam_nx = ci + 1 < c1 ? lam_of(p, b, h, ci + 1) : 0.f;
     store_bf(sKs, Ks, L, [](float x, int, int) { return x; });
     cp_async_wait<1>();
     __syncthreads();
@@ -467,7 +481,7 @@ __global__ void __launch_bounds__(NT, 2) ccq_fwd_kernel(const QParams p) {
     zero(R);
     zero(P);
     gemm_same_a<false, false, false>(P, sK, R, sKs, sQ, L);
-    if (ci + 1 < c1) gemm<true, true>(Ks, sK, sK, L);
+    if (ci + 1 < c1 || (kOne && p.Kout)) gemm<true, true>(Ks, sK, sK, L);
     {
       float rs[2] = {0.f, 0.f};
 #pragma unroll
@@ -528,6 +542,10 @@ __global__ void __launch_bounds__(NT, 2) ccq_fwd_kernel(const QParams p) {
     }
     __syncthreads();
   }
+  if (kOne) {  // the final statistics (the scan writes them in the chunk-parallel forward)
+    if (p.Kout) frag_store_f(p.Kout + bh * D * D, Ks, L);
+    if (p.mout && tid < C) p.mout[bh * D + tid] = sMv[((c1 - c0) & 1) * C + tid];
+  }
 }
 
 // ---------------------------------------------------------------- backward (main)
@@ -535,7 +553,11 @@ __global__ void __launch_bounds__(NT, 2) ccq_fwd_kernel(const QParams p) {
 // per-row: λ, 1/t, m·q, m·g, mq, mg, a, b, row partials [2][C] of Σ_{j>i} s1, Σ_{j>i} p, Σ s1·p, q·X.
 constexpr size_t kQBwdSmem = 11 * TILE * sizeof(bf16) + (2 * C + 2 * C + 8 * C + 4 * 2 * C) * sizeof(float);
 
-__global__ void __launch_bounds__(NT, 2) ccq_bwd_kernel(const QParams p) {
+// kOne: one CTA per (b, h) walks all the chunks (grid.x = 1, G = nc) from the forward's final
+// statistics (K, m after the last chunk; GK = Gm = 0 after it): no stats pass, no scan, no
+// workspace; one CTA per SM, so it may use up to 255 registers.
+template <bool kOne>
+__global__ void __launch_bounds__(NT, kOne ? 1 : 2) ccq_bwd_kernel(const QParams p) {
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* base = reinterpret_cast<bf16*>(smem);
   bf16* sQb = base;  // two buffers each (prefetch)
@@ -567,12 +589,19 @@ __global__ void __launch_bounds__(NT, 2) ccq_bwd_kernel(const QParams p) {
   const int c0 = g * p.G, c1 = min(p.nc, c0 + p.G);
   const bool cen = p.centered;
 
-  // K, m after the group (the scan's inclusive prefix); GK, Gm of everything after it
-  const float* R0 = rec(p, b, h, g);
+  // K, m after the group (the scan's inclusive prefix, or fin); GK, Gm of everything after it
   Acc Kc, GK;
-  frag_load_f(Kc, R0 + kOffK, L);
-  frag_load_f(GK, R0 + kOffGK, L);
-  if (tid < C) sMv[tid] = R0[kOffM + tid], sGm[tid] = R0[kOffGm + tid];
+  if (kOne) {
+    const size_t bh = static_cast<size_t>(b) * p.H + h;
+    frag_load_f(Kc, p.Kfin + bh * D * D, L);
+    zero(GK);
+    if (tid < C) sMv[tid] = p.mfin[bh * D + tid], sGm[tid] = 0.f;
+  } else {
+    const float* R0 = rec(p, b, h, g);
+    frag_load_f(Kc, R0 + kOffK, L);
+    frag_load_f(GK, R0 + kOffGK, L);
+    if (tid < C) sMv[tid] = R0[kOffM + tid], sGm[tid] = R0[kOffGm + tid];
+  }
   auto prefetch = [&](int ci, int buf) {
     const int t0 = ci * C, n = min(C, p.T - t0);
     load_tile(sQb + buf * TILE, p.q + qrow(p, b, t0, h), stride, n);
@@ -581,6 +610,7 @@ __global__ void __launch_bounds__(NT, 2) ccq_bwd_kernel(const QParams p) {
   };
   prefetch(c1 - 1, 0);
   cp_async_commit();
+  float lam_nx = lam_of(p, b, h, c1 - 1);
 
   for (int ci = c1 - 1; ci >= c0; --ci) {
     const int it = c1 - 1 - ci, buf = it & 1, t0 = ci * C, n = min(C, p.T - t0);
@@ -591,7 +621,22 @@ __global__ void __launch_bounds__(NT, 2) ccq_bwd_kernel(const QParams p) {
     float* gmnext = sGm + ((it + 1) & 1) * C;
     if (ci > c0) prefetch(ci - 1, buf ^ 1);
     cp_async_commit();
-    load_rows(p, b, h, t0, n, sLam, sInv);
+    put_rows(p, t0, lam_nx, sLam, sInv);
+    lam_nx = ci > c0 ? lam_of(p, b, h, ci - 1) : 0.f;
+    // this chunk's rows of the backbone's dk (CCQ's part is added in the epilogue): loaded
+    // early, so that the read's latency hides behind GEMMs (at the chunk's start with kOne;
+    // before the dk GEMMs otherwise, where the 128-register bound leaves room for them)
+    uint32_t dk_old[2][4];
+    auto load_dk_old = [&] {
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int j = L.row(2 * hh);
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+          dk_old[hh][nt] = j < n ? *reinterpret_cast<const uint32_t*>(p.dk + qrow(p, b, t0 + j, h) + L.col(nt, 0)) : 0u;
+      }
+    };
+    if (kOne) load_dk_old();
     store_bf(sGK, GK, L, [](float x, int, int) { return x; });
     cp_async_wait<1>();
     __syncthreads();
@@ -696,6 +741,7 @@ __global__ void __launch_bounds__(NT, 2) ccq_bwd_kernel(const QParams p) {
         if (L.tig == 0) sXq[L.wn * C + i] = xq;
       }
     }
+    if (!kOne) load_dk_old();
     {
       Acc dk;
       zero(dk);
@@ -714,7 +760,7 @@ __global__ void __launch_bounds__(NT, 2) ccq_bwd_kernel(const QParams p) {
         for (int nt = 0; nt < 4; ++nt) {
           const int a = L.col(nt, 0);
           uint32_t* dst = reinterpret_cast<uint32_t*>(row + a);
-          const float2 old = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(dst));
+          const float2 old = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&dk_old[hh][nt]));
           const float2 gm = *reinterpret_cast<const float2*>(gmcur + a);
           *dst = pack(old.x + (dk[nt][2 * hh] + gm.x), old.y + (dk[nt][2 * hh + 1] + gm.y));
         }
@@ -733,6 +779,499 @@ __global__ void __launch_bounds__(NT, 2) ccq_bwd_kernel(const QParams p) {
       const float ga = ((sXq[tid] + sXq[C + tid]) + (sRsp[tid] + sRsp[C + tid])) * inv;
       p.dlam[(static_cast<size_t>(b) * p.T + t0 + tid) * p.H + h] = -(ga - (cen ? sMg[tid] * sMq[tid] * inv * inv : 0.f));
     }
+  }
+}
+
+// ---------------------------------------------------------------- backward (warp-specialised)
+// One CTA of 16 warps per (b, h) walks all the chunks in reverse from fin (as ccq_bwd_kernel
+// <true>), in two teams that work on different chunks at once. Team A (warps 0–7) runs the
+// key-statistics chain and all that depends only on it: K_prev, S1', S2', dA, dq, dλ and the
+// chunk's Gm increment. Team B (warps 8–15) runs the reverse chain one chunk behind:
+// dk = S2'ᵀQ + S1'ᵀdA + K (GK + GKᵀ) + Gm, GK += dAᵀQ. A hands a chunk to B through one of
+// two slots of S1', S2', dA tiles (+ the Gm increment), Q and K through three slots (A's
+// chunk, B's chunk, the prefetch), with named barriers: FULL_s (A arrives, B waits) and
+// EMPTY_s (B arrives, A waits before it refills slot s two chunks later).
+constexpr int kWsThreads = 2 * NT;
+constexpr int kBarA = 1, kBarB = 2, kBarFull = 3, kBarEmpty = 5;  // FULL_s = 3 + s, EMPTY_s = 5 + s
+// Q K ×3, G ×2, S1' S2' dA ×2, K_prev, GK ×2 (bf16); m ping-pong, per-row scalars, Gm increments ×2
+constexpr size_t kQBwdWsSmem = 17 * TILE * sizeof(bf16) + 20 * C * sizeof(float);
+
+__device__ __forceinline__ void bar_sync(int id, int n) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+__device__ __forceinline__ void bar_arrive(int id, int n) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+
+__global__ void __launch_bounds__(kWsThreads, 1) ccq_bwd_ws_kernel(const QParams p) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  bf16* base = reinterpret_cast<bf16*>(smem);
+  bf16* sQb = base;  // three slots each
+  bf16* sKb = base + 3 * TILE;
+  bf16* sGb = base + 6 * TILE;  // two slots (team A only)
+  bf16* sS1b = base + 8 * TILE;  // two hand-off slots each
+  bf16* sS2b = base + 10 * TILE;
+  bf16* sdAb = base + 12 * TILE;
+  bf16* sKs = base + 14 * TILE;  // team A: K_prev
+  bf16* sGKb = base + 15 * TILE;  // team B: GK, two slots
+  float* fb = reinterpret_cast<float*>(base + 17 * TILE);
+  float* sMv = fb;  // [2][C] ping-pong, m
+  float* sLam = fb + 2 * C;
+  float* sInv = fb + 3 * C;
+  float* sMcq = fb + 4 * C;
+  float* sMcg = fb + 5 * C;
+  float* sMq = fb + 6 * C;
+  float* sMg = fb + 7 * C;
+  float* sA = fb + 8 * C;
+  float* sB = fb + 9 * C;
+  float* sSu1 = fb + 10 * C;  // [2][C] each from here
+  float* sSu2 = fb + 12 * C;
+  float* sRsp = fb + 14 * C;
+  float* sXq = fb + 16 * C;
+  float* sGinc = fb + 18 * C;  // hand-off slots
+  const int h = blockIdx.x, b = blockIdx.y, nc = p.nc;
+  const size_t bh = static_cast<size_t>(b) * p.H + h, stride = static_cast<size_t>(p.H) * D;
+  const bool cen = p.centered;
+
+  if (threadIdx.x < NT) {  // ---- team A (threadIdx.x < NT: the helpers' thread mappings hold)
+    const Lane L;
+    const int tid = threadIdx.x;
+    Acc Kc;
+    frag_load_f(Kc, p.Kfin + bh * D * D, L);
+    if (tid < C) sMv[tid] = p.mfin[bh * D + tid];
+    auto prefetch = [&](int ci, int it) {
+      const int t0 = ci * C, n = min(C, p.T - t0);
+      load_tile(sQb + (it % 3) * TILE, p.q + qrow(p, b, t0, h), stride, n);
+      load_tile(sKb + (it % 3) * TILE, p.k + qrow(p, b, t0, h), stride, n);
+      load_tile(sGb + (it & 1) * TILE, p.dqc + qrow(p, b, t0, h), stride, n);
+    };
+    prefetch(nc - 1, 0);
+    cp_async_commit();
+    float lam_nx = lam_of(p, b, h, nc - 1);
+    for (int ci = nc - 1; ci >= 0; --ci) {
+      const int it = nc - 1 - ci, s = it & 1, t0 = ci * C, n = min(C, p.T - t0);
+      const bf16 *sQ = sQb + (it % 3) * TILE, *sK = sKb + (it % 3) * TILE, *sG = sGb + s * TILE;
+      bf16 *sS1 = sS1b + s * TILE, *sS2 = sS2b + s * TILE, *sdA = sdAb + s * TILE;
+      const float* mcur = sMv + s * C;
+      float* mprev = sMv + (s ^ 1) * C;
+      // slot s and Q/K slot (it + 1) % 3 were B's two chunks ago
+      if (it >= 2) bar_sync(kBarEmpty + s, kWsThreads);
+      if (ci > 0) prefetch(ci - 1, it + 1);
+      cp_async_commit();
+      put_rows(p, t0, lam_nx, sLam, sInv);
+      lam_nx = ci > 0 ? lam_of(p, b, h, ci - 1) : 0.f;
+      cp_async_wait<1>();
+      bar_sync(kBarA, NT);
+      // phase A: K_prev = K − KᵀK; s1 = QKᵀ, pk = GKᵀ (registers) and their row partials;
+      // m·q, m·g with the m after the chunk; m_prev; dA = −λ g/t
+      {
+        Acc a;
+        zero(a);
+        gemm<true, true>(a, sK, sK, L);
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) Kc[nt][e] -= a[nt][e];
+        store_bf(sKs, Kc, L, [](float x, int, int) { return x; });
+      }
+      Acc s1, pk;
+      zero(s1), zero(pk);
+      gemm_same_b<false, false, false>(s1, sQ, pk, sG, sK, L);
+      {
+        float u1[2] = {0.f, 0.f}, u2[2] = {0.f, 0.f}, sp[2] = {0.f, 0.f};
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            if (L.col(nt, e) > L.row(e)) {
+              u1[e >> 1] += s1[nt][e], u2[e >> 1] += pk[nt][e];
+            } else {
+              sp[e >> 1] += s1[nt][e] * pk[nt][e];
+            }
+          }
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const float x = quad_sum(u1[hh]), y = quad_sum(u2[hh]), z = quad_sum(sp[hh]);
+          const int i = L.wn * C + L.row(2 * hh);
+          if (L.tig == 0) sSu1[i] = x, sSu2[i] = y, sRsp[i] = z;
+        }
+      }
+      {
+        const int r = tid >> 2, part = tid & 3;
+        float x, y;
+        row_dots<true>(mcur, sQ, sG, x, y);
+        if (part == 0) sMcq[r] = x, sMcg[r] = y;
+        const float tot = col_sum(sK);
+        if (part == 0) mprev[r] = mcur[r] - tot;  // (column r: col_sum's column is tid/4 too)
+      }
+      for (int i = tid; i < C * 32; i += NT) {
+        const int t = i >> 5, c = 2 * (i & 31);
+        const float f = -sLam[t] * sInv[t];
+        const float2 gg = bf2(sG, t, c);
+        *reinterpret_cast<uint32_t*>(sdA + t * LD + c) = pack(f * gg.x, f * gg.y);
+      }
+      bar_sync(kBarA, NT);
+      // phase A2: mq_i = M_iᵀq_i = (m after the chunk)ᵀq_i − Σ_{j>i} k_jᵀq_i (mg alike); S1', S2'
+      float rmq[2], rmg[2], rinv[2], rlam[2];
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int i = L.row(2 * hh);
+        rmq[hh] = sMcq[i] - (sSu1[i] + sSu1[C + i]);
+        rmg[hh] = sMcg[i] - (sSu2[i] + sSu2[C + i]);
+        rinv[hh] = sInv[i], rlam[hh] = sLam[i];
+      }
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int i = L.row(2 * hh), j = L.col(nt, 0);
+          const float inv = rinv[hh], lam = rlam[hh], fa = -lam * inv;
+          const float o1 = cen ? rmq[hh] * inv : 0.f, o2 = cen ? lam * rmg[hh] * inv * inv : 0.f;
+          const float a0 = j <= i ? s1[nt][2 * hh] - o1 : 0.f, a1 = j + 1 <= i ? s1[nt][2 * hh + 1] - o1 : 0.f;
+          const float b0 = j <= i ? fa * pk[nt][2 * hh] + o2 : 0.f, b1 = j + 1 <= i ? fa * pk[nt][2 * hh + 1] + o2 : 0.f;
+          *reinterpret_cast<uint32_t*>(sS1 + i * LD + j) = pack(a0, a1);
+          *reinterpret_cast<uint32_t*>(sS2 + i * LD + j) = pack(b0, b1);
+        }
+      if (tid < C) {
+        const float mq = sMcq[tid] - (sSu1[tid] + sSu1[C + tid]), mg = sMcg[tid] - (sSu2[tid] + sSu2[C + tid]);
+        const float f = sLam[tid] * sInv[tid] * sInv[tid];
+        sMq[tid] = mq, sMg[tid] = mg, sA[tid] = f * mq, sB[tid] = f * mg;
+      }
+      bar_sync(kBarA, NT);
+      // the chunk's Gm increment Σ_i (a g + b q), then the chunk goes to team B
+      float* ginc = sGinc + s * C;
+      if (cen) {
+        const float2 x = pair_sum(col_pair_part(sA, sG, sB, sQ));
+        const int c = 2 * (tid >> 3);
+        if ((tid & 7) == 0) ginc[c] = x.x, ginc[c + 1] = x.y;
+      } else if (tid < C) {
+        ginc[tid] = 0.f;
+      }
+      bar_arrive(kBarFull + s, kWsThreads);
+      // phase B (A's part): X = G K_prev, dq = g − (λ/t) X + S2' K + b m_prev; q·X
+      {
+        Acc X, dq;
+        zero(X), zero(dq);
+        gemm2<false, true, false, true>(X, sG, sKs, dq, sS2, sK, L);
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int i = L.row(2 * hh);
+          const float fa = -rlam[hh] * rinv[hh], bb = cen ? sB[i] : 0.f;
+          bf16* dst = p.dq + qrow(p, b, t0 + i, h);
+          float xq = 0.f;
+#pragma unroll
+          for (int nt = 0; nt < 4; ++nt) {
+            const int a = L.col(nt, 0);
+            const float2 q = bf2(sQ, i, a), gg = bf2(sG, i, a), m = *reinterpret_cast<const float2*>(mprev + a);
+            xq += X[nt][2 * hh] * q.x + X[nt][2 * hh + 1] * q.y;
+            const float d0 = gg.x + fa * X[nt][2 * hh] + dq[nt][2 * hh] + bb * m.x;
+            const float d1 = gg.y + fa * X[nt][2 * hh + 1] + dq[nt][2 * hh + 1] + bb * m.y;
+            if (i < n) *reinterpret_cast<uint32_t*>(dst + a) = pack(d0, d1);
+          }
+          xq = quad_sum(xq);
+          if (L.tig == 0) sXq[L.wn * C + i] = xq;
+        }
+      }
+      bar_sync(kBarA, NT);
+      if (tid < n) {
+        const float inv = sInv[tid];
+        const float ga = ((sXq[tid] + sXq[C + tid]) + (sRsp[tid] + sRsp[C + tid])) * inv;
+        p.dlam[(static_cast<size_t>(b) * p.T + t0 + tid) * p.H + h] = -(ga - (cen ? sMg[tid] * sMq[tid] * inv * inv : 0.f));
+      }
+    }
+  } else {  // ---- team B
+    const Lane L(static_cast<int>(threadIdx.x >> 5) - 8);
+    Acc GK;
+    zero(GK);
+    float gm[4][2] = {};  // Gm after the current chunk, columns L.col(nt, e)
+    for (int ci = nc - 1; ci >= 0; --ci) {
+      const int it = nc - 1 - ci, s = it & 1, t0 = ci * C, n = min(C, p.T - t0);
+      const bf16 *sQ = sQb + (it % 3) * TILE, *sK = sKb + (it % 3) * TILE;
+      const bf16 *sS1 = sS1b + s * TILE, *sS2 = sS2b + s * TILE, *sdA = sdAb + s * TILE;
+      bf16* sGK = sGKb + s * TILE;
+      // the backbone's dk of this chunk's rows (CCQ's part is added below), read early
+      uint32_t dk_old[2][4];
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int j = L.row(2 * hh);
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+          dk_old[hh][nt] = j < n ? *reinterpret_cast<const uint32_t*>(p.dk + qrow(p, b, t0 + j, h) + L.col(nt, 0)) : 0u;
+      }
+      store_bf(sGK, GK, L, [](float x, int, int) { return x; });  // (slot s: last read two chunks ago)
+      bar_sync(kBarFull + s, kWsThreads);
+      bar_sync(kBarB, NT);
+      Acc dk;
+      zero(dk);
+      if (ci > 0)
+        gemm_same_b<true, true, true>(dk, sS2, GK, sdA, sQ, L);  // dk = S2'ᵀ Q; GK += dAᵀ Q
+      else
+        gemm<true, true>(dk, sS2, sQ, L);
+      gemm<true, true>(dk, sS1, sdA, L);
+      gemm_same_a<false, true, false>(dk, sGK, dk, sGK, sK, L);  // K GK + K GKᵀ
+      float inc[4][2];
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) inc[nt][e] = sGinc[s * C + L.col(nt, e)];
+      if (it + 2 < nc) bar_arrive(kBarEmpty + s, kWsThreads);  // (A waits for it two chunks on)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int j = L.row(2 * hh);
+        if (j >= n) continue;
+        bf16* row = p.dk + qrow(p, b, t0 + j, h);
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) {
+          const float2 old = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&dk_old[hh][nt]));
+          *reinterpret_cast<uint32_t*>(row + L.col(nt, 0)) =
+              pack(old.x + (dk[nt][2 * hh] + gm[nt][0]), old.y + (dk[nt][2 * hh + 1] + gm[nt][1]));
+        }
+      }
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) gm[nt][0] += inc[nt][0], gm[nt][1] += inc[nt][1];
+    }
+  }
+}
+
+// The same two teams with dq moved to team B (LAR_CCQ_BWD=ws2): A keeps only the statistics
+// chain, S1', S2', dA and the per-row scalars (3 GEMMs + the scalar passes); B does X = G K_prev,
+// dq, dλ and dk (7 GEMMs). K_prev, G and the per-row scalars go through the hand-off slots too;
+// B finishes a chunk's dλ at the start of its next chunk (after its one barrier) and only then
+// releases the chunk's slot.
+// Q K G ×3, S1' S2' dA K_prev ×2, GK ×2 (bf16); per slot m, λ, 1/t, mq, mg, b, Gm increment
+// (+ a spare), Σs1·pk and q·X halves; row partials of s1 and pk, m·q, m·g, a.
+constexpr size_t kQBwdWs2Smem = 19 * TILE * sizeof(bf16) + (2 * 8 * C + 2 * 2 * C + 2 * 2 * C + 2 * C + 2 * C + 3 * C) * sizeof(float);
+
+__global__ void __launch_bounds__(kWsThreads, 1) ccq_bwd_ws2_kernel(const QParams p) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  bf16* base = reinterpret_cast<bf16*>(smem);
+  bf16* sQb = base;  // three slots each
+  bf16* sKb = base + 3 * TILE;
+  bf16* sGb = base + 6 * TILE;
+  bf16* sS1b = base + 9 * TILE;  // two hand-off slots each
+  bf16* sS2b = base + 11 * TILE;
+  bf16* sdAb = base + 13 * TILE;
+  bf16* sKsb = base + 15 * TILE;
+  bf16* sGKb = base + 17 * TILE;  // team B: GK, two slots
+  float* fb = reinterpret_cast<float*>(base + 19 * TILE);
+  // per slot s (stride 8·C): m (the chunk's m_prev is the other slot's), λ, 1/t, mq, mg, b, Gm increment, spare
+  float* sV = fb;
+  auto sMv = [&](int s) { return sV + s * 8 * C; };
+  auto sLam = [&](int s) { return sV + s * 8 * C + C; };
+  auto sInv = [&](int s) { return sV + s * 8 * C + 2 * C; };
+  auto sMq = [&](int s) { return sV + s * 8 * C + 3 * C; };
+  auto sMg = [&](int s) { return sV + s * 8 * C + 4 * C; };
+  auto sB = [&](int s) { return sV + s * 8 * C + 5 * C; };
+  auto sGinc = [&](int s) { return sV + s * 8 * C + 6 * C; };
+  float* sRspb = fb + 16 * C;  // [2 slots][2][C]
+  float* sXqb = fb + 20 * C;   // [2 slots][2][C] (team B)
+  float* sSu1 = fb + 24 * C;   // [2][C]
+  float* sSu2 = fb + 26 * C;   // [2][C]
+  float* sMcq = fb + 28 * C;
+  float* sMcg = fb + 29 * C;
+  float* sA = fb + 30 * C;
+  const int h = blockIdx.x, b = blockIdx.y, nc = p.nc;
+  const size_t bh = static_cast<size_t>(b) * p.H + h, stride = static_cast<size_t>(p.H) * D;
+  const bool cen = p.centered;
+
+  if (threadIdx.x < NT) {  // ---- team A (threadIdx.x < NT: the helpers' thread mappings hold)
+    const Lane L;
+    const int tid = threadIdx.x;
+    Acc Kc;
+    frag_load_f(Kc, p.Kfin + bh * D * D, L);
+    if (tid < C) sMv(0)[tid] = p.mfin[bh * D + tid];
+    auto prefetch = [&](int ci, int it) {
+      const int t0 = ci * C, n = min(C, p.T - t0);
+      load_tile(sQb + (it % 3) * TILE, p.q + qrow(p, b, t0, h), stride, n);
+      load_tile(sKb + (it % 3) * TILE, p.k + qrow(p, b, t0, h), stride, n);
+      load_tile(sGb + (it % 3) * TILE, p.dqc + qrow(p, b, t0, h), stride, n);
+    };
+    prefetch(nc - 1, 0);
+    cp_async_commit();
+    float lam_nx = lam_of(p, b, h, nc - 1);
+    for (int ci = nc - 1; ci >= 0; --ci) {
+      const int it = nc - 1 - ci, s = it & 1, t0 = ci * C;
+      const bf16 *sQ = sQb + (it % 3) * TILE, *sK = sKb + (it % 3) * TILE, *sG = sGb + (it % 3) * TILE;
+      bf16 *sS1 = sS1b + s * TILE, *sS2 = sS2b + s * TILE, *sdA = sdAb + s * TILE, *sKs = sKsb + s * TILE;
+      const float* mcur = sMv(s);
+      float* mprev = sMv(s ^ 1);
+      float *lamv = sLam(s), *invv = sInv(s), *rsp = sRspb + s * 2 * C;
+      // slot s and the Q/K/G slot (it + 1) % 3 were B's two chunks ago
+      if (it >= 2) bar_sync(kBarEmpty + s, kWsThreads);
+      if (ci > 0) prefetch(ci - 1, it + 1);
+      cp_async_commit();
+      put_rows(p, t0, lam_nx, lamv, invv);
+      lam_nx = ci > 0 ? lam_of(p, b, h, ci - 1) : 0.f;
+      cp_async_wait<1>();
+      bar_sync(kBarA, NT);
+      // phase A: K_prev = K − KᵀK; s1 = QKᵀ, pk = GKᵀ (registers) and their row partials;
+      // m·q, m·g with the m after the chunk; m_prev; dA = −λ g/t
+      {
+        Acc a;
+        zero(a);
+        gemm<true, true>(a, sK, sK, L);
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) Kc[nt][e] -= a[nt][e];
+        store_bf(sKs, Kc, L, [](float x, int, int) { return x; });
+      }
+      Acc s1, pk;
+      zero(s1), zero(pk);
+      gemm_same_b<false, false, false>(s1, sQ, pk, sG, sK, L);
+      {
+        float u1[2] = {0.f, 0.f}, u2[2] = {0.f, 0.f}, sp[2] = {0.f, 0.f};
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            if (L.col(nt, e) > L.row(e)) {
+              u1[e >> 1] += s1[nt][e], u2[e >> 1] += pk[nt][e];
+            } else {
+              sp[e >> 1] += s1[nt][e] * pk[nt][e];
+            }
+          }
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const float x = quad_sum(u1[hh]), y = quad_sum(u2[hh]), z = quad_sum(sp[hh]);
+          const int i = L.wn * C + L.row(2 * hh);
+          if (L.tig == 0) sSu1[i] = x, sSu2[i] = y, rsp[i] = z;
+        }
+      }
+      {
+        const int r = tid >> 2, part = tid & 3;
+        float x, y;
+        row_dots<true>(mcur, sQ, sG, x, y);
+        if (part == 0) sMcq[r] = x, sMcg[r] = y;
+        const float tot = col_sum(sK);
+        if (part == 0) mprev[r] = mcur[r] - tot;  // (column r: col_sum's column is tid/4 too)
+      }
+      for (int i = tid; i < C * 32; i += NT) {
+        const int t = i >> 5, c = 2 * (i & 31);
+        const float f = -lamv[t] * invv[t];
+        const float2 gg = bf2(sG, t, c);
+        *reinterpret_cast<uint32_t*>(sdA + t * LD + c) = pack(f * gg.x, f * gg.y);
+      }
+      bar_sync(kBarA, NT);
+      // phase A2: mq_i = M_iᵀq_i = (m after the chunk)ᵀq_i − Σ_{j>i} k_jᵀq_i (mg alike); S1', S2'
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int i = L.row(2 * hh);
+        const float rmq = sMcq[i] - (sSu1[i] + sSu1[C + i]), rmg = sMcg[i] - (sSu2[i] + sSu2[C + i]);
+        const float inv = invv[i], lam = lamv[i], fa = -lam * inv;
+        const float o1 = cen ? rmq * inv : 0.f, o2 = cen ? lam * rmg * inv * inv : 0.f;
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) {
+          const int j = L.col(nt, 0);
+          const float a0 = j <= i ? s1[nt][2 * hh] - o1 : 0.f, a1 = j + 1 <= i ? s1[nt][2 * hh + 1] - o1 : 0.f;
+          const float b0 = j <= i ? fa * pk[nt][2 * hh] + o2 : 0.f, b1 = j + 1 <= i ? fa * pk[nt][2 * hh + 1] + o2 : 0.f;
+          *reinterpret_cast<uint32_t*>(sS1 + i * LD + j) = pack(a0, a1);
+          *reinterpret_cast<uint32_t*>(sS2 + i * LD + j) = pack(b0, b1);
+        }
+      }
+      if (tid < C) {
+        const float mq = sMcq[tid] - (sSu1[tid] + sSu1[C + tid]), mg = sMcg[tid] - (sSu2[tid] + sSu2[C + tid]);
+        const float f = lamv[tid] * invv[tid] * invv[tid];
+        sMq(s)[tid] = mq, sMg(s)[tid] = mg, sA[tid] = f * mq, sB(s)[tid] = f * mg;
+      }
+      bar_sync(kBarA, NT);
+      // the chunk's Gm increment Σ_i (a g + b q), then the chunk goes to team B
+      float* ginc = sGinc(s);
+      if (cen) {
+        const float2 x = pair_sum(col_pair_part(sA, sG, sB(s), sQ));
+        const int c = 2 * (tid >> 3);
+        if ((tid & 7) == 0) ginc[c] = x.x, ginc[c + 1] = x.y;
+      } else if (tid < C) {
+        ginc[tid] = 0.f;
+      }
+      bar_arrive(kBarFull + s, kWsThreads);
+    }
+  } else {  // ---- team B
+    const Lane L(static_cast<int>(threadIdx.x >> 5) - 8);
+    const int tb = static_cast<int>(threadIdx.x) - NT;
+    Acc GK;
+    zero(GK);
+    float gm[4][2] = {};  // Gm after the current chunk, columns L.col(nt, e)
+    // dλ of the chunk of iteration it (slot it & 1), once the q·X halves of all B warps are in
+    auto finish = [&](int it) {
+      const int s = it & 1, t0 = (nc - 1 - it) * C, n = min(C, p.T - t0);
+      if (tb < n) {
+        const float inv = sInv(s)[tb], *xq = sXqb + s * 2 * C, *rsp = sRspb + s * 2 * C;
+        const float ga = ((xq[tb] + xq[C + tb]) + (rsp[tb] + rsp[C + tb])) * inv;
+        p.dlam[(static_cast<size_t>(b) * p.T + t0 + tb) * p.H + h] = -(ga - (cen ? sMg(s)[tb] * sMq(s)[tb] * inv * inv : 0.f));
+      }
+    };
+    for (int ci = nc - 1; ci >= 0; --ci) {
+      const int it = nc - 1 - ci, s = it & 1, t0 = ci * C, n = min(C, p.T - t0);
+      const bf16 *sQ = sQb + (it % 3) * TILE, *sK = sKb + (it % 3) * TILE, *sG = sGb + (it % 3) * TILE;
+      const bf16 *sS1 = sS1b + s * TILE, *sS2 = sS2b + s * TILE, *sdA = sdAb + s * TILE, *sKs = sKsb + s * TILE;
+      bf16* sGK = sGKb + s * TILE;
+      // the backbone's dk of this chunk's rows (CCQ's part is added below), read early
+      uint32_t dk_old[2][4];
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int j = L.row(2 * hh);
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+          dk_old[hh][nt] = j < n ? *reinterpret_cast<const uint32_t*>(p.dk + qrow(p, b, t0 + j, h) + L.col(nt, 0)) : 0u;
+      }
+      store_bf(sGK, GK, L, [](float x, int, int) { return x; });  // (slot s: last read two chunks ago)
+      bar_sync(kBarFull + s, kWsThreads);
+      bar_sync(kBarB, NT);
+      if (it >= 1) {  // the previous chunk: dλ, then its slot goes back to A (A waits for it two chunks on)
+        finish(it - 1);
+        if (it + 1 < nc) bar_arrive(kBarEmpty + (s ^ 1), kWsThreads);
+      }
+      // X = G K_prev, dq = g − (λ/t) X + S2' K + b m_prev; q·X
+      {
+        Acc X, dq;
+        zero(X), zero(dq);
+        gemm2<false, true, false, true>(X, sG, sKs, dq, sS2, sK, L);
+        const float *lamv = sLam(s), *invv = sInv(s), *bv = sB(s), *mprev = sMv(s ^ 1);
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int i = L.row(2 * hh);
+          const float fa = -lamv[i] * invv[i], bb = cen ? bv[i] : 0.f;
+          bf16* dst = p.dq + qrow(p, b, t0 + i, h);
+          float xq = 0.f;
+#pragma unroll
+          for (int nt = 0; nt < 4; ++nt) {
+            const int a = L.col(nt, 0);
+            const float2 q = bf2(sQ, i, a), gg = bf2(sG, i, a), m = *reinterpret_cast<const float2*>(mprev + a);
+            xq += X[nt][2 * hh] * q.x + X[nt][2 * hh + 1] * q.y;
+            const float d0 = gg.x + fa * X[nt][2 * hh] + dq[nt][2 * hh] + bb * m.x;
+            const float d1 = gg.y + fa * X[nt][2 * hh + 1] + dq[nt][2 * hh + 1] + bb * m.y;
+            if (i < n) *reinterpret_cast<uint32_t*>(dst + a) = pack(d0, d1);
+          }
+          xq = quad_sum(xq);
+          if (L.tig == 0) sXqb[s * 2 * C + L.wn * C + i] = xq;
+        }
+      }
+      Acc dk;
+      zero(dk);
+      if (ci > 0)
+        gemm_same_b<true, true, true>(dk, sS2, GK, sdA, sQ, L);  // dk = S2'ᵀ Q; GK += dAᵀ Q
+      else
+        gemm<true, true>(dk, sS2, sQ, L);
+      gemm<true, true>(dk, sS1, sdA, L);
+      gemm_same_a<false, true, false>(dk, sGK, dk, sGK, sK, L);  // K GK + K GKᵀ
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int j = L.row(2 * hh);
+        if (j >= n) continue;
+        bf16* row = p.dk + qrow(p, b, t0 + j, h);
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) {
+          const float2 old = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&dk_old[hh][nt]));
+          *reinterpret_cast<uint32_t*>(row + L.col(nt, 0)) =
+              pack(old.x + (dk[nt][2 * hh] + gm[nt][0]), old.y + (dk[nt][2 * hh + 1] + gm[nt][1]));
+        }
+      }
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) gm[nt][0] += sGinc(s)[L.col(nt, 0)], gm[nt][1] += sGinc(s)[L.col(nt, 1)];
+    }
+    bar_sync(kBarB, NT);
+    finish(nc - 1);
   }
 }
 
@@ -957,11 +1496,19 @@ int group_chunks() {
     throw RuntimeError(std::string("LAR_CCQ_GROUP=") + e + ": expected a number of chunks from 1 to 64");
   return static_cast<int>(v);
 }
-bool parallel_bwd() {
-  const char* e = std::getenv("LAR_CCQ_BWD");
-  if (!e || !*e || std::string(e) == "seq") return false;
-  if (std::string(e) == "par") return true;
-  throw RuntimeError(std::string("LAR_CCQ_BWD=") + e + ": expected seq or par");
+// How a pass runs: seq (the backward's 13-GEMM sequential kernel), par (stats, scan, main
+// over groups of chunks), one (the main kernel alone, one CTA per (b, h) over all chunks).
+enum class Path { kSeq, kPar, kOne, kWs, kWs2 };
+Path path_of(const char* var, Path dflt, bool seq_ok) {
+  const char* e = std::getenv(var);
+  if (!e || !*e) return dflt;
+  const std::string v = e;
+  if (v == "par") return Path::kPar;
+  if (v == "one") return Path::kOne;
+  if (v == "ws" && seq_ok) return Path::kWs;
+  if (v == "ws2" && seq_ok) return Path::kWs2;
+  if (v == "seq" && seq_ok) return Path::kSeq;
+  throw RuntimeError(std::string(var) + "=" + v + (seq_ok ? ": expected seq, par, one, ws or ws2" : ": expected par or one"));
 }
 
 QParams make_qparams(const DeltaShape& s, const char* what) {
@@ -979,9 +1526,9 @@ QParams make_qparams(const DeltaShape& s, const char* what) {
 }
 
 template <class K>
-void qlaunch(K kernel, dim3 grid, size_t smem, const QParams& p, cudaStream_t stream) {
+void qlaunch(K kernel, dim3 grid, size_t smem, const QParams& p, cudaStream_t stream, int threads = NT) {
   LAR_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  kernel<<<grid, NT, smem, stream>>>(p);
+  kernel<<<grid, threads, smem, stream>>>(p);
   LAR_CUDA_LAUNCHED();
 }
 
@@ -989,24 +1536,30 @@ void qlaunch(K kernel, dim3 grid, size_t smem, const QParams& p, cudaStream_t st
 
 void ccq_fwd(const DeltaShape& s, const CcqInputs& in, __nv_bfloat16* qc, const CcqStats& out, cudaStream_t stream) {
   QParams p = make_qparams(s, "ccq_fwd");
+  const Path path = path_of("LAR_CCQ_FWD", Path::kPar, false);
   if (!in.q || !in.k || !in.lambda || !qc) throw RuntimeError("ccq_fwd: q, k, lambda and qc are required");
   if (in.t0 < 0) throw RuntimeError("ccq_fwd: negative t0 " + std::to_string(in.t0));
   p.q = in.q, p.k = in.k, p.lam = in.lambda, p.K0 = in.K0, p.m0 = in.m0, p.centered = in.centered ? 1 : 0;
   p.t0 = static_cast<double>(in.t0);
   p.qc = qc, p.Kout = out.K, p.mout = out.m;
+  if (path == Path::kOne) {
+    p.G = p.nc, p.ng = 1;
+    qlaunch(ccq_fwd_kernel<true>, dim3(1, p.H, p.B), kQFwdSmem, p, stream);
+    return;
+  }
   p.rec = kRecF;
   Scratch ws(stream);
   p.ws = ws.get<float>(static_cast<size_t>(p.B) * p.H * p.ng * p.rec);
   const dim3 groups(p.ng, p.H, p.B), slices(D / 8, p.H, p.B);
   qlaunch(ccq_stats_fwd_kernel, groups, kStatsFwdSmem, p, stream);
   qlaunch(ccq_scan_kernel<false>, slices, 0, p, stream);
-  qlaunch(ccq_fwd_kernel, groups, kQFwdSmem, p, stream);
+  qlaunch(ccq_fwd_kernel<false>, groups, kQFwdSmem, p, stream);
 }
 
 void ccq_bwd(const DeltaShape& s, const CcqInputs& in, const CcqStats& fin, const __nv_bfloat16* dqc,
              __nv_bfloat16* dq, __nv_bfloat16* dk, float* dlambda, cudaStream_t stream) {
   QParams p = make_qparams(s, "ccq_bwd");
-  const bool par = parallel_bwd();
+  const Path path = path_of("LAR_CCQ_BWD", Path::kSeq, true);
   if (!in.q || !in.k || !in.lambda || !fin.K || !fin.m || !dqc || !dq || !dk || !dlambda)
     throw RuntimeError("ccq_bwd: q, k, lambda, the final statistics, dqc, dq, dk and dlambda are required");
   if (dq == dqc) throw RuntimeError("ccq_bwd: dq must not alias dqc");
@@ -1014,9 +1567,22 @@ void ccq_bwd(const DeltaShape& s, const CcqInputs& in, const CcqStats& fin, cons
   p.q = in.q, p.k = in.k, p.lam = in.lambda, p.K0 = in.K0, p.m0 = in.m0, p.centered = in.centered ? 1 : 0;
   p.t0 = static_cast<double>(in.t0);
   p.dqc = dqc, p.dq = dq, p.dk = dk, p.dlam = dlambda;
-  if (!par) {  // default: the sequential backward, from fin
-    p.Kfin = fin.K, p.mfin = fin.m;
+  p.Kfin = fin.K, p.mfin = fin.m;
+  if (path == Path::kSeq) {  // default: the sequential backward, from fin
     qlaunch(ccq_bwd_seq_kernel, dim3(p.H, p.B), kQBwdSeqSmem, p, stream);
+    return;
+  }
+  if (path == Path::kWs) {  // two warp teams over all chunks, from fin
+    qlaunch(ccq_bwd_ws_kernel, dim3(p.H, p.B), kQBwdWsSmem, p, stream, kWsThreads);
+    return;
+  }
+  if (path == Path::kWs2) {  // the two teams with dq in team B
+    qlaunch(ccq_bwd_ws2_kernel, dim3(p.H, p.B), kQBwdWs2Smem, p, stream, kWsThreads);
+    return;
+  }
+  if (path == Path::kOne) {  // the main kernel alone over all chunks, from fin
+    p.G = p.nc, p.ng = 1;
+    qlaunch(ccq_bwd_kernel<true>, dim3(1, p.H, p.B), kQBwdSmem, p, stream);
     return;
   }
   // chunk-parallel: the statistics at every group boundary are rebuilt from K0, m0 and the
@@ -1027,7 +1593,7 @@ void ccq_bwd(const DeltaShape& s, const CcqInputs& in, const CcqStats& fin, cons
   const dim3 groups(p.ng, p.H, p.B), slices(D / 8, p.H, p.B);
   qlaunch(ccq_stats_bwd_kernel, groups, kStatsBwdSmem, p, stream);
   qlaunch(ccq_scan_kernel<true>, slices, 0, p, stream);
-  qlaunch(ccq_bwd_kernel, groups, kQBwdSmem, p, stream);
+  qlaunch(ccq_bwd_kernel<false>, groups, kQBwdSmem, p, stream);
 }
 
 }  // namespace lar::kernels::cuda::linear
