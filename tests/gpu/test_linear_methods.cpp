@@ -418,18 +418,17 @@ TEST(LinearMethodsCuda, CcqMatchesCpuReference) {
   ASSERT_GT(devices, 0);
   std::mt19937_64 rng{std::random_device{}()};
   // (the kernels take chunks in groups of 16 and scan over the groups: T = 1500 has 2 groups,
-  // T = 4645 has 5 with a 37-token last chunk)
+  // T = 4645 has 5 with a 37-token last chunk; B·H = 96 is a grid the default gives to the
+  // warp-specialised backward on the H200)
   for (const CcqCase& c : {CcqCase{2, 200, 3, 0, true}, CcqCase{1, 700, 2, 0, true}, CcqCase{2, 130, 2, 50, true},
                            CcqCase{1, 100, 2, 0, false}, CcqCase{1, 1, 2, 5, true}, CcqCase{2, 1500, 2, 0, true},
-                           CcqCase{1, 4645, 1, 7, true}, CcqCase{1, 1100, 2, 3, false}}) {
-    // every kernel choice (LAR_CCQ_FWD, LAR_CCQ_BWD): forward chunk-parallel or one CTA per
-    // head; backward sequential, chunk-parallel, the main kernel alone from fin, or its
-    // warp-specialised form (two teams of 8 warps on different chunks)
-    const std::pair<const char*, const char*> paths[] = {{"par", "seq"}, {"par", "par"}, {"par", "one"}, {"one", "one"}, {"par", "ws"}, {"par", "ws2"}};
-    for (const auto& [fwd, bwd] : paths) {
-      setenv("LAR_CCQ_FWD", fwd, 1);
+                           CcqCase{1, 4645, 1, 7, true}, CcqCase{1, 1100, 2, 3, false}, CcqCase{8, 200, 12, 0, true}}) {
+    // both backward kernels (LAR_CCQ_BWD; the default picks by B·H against the SM count, these
+    // small shapes would all get the chunk-parallel one): chunk-parallel, and warp-specialised
+    // (one 16-warp CTA per (b, h) from the forward's final statistics)
+    for (const char* bwd : {"par", "ws"}) {
       setenv("LAR_CCQ_BWD", bwd, 1);
-      const std::string what = name(c) + " fwd=" + fwd + " bwd=" + bwd;
+      const std::string what = name(c) + " bwd=" + bwd;
       const CcqErrors e = run_ccq(rng, c);
       std::printf("%s: qc %.2e K %.2e m %.2e dq %.2e dk %.2e (CCQ's part %.2e) dlambda %.2e (CCQ moves q by %.2e)\n",
                   what.c_str(), e.qc, e.K, e.m, e.dq, e.dk, e.dk_add, e.dl, e.effect);
@@ -441,12 +440,11 @@ TEST(LinearMethodsCuda, CcqMatchesCpuReference) {
       EXPECT_GT(e.effect, 1e-2) << what;
       EXPECT_TRUE(e.same_bits) << what << ": a second call gave different bits";
     }
-    unsetenv("LAR_CCQ_FWD");
     unsetenv("LAR_CCQ_BWD");
   }
 }
 
-// The tuning settings are checked: a bad LAR_CCQ_GROUP, LAR_CCQ_FWD or LAR_CCQ_BWD is an error that names
+// The tuning settings are checked: a bad LAR_CCQ_GROUP or LAR_CCQ_BWD is an error that names
 // it, raised before anything runs.
 TEST(LinearMethodsCuda, CcqRejectsBadSettings) {
   gl::DeltaShape s;
@@ -469,7 +467,8 @@ TEST(LinearMethodsCuda, CcqRejectsBadSettings) {
     EXPECT_NE(message("LAR_CCQ_GROUP", bad, false).find(std::string("LAR_CCQ_GROUP=") + bad + ": expected"),
               std::string::npos)
         << bad;
-  EXPECT_NE(message("LAR_CCQ_BWD", "fast", true).find("LAR_CCQ_BWD=fast: expected seq, par, one, ws or ws2"),
-            std::string::npos);
-  EXPECT_NE(message("LAR_CCQ_FWD", "seq", false).find("LAR_CCQ_FWD=seq: expected par or one"), std::string::npos);
+  for (const char* bad : {"fast", "seq", "one"})
+    EXPECT_NE(message("LAR_CCQ_BWD", bad, true).find(std::string("LAR_CCQ_BWD=") + bad + ": expected auto, par or ws"),
+              std::string::npos)
+        << bad;
 }

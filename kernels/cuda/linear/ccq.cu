@@ -4,11 +4,12 @@
 // The backbone then runs on q_c; its gradient on q_c comes back here as dqc. See
 // linear_methods.hpp for the contract.
 //
-// Chunk-parallel (docs/perf.md, "CCQ chunk-parallel"). The statistics have no decay, so the
-// state before a chunk is a prefix sum of per-chunk terms, and the gradients on it (GK on
-// K_prev, Gm on m_prev) are suffix sums. Chunks (64 tokens) are taken in groups of kGroup;
-// the forward, and the backward with LAR_CCQ_BWD=par, are three launches each (the default
-// backward is the sequential kernel at the end of this file, measured faster: docs/perf.md):
+// Chunk-parallel (docs/perf.md, "CCQ chunk-parallel" and "CCQ, session 6"). The statistics
+// have no decay, so the state before a chunk is a prefix sum of per-chunk terms, and the
+// gradients on it (GK on K_prev, Gm on m_prev) are suffix sums. Chunks (64 tokens) are taken
+// in groups of kGroup; the forward, and the backward when B·H is too small to fill the GPU
+// (else the warp-specialised kernel below: one 16-warp CTA per (b, h) from the forward's final
+// statistics), are three launches each:
 //   stats   one CTA per (group, h, b): the group's own sums (fwd: Σ KᵀK, Σ k; bwd also
 //           GK = Σ dAᵀQ, W = Σ (λ/t²)(g qᵀ + q gᵀ) and Gm with m = 0 at the group start)
 //   scan    per (b, h), 8 CTAs of 8 rows (a warp per row): inclusive prefix of K, m over the groups (+
@@ -26,6 +27,7 @@
 //            dk += S2'ᵀ Q + S1'ᵀ dA + K (GK + GKᵀ) + Gm,  GK += dAᵀ Q,  Gm += Σ_i (a g + b q)
 #include <cuda_bf16.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
@@ -49,7 +51,7 @@ struct QParams {
   bf16 *qc, *dq, *dk;
   float *Kout, *mout, *dlam;
   float* ws;  // workspace records [B, H, ng, rec]
-  const float *Kfin, *mfin;  // the sequential backward's start: the forward's final statistics
+  const float *Kfin, *mfin;  // the warp-specialised backward's start: the forward's final statistics
   int B, T, H, nc, G, ng, rec, centered;  // G chunks per group, ng groups
   double t0;  // tokens seen before this call
 };
@@ -425,10 +427,7 @@ __global__ void __launch_bounds__(NT) ccq_scan_kernel(const QParams p) {
 // Q K ×2 (prefetch), Ks P (bf16), m ping-pong, row sums of (QKᵀ⊙L) [2][C], m_prevᵀq, λ, 1/t.
 constexpr size_t kQFwdSmem = 6 * TILE * sizeof(bf16) + (2 * C + 2 * C + C + C + C) * sizeof(float);
 
-// kOne: one CTA per (b, h) walks all the chunks (grid.x = 1, G = nc) from K0, m0 and writes the
-// final statistics itself: no stats pass, no scan, no workspace.
-template <bool kOne>
-__global__ void __launch_bounds__(NT, kOne ? 1 : 2) ccq_fwd_kernel(const QParams p) {
+__global__ void __launch_bounds__(NT, 2) ccq_fwd_kernel(const QParams p) {
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* base = reinterpret_cast<bf16*>(smem);
   bf16* sQb = base;  // two buffers each (prefetch)
@@ -481,7 +480,7 @@ __global__ void __launch_bounds__(NT, kOne ? 1 : 2) ccq_fwd_kernel(const QParams
     zero(R);
     zero(P);
     gemm_same_a<false, false, false>(P, sK, R, sKs, sQ, L);
-    if (ci + 1 < c1 || (kOne && p.Kout)) gemm<true, true>(Ks, sK, sK, L);
+    if (ci + 1 < c1) gemm<true, true>(Ks, sK, sK, L);
     {
       float rs[2] = {0.f, 0.f};
 #pragma unroll
@@ -542,10 +541,6 @@ __global__ void __launch_bounds__(NT, kOne ? 1 : 2) ccq_fwd_kernel(const QParams
     }
     __syncthreads();
   }
-  if (kOne) {  // the final statistics (the scan writes them in the chunk-parallel forward)
-    if (p.Kout) frag_store_f(p.Kout + bh * D * D, Ks, L);
-    if (p.mout && tid < C) p.mout[bh * D + tid] = sMv[((c1 - c0) & 1) * C + tid];
-  }
 }
 
 // ---------------------------------------------------------------- backward (main)
@@ -553,11 +548,7 @@ __global__ void __launch_bounds__(NT, kOne ? 1 : 2) ccq_fwd_kernel(const QParams
 // per-row: λ, 1/t, m·q, m·g, mq, mg, a, b, row partials [2][C] of Σ_{j>i} s1, Σ_{j>i} p, Σ s1·p, q·X.
 constexpr size_t kQBwdSmem = 11 * TILE * sizeof(bf16) + (2 * C + 2 * C + 8 * C + 4 * 2 * C) * sizeof(float);
 
-// kOne: one CTA per (b, h) walks all the chunks (grid.x = 1, G = nc) from the forward's final
-// statistics (K, m after the last chunk; GK = Gm = 0 after it): no stats pass, no scan, no
-// workspace; one CTA per SM, so it may use up to 255 registers.
-template <bool kOne>
-__global__ void __launch_bounds__(NT, kOne ? 1 : 2) ccq_bwd_kernel(const QParams p) {
+__global__ void __launch_bounds__(NT, 2) ccq_bwd_kernel(const QParams p) {
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* base = reinterpret_cast<bf16*>(smem);
   bf16* sQb = base;  // two buffers each (prefetch)
@@ -589,19 +580,12 @@ __global__ void __launch_bounds__(NT, kOne ? 1 : 2) ccq_bwd_kernel(const QParams
   const int c0 = g * p.G, c1 = min(p.nc, c0 + p.G);
   const bool cen = p.centered;
 
-  // K, m after the group (the scan's inclusive prefix, or fin); GK, Gm of everything after it
+  // K, m after the group (the scan's inclusive prefix); GK, Gm of everything after it
+  const float* R0 = rec(p, b, h, g);
   Acc Kc, GK;
-  if (kOne) {
-    const size_t bh = static_cast<size_t>(b) * p.H + h;
-    frag_load_f(Kc, p.Kfin + bh * D * D, L);
-    zero(GK);
-    if (tid < C) sMv[tid] = p.mfin[bh * D + tid], sGm[tid] = 0.f;
-  } else {
-    const float* R0 = rec(p, b, h, g);
-    frag_load_f(Kc, R0 + kOffK, L);
-    frag_load_f(GK, R0 + kOffGK, L);
-    if (tid < C) sMv[tid] = R0[kOffM + tid], sGm[tid] = R0[kOffGm + tid];
-  }
+  frag_load_f(Kc, R0 + kOffK, L);
+  frag_load_f(GK, R0 + kOffGK, L);
+  if (tid < C) sMv[tid] = R0[kOffM + tid], sGm[tid] = R0[kOffGm + tid];
   auto prefetch = [&](int ci, int buf) {
     const int t0 = ci * C, n = min(C, p.T - t0);
     load_tile(sQb + buf * TILE, p.q + qrow(p, b, t0, h), stride, n);
@@ -623,20 +607,6 @@ __global__ void __launch_bounds__(NT, kOne ? 1 : 2) ccq_bwd_kernel(const QParams
     cp_async_commit();
     put_rows(p, t0, lam_nx, sLam, sInv);
     lam_nx = ci > c0 ? lam_of(p, b, h, ci - 1) : 0.f;
-    // this chunk's rows of the backbone's dk (CCQ's part is added in the epilogue): loaded
-    // early, so that the read's latency hides behind GEMMs (at the chunk's start with kOne;
-    // before the dk GEMMs otherwise, where the 128-register bound leaves room for them)
-    uint32_t dk_old[2][4];
-    auto load_dk_old = [&] {
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int j = L.row(2 * hh);
-#pragma unroll
-        for (int nt = 0; nt < 4; ++nt)
-          dk_old[hh][nt] = j < n ? *reinterpret_cast<const uint32_t*>(p.dk + qrow(p, b, t0 + j, h) + L.col(nt, 0)) : 0u;
-      }
-    };
-    if (kOne) load_dk_old();
     store_bf(sGK, GK, L, [](float x, int, int) { return x; });
     cp_async_wait<1>();
     __syncthreads();
@@ -741,7 +711,16 @@ __global__ void __launch_bounds__(NT, kOne ? 1 : 2) ccq_bwd_kernel(const QParams
         if (L.tig == 0) sXq[L.wn * C + i] = xq;
       }
     }
-    if (!kOne) load_dk_old();
+    // this chunk's rows of the backbone's dk (CCQ's part is added below), read before the dk
+    // GEMMs so that the read's latency hides behind them (not earlier: 128 registers)
+    uint32_t dk_old[2][4];
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int j = L.row(2 * hh);
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+        dk_old[hh][nt] = j < n ? *reinterpret_cast<const uint32_t*>(p.dk + qrow(p, b, t0 + j, h) + L.col(nt, 0)) : 0u;
+    }
     {
       Acc dk;
       zero(dk);
@@ -783,18 +762,27 @@ __global__ void __launch_bounds__(NT, kOne ? 1 : 2) ccq_bwd_kernel(const QParams
 }
 
 // ---------------------------------------------------------------- backward (warp-specialised)
-// One CTA of 16 warps per (b, h) walks all the chunks in reverse from fin (as ccq_bwd_kernel
-// <true>), in two teams that work on different chunks at once. Team A (warps 0–7) runs the
-// key-statistics chain and all that depends only on it: K_prev, S1', S2', dA, dq, dλ and the
-// chunk's Gm increment. Team B (warps 8–15) runs the reverse chain one chunk behind:
-// dk = S2'ᵀQ + S1'ᵀdA + K (GK + GKᵀ) + Gm, GK += dAᵀQ. A hands a chunk to B through one of
-// two slots of S1', S2', dA tiles (+ the Gm increment), Q and K through three slots (A's
-// chunk, B's chunk, the prefetch), with named barriers: FULL_s (A arrives, B waits) and
-// EMPTY_s (B arrives, A waits before it refills slot s two chunks later).
+// The default backward when B·H fills the GPU (ccq_bwd's rule): one CTA of 16 warps per (b, h)
+// walks all the chunks in reverse from the forward's final statistics (fin: K, m after the
+// last chunk; GK = Gm = 0 after it), so there is no stats pass, no scan and no workspace, in
+// two teams that work on different chunks at once:
+//   team A (warps 0–7): the key-statistics chain (K_prev = K − KᵀK, m_prev) and what depends
+//     only on it: s1 = QKᵀ, pk = GKᵀ, mq, mg, S1', S2', dA, the per-row scalars and the
+//     chunk's Gm increment (3 GEMMs and the scalar passes, 3 barriers);
+//   team B (warps 8–15), one chunk behind: X = G K_prev, dq, dλ, dk = S2'ᵀQ + S1'ᵀdA +
+//     K (GK + GKᵀ) + Gm and GK += dAᵀQ (7 GEMMs, 1 barrier).
+// A hands a chunk to B through one of two slots (S1', S2', dA, K_prev tiles and the per-row
+// vectors) and Q, K, G through three (A's chunk, B's chunk, the prefetch), with named
+// barriers: FULL_s (A arrives, B waits) and EMPTY_s (B arrives once it has finished the
+// chunk's dλ at the start of its next chunk; A waits before it refills slot s two chunks
+// later). GK, Gm stay in B's registers, K_prev in A's: fixed order, no atomics.
+// (Measured against the 8-warp main kernel run over all chunks from fin, 0.40 ms, and a split
+// with dq in team A, 0.38 ms: docs/perf.md.)
 constexpr int kWsThreads = 2 * NT;
 constexpr int kBarA = 1, kBarB = 2, kBarFull = 3, kBarEmpty = 5;  // FULL_s = 3 + s, EMPTY_s = 5 + s
-// Q K ×3, G ×2, S1' S2' dA ×2, K_prev, GK ×2 (bf16); m ping-pong, per-row scalars, Gm increments ×2
-constexpr size_t kQBwdWsSmem = 17 * TILE * sizeof(bf16) + 20 * C * sizeof(float);
+// Q K G ×3, S1' S2' dA K_prev ×2, GK ×2 (bf16); per slot m, λ, 1/t, mq, mg, b, Gm increment
+// (+ a spare), Σs1·pk and q·X halves; row partials of s1 and pk, m·q, m·g, a.
+constexpr size_t kQBwdWsSmem = 19 * TILE * sizeof(bf16) + (2 * 8 * C + 2 * 2 * C + 2 * 2 * C + 2 * C + 2 * C + 3 * C) * sizeof(float);
 
 __device__ __forceinline__ void bar_sync(int id, int n) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
@@ -804,245 +792,6 @@ __device__ __forceinline__ void bar_arrive(int id, int n) {
 }
 
 __global__ void __launch_bounds__(kWsThreads, 1) ccq_bwd_ws_kernel(const QParams p) {
-  extern __shared__ __align__(128) unsigned char smem[];
-  bf16* base = reinterpret_cast<bf16*>(smem);
-  bf16* sQb = base;  // three slots each
-  bf16* sKb = base + 3 * TILE;
-  bf16* sGb = base + 6 * TILE;  // two slots (team A only)
-  bf16* sS1b = base + 8 * TILE;  // two hand-off slots each
-  bf16* sS2b = base + 10 * TILE;
-  bf16* sdAb = base + 12 * TILE;
-  bf16* sKs = base + 14 * TILE;  // team A: K_prev
-  bf16* sGKb = base + 15 * TILE;  // team B: GK, two slots
-  float* fb = reinterpret_cast<float*>(base + 17 * TILE);
-  float* sMv = fb;  // [2][C] ping-pong, m
-  float* sLam = fb + 2 * C;
-  float* sInv = fb + 3 * C;
-  float* sMcq = fb + 4 * C;
-  float* sMcg = fb + 5 * C;
-  float* sMq = fb + 6 * C;
-  float* sMg = fb + 7 * C;
-  float* sA = fb + 8 * C;
-  float* sB = fb + 9 * C;
-  float* sSu1 = fb + 10 * C;  // [2][C] each from here
-  float* sSu2 = fb + 12 * C;
-  float* sRsp = fb + 14 * C;
-  float* sXq = fb + 16 * C;
-  float* sGinc = fb + 18 * C;  // hand-off slots
-  const int h = blockIdx.x, b = blockIdx.y, nc = p.nc;
-  const size_t bh = static_cast<size_t>(b) * p.H + h, stride = static_cast<size_t>(p.H) * D;
-  const bool cen = p.centered;
-
-  if (threadIdx.x < NT) {  // ---- team A (threadIdx.x < NT: the helpers' thread mappings hold)
-    const Lane L;
-    const int tid = threadIdx.x;
-    Acc Kc;
-    frag_load_f(Kc, p.Kfin + bh * D * D, L);
-    if (tid < C) sMv[tid] = p.mfin[bh * D + tid];
-    auto prefetch = [&](int ci, int it) {
-      const int t0 = ci * C, n = min(C, p.T - t0);
-      load_tile(sQb + (it % 3) * TILE, p.q + qrow(p, b, t0, h), stride, n);
-      load_tile(sKb + (it % 3) * TILE, p.k + qrow(p, b, t0, h), stride, n);
-      load_tile(sGb + (it & 1) * TILE, p.dqc + qrow(p, b, t0, h), stride, n);
-    };
-    prefetch(nc - 1, 0);
-    cp_async_commit();
-    float lam_nx = lam_of(p, b, h, nc - 1);
-    for (int ci = nc - 1; ci >= 0; --ci) {
-      const int it = nc - 1 - ci, s = it & 1, t0 = ci * C, n = min(C, p.T - t0);
-      const bf16 *sQ = sQb + (it % 3) * TILE, *sK = sKb + (it % 3) * TILE, *sG = sGb + s * TILE;
-      bf16 *sS1 = sS1b + s * TILE, *sS2 = sS2b + s * TILE, *sdA = sdAb + s * TILE;
-      const float* mcur = sMv + s * C;
-      float* mprev = sMv + (s ^ 1) * C;
-      // slot s and Q/K slot (it + 1) % 3 were B's two chunks ago
-      if (it >= 2) bar_sync(kBarEmpty + s, kWsThreads);
-      if (ci > 0) prefetch(ci - 1, it + 1);
-      cp_async_commit();
-      put_rows(p, t0, lam_nx, sLam, sInv);
-      lam_nx = ci > 0 ? lam_of(p, b, h, ci - 1) : 0.f;
-      cp_async_wait<1>();
-      bar_sync(kBarA, NT);
-      // phase A: K_prev = K − KᵀK; s1 = QKᵀ, pk = GKᵀ (registers) and their row partials;
-      // m·q, m·g with the m after the chunk; m_prev; dA = −λ g/t
-      {
-        Acc a;
-        zero(a);
-        gemm<true, true>(a, sK, sK, L);
-#pragma unroll
-        for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) Kc[nt][e] -= a[nt][e];
-        store_bf(sKs, Kc, L, [](float x, int, int) { return x; });
-      }
-      Acc s1, pk;
-      zero(s1), zero(pk);
-      gemm_same_b<false, false, false>(s1, sQ, pk, sG, sK, L);
-      {
-        float u1[2] = {0.f, 0.f}, u2[2] = {0.f, 0.f}, sp[2] = {0.f, 0.f};
-#pragma unroll
-        for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            if (L.col(nt, e) > L.row(e)) {
-              u1[e >> 1] += s1[nt][e], u2[e >> 1] += pk[nt][e];
-            } else {
-              sp[e >> 1] += s1[nt][e] * pk[nt][e];
-            }
-          }
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const float x = quad_sum(u1[hh]), y = quad_sum(u2[hh]), z = quad_sum(sp[hh]);
-          const int i = L.wn * C + L.row(2 * hh);
-          if (L.tig == 0) sSu1[i] = x, sSu2[i] = y, sRsp[i] = z;
-        }
-      }
-      {
-        const int r = tid >> 2, part = tid & 3;
-        float x, y;
-        row_dots<true>(mcur, sQ, sG, x, y);
-        if (part == 0) sMcq[r] = x, sMcg[r] = y;
-        const float tot = col_sum(sK);
-        if (part == 0) mprev[r] = mcur[r] - tot;  // (column r: col_sum's column is tid/4 too)
-      }
-      for (int i = tid; i < C * 32; i += NT) {
-        const int t = i >> 5, c = 2 * (i & 31);
-        const float f = -sLam[t] * sInv[t];
-        const float2 gg = bf2(sG, t, c);
-        *reinterpret_cast<uint32_t*>(sdA + t * LD + c) = pack(f * gg.x, f * gg.y);
-      }
-      bar_sync(kBarA, NT);
-      // phase A2: mq_i = M_iᵀq_i = (m after the chunk)ᵀq_i − Σ_{j>i} k_jᵀq_i (mg alike); S1', S2'
-      float rmq[2], rmg[2], rinv[2], rlam[2];
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int i = L.row(2 * hh);
-        rmq[hh] = sMcq[i] - (sSu1[i] + sSu1[C + i]);
-        rmg[hh] = sMcg[i] - (sSu2[i] + sSu2[C + i]);
-        rinv[hh] = sInv[i], rlam[hh] = sLam[i];
-      }
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const int i = L.row(2 * hh), j = L.col(nt, 0);
-          const float inv = rinv[hh], lam = rlam[hh], fa = -lam * inv;
-          const float o1 = cen ? rmq[hh] * inv : 0.f, o2 = cen ? lam * rmg[hh] * inv * inv : 0.f;
-          const float a0 = j <= i ? s1[nt][2 * hh] - o1 : 0.f, a1 = j + 1 <= i ? s1[nt][2 * hh + 1] - o1 : 0.f;
-          const float b0 = j <= i ? fa * pk[nt][2 * hh] + o2 : 0.f, b1 = j + 1 <= i ? fa * pk[nt][2 * hh + 1] + o2 : 0.f;
-          *reinterpret_cast<uint32_t*>(sS1 + i * LD + j) = pack(a0, a1);
-          *reinterpret_cast<uint32_t*>(sS2 + i * LD + j) = pack(b0, b1);
-        }
-      if (tid < C) {
-        const float mq = sMcq[tid] - (sSu1[tid] + sSu1[C + tid]), mg = sMcg[tid] - (sSu2[tid] + sSu2[C + tid]);
-        const float f = sLam[tid] * sInv[tid] * sInv[tid];
-        sMq[tid] = mq, sMg[tid] = mg, sA[tid] = f * mq, sB[tid] = f * mg;
-      }
-      bar_sync(kBarA, NT);
-      // the chunk's Gm increment Σ_i (a g + b q), then the chunk goes to team B
-      float* ginc = sGinc + s * C;
-      if (cen) {
-        const float2 x = pair_sum(col_pair_part(sA, sG, sB, sQ));
-        const int c = 2 * (tid >> 3);
-        if ((tid & 7) == 0) ginc[c] = x.x, ginc[c + 1] = x.y;
-      } else if (tid < C) {
-        ginc[tid] = 0.f;
-      }
-      bar_arrive(kBarFull + s, kWsThreads);
-      // phase B (A's part): X = G K_prev, dq = g − (λ/t) X + S2' K + b m_prev; q·X
-      {
-        Acc X, dq;
-        zero(X), zero(dq);
-        gemm2<false, true, false, true>(X, sG, sKs, dq, sS2, sK, L);
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const int i = L.row(2 * hh);
-          const float fa = -rlam[hh] * rinv[hh], bb = cen ? sB[i] : 0.f;
-          bf16* dst = p.dq + qrow(p, b, t0 + i, h);
-          float xq = 0.f;
-#pragma unroll
-          for (int nt = 0; nt < 4; ++nt) {
-            const int a = L.col(nt, 0);
-            const float2 q = bf2(sQ, i, a), gg = bf2(sG, i, a), m = *reinterpret_cast<const float2*>(mprev + a);
-            xq += X[nt][2 * hh] * q.x + X[nt][2 * hh + 1] * q.y;
-            const float d0 = gg.x + fa * X[nt][2 * hh] + dq[nt][2 * hh] + bb * m.x;
-            const float d1 = gg.y + fa * X[nt][2 * hh + 1] + dq[nt][2 * hh + 1] + bb * m.y;
-            if (i < n) *reinterpret_cast<uint32_t*>(dst + a) = pack(d0, d1);
-          }
-          xq = quad_sum(xq);
-          if (L.tig == 0) sXq[L.wn * C + i] = xq;
-        }
-      }
-      bar_sync(kBarA, NT);
-      if (tid < n) {
-        const float inv = sInv[tid];
-        const float ga = ((sXq[tid] + sXq[C + tid]) + (sRsp[tid] + sRsp[C + tid])) * inv;
-        p.dlam[(static_cast<size_t>(b) * p.T + t0 + tid) * p.H + h] = -(ga - (cen ? sMg[tid] * sMq[tid] * inv * inv : 0.f));
-      }
-    }
-  } else {  // ---- team B
-    const Lane L(static_cast<int>(threadIdx.x >> 5) - 8);
-    Acc GK;
-    zero(GK);
-    float gm[4][2] = {};  // Gm after the current chunk, columns L.col(nt, e)
-    for (int ci = nc - 1; ci >= 0; --ci) {
-      const int it = nc - 1 - ci, s = it & 1, t0 = ci * C, n = min(C, p.T - t0);
-      const bf16 *sQ = sQb + (it % 3) * TILE, *sK = sKb + (it % 3) * TILE;
-      const bf16 *sS1 = sS1b + s * TILE, *sS2 = sS2b + s * TILE, *sdA = sdAb + s * TILE;
-      bf16* sGK = sGKb + s * TILE;
-      // the backbone's dk of this chunk's rows (CCQ's part is added below), read early
-      uint32_t dk_old[2][4];
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int j = L.row(2 * hh);
-#pragma unroll
-        for (int nt = 0; nt < 4; ++nt)
-          dk_old[hh][nt] = j < n ? *reinterpret_cast<const uint32_t*>(p.dk + qrow(p, b, t0 + j, h) + L.col(nt, 0)) : 0u;
-      }
-      store_bf(sGK, GK, L, [](float x, int, int) { return x; });  // (slot s: last read two chunks ago)
-      bar_sync(kBarFull + s, kWsThreads);
-      bar_sync(kBarB, NT);
-      Acc dk;
-      zero(dk);
-      if (ci > 0)
-        gemm_same_b<true, true, true>(dk, sS2, GK, sdA, sQ, L);  // dk = S2'ᵀ Q; GK += dAᵀ Q
-      else
-        gemm<true, true>(dk, sS2, sQ, L);
-      gemm<true, true>(dk, sS1, sdA, L);
-      gemm_same_a<false, true, false>(dk, sGK, dk, sGK, sK, L);  // K GK + K GKᵀ
-      float inc[4][2];
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) inc[nt][e] = sGinc[s * C + L.col(nt, e)];
-      if (it + 2 < nc) bar_arrive(kBarEmpty + s, kWsThreads);  // (A waits for it two chunks on)
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int j = L.row(2 * hh);
-        if (j >= n) continue;
-        bf16* row = p.dk + qrow(p, b, t0 + j, h);
-#pragma unroll
-        for (int nt = 0; nt < 4; ++nt) {
-          const float2 old = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&dk_old[hh][nt]));
-          *reinterpret_cast<uint32_t*>(row + L.col(nt, 0)) =
-              pack(old.x + (dk[nt][2 * hh] + gm[nt][0]), old.y + (dk[nt][2 * hh + 1] + gm[nt][1]));
-        }
-      }
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt) gm[nt][0] += inc[nt][0], gm[nt][1] += inc[nt][1];
-    }
-  }
-}
-
-// The same two teams with dq moved to team B (LAR_CCQ_BWD=ws2): A keeps only the statistics
-// chain, S1', S2', dA and the per-row scalars (3 GEMMs + the scalar passes); B does X = G K_prev,
-// dq, dλ and dk (7 GEMMs). K_prev, G and the per-row scalars go through the hand-off slots too;
-// B finishes a chunk's dλ at the start of its next chunk (after its one barrier) and only then
-// releases the chunk's slot.
-// Q K G ×3, S1' S2' dA K_prev ×2, GK ×2 (bf16); per slot m, λ, 1/t, mq, mg, b, Gm increment
-// (+ a spare), Σs1·pk and q·X halves; row partials of s1 and pk, m·q, m·g, a.
-constexpr size_t kQBwdWs2Smem = 19 * TILE * sizeof(bf16) + (2 * 8 * C + 2 * 2 * C + 2 * 2 * C + 2 * C + 2 * C + 3 * C) * sizeof(float);
-
-__global__ void __launch_bounds__(kWsThreads, 1) ccq_bwd_ws2_kernel(const QParams p) {
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* base = reinterpret_cast<bf16*>(smem);
   bf16* sQb = base;  // three slots each
@@ -1275,218 +1024,10 @@ __global__ void __launch_bounds__(kWsThreads, 1) ccq_bwd_ws2_kernel(const QParam
   }
 }
 
-// ---------------------------------------------------------------- backward (sequential)
-// The default backward (LAR_CCQ_BWD=par selects the chunk-parallel one above): one CTA per
-// (b, h) walks all the chunks in reverse from the forward's final statistics, peeling
-// K_prev = K − KᵀK and m_prev = m − Σk in fp32 and carrying GK, Gm; 13 GEMMs per chunk.
-// Measured faster than the chunk-parallel backward on the H200 (0.81–0.83 ms against
-// 0.85–0.97 ms at B=8 T=4096 H=16: see docs/perf.md), which re-reads q, k, dqc in its stats pass.
-// sM[i][c] = base_c + Σ_{j≤i} K[j][c] − (sub: the column total); returns the column total.
-__device__ __forceinline__ float cumsum_k_seq(const bf16* sK, const float* base, float* sM, bool sub) {
-  const int c = threadIdx.x >> 2, p = threadIdx.x & 3;
-  float v[16];
-#pragma unroll
-  for (int r = 0; r < 16; ++r) v[r] = __bfloat162float(sK[(16 * p + r) * LD + c]) + (r ? v[r - 1] : 0.f);
-  float inc = v[15];
-#pragma unroll
-  for (int o = 1; o < 4; o <<= 1) {
-    const float y = __shfl_up_sync(FULL, inc, o);
-    if (p >= o) inc += y;
-  }
-  const float total = __shfl_sync(FULL, inc, (threadIdx.x & 31) | 3);
-  const float ex = inc - v[15] + base[c] - (sub ? total : 0.f);
-#pragma unroll
-  for (int r = 0; r < 16; ++r) sM[(16 * p + r) * LDF + c] = v[r] + ex;
-  return total;
-}
-// Q K G(dqc) Ks S1 dA S2 GK (bf16), M, dM (fp32), m and Gm ping-pong, mq, mg, dλ partials, λ.
-constexpr size_t kQBwdSeqSmem = 8 * TILE * sizeof(bf16) + (2 * TILEF + 4 * C + C + C + 2 * C + C) * sizeof(float);
-
-__global__ void __launch_bounds__(NT, 1) ccq_bwd_seq_kernel(const QParams p) {
-  extern __shared__ __align__(128) unsigned char smem[];
-  bf16* sQ = reinterpret_cast<bf16*>(smem);
-  bf16* sK = sQ + TILE;
-  bf16* sG = sK + TILE;
-  bf16* sKs = sG + TILE;
-  bf16* sS1 = sKs + TILE;
-  bf16* sdA = sS1 + TILE;
-  bf16* sS2 = sdA + TILE;
-  bf16* sGK = sS2 + TILE;
-  float* sM = reinterpret_cast<float*>(sGK + TILE);
-  float* sDM = sM + TILEF;
-  float* sMv0 = sDM + TILEF;
-  float* sMv1 = sMv0 + C;
-  float* sGm0 = sMv1 + C;
-  float* sGm1 = sGm0 + C;
-  float* sMq = sGm1 + C;
-  float* sMg = sMq + C;
-  float* sDl = sMg + C;  // [2][C]
-  float* sLam = sDl + 2 * C;
-  const Lane L;
-  const int h = blockIdx.x, b = blockIdx.y, tid = threadIdx.x;
-  const size_t bh = static_cast<size_t>(b) * p.H + h, stride = static_cast<size_t>(p.H) * D;
-
-  Acc Kc, GK;  // statistic at the end of the chunk (peeled to its start), gradient on later K_prev
-#pragma unroll
-  for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) Kc[nt][e] = p.Kfin[bh * D * D + L.row(e) * D + L.col(nt, e)], GK[nt][e] = 0.f;
-  if (tid < C) sMv0[tid] = p.mfin[bh * D + tid], sGm0[tid] = 0.f;
-
-  for (int ci = p.nc - 1, it = 0; ci >= 0; --ci, ++it) {
-    float* mcur = (it & 1) ? sMv1 : sMv0;
-    float* mprev = (it & 1) ? sMv0 : sMv1;
-    float* gmcur = (it & 1) ? sGm1 : sGm0;
-    float* gmnext = (it & 1) ? sGm0 : sGm1;
-    const int t0 = ci * C, n = min(C, p.T - t0);
-    load_tile(sQ, p.q + qrow(p, b, t0, h), stride, n);
-    load_tile(sK, p.k + qrow(p, b, t0, h), stride, n);
-    load_tile(sG, p.dqc + qrow(p, b, t0, h), stride, n);
-    cp_async_commit();
-    if (tid < C) sLam[tid] = tid < n ? p.lam[(static_cast<size_t>(b) * p.T + t0 + tid) * p.H + h] : 0.f;
-    store_bf(sGK, GK, L, [](float x, int, int) { return x; });
-    cp_async_wait<0>();
-    __syncthreads();
-    // phase A: K_prev = K − Kᵀ K (→ Ks), S1 = (Q Kᵀ) ⊙ L, M = m_prev + cumsum k, dA = −λ g / t
-    {
-      Acc a, s1;
-      zero(a);
-      zero(s1);
-      gemm2<true, true, false, false>(a, sK, sK, s1, sQ, sK, L);
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) Kc[nt][e] -= a[nt][e];
-      store_bf(sKs, Kc, L, [](float x, int, int) { return x; });
-      store_bf(sS1, s1, L, [](float x, int i, int j) { return i >= j ? x : 0.f; });
-    }
-    {
-      const float tot = cumsum_k_seq(sK, mcur, sM, true);
-      if ((tid & 3) == 0) mprev[tid >> 2] = mcur[tid >> 2] - tot;
-    }
-    for (int i = tid; i < C * 32; i += NT) {
-      const int t = i >> 5, c = 2 * (i & 31);
-      const float f = -sLam[t] / static_cast<float>(p.t0 + t0 + t + 1);
-      *reinterpret_cast<uint32_t*>(sdA + t * LD + c) = pack(f * bf(sG, t, c), f * bf(sG, t, c + 1));
-    }
-    __syncthreads();
-    // phase B: R = Q K_prev + S1 K; mq = Mᵀq, mg = Mᵀg row by row
-    Acc R;
-    zero(R);
-    gemm<false, false>(R, sQ, sKs, L);
-    gemm<false, true>(R, sS1, sK, L);
-    {
-      const int r = tid >> 2, part = tid & 3;
-      float x = 0.f, y = 0.f;
-#pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        const float mm = sM[r * LDF + 16 * part + j];
-        x += mm * bf(sQ, r, 16 * part + j);
-        y += mm * bf(sG, r, 16 * part + j);
-      }
-      x = quad_sum(x);
-      y = quad_sum(y);
-      if (part == 0) sMq[r] = x, sMg[r] = y;
-    }
-    __syncthreads();
-    // phase C: dλ partials, S2 = (dA Kᵀ) ⊙ L, dq = dA K_prev, GK += dAᵀ Q, dM (reverse cumsum + Gm)
-    {
-      float dl[2] = {0.f, 0.f};
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int i = L.row(e), a = L.col(nt, e);
-          const float inv = 1.f / static_cast<float>(p.t0 + t0 + i + 1);
-          float r = R[nt][e] * inv;
-          if (p.centered) r -= sM[i * LDF + a] * sMq[i] * inv * inv;
-          dl[e >> 1] += bf(sG, i, a) * r;
-        }
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        float x = dl[hh];
-        x = quad_sum(x);
-        if (L.tig == 0) sDl[L.wn * C + L.row(2 * hh)] = x;
-      }
-    }
-    Acc dq;
-    {
-      Acc s2;
-      zero(s2);
-      zero(dq);
-      gemm2<false, false, false, false>(s2, sdA, sK, dq, sdA, sKs, L);
-      store_bf(sS2, s2, L, [](float x, int i, int j) { return i >= j ? x : 0.f; });
-    }
-    gemm<true, true>(GK, sdA, sQ, L);
-    {  // dM_i = (λ g mq − q mdr)/t², mdr = −λ mg; then suffix sums per column, + Gm
-      const int c = tid >> 2, part = tid & 3;
-      float v[16];
-#pragma unroll
-      for (int rr = 15; rr >= 0; --rr) {
-        const int i = 16 * part + rr;
-        const float inv = 1.f / static_cast<float>(p.t0 + t0 + i + 1), lam = sLam[i];
-        const float x = p.centered ? (lam * bf(sG, i, c) * sMq[i] + bf(sQ, i, c) * lam * sMg[i]) * inv * inv : 0.f;
-        v[rr] = x + (rr < 15 ? v[rr + 1] : 0.f);
-      }
-      float inc = v[0];
-#pragma unroll
-      for (int o = 1; o < 4; o <<= 1) {
-        const float y = __shfl_down_sync(FULL, inc, o);
-        if (part + o < 4) inc += y;
-      }
-      const float total = __shfl_sync(FULL, inc, (threadIdx.x & 31) & ~3);
-      const float ex = inc - v[0] + gmcur[c];
-#pragma unroll
-      for (int rr = 0; rr < 16; ++rr) sDM[(16 * part + rr) * LDF + c] = v[rr] + ex;
-      if (part == 0) gmnext[c] = gmcur[c] + total;
-    }
-    __syncthreads();
-    // phase D: dq += S2 K, + g − M mdr/t²; dk += S2ᵀ Q + S1ᵀ dA + K (GK + GKᵀ) + dM sums
-    gemm<false, true>(dq, sS2, sK, L);
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int i = L.row(2 * hh), a = L.col(nt, 0);
-        if (i >= n) continue;
-        const float inv = 1.f / static_cast<float>(p.t0 + t0 + i + 1);
-        const float mdr = -sLam[i] * sMg[i];
-        float d0 = dq[nt][2 * hh] + bf(sG, i, a), d1 = dq[nt][2 * hh + 1] + bf(sG, i, a + 1);
-        if (p.centered) {
-          d0 -= sM[i * LDF + a] * mdr * inv * inv;
-          d1 -= sM[i * LDF + a + 1] * mdr * inv * inv;
-        }
-        *reinterpret_cast<uint32_t*>(p.dq + qrow(p, b, t0 + i, h) + a) = pack(d0, d1);
-      }
-    {
-      Acc dk;
-      zero(dk);
-      gemm<true, true>(dk, sS2, sQ, L);
-      gemm<true, true>(dk, sS1, sdA, L);
-      gemm<false, true>(dk, sK, sGK, L);
-      gemm<false, false>(dk, sK, sGK, L);
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const int j = L.row(2 * hh), a = L.col(nt, 0);
-          if (j >= n) continue;
-          uint32_t* dst = reinterpret_cast<uint32_t*>(p.dk + qrow(p, b, t0 + j, h) + a);
-          const __nv_bfloat162 old = *reinterpret_cast<const __nv_bfloat162*>(dst);
-          *dst = pack(__low2float(old) + dk[nt][2 * hh] + sDM[j * LDF + a],
-                      __high2float(old) + dk[nt][2 * hh + 1] + sDM[j * LDF + a + 1]);
-        }
-    }
-    if (tid < C && tid < n)
-      p.dlam[(static_cast<size_t>(b) * p.T + t0 + tid) * p.H + h] = -(sDl[tid] + sDl[C + tid]);
-    __syncthreads();
-  }
-}
-
 // ---------------------------------------------------------------- host side
 // LAR_CCQ_GROUP=N (chunks per group of the chunk-parallel passes, 1–64; default kGroup) and
-// LAR_CCQ_BWD=seq|par (the sequential backward, the default, or the chunk-parallel one) are
-// read at every call, so that a test can run each setting; anything else is an error.
+// LAR_CCQ_BWD=auto|par|ws (the backward kernel; auto: ccq_bwd's rule) are read at every
+// call, so that a test can run each setting; anything else is an error.
 int group_chunks() {
   const char* e = std::getenv("LAR_CCQ_GROUP");
   if (!e || !*e) return kGroup;
@@ -1496,19 +1037,26 @@ int group_chunks() {
     throw RuntimeError(std::string("LAR_CCQ_GROUP=") + e + ": expected a number of chunks from 1 to 64");
   return static_cast<int>(v);
 }
-// How a pass runs: seq (the backward's 13-GEMM sequential kernel), par (stats, scan, main
-// over groups of chunks), one (the main kernel alone, one CTA per (b, h) over all chunks).
-enum class Path { kSeq, kPar, kOne, kWs, kWs2 };
-Path path_of(const char* var, Path dflt, bool seq_ok) {
-  const char* e = std::getenv(var);
-  if (!e || !*e) return dflt;
+enum class BwdPath { kAuto, kPar, kWs };
+BwdPath bwd_path() {
+  const char* e = std::getenv("LAR_CCQ_BWD");
+  if (!e || !*e) return BwdPath::kAuto;
   const std::string v = e;
-  if (v == "par") return Path::kPar;
-  if (v == "one") return Path::kOne;
-  if (v == "ws" && seq_ok) return Path::kWs;
-  if (v == "ws2" && seq_ok) return Path::kWs2;
-  if (v == "seq" && seq_ok) return Path::kSeq;
-  throw RuntimeError(std::string(var) + "=" + v + (seq_ok ? ": expected seq, par, one, ws or ws2" : ": expected par or one"));
+  if (v == "auto") return BwdPath::kAuto;
+  if (v == "par") return BwdPath::kPar;
+  if (v == "ws") return BwdPath::kWs;
+  throw RuntimeError("LAR_CCQ_BWD=" + v + ": expected auto, par or ws");
+}
+// auto: the warp-specialised kernel runs one CTA per (b, h) on its own SM, so its time is
+// ⌈B·H / SMs⌉ waves of a whole sequence; the chunk-parallel one spreads B·H·ng CTAs, 2 per SM,
+// and measured 1.45× the warp-specialised time per B·H/SMs (0.50 against 0.34 ms at B=8
+// T=4096 H=16 on 132 SMs; 0.25 against 0.35 at B=4). Take ws while its waves cost less.
+bool use_ws(const QParams& p) {
+  int dev = 0, sms = 0;
+  LAR_CUDA_CHECK(cudaGetDevice(&dev));
+  LAR_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  const double heads = static_cast<double>(p.B) * p.H, waves = std::ceil(heads / sms);
+  return waves < 1.4 * heads / sms;
 }
 
 QParams make_qparams(const DeltaShape& s, const char* what) {
@@ -1536,30 +1084,24 @@ void qlaunch(K kernel, dim3 grid, size_t smem, const QParams& p, cudaStream_t st
 
 void ccq_fwd(const DeltaShape& s, const CcqInputs& in, __nv_bfloat16* qc, const CcqStats& out, cudaStream_t stream) {
   QParams p = make_qparams(s, "ccq_fwd");
-  const Path path = path_of("LAR_CCQ_FWD", Path::kPar, false);
   if (!in.q || !in.k || !in.lambda || !qc) throw RuntimeError("ccq_fwd: q, k, lambda and qc are required");
   if (in.t0 < 0) throw RuntimeError("ccq_fwd: negative t0 " + std::to_string(in.t0));
   p.q = in.q, p.k = in.k, p.lam = in.lambda, p.K0 = in.K0, p.m0 = in.m0, p.centered = in.centered ? 1 : 0;
   p.t0 = static_cast<double>(in.t0);
   p.qc = qc, p.Kout = out.K, p.mout = out.m;
-  if (path == Path::kOne) {
-    p.G = p.nc, p.ng = 1;
-    qlaunch(ccq_fwd_kernel<true>, dim3(1, p.H, p.B), kQFwdSmem, p, stream);
-    return;
-  }
   p.rec = kRecF;
   Scratch ws(stream);
   p.ws = ws.get<float>(static_cast<size_t>(p.B) * p.H * p.ng * p.rec);
   const dim3 groups(p.ng, p.H, p.B), slices(D / 8, p.H, p.B);
   qlaunch(ccq_stats_fwd_kernel, groups, kStatsFwdSmem, p, stream);
   qlaunch(ccq_scan_kernel<false>, slices, 0, p, stream);
-  qlaunch(ccq_fwd_kernel<false>, groups, kQFwdSmem, p, stream);
+  qlaunch(ccq_fwd_kernel, groups, kQFwdSmem, p, stream);
 }
 
 void ccq_bwd(const DeltaShape& s, const CcqInputs& in, const CcqStats& fin, const __nv_bfloat16* dqc,
              __nv_bfloat16* dq, __nv_bfloat16* dk, float* dlambda, cudaStream_t stream) {
   QParams p = make_qparams(s, "ccq_bwd");
-  const Path path = path_of("LAR_CCQ_BWD", Path::kSeq, true);
+  const BwdPath path = bwd_path();
   if (!in.q || !in.k || !in.lambda || !fin.K || !fin.m || !dqc || !dq || !dk || !dlambda)
     throw RuntimeError("ccq_bwd: q, k, lambda, the final statistics, dqc, dq, dk and dlambda are required");
   if (dq == dqc) throw RuntimeError("ccq_bwd: dq must not alias dqc");
@@ -1567,22 +1109,9 @@ void ccq_bwd(const DeltaShape& s, const CcqInputs& in, const CcqStats& fin, cons
   p.q = in.q, p.k = in.k, p.lam = in.lambda, p.K0 = in.K0, p.m0 = in.m0, p.centered = in.centered ? 1 : 0;
   p.t0 = static_cast<double>(in.t0);
   p.dqc = dqc, p.dq = dq, p.dk = dk, p.dlam = dlambda;
-  p.Kfin = fin.K, p.mfin = fin.m;
-  if (path == Path::kSeq) {  // default: the sequential backward, from fin
-    qlaunch(ccq_bwd_seq_kernel, dim3(p.H, p.B), kQBwdSeqSmem, p, stream);
-    return;
-  }
-  if (path == Path::kWs) {  // two warp teams over all chunks, from fin
+  if (path == BwdPath::kWs || (path == BwdPath::kAuto && use_ws(p))) {  // from fin
+    p.Kfin = fin.K, p.mfin = fin.m;
     qlaunch(ccq_bwd_ws_kernel, dim3(p.H, p.B), kQBwdWsSmem, p, stream, kWsThreads);
-    return;
-  }
-  if (path == Path::kWs2) {  // the two teams with dq in team B
-    qlaunch(ccq_bwd_ws2_kernel, dim3(p.H, p.B), kQBwdWs2Smem, p, stream, kWsThreads);
-    return;
-  }
-  if (path == Path::kOne) {  // the main kernel alone over all chunks, from fin
-    p.G = p.nc, p.ng = 1;
-    qlaunch(ccq_bwd_kernel<true>, dim3(1, p.H, p.B), kQBwdSmem, p, stream);
     return;
   }
   // chunk-parallel: the statistics at every group boundary are rebuilt from K0, m0 and the
@@ -1593,7 +1122,7 @@ void ccq_bwd(const DeltaShape& s, const CcqInputs& in, const CcqStats& fin, cons
   const dim3 groups(p.ng, p.H, p.B), slices(D / 8, p.H, p.B);
   qlaunch(ccq_stats_bwd_kernel, groups, kStatsBwdSmem, p, stream);
   qlaunch(ccq_scan_kernel<true>, slices, 0, p, stream);
-  qlaunch(ccq_bwd_kernel<false>, groups, kQBwdSmem, p, stream);
+  qlaunch(ccq_bwd_kernel, groups, kQBwdSmem, p, stream);
 }
 
 }  // namespace lar::kernels::cuda::linear
