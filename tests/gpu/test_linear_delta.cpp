@@ -31,6 +31,7 @@ using lar::gpu_test::to_bf;
 struct Case {
   int B, T, H;
   bool gated, with_state;
+  double corr = 0.0;  // keys share a common direction with this weight (cosine ≈ corr²), β ≥ 0.5
 };
 
 // Random inputs in [B,T,H,*] layout, already rounded to what the GPU sees.
@@ -45,22 +46,31 @@ Inputs make_inputs(std::mt19937_64& rng, const Case& c) {
   std::uniform_real_distribution<double> ud(0.0, 1.0);
   Inputs in{c.B, c.T, c.H, {}, {}, {}, {}, {}, {}, {}, {}};
   const size_t rows = static_cast<size_t>(c.B) * c.T * c.H;
-  auto unit_rows = [&](std::vector<double>& x) {  // L2-normalised like the layer's q, k
+  std::vector<double> common(D);
+  for (auto& x : common) x = nd(rng);
+  auto unit_rows = [&](std::vector<double>& x, double corr) {  // L2-normalised like the layer's q, k
     x.resize(rows * D);
     for (size_t r = 0; r < rows; ++r) {
       double s = 0;
-      for (int i = 0; i < D; ++i) s += (x[r * D + i] = nd(rng)) * x[r * D + i];
+      for (int i = 0; i < D; ++i) {
+        x[r * D + i] = corr * common[i] + std::sqrt(1.0 - corr * corr) * nd(rng);
+        s += x[r * D + i] * x[r * D + i];
+      }
       for (int i = 0; i < D; ++i) x[r * D + i] = to_bf(x[r * D + i] / std::sqrt(s));
     }
   };
-  unit_rows(in.q);
-  unit_rows(in.k);
+  unit_rows(in.q, 0.0);
+  unit_rows(in.k, c.corr);
   in.v.resize(rows * D);
   in.dO.resize(rows * D);
   for (auto& x : in.v) x = to_bf(nd(rng));
   for (auto& x : in.dO) x = to_bf(nd(rng));
   in.beta.resize(rows);
-  for (auto& x : in.beta) x = static_cast<float>(1.0 / (1.0 + std::exp(-nd(rng))));
+  for (auto& x : in.beta) {
+    x = 1.0 / (1.0 + std::exp(-nd(rng)));
+    if (c.corr > 0) x = 0.5 + 0.5 * x;  // strong updates of correlated keys: the hard case of the solve
+    x = static_cast<float>(x);
+  }
   if (c.gated) {
     in.g.resize(rows);
     // log-sigmoid-like decays: mostly mild, some strong
@@ -161,14 +171,16 @@ struct Buffers {
 
 std::string name(const Case& c) {
   return std::string(c.gated ? "gdn" : "deltanet") + " B=" + std::to_string(c.B) + " T=" + std::to_string(c.T) +
-         " H=" + std::to_string(c.H) + (c.with_state ? " +state" : "");
+         " H=" + std::to_string(c.H) + (c.with_state ? " +state" : "") + (c.corr > 0 ? " corr" : "");
 }
 
 }  // namespace
 
 // Both implementations (kernels/cuda/linear/delta_rule.cu picks one per pass from the shape;
-// LAR_DELTA_PATH forces it): the fused one-CTA-per-(b, h) kernels and the two-phase path
-// (chunk-parallel prep, sequential state pass, chunk-parallel main kernel).
+// LAR_DELTA_PATH forces it): the fused one-CTA-per-(b, h) kernels (T⁻¹ = (I + diag(β) Aw)⁻¹
+// built on tensor cores, applied by GEMM) and the two-phase path (chunk-parallel prep,
+// sequential state pass, chunk-parallel main kernel; fp32 substitutions). The "corr" cases give
+// the keys a common direction (cosine ≈ 0.8) and β ≥ 0.5, where T⁻¹ is far from the identity.
 TEST(LinearDeltaCuda, MatchesCpuReference) {
   int devices = 0;
   ASSERT_EQ(cudaGetDeviceCount(&devices), cudaSuccess);
@@ -179,7 +191,8 @@ TEST(LinearDeltaCuda, MatchesCpuReference) {
   for (const char* path : {"chunked", "fused"}) {
     for (const Case& c : {Case{2, 200, 4, true, true}, Case{1, 100, 3, true, false}, Case{2, 64, 2, false, false},
                           Case{1, 333, 2, false, true}, Case{2, 1, 8, true, true}, Case{1, 1000, 2, true, true},
-                          Case{3, 129, 1, true, false}}) {
+                          Case{3, 129, 1, true, false}, Case{2, 256, 2, true, true, 0.9},
+                          Case{1, 200, 2, false, false, 0.9}}) {
       const ScopedPath forced(path);
       const Inputs in = make_inputs(rng, c);
       Buffers d(in);
