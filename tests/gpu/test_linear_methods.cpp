@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/linear/carve.hpp"
@@ -423,12 +424,15 @@ TEST(LinearMethodsCuda, CcqMatchesCpuReference) {
   for (const CcqCase& c : {CcqCase{2, 200, 3, 0, true}, CcqCase{1, 700, 2, 0, true}, CcqCase{2, 130, 2, 50, true},
                            CcqCase{1, 100, 2, 0, false}, CcqCase{1, 1, 2, 5, true}, CcqCase{2, 1500, 2, 0, true},
                            CcqCase{1, 4645, 1, 7, true}, CcqCase{1, 1100, 2, 3, false}, CcqCase{8, 200, 12, 0, true}}) {
-    // both backward kernels (LAR_CCQ_BWD; the default picks by B·H against the SM count, these
-    // small shapes would all get the chunk-parallel one): chunk-parallel, and warp-specialised
-    // (one 16-warp CTA per (b, h) from the forward's final statistics)
-    for (const char* bwd : {"par", "ws"}) {
+    // both kernels of each pass (LAR_CCQ_FWD, LAR_CCQ_BWD; the default picks by B·H against
+    // the SM count, and these small shapes but the last would get the chunk-parallel ones):
+    // chunk-parallel, and warp-specialised (one 16-warp CTA per (b, h); its backward starts
+    // from the forward's final statistics, so it also runs after the chunk-parallel forward)
+    const std::pair<const char*, const char*> paths[] = {{"par", "par"}, {"ws", "ws"}, {"par", "ws"}};
+    for (const auto& [fwd, bwd] : paths) {
+      setenv("LAR_CCQ_FWD", fwd, 1);
       setenv("LAR_CCQ_BWD", bwd, 1);
-      const std::string what = name(c) + " bwd=" + bwd;
+      const std::string what = name(c) + " fwd=" + fwd + " bwd=" + bwd;
       const CcqErrors e = run_ccq(rng, c);
       std::printf("%s: qc %.2e K %.2e m %.2e dq %.2e dk %.2e (CCQ's part %.2e) dlambda %.2e (CCQ moves q by %.2e)\n",
                   what.c_str(), e.qc, e.K, e.m, e.dq, e.dk, e.dk_add, e.dl, e.effect);
@@ -440,11 +444,12 @@ TEST(LinearMethodsCuda, CcqMatchesCpuReference) {
       EXPECT_GT(e.effect, 1e-2) << what;
       EXPECT_TRUE(e.same_bits) << what << ": a second call gave different bits";
     }
+    unsetenv("LAR_CCQ_FWD");
     unsetenv("LAR_CCQ_BWD");
   }
 }
 
-// The tuning settings are checked: a bad LAR_CCQ_GROUP or LAR_CCQ_BWD is an error that names
+// The tuning settings are checked: a bad LAR_CCQ_GROUP, LAR_CCQ_FWD or LAR_CCQ_BWD is an error that names
 // it, raised before anything runs.
 TEST(LinearMethodsCuda, CcqRejectsBadSettings) {
   gl::DeltaShape s;
@@ -467,8 +472,10 @@ TEST(LinearMethodsCuda, CcqRejectsBadSettings) {
     EXPECT_NE(message("LAR_CCQ_GROUP", bad, false).find(std::string("LAR_CCQ_GROUP=") + bad + ": expected"),
               std::string::npos)
         << bad;
-  for (const char* bad : {"fast", "seq", "one"})
-    EXPECT_NE(message("LAR_CCQ_BWD", bad, true).find(std::string("LAR_CCQ_BWD=") + bad + ": expected auto, par or ws"),
-              std::string::npos)
-        << bad;
+  for (const char* var : {"LAR_CCQ_FWD", "LAR_CCQ_BWD"})
+    for (const char* bad : {"fast", "seq", "one"})
+      EXPECT_NE(message(var, bad, std::string(var) == "LAR_CCQ_BWD")
+                    .find(std::string(var) + "=" + bad + ": expected auto, par or ws"),
+                std::string::npos)
+          << var << "=" << bad;
 }

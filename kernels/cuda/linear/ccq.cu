@@ -7,9 +7,9 @@
 // Chunk-parallel (docs/perf.md, "CCQ chunk-parallel" and "CCQ, session 6"). The statistics
 // have no decay, so the state before a chunk is a prefix sum of per-chunk terms, and the
 // gradients on it (GK on K_prev, Gm on m_prev) are suffix sums. Chunks (64 tokens) are taken
-// in groups of kGroup; the forward, and the backward when B·H is too small to fill the GPU
-// (else the warp-specialised kernel below: one 16-warp CTA per (b, h) from the forward's final
-// statistics), are three launches each:
+// in groups of kGroup; when B·H is too small to fill the GPU (else the warp-specialised
+// kernels below: one 16-warp CTA per (b, h), the forward from K0, m0 and the backward from the
+// forward's final statistics) the forward and the backward are three launches each:
 //   stats   one CTA per (group, h, b): the group's own sums (fwd: Σ KᵀK, Σ k; bwd also
 //           GK = Σ dAᵀQ, W = Σ (λ/t²)(g qᵀ + q gᵀ) and Gm with m = 0 at the group start)
 //   scan    per (b, h), 8 CTAs of 8 rows (a warp per row): inclusive prefix of K, m over the groups (+
@@ -1024,10 +1024,153 @@ __global__ void __launch_bounds__(kWsThreads, 1) ccq_bwd_ws_kernel(const QParams
   }
 }
 
+// ---------------------------------------------------------------- forward (warp-specialised)
+// The default forward when B·H fills the GPU (the same rule as the backward's): one CTA of 16
+// warps per (b, h) walks all the chunks from K0, m0 and writes the final statistics itself (no
+// stats pass, no scan, no workspace), in two teams on different chunks:
+//   team A (warps 0–7): K_prev (bf16, before its update), P = QKᵀ masked with its row sums,
+//     mq, P' = (P − mq/t)⊙L, K += KᵀK, m (2 GEMMs, 2 barriers);
+//   team B (warps 8–15), one chunk behind: R = Q K_prev + P' K and q_c (2 GEMMs, no barrier).
+// Hand-off as in the warp-specialised backward: K_prev, P' and the per-row λ, 1/t, mq/t² in two
+// slots, Q and K in three, m (before each chunk) in three; FULL_s / EMPTY_s named barriers.
+// Q K ×3, K_prev P' ×2 (bf16); m ×3, per slot λ, 1/t, mq/t²; row sums of P [2][C], m·q.
+constexpr size_t kQFwdWsSmem = 10 * TILE * sizeof(bf16) + (3 * C + 2 * 3 * C + 2 * C + C) * sizeof(float);
+
+__global__ void __launch_bounds__(kWsThreads, 1) ccq_fwd_ws_kernel(const QParams p) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  bf16* base = reinterpret_cast<bf16*>(smem);
+  bf16* sQb = base;  // three slots each
+  bf16* sKb = base + 3 * TILE;
+  bf16* sKsb = base + 6 * TILE;  // two hand-off slots each
+  bf16* sPb = base + 8 * TILE;
+  float* fb = reinterpret_cast<float*>(base + 10 * TILE);
+  float* sMb = fb;  // [3][C]: m before the chunk of iteration it is slot it % 3
+  auto sLam = [&](int s) { return fb + 3 * C + s * 3 * C; };
+  auto sInv = [&](int s) { return fb + 4 * C + s * 3 * C; };
+  auto sMt = [&](int s) { return fb + 5 * C + s * 3 * C; };
+  float* sRow = fb + 9 * C;  // [2][C] (team A)
+  float* sMq = fb + 11 * C;  // (team A)
+  const int h = blockIdx.x, b = blockIdx.y, nc = p.nc;
+  const size_t bh = static_cast<size_t>(b) * p.H + h, stride = static_cast<size_t>(p.H) * D;
+  const bool cen = p.centered;
+
+  if (threadIdx.x < NT) {  // ---- team A (threadIdx.x < NT: the helpers' thread mappings hold)
+    const Lane L;
+    const int tid = threadIdx.x;
+    Acc Ks;
+    if (p.K0)
+      frag_load_f(Ks, p.K0 + bh * D * D, L);
+    else
+      zero(Ks);
+    if (tid < C) sMb[tid] = p.m0 ? p.m0[bh * D + tid] : 0.f;
+    auto prefetch = [&](int ci, int it) {
+      const int t0 = ci * C, n = min(C, p.T - t0);
+      load_tile(sQb + (it % 3) * TILE, p.q + qrow(p, b, t0, h), stride, n);
+      load_tile(sKb + (it % 3) * TILE, p.k + qrow(p, b, t0, h), stride, n);
+    };
+    prefetch(0, 0);
+    cp_async_commit();
+    float lam_nx = lam_of(p, b, h, 0);
+    for (int ci = 0; ci < nc; ++ci) {
+      const int it = ci, s = it & 1, t0 = ci * C;
+      const bf16 *sQ = sQb + (it % 3) * TILE, *sK = sKb + (it % 3) * TILE;
+      bf16 *sKs = sKsb + s * TILE, *sP = sPb + s * TILE;
+      const float* mcur = sMb + (it % 3) * C;
+      float* mnext = sMb + ((it + 1) % 3) * C;
+      float *lamv = sLam(s), *invv = sInv(s);
+      // slot s and the Q/K/m slot (it + 1) % 3 were B's two chunks ago
+      if (it >= 2) bar_sync(kBarEmpty + s, kWsThreads);
+      if (ci + 1 < nc) prefetch(ci + 1, it + 1);
+      cp_async_commit();
+      put_rows(p, t0, lam_nx, lamv, invv);
+      lam_nx = ci + 1 < nc ? lam_of(p, b, h, ci + 1) : 0.f;
+      store_bf(sKs, Ks, L, [](float x, int, int) { return x; });
+      cp_async_wait<1>();
+      bar_sync(kBarA, NT);
+      // phase 1: P = Q Kᵀ (masked, row sums), K += KᵀK, m_prevᵀq, m after the chunk
+      Acc P;
+      zero(P);
+      gemm<false, false>(P, sQ, sK, L);
+      if (ci + 1 < nc || p.Kout) gemm<true, true>(Ks, sK, sK, L);
+      {
+        float rs[2] = {0.f, 0.f};
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            if (L.row(e) < L.col(nt, e)) P[nt][e] = 0.f;
+            rs[e >> 1] += P[nt][e];
+          }
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const float x = quad_sum(rs[hh]);
+          if (L.tig == 0) sRow[L.wn * C + L.row(2 * hh)] = x;
+        }
+      }
+      {
+        const float tot = col_sum(sK);
+        if ((tid & 3) == 0) mnext[tid >> 2] = mcur[tid >> 2] + tot;
+        float x, y;
+        row_dots<false>(mcur, sQ, nullptr, x, y);
+        if ((tid & 3) == 0) sMq[tid >> 2] = x;
+      }
+      bar_sync(kBarA, NT);
+      // phase 1b: mq per row, P' = P − mq/t on j ≤ i, mq/t² for B; then the chunk goes to B
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int i = L.row(2 * hh);
+        const float rmq = sMq[i] + (sRow[i] + sRow[C + i]), inv = invv[i];
+        const float o = cen ? rmq * inv : 0.f;
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) {
+          const int j = L.col(nt, 0);
+          const float v0 = j <= i ? P[nt][2 * hh] - o : 0.f, v1 = j + 1 <= i ? P[nt][2 * hh + 1] - o : 0.f;
+          *reinterpret_cast<uint32_t*>(sP + i * LD + j) = pack(v0, v1);
+        }
+        if (L.wn == 0 && L.tig == 0) sMt(s)[i] = o * inv;
+      }
+      bar_arrive(kBarFull + s, kWsThreads);
+    }
+    bar_sync(kBarA, NT);  // (m after the last chunk: written by other threads)
+    if (p.Kout) frag_store_f(p.Kout + bh * D * D, Ks, L);
+    if (p.mout && tid < C) p.mout[bh * D + tid] = sMb[(nc % 3) * C + tid];
+  } else {  // ---- team B
+    const Lane L(static_cast<int>(threadIdx.x >> 5) - 8);
+    for (int ci = 0; ci < nc; ++ci) {
+      const int it = ci, s = it & 1, t0 = ci * C, n = min(C, p.T - t0);
+      const bf16 *sQ = sQb + (it % 3) * TILE, *sK = sKb + (it % 3) * TILE;
+      const bf16 *sKs = sKsb + s * TILE, *sP = sPb + s * TILE;
+      const float *mcur = sMb + (it % 3) * C, *lamv = sLam(s), *invv = sInv(s), *mtv = sMt(s);
+      bar_sync(kBarFull + s, kWsThreads);
+      // R = Q K_prev + P' K; q_c = q − λ r, r = R/t − m_prev mq/t²
+      Acc R;
+      zero(R);
+      gemm<false, false>(R, sQ, sKs, L);
+      gemm<false, true>(R, sP, sK, L);
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int i = L.row(2 * hh);
+        if (i >= n) continue;
+        const float inv = invv[i], lam = lamv[i], mt = mtv[i];
+        bf16* dst = p.qc + qrow(p, b, t0 + i, h);
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) {
+          const int a = L.col(nt, 0);
+          const float2 m = *reinterpret_cast<const float2*>(mcur + a);
+          const float2 q = bf2(sQ, i, a);
+          const float r0 = R[nt][2 * hh] * inv - m.x * mt, r1 = R[nt][2 * hh + 1] * inv - m.y * mt;
+          *reinterpret_cast<uint32_t*>(dst + a) = pack(q.x - lam * r0, q.y - lam * r1);
+        }
+      }
+      if (it + 2 < nc) bar_arrive(kBarEmpty + s, kWsThreads);  // (A waits for it two chunks on)
+    }
+  }
+}
+
 // ---------------------------------------------------------------- host side
-// LAR_CCQ_GROUP=N (chunks per group of the chunk-parallel passes, 1–64; default kGroup) and
-// LAR_CCQ_BWD=auto|par|ws (the backward kernel; auto: ccq_bwd's rule) are read at every
-// call, so that a test can run each setting; anything else is an error.
+// LAR_CCQ_GROUP=N (chunks per group of the chunk-parallel passes, 1–64; default kGroup),
+// LAR_CCQ_FWD and LAR_CCQ_BWD=auto|par|ws (chunk-parallel or warp-specialised kernels; auto:
+// use_ws) are read at every call, so that a test can run each setting; anything else is an error.
 int group_chunks() {
   const char* e = std::getenv("LAR_CCQ_GROUP");
   if (!e || !*e) return kGroup;
@@ -1037,20 +1180,20 @@ int group_chunks() {
     throw RuntimeError(std::string("LAR_CCQ_GROUP=") + e + ": expected a number of chunks from 1 to 64");
   return static_cast<int>(v);
 }
-enum class BwdPath { kAuto, kPar, kWs };
-BwdPath bwd_path() {
-  const char* e = std::getenv("LAR_CCQ_BWD");
-  if (!e || !*e) return BwdPath::kAuto;
+enum class Path { kAuto, kPar, kWs };
+Path path_of(const char* var) {
+  const char* e = std::getenv(var);
+  if (!e || !*e) return Path::kAuto;
   const std::string v = e;
-  if (v == "auto") return BwdPath::kAuto;
-  if (v == "par") return BwdPath::kPar;
-  if (v == "ws") return BwdPath::kWs;
-  throw RuntimeError("LAR_CCQ_BWD=" + v + ": expected auto, par or ws");
+  if (v == "auto") return Path::kAuto;
+  if (v == "par") return Path::kPar;
+  if (v == "ws") return Path::kWs;
+  throw RuntimeError(std::string(var) + "=" + v + ": expected auto, par or ws");
 }
-// auto: the warp-specialised kernel runs one CTA per (b, h) on its own SM, so its time is
+// auto: a warp-specialised kernel runs one CTA per (b, h) on its own SM, so its time is
 // ⌈B·H / SMs⌉ waves of a whole sequence; the chunk-parallel one spreads B·H·ng CTAs, 2 per SM,
-// and measured 1.45× the warp-specialised time per B·H/SMs (0.50 against 0.34 ms at B=8
-// T=4096 H=16 on 132 SMs; 0.25 against 0.35 at B=4). Take ws while its waves cost less.
+// and its backward measured 1.45× the warp-specialised time per B·H/SMs (0.50 against 0.34 ms
+// at B=8 T=4096 H=16 on 132 SMs; 0.25 against 0.35 at B=4). Take ws while its waves cost less.
 bool use_ws(const QParams& p) {
   int dev = 0, sms = 0;
   LAR_CUDA_CHECK(cudaGetDevice(&dev));
@@ -1084,11 +1227,16 @@ void qlaunch(K kernel, dim3 grid, size_t smem, const QParams& p, cudaStream_t st
 
 void ccq_fwd(const DeltaShape& s, const CcqInputs& in, __nv_bfloat16* qc, const CcqStats& out, cudaStream_t stream) {
   QParams p = make_qparams(s, "ccq_fwd");
+  const Path path = path_of("LAR_CCQ_FWD");
   if (!in.q || !in.k || !in.lambda || !qc) throw RuntimeError("ccq_fwd: q, k, lambda and qc are required");
   if (in.t0 < 0) throw RuntimeError("ccq_fwd: negative t0 " + std::to_string(in.t0));
   p.q = in.q, p.k = in.k, p.lam = in.lambda, p.K0 = in.K0, p.m0 = in.m0, p.centered = in.centered ? 1 : 0;
   p.t0 = static_cast<double>(in.t0);
   p.qc = qc, p.Kout = out.K, p.mout = out.m;
+  if (path == Path::kWs || (path == Path::kAuto && use_ws(p))) {
+    qlaunch(ccq_fwd_ws_kernel, dim3(p.H, p.B), kQFwdWsSmem, p, stream, kWsThreads);
+    return;
+  }
   p.rec = kRecF;
   Scratch ws(stream);
   p.ws = ws.get<float>(static_cast<size_t>(p.B) * p.H * p.ng * p.rec);
@@ -1101,7 +1249,7 @@ void ccq_fwd(const DeltaShape& s, const CcqInputs& in, __nv_bfloat16* qc, const 
 void ccq_bwd(const DeltaShape& s, const CcqInputs& in, const CcqStats& fin, const __nv_bfloat16* dqc,
              __nv_bfloat16* dq, __nv_bfloat16* dk, float* dlambda, cudaStream_t stream) {
   QParams p = make_qparams(s, "ccq_bwd");
-  const BwdPath path = bwd_path();
+  const Path path = path_of("LAR_CCQ_BWD");
   if (!in.q || !in.k || !in.lambda || !fin.K || !fin.m || !dqc || !dq || !dk || !dlambda)
     throw RuntimeError("ccq_bwd: q, k, lambda, the final statistics, dqc, dq, dk and dlambda are required");
   if (dq == dqc) throw RuntimeError("ccq_bwd: dq must not alias dqc");
@@ -1109,7 +1257,7 @@ void ccq_bwd(const DeltaShape& s, const CcqInputs& in, const CcqStats& fin, cons
   p.q = in.q, p.k = in.k, p.lam = in.lambda, p.K0 = in.K0, p.m0 = in.m0, p.centered = in.centered ? 1 : 0;
   p.t0 = static_cast<double>(in.t0);
   p.dqc = dqc, p.dq = dq, p.dk = dk, p.dlam = dlambda;
-  if (path == BwdPath::kWs || (path == BwdPath::kAuto && use_ws(p))) {  // from fin
+  if (path == Path::kWs || (path == Path::kAuto && use_ws(p))) {  // from fin
     p.Kfin = fin.K, p.mfin = fin.m;
     qlaunch(ccq_bwd_ws_kernel, dim3(p.H, p.B), kQBwdWsSmem, p, stream, kWsThreads);
     return;
