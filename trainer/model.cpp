@@ -18,12 +18,10 @@ constexpr int64_t kLogitBytesPerChunk = int64_t(1) << 29;
 
 int get_int(const json& j, const char* key) { return j.at(key).get<int>(); }
 
-// The dtype of a mixer's x, y, dy and dx: the softmax mixer takes and returns act_dtype()
-// tensors (its GEMMs read and write them directly: no conversion passes); the linear
-// mixers' interface is dtype().
-DType mixer_io_dtype(const ModelShape& shape, const kernels::Backend& be, int layer) {
-  return shape.kinds[layer] == "softmax" ? be.act_dtype() : be.dtype();
-}
+// The dtype of a mixer's x, y, dy and dx: every mixer takes and returns act_dtype()
+// tensors (bf16 on the GPU in mixed precision: their GEMMs read and write them directly,
+// no conversion passes; dtype() on the CPU).
+DType mixer_io_dtype(const kernels::Backend& be) { return be.act_dtype(); }
 }  // namespace
 
 ModelShape model_shape(const json& model) {
@@ -229,7 +227,7 @@ StepResult Model::forward(const data::Batch& batch, bool training, std::vector<i
   ForwardContext ctx{be_, ar, training};
   for (int l = 0; l < L; ++l) {
     const Layer& ly = layers_[l];
-    const DType io = mixer_io_dtype(shape_, be_, l);
+    const DType io = mixer_io_dtype(be_);
     // Mixer branch (after the previous layer's residual add).
     A.rstd1[l] = ar.alloc(dt, {N});
     A.xn1[l] = ar.alloc(io, {B, T, d});
@@ -250,8 +248,8 @@ StepResult Model::forward(const data::Batch& batch, bool training, std::vector<i
       // h1 = h0 + y and the SwiGLU branch's norm in one pass.
       be_.add_rmsnorm_fwd(A.h[2 * l], y, A.h[2 * l + 1], ps.param(ly.norm2), A.xn2[l], A.rstd2[l], kNormEps);
     } else {
-      be_.copy(A.h[2 * l], A.h[2 * l + 1]);
-      be_.axpy(1.0, y, A.h[2 * l + 1]);
+      // h1 = h0 + y (y may be bf16); the norm it also writes is redone below, after the side channel
+      be_.add_rmsnorm_fwd(A.h[2 * l], y, A.h[2 * l + 1], ps.param(ly.norm2), A.xn2[l], A.rstd2[l], kNormEps);
       if (ly.route_p >= 0) {  // cler_h / clvr: h += side·P_lᵀ
         if (r.out.empty()) throw RuntimeError("layer " + std::to_string(l) + " publishes no side channel");
         be_.gemm(r.out, false, ps.param(ly.route_p), true, A.h[2 * l + 1], 1.0, 1.0);
@@ -372,7 +370,7 @@ void Model::backward() {
     Tensor w_gu(ps.param(ly.w_gate).data, dt, {2 * F, d});
     be_.gemm(dgu, true, A.xn2[l], false, g_gu, 1.0, 1.0);
     be_.gemm(dgu, false, w_gu, false, dxn_a);
-    const DType io = mixer_io_dtype(shape_, be_, l);
+    const DType io = mixer_io_dtype(be_);
     norm_bwd(A.h[2 * l + 1], ly.norm2, A.rstd2[l], dxn_a, io != dt);
     // Routing projection: h1 += side·Pᵀ.
     Routing& r = A.route[l];

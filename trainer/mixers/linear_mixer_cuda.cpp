@@ -20,6 +20,7 @@
 // Everything runs on the backend's stream; activations live in the step's arena.
 #ifdef LAR_HAVE_CUDA
 #include <cmath>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -43,6 +44,19 @@ using kernels::DType;
 using kernels::Tensor;
 
 constexpr float kNormEps = 1e-5f;  // output RMSNorm, as on the CPU
+
+// What the layer keeps from forward to backward besides o, the boundary states and the
+// small gates: P = x [Wq;Wk;Wv]ᵀ (LAR_LINEAR_KEEP_P=1, the default; og = x W_gᵀ is then
+// recomputed in the backward: a [Cv, d] GEMM instead of the [2Cq+Cv, d] one, for 2 more
+// bytes per token and channel pair kept — +128 MiB a layer at B·T = 32K, heads of 64, in
+// bf16) or og (0: P recomputed, the smaller layout). Both give the same values. Read at
+// every forward; any other value is an error.
+bool keep_p_setting() {
+  const char* v = std::getenv("LAR_LINEAR_KEEP_P");
+  if (!v || !*v || std::string(v) == "1") return true;
+  if (std::string(v) == "0") return false;
+  throw UserError("LAR_LINEAR_KEEP_P: expected 0 or 1, got '" + std::string(v) + "'");
+}
 
 // A bf16 buffer of n elements carved from the arena (which only knows f32/f64/i32).
 struct Bf {
@@ -86,14 +100,16 @@ class CudaLinearImpl final : public CudaLinear {
     }
   }
 
-  // Activations in the backend's act_dtype() (bf16 in mixed precision) wherever they are
-  // GEMM operands or outputs, so no GEMM converts an operand. Kept from forward to backward
-  // (per layer): o and the boundary states (the chunk kernels'), og = x W_gᵀ, the output
-  // norm's rstd and the small gate tensors ([N, H] or [N, rank]). Everything else of the
-  // forward lives above an arena mark and is released at its end: x in act_dtype, P, q, k,
-  // v, the channel mixers' [N, Cq] log-gates (and gdn2's b, w), ypre; the backward
-  // recomputes them (one QKV GEMM, one qkv pass, the gate maps, the norm × gate) instead of
-  // keeping ≈ 0.6 GB per layer at B·T = 32K.
+  // x, y, dy and dx are the model's tensors in act_dtype() (the model hands every mixer
+  // those; any dtype works: x and dy are converted here when they differ). Activations in
+  // the backend's act_dtype() (bf16 in mixed precision) wherever they are GEMM operands or
+  // outputs, so no GEMM converts an operand. Kept from forward to backward (per layer): o
+  // and the boundary states (the chunk kernels'), P = x [Wq;Wk;Wv]ᵀ or og = x W_gᵀ
+  // (keep_p_setting), the output norm's rstd and the small gate tensors ([N, H] or [N,
+  // rank]). Everything else of the forward lives above an arena mark and is released at its
+  // end: og or P, q, k, v, the channel mixers' [N, Cq] log-gates (and gdn2's b, w), ypre;
+  // the backward recomputes them (one GEMM, one qkv pass, the gate maps; ypre comes out of
+  // the norm × gate backward) instead of keeping ≈ 0.6 GB per layer at B·T = 32K.
   void forward(ForwardContext& ctx, const Tensor& x, const Tensor& y, Routing& route) override {
     auto& be = ctx.be;
     auto& ar = ctx.arena;
@@ -111,10 +127,13 @@ class CudaLinearImpl final : public CudaLinear {
                            std::to_string(d_.Cv) + "]");
       rin_ = route.in;
     }
-    // kept for the backward (and the published side channel)
+    // kept for the backward (and the published side channel): o, the boundary states, and P
+    // or og (keep_p_setting)
+    keep_p_ = keep_p_setting() && ctx.training;  // evaluation has no backward: keep the smaller og
     o_ = bf_alloc(ar, N * d_.Cv);
     bound_ = ar.alloc(DType::f32, {(int64_t)(cl::delta_boundary_bytes(shape()) + 3) / 4});
-    og_ = ar.alloc(at_, {N, d_.Cv});
+    P_qkv_ = keep_p_ ? ar.alloc(at_, {N, ldp_}) : Tensor();
+    og_ = keep_p_ ? Tensor() : ar.alloc(at_, {N, d_.Cv});
     rstd_ = ar.alloc(DType::f32, {N * d_.H});
     saved_gates_alloc(ar, N);
     // CCQ: λ (and its pre-activation) kept; q_c is recomputed in backward. Evaluation may
@@ -167,6 +186,7 @@ class CudaLinearImpl final : public CudaLinear {
       cl::route_residual(route_args(), o2.p, route.out.ptr<float>(), st);
     }
     // output: RMSNorm_h(o) ⊙ SiLU(x W_gᵀ) → W_o
+    if (keep_p_) og_ = ar.alloc(at_, {N, d_.Cv});  // released at the end, recomputed in backward
     be.gemm(Xa, false, P_[s_.wgate], true, og_);
     Tensor ypre = ar.alloc(at_, {N, d_.Cv});
     {
@@ -191,8 +211,12 @@ class CudaLinearImpl final : public CudaLinear {
     auto mark = ar.mark();
     const Tensor Xa = as_act(be, ar, X_);
     const Tensor dY = as_act(be, ar, dy.view({N, d_.d}));
-    // what the forward released: P, q, k, v, the large gates, ypre
+    // what the forward released: P or og, q, k, v, the large gates, ypre
     inputs(be, ar, st, N, Xa, true, nullptr);
+    if (keep_p_) {
+      og_ = ar.alloc(at_, {N, d_.Cv});
+      be.gemm(Xa, false, P_[s_.wgate], true, og_);
+    }
     // CCQ: q_c again, now with the final key statistics that ccq_bwd starts from
     const bf16* qread = q_.p;
     cl::CcqStats stats;
@@ -204,25 +228,20 @@ class CudaLinearImpl final : public CudaLinear {
       cl::ccq_fwd(shape(), ccq_inputs(), qc.p, stats, st);
       qread = qc.p;
     }
-    Tensor ypre = ar.alloc(at_, {N, d_.Cv});
-    {
-      cl::LayerTimer tm("linear: out norm+gate (recompute)", st);
-      cl::out_gate_forward(N * d_.H, o_.p, og_.data, P_[s_.onorm].ptr<float>(), kNormEps, ypre.data, rstd_.ptr<float>(),
-                           act_bf16(), st);
-    }
-    // y = ypre W_oᵀ
-    be.gemm(dY, true, ypre, false, G_[s_.wo], 1.0, 1.0);
+    // y = ypre W_oᵀ, ypre = RMSNorm_h(o) ⊙ SiLU(og): the norm × gate backward also writes
+    // ypre again (the forward released it) for W_o's gradient
     Tensor dypre = ar.alloc(at_, {N, d_.Cv});
     be.gemm(dY, false, P_[s_.wo], false, dypre);
-    // norm × gate
+    Tensor ypre = ar.alloc(at_, {N, d_.Cv});
     Bf dO = bf_alloc(ar, N * d_.Cv);
     Tensor dog = ar.alloc(at_, {N, d_.Cv});
     {
       cl::LayerTimer tm("linear: out norm+gate (bwd)", st);
       Tensor scratch = ar.alloc(DType::f32, {(int64_t)cl::out_gate_backward_scratch_floats(N * d_.H)});
       cl::out_gate_backward(N * d_.H, o_.p, og_.data, P_[s_.onorm].ptr<float>(), rstd_.ptr<float>(), dypre.data, dO.p,
-                            dog.data, G_[s_.onorm].ptr<float>(), scratch.ptr<float>(), act_bf16(), st);
+                            dog.data, ypre.data, G_[s_.onorm].ptr<float>(), scratch.ptr<float>(), act_bf16(), st);
     }
+    be.gemm(dY, true, ypre, false, G_[s_.wo], 1.0, 1.0);
     be.gemm(dog, true, Xa, false, G_[s_.wgate], 1.0, 1.0);
     be.gemm(dog, false, P_[s_.wgate], false, dX, 1.0, 0.0);  // dx overwritten
     // the recurrence
@@ -547,8 +566,10 @@ class CudaLinearImpl final : public CudaLinear {
   void inputs(kernels::Backend& be, kernels::Arena& ar, cudaStream_t st, int64_t N, const Tensor& Xa, bool again,
               float* vout) {
     const lk::Mixer m = d_.mixer;
-    P_qkv_ = ar.alloc(at_, {N, ldp_});
-    be.gemm(Xa, false, Wqkv_, true, P_qkv_);
+    if (!again || !keep_p_) {  // P: into its kept buffer (allocated by forward), or here
+      if (!keep_p_) P_qkv_ = ar.alloc(at_, {N, ldp_});
+      be.gemm(Xa, false, Wqkv_, true, P_qkv_);
+    }
     q_ = bf_alloc(ar, N * d_.Cq);
     k_ = bf_alloc(ar, N * d_.Cq);
     v_ = bf_alloc(ar, N * d_.Cv);
@@ -774,6 +795,7 @@ class CudaLinearImpl final : public CudaLinear {
   Bf q_, k_, v_, o_, b_, w_, qr_;
   // CCQ: whether this forward applied it, λ [N, H] and its pre-activation (learned)
   bool ccq_on_ = false;
+  bool keep_p_ = true;  // this step keeps P (and recomputes og), see keep_p_setting
   bool det_ = false;  // the backend promises bit-identical results (CARVE's dU1, dU2 per sequence)
   Tensor lam_, flam_;
   // CARVE: content signal (kept), write-gate pre-activation and σ [N, H] (kept), zero U

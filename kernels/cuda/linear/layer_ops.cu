@@ -705,7 +705,7 @@ int out_blocks(int64_t rows) {
 
 template <class TA>
 __global__ void out_bwd_kernel(int64_t rows, const bf16* o, const TA* og, const float* wn, const float* rstd,
-                               const TA* dypre, bf16* dO, TA* dog, float* dwn_partial) {
+                               const TA* dypre, bf16* dO, TA* dog, TA* ypre, float* dwn_partial) {
   __shared__ float red[kThreads / 32][2][kSeg];
   const int lane = threadIdx.x & 31, wib = threadIdx.x / 32, half = lane >> 4, l4 = (lane & 15) * 4;
   const unsigned hmask = half ? 0xffff0000u : 0x0000ffffu;
@@ -746,6 +746,11 @@ __global__ void out_bwd_kernel(int64_t rows, const bf16* o, const TA* og, const 
         m = fmaf(dx[e], xh[e], m);
       }
       st4(dog + r * kSeg + l4, gg);
+      if (ypre) {  // the forward's output again, same expression (same bits) as out_fwd_kernel
+#pragma unroll
+        for (int e = 0; e < 4; ++e) out[e] = xv[e] * rs[j] * w[e] * g[e] * sigm(g[e]);
+        st4(ypre + r * kSeg + l4, out);
+      }
       m = head_sum(m, hmask) / kSeg;
 #pragma unroll
       for (int e = 0; e < 4; ++e) out[e] = rs[j] * (dx[e] - xh[e] * m);
@@ -1034,18 +1039,18 @@ std::size_t out_gate_backward_scratch_floats(int64_t rows) {
 }
 
 void out_gate_backward(int64_t rows, const bf16* o, const void* og, const float* wn, const float* rstd,
-                       const void* dypre, bf16* dO, void* dog, float* dwn, float* scratch, bool act_bf16,
+                       const void* dypre, bf16* dO, void* dog, void* ypre, float* dwn, float* scratch, bool act_bf16,
                        cudaStream_t stream) {
   if (rows == 0) return;
   const int blocks = out_blocks(rows);
   if (act_bf16)
     out_bwd_kernel<<<blocks, kThreads, 0, stream>>>(rows, o, static_cast<const bf16*>(og), wn, rstd,
                                                     static_cast<const bf16*>(dypre), dO, static_cast<bf16*>(dog),
-                                                    scratch);
+                                                    static_cast<bf16*>(ypre), scratch);
   else
     out_bwd_kernel<<<blocks, kThreads, 0, stream>>>(rows, o, static_cast<const float*>(og), wn, rstd,
                                                     static_cast<const float*>(dypre), dO, static_cast<float*>(dog),
-                                                    scratch);
+                                                    static_cast<float*>(ypre), scratch);
   LAR_CUDA_LAUNCHED();
   colsum_finish<<<kSeg, kThreads, 0, stream>>>(scratch, blocks, kSeg, 1, dwn);
   LAR_CUDA_LAUNCHED();

@@ -104,11 +104,13 @@ void out_gate_forward(int64_t rows, const __nv_bfloat16* o, const void* og, cons
                       float* rstd, bool act_bf16, cudaStream_t stream);
 // From dypre: dO (bf16, the kernels' dout), dog, and ∂L/∂wn accumulated into dwn [64]
 // (per-block partials in scratch, out_gate_backward_scratch_floats(rows) floats, then a
-// fixed-order sum: no [rows, 64] terms buffer).
+// fixed-order sum: no [rows, 64] terms buffer). ypre (may be null): out_gate_forward's
+// output again, bit for bit (rstd is the forward's), from the same reads of o and og — the
+// backward's recompute of ypre without a pass of its own.
 std::size_t out_gate_backward_scratch_floats(int64_t rows);
 void out_gate_backward(int64_t rows, const __nv_bfloat16* o, const void* og, const float* wn, const float* rstd,
-                       const void* dypre, __nv_bfloat16* dO, void* dog, float* dwn, float* scratch, bool act_bf16,
-                       cudaStream_t stream);
+                       const void* dypre, __nv_bfloat16* dO, void* dog, void* ypre, float* dwn, float* scratch,
+                       bool act_bf16, cudaStream_t stream);
 
 // ---- cross-layer routing: the write residual r_t = z_t − S_{t−1}(a_t ⊙ e_t) ----
 // The chunk kernels read S_t after the update, so r comes from a second readout of the same
