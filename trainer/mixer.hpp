@@ -24,7 +24,9 @@
 //                        ACCUMULATE parameter gradients into the bound grad tensors.
 //   4. init_state()/step(): recurrent decode, one token per call, carried state; step()
 //                        outputs must equal forward() outputs position by position.
-// All tensors have the backend's dtype (f32 in training, f64 in gradient checks).
+// Parameters, gradients and state have the backend's dtype (f32 in training, f64 in gradient
+// checks); x, y, dy and dx have its act_dtype() (bf16 on the CUDA backend in mixed precision,
+// else the same as dtype()).
 // `ctx.training` is false for evaluation (e.g. CCQ's disable_at_eval).
 #include <functional>
 #include <memory>
