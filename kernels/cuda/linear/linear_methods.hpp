@@ -68,12 +68,14 @@ struct CcqStats {  // the statistics after the call
 };
 // q_c [B,T,H,64] bf16; out.K, out.m nullable (then no backward from this forward).
 void ccq_fwd(const DeltaShape& s, const CcqInputs& in, __nv_bfloat16* qc, const CcqStats& out, cudaStream_t stream);
-// fin: the statistics ccq_fwd wrote (read only: the default backward peels the chunks' K_prev,
-// m_prev from them; the chunk-parallel one, LAR_CCQ_BWD=par, rebuilds them from K0, m0 and the
-// keys). dq is overwritten, dk (the backbone's key gradient) gets CCQ's key gradient added,
-// dlambda [B,T,H] fp32 is overwritten. ccq_fwd runs chunk-parallel (stats, scan over groups of
-// chunks, main; workspace from a private stream-ordered pool); both are deterministic (fixed
-// summation order, no atomics).
+// fin: the statistics ccq_fwd wrote (read only: the warp-specialised backward peels the chunks'
+// K_prev, m_prev from them; the chunk-parallel one rebuilds them from K0, m0 and the keys). dq is
+// overwritten, dk (the backbone's key gradient) gets CCQ's key gradient added, dlambda [B,T,H]
+// fp32 is overwritten. Each pass picks, per call, between a warp-specialised kernel (one 16-warp
+// CTA per (b, h), two warp teams on consecutive chunks) when B·H fills the GPU and a
+// chunk-parallel one (stats, scan over groups of chunks, main; workspace from a private
+// stream-ordered pool) otherwise; LAR_CCQ_FWD / LAR_CCQ_BWD=auto|par|ws override. Both are
+// deterministic (fixed summation order, no atomics).
 void ccq_bwd(const DeltaShape& s, const CcqInputs& in, const CcqStats& fin, const __nv_bfloat16* dqc,
              __nv_bfloat16* dq, __nv_bfloat16* dk, float* dlambda, cudaStream_t stream);
 
