@@ -548,6 +548,61 @@ __global__ void __launch_bounds__(NT, 2) ccq_fwd_kernel(const QParams p) {
 // per-row: λ, 1/t, m·q, m·g, mq, mg, a, b, row partials [2][C] of Σ_{j>i} s1, Σ_{j>i} p, Σ s1·p, q·X.
 constexpr size_t kQBwdSmem = 11 * TILE * sizeof(bf16) + (2 * C + 2 * C + 8 * C + 4 * 2 * C) * sizeof(float);
 
+// Phase A of a backward chunk, shared by both backward kernels (threads 0..NT−1): K_prev = K − KᵀK
+// (Kc, and bf16 into sKs); s1 = QKᵀ, pk = GKᵀ (left in registers for phase A2) and their row
+// partials Σ_{j>i} s1, Σ_{j>i} pk, Σ s1·pk (sSu1, sSu2, rsp); m·q, m·g with the m after the chunk
+// (sMcq, sMcg); m_prev; dA = −λ g/t (sdA).
+__device__ __forceinline__ void bwd_phase_a(Acc& Kc, Acc& s1, Acc& pk, const bf16* sQ, const bf16* sK,
+                                            const bf16* sG, bf16* sKs, bf16* sdA, const float* mcur, float* mprev,
+                                            const float* lamv, const float* invv, float* sSu1, float* sSu2,
+                                            float* rsp, float* sMcq, float* sMcg, const Lane& L, int tid) {
+  {
+    Acc a;
+    zero(a);
+    gemm<true, true>(a, sK, sK, L);
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) Kc[nt][e] -= a[nt][e];
+    store_bf(sKs, Kc, L, [](float x, int, int) { return x; });
+  }
+  zero(s1), zero(pk);
+  gemm_same_b<false, false, false>(s1, sQ, pk, sG, sK, L);
+  {
+    float u1[2] = {0.f, 0.f}, u2[2] = {0.f, 0.f}, sp[2] = {0.f, 0.f};
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        if (L.col(nt, e) > L.row(e)) {
+          u1[e >> 1] += s1[nt][e], u2[e >> 1] += pk[nt][e];
+        } else {
+          sp[e >> 1] += s1[nt][e] * pk[nt][e];
+        }
+      }
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const float x = quad_sum(u1[hh]), y = quad_sum(u2[hh]), z = quad_sum(sp[hh]);
+      const int i = L.wn * C + L.row(2 * hh);
+      if (L.tig == 0) sSu1[i] = x, sSu2[i] = y, rsp[i] = z;
+    }
+  }
+  {
+    const int r = tid >> 2, part = tid & 3;
+    float x, y;
+    row_dots<true>(mcur, sQ, sG, x, y);
+    if (part == 0) sMcq[r] = x, sMcg[r] = y;
+    const float tot = col_sum(sK);
+    if (part == 0) mprev[r] = mcur[r] - tot;  // (column r: col_sum's column is tid/4 too)
+  }
+  for (int i = tid; i < C * 32; i += NT) {
+    const int t = i >> 5, c = 2 * (i & 31);
+    const float f = -lamv[t] * invv[t];
+    const float2 gg = bf2(sG, t, c);
+    *reinterpret_cast<uint32_t*>(sdA + t * LD + c) = pack(f * gg.x, f * gg.y);
+  }
+}
+
 __global__ void __launch_bounds__(NT, 2) ccq_bwd_kernel(const QParams p) {
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* base = reinterpret_cast<bf16*>(smem);
@@ -612,52 +667,8 @@ __global__ void __launch_bounds__(NT, 2) ccq_bwd_kernel(const QParams p) {
     __syncthreads();
     // phase A: K_prev = K − KᵀK; s1 = QKᵀ, pk = GKᵀ (kept in registers) and their row
     // partials; m·q, m·g with the m after the chunk; m_prev; dA = −λ g/t
-    {
-      Acc a;
-      zero(a);
-      gemm<true, true>(a, sK, sK, L);
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) Kc[nt][e] -= a[nt][e];
-      store_bf(sKs, Kc, L, [](float x, int, int) { return x; });
-    }
     Acc s1, pk;
-    zero(s1), zero(pk);
-    gemm_same_b<false, false, false>(s1, sQ, pk, sG, sK, L);
-    {
-      float u1[2] = {0.f, 0.f}, u2[2] = {0.f, 0.f}, sp[2] = {0.f, 0.f};
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          if (L.col(nt, e) > L.row(e)) {
-            u1[e >> 1] += s1[nt][e], u2[e >> 1] += pk[nt][e];
-          } else {
-            sp[e >> 1] += s1[nt][e] * pk[nt][e];
-          }
-        }
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const float x = quad_sum(u1[hh]), y = quad_sum(u2[hh]), z = quad_sum(sp[hh]);
-        const int i = L.wn * C + L.row(2 * hh);
-        if (L.tig == 0) sSu1[i] = x, sSu2[i] = y, sRsp[i] = z;
-      }
-    }
-    {
-      const int r = tid >> 2, part = tid & 3;
-      float x, y;
-      row_dots<true>(mcur, sQ, sG, x, y);
-      if (part == 0) sMcq[r] = x, sMcg[r] = y;
-      const float tot = col_sum(sK);
-      if (part == 0) mprev[r] = mcur[r] - tot;  // (column r: col_sum's column is tid/4 too)
-    }
-    for (int i = tid; i < C * 32; i += NT) {
-      const int t = i >> 5, c = 2 * (i & 31);
-      const float f = -sLam[t] * sInv[t];
-      const float2 gg = bf2(sG, t, c);
-      *reinterpret_cast<uint32_t*>(sdA + t * LD + c) = pack(f * gg.x, f * gg.y);
-    }
+    bwd_phase_a(Kc, s1, pk, sQ, sK, sG, sKs, sdA, mcur, mprev, sLam, sInv, sSu1, sSu2, sRsp, sMcq, sMcg, L, tid);
     __syncthreads();
     // phase A2: mq_i = M_iᵀq_i = (m after the chunk)ᵀq_i − Σ_{j>i} k_jᵀq_i (mg alike); S1', S2'
     float rmq[2], rmg[2], rinv[2], rlam[2];
@@ -855,52 +866,8 @@ __global__ void __launch_bounds__(kWsThreads, 1) ccq_bwd_ws_kernel(const QParams
       bar_sync(kBarA, NT);
       // phase A: K_prev = K − KᵀK; s1 = QKᵀ, pk = GKᵀ (registers) and their row partials;
       // m·q, m·g with the m after the chunk; m_prev; dA = −λ g/t
-      {
-        Acc a;
-        zero(a);
-        gemm<true, true>(a, sK, sK, L);
-#pragma unroll
-        for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) Kc[nt][e] -= a[nt][e];
-        store_bf(sKs, Kc, L, [](float x, int, int) { return x; });
-      }
       Acc s1, pk;
-      zero(s1), zero(pk);
-      gemm_same_b<false, false, false>(s1, sQ, pk, sG, sK, L);
-      {
-        float u1[2] = {0.f, 0.f}, u2[2] = {0.f, 0.f}, sp[2] = {0.f, 0.f};
-#pragma unroll
-        for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            if (L.col(nt, e) > L.row(e)) {
-              u1[e >> 1] += s1[nt][e], u2[e >> 1] += pk[nt][e];
-            } else {
-              sp[e >> 1] += s1[nt][e] * pk[nt][e];
-            }
-          }
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const float x = quad_sum(u1[hh]), y = quad_sum(u2[hh]), z = quad_sum(sp[hh]);
-          const int i = L.wn * C + L.row(2 * hh);
-          if (L.tig == 0) sSu1[i] = x, sSu2[i] = y, rsp[i] = z;
-        }
-      }
-      {
-        const int r = tid >> 2, part = tid & 3;
-        float x, y;
-        row_dots<true>(mcur, sQ, sG, x, y);
-        if (part == 0) sMcq[r] = x, sMcg[r] = y;
-        const float tot = col_sum(sK);
-        if (part == 0) mprev[r] = mcur[r] - tot;  // (column r: col_sum's column is tid/4 too)
-      }
-      for (int i = tid; i < C * 32; i += NT) {
-        const int t = i >> 5, c = 2 * (i & 31);
-        const float f = -lamv[t] * invv[t];
-        const float2 gg = bf2(sG, t, c);
-        *reinterpret_cast<uint32_t*>(sdA + t * LD + c) = pack(f * gg.x, f * gg.y);
-      }
+      bwd_phase_a(Kc, s1, pk, sQ, sK, sG, sKs, sdA, mcur, mprev, lamv, invv, sSu1, sSu2, rsp, sMcq, sMcg, L, tid);
       bar_sync(kBarA, NT);
       // phase A2: mq_i = M_iᵀq_i = (m after the chunk)ᵀq_i − Σ_{j>i} k_jᵀq_i (mg alike); S1', S2'
 #pragma unroll
