@@ -427,6 +427,36 @@ __global__ void __launch_bounds__(NT) ccq_scan_kernel(const QParams p) {
 // Q K ×2 (prefetch), Ks P (bf16), m ping-pong, row sums of (QKᵀ⊙L) [2][C], m_prevᵀq, λ, 1/t.
 constexpr size_t kQFwdSmem = 6 * TILE * sizeof(bf16) + (2 * C + 2 * C + C + C + C) * sizeof(float);
 
+// Phase 1's per-row work of a forward chunk, shared by both forward kernels (threads 0..NT−1): P
+// masked to j ≤ i and its row sums (sRow, [2][C]); the m after the chunk (mnext = mcur + Σ k);
+// m_prevᵀq (sMq).
+__device__ __forceinline__ void fwd_phase1_rows(Acc& P, float* sRow, const bf16* sK, const bf16* sQ,
+                                                const float* mcur, float* mnext, float* sMq, const Lane& L,
+                                                int tid) {
+  {
+    float rs[2] = {0.f, 0.f};
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        if (L.row(e) < L.col(nt, e)) P[nt][e] = 0.f;
+        rs[e >> 1] += P[nt][e];
+      }
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const float x = quad_sum(rs[hh]);
+      if (L.tig == 0) sRow[L.wn * C + L.row(2 * hh)] = x;
+    }
+  }
+  {
+    const float tot = col_sum(sK);
+    if ((tid & 3) == 0) mnext[tid >> 2] = mcur[tid >> 2] + tot;
+    float x, y;
+    row_dots<false>(mcur, sQ, nullptr, x, y);
+    if ((tid & 3) == 0) sMq[tid >> 2] = x;
+  }
+}
+
 __global__ void __launch_bounds__(NT, 2) ccq_fwd_kernel(const QParams p) {
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* base = reinterpret_cast<bf16*>(smem);
@@ -481,28 +511,7 @@ __global__ void __launch_bounds__(NT, 2) ccq_fwd_kernel(const QParams p) {
     zero(P);
     gemm_same_a<false, false, false>(P, sK, R, sKs, sQ, L);
     if (ci + 1 < c1) gemm<true, true>(Ks, sK, sK, L);
-    {
-      float rs[2] = {0.f, 0.f};
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          if (L.row(e) < L.col(nt, e)) P[nt][e] = 0.f;
-          rs[e >> 1] += P[nt][e];
-        }
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const float x = quad_sum(rs[hh]);
-        if (L.tig == 0) sRow[L.wn * C + L.row(2 * hh)] = x;
-      }
-    }
-    {
-      const float tot = col_sum(sK);
-      if ((tid & 3) == 0) mnext[tid >> 2] = mcur[tid >> 2] + tot;
-      float x, y;
-      row_dots<false>(mcur, sQ, nullptr, x, y);
-      if ((tid & 3) == 0) sMq[tid >> 2] = x;
-    }
+    fwd_phase1_rows(P, sRow, sK, sQ, mcur, mnext, sMq, L, tid);
     __syncthreads();
     // phase 1b: mq per row, P' = P − mq/t on j ≤ i
     float rmq[2], rinv[2];
@@ -1059,28 +1068,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) ccq_fwd_ws_kernel(const QParams
       zero(P);
       gemm<false, false>(P, sQ, sK, L);
       if (ci + 1 < nc || p.Kout) gemm<true, true>(Ks, sK, sK, L);
-      {
-        float rs[2] = {0.f, 0.f};
-#pragma unroll
-        for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            if (L.row(e) < L.col(nt, e)) P[nt][e] = 0.f;
-            rs[e >> 1] += P[nt][e];
-          }
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const float x = quad_sum(rs[hh]);
-          if (L.tig == 0) sRow[L.wn * C + L.row(2 * hh)] = x;
-        }
-      }
-      {
-        const float tot = col_sum(sK);
-        if ((tid & 3) == 0) mnext[tid >> 2] = mcur[tid >> 2] + tot;
-        float x, y;
-        row_dots<false>(mcur, sQ, nullptr, x, y);
-        if ((tid & 3) == 0) sMq[tid >> 2] = x;
-      }
+      fwd_phase1_rows(P, sRow, sK, sQ, mcur, mnext, sMq, L, tid);
       bar_sync(kBarA, NT);
       // phase 1b: mq per row, P' = P − mq/t on j ≤ i, mq/t² for B; then the chunk goes to B
 #pragma unroll
