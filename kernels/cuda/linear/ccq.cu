@@ -804,13 +804,6 @@ constexpr int kBarA = 1, kBarB = 2, kBarFull = 3, kBarEmpty = 5;  // FULL_s = 3 
 // (+ a spare), Σs1·pk and q·X halves; row partials of s1 and pk, m·q, m·g, a.
 constexpr size_t kQBwdWsSmem = 19 * TILE * sizeof(bf16) + (2 * 8 * C + 2 * 2 * C + 2 * 2 * C + 2 * C + 2 * C + 3 * C) * sizeof(float);
 
-__device__ __forceinline__ void bar_sync(int id, int n) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
-}
-__device__ __forceinline__ void bar_arrive(int id, int n) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
-}
-
 __global__ void __launch_bounds__(kWsThreads, 1) ccq_bwd_ws_kernel(const QParams p) {
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* base = reinterpret_cast<bf16*>(smem);

@@ -397,11 +397,6 @@ __device__ __forceinline__ void diag_inverse16(const float* sAw, const float* sB
       TiL[(r0 + r) * LD + r0 + c] = __float2bfloat16(x[r] - __bfloat162float(h));
     }
 }
-// Named barriers (0 is __syncthreads); the merge takes two consecutive ids from bar0.
-__device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
-__device__ __forceinline__ void bar_arrive(int id, int n) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
-}
 // Block row I (1..3) of T⁻¹ below the diagonal, by warp I, after every diagonal block is in
 // TiH/TiL: with Y = −Ti_II L_I,<I (L = diag(β) Aw), Ti_Ij = Σ_{k=j}^{I−1} Y_Ik Ti_kj for
 // j = I−1 down to 0 (step s = I − j). Step s needs Ti_kj of rows k < I from steps < s of the
