@@ -612,6 +612,25 @@ __device__ __forceinline__ void bwd_phase_a(Acc& Kc, Acc& s1, Acc& pk, const bf1
   }
 }
 
+// Phase B's dq row of a backward chunk, shared by both backward kernels: row i = L.row(2·hh) of
+// dq = g − (λ/t) X + S2'K + b m_prev (fa = −λ/t, bb = b) stored to dst if i < n; returns the
+// row's q·X (summed over the quad).
+__device__ __forceinline__ float bwd_dq_row(const Acc& X, const Acc& dq, int hh, float fa, float bb, const bf16* sQ,
+                                            const bf16* sG, const float* mprev, bf16* dst, int n, const Lane& L) {
+  const int i = L.row(2 * hh);
+  float xq = 0.f;
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt) {
+    const int a = L.col(nt, 0);
+    const float2 q = bf2(sQ, i, a), gg = bf2(sG, i, a), m = *reinterpret_cast<const float2*>(mprev + a);
+    xq += X[nt][2 * hh] * q.x + X[nt][2 * hh + 1] * q.y;
+    const float d0 = gg.x + fa * X[nt][2 * hh] + dq[nt][2 * hh] + bb * m.x;
+    const float d1 = gg.y + fa * X[nt][2 * hh + 1] + dq[nt][2 * hh + 1] + bb * m.y;
+    if (i < n) *reinterpret_cast<uint32_t*>(dst + a) = pack(d0, d1);
+  }
+  return quad_sum(xq);
+}
+
 __global__ void __launch_bounds__(NT, 2) ccq_bwd_kernel(const QParams p) {
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* base = reinterpret_cast<bf16*>(smem);
@@ -716,18 +735,7 @@ __global__ void __launch_bounds__(NT, 2) ccq_bwd_kernel(const QParams p) {
       for (int hh = 0; hh < 2; ++hh) {
         const int i = L.row(2 * hh);
         const float fa = -rlam[hh] * rinv[hh], bb = cen ? sB[i] : 0.f;
-        bf16* dst = p.dq + qrow(p, b, t0 + i, h);
-        float xq = 0.f;
-#pragma unroll
-        for (int nt = 0; nt < 4; ++nt) {
-          const int a = L.col(nt, 0);
-          const float2 q = bf2(sQ, i, a), gg = bf2(sG, i, a), m = *reinterpret_cast<const float2*>(mprev + a);
-          xq += X[nt][2 * hh] * q.x + X[nt][2 * hh + 1] * q.y;
-          const float d0 = gg.x + fa * X[nt][2 * hh] + dq[nt][2 * hh] + bb * m.x;
-          const float d1 = gg.y + fa * X[nt][2 * hh + 1] + dq[nt][2 * hh + 1] + bb * m.y;
-          if (i < n) *reinterpret_cast<uint32_t*>(dst + a) = pack(d0, d1);
-        }
-        xq = quad_sum(xq);
+        const float xq = bwd_dq_row(X, dq, hh, fa, bb, sQ, sG, mprev, p.dq + qrow(p, b, t0 + i, h), n, L);
         if (L.tig == 0) sXq[L.wn * C + i] = xq;
       }
     }
@@ -950,18 +958,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) ccq_bwd_ws_kernel(const QParams
         for (int hh = 0; hh < 2; ++hh) {
           const int i = L.row(2 * hh);
           const float fa = -lamv[i] * invv[i], bb = cen ? bv[i] : 0.f;
-          bf16* dst = p.dq + qrow(p, b, t0 + i, h);
-          float xq = 0.f;
-#pragma unroll
-          for (int nt = 0; nt < 4; ++nt) {
-            const int a = L.col(nt, 0);
-            const float2 q = bf2(sQ, i, a), gg = bf2(sG, i, a), m = *reinterpret_cast<const float2*>(mprev + a);
-            xq += X[nt][2 * hh] * q.x + X[nt][2 * hh + 1] * q.y;
-            const float d0 = gg.x + fa * X[nt][2 * hh] + dq[nt][2 * hh] + bb * m.x;
-            const float d1 = gg.y + fa * X[nt][2 * hh + 1] + dq[nt][2 * hh + 1] + bb * m.y;
-            if (i < n) *reinterpret_cast<uint32_t*>(dst + a) = pack(d0, d1);
-          }
-          xq = quad_sum(xq);
+          const float xq = bwd_dq_row(X, dq, hh, fa, bb, sQ, sG, mprev, p.dq + qrow(p, b, t0 + i, h), n, L);
           if (L.tig == 0) sXqb[s * 2 * C + L.wn * C + i] = xq;
         }
       }
