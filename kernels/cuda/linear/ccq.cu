@@ -1168,15 +1168,20 @@ void qlaunch(K kernel, dim3 grid, size_t smem, const QParams& p, cudaStream_t st
   LAR_CUDA_LAUNCHED();
 }
 
+// The inputs both passes read (t0 checked).
+void set_inputs(QParams& p, const CcqInputs& in, const char* what) {
+  if (in.t0 < 0) throw RuntimeError(std::string(what) + ": negative t0 " + std::to_string(in.t0));
+  p.q = in.q, p.k = in.k, p.lam = in.lambda, p.K0 = in.K0, p.m0 = in.m0, p.centered = in.centered ? 1 : 0;
+  p.t0 = static_cast<double>(in.t0);
+}
+
 }  // namespace
 
 void ccq_fwd(const DeltaShape& s, const CcqInputs& in, __nv_bfloat16* qc, const CcqStats& out, cudaStream_t stream) {
   QParams p = make_qparams(s, "ccq_fwd");
   const Path path = path_of("LAR_CCQ_FWD");
   if (!in.q || !in.k || !in.lambda || !qc) throw RuntimeError("ccq_fwd: q, k, lambda and qc are required");
-  if (in.t0 < 0) throw RuntimeError("ccq_fwd: negative t0 " + std::to_string(in.t0));
-  p.q = in.q, p.k = in.k, p.lam = in.lambda, p.K0 = in.K0, p.m0 = in.m0, p.centered = in.centered ? 1 : 0;
-  p.t0 = static_cast<double>(in.t0);
+  set_inputs(p, in, "ccq_fwd");
   p.qc = qc, p.Kout = out.K, p.mout = out.m;
   if (path == Path::kWs || (path == Path::kAuto && use_ws(p))) {
     qlaunch(ccq_fwd_ws_kernel, dim3(p.H, p.B), kQFwdWsSmem, p, stream, kWsThreads);
@@ -1198,9 +1203,7 @@ void ccq_bwd(const DeltaShape& s, const CcqInputs& in, const CcqStats& fin, cons
   if (!in.q || !in.k || !in.lambda || !fin.K || !fin.m || !dqc || !dq || !dk || !dlambda)
     throw RuntimeError("ccq_bwd: q, k, lambda, the final statistics, dqc, dq, dk and dlambda are required");
   if (dq == dqc) throw RuntimeError("ccq_bwd: dq must not alias dqc");
-  if (in.t0 < 0) throw RuntimeError("ccq_bwd: negative t0 " + std::to_string(in.t0));
-  p.q = in.q, p.k = in.k, p.lam = in.lambda, p.K0 = in.K0, p.m0 = in.m0, p.centered = in.centered ? 1 : 0;
-  p.t0 = static_cast<double>(in.t0);
+  set_inputs(p, in, "ccq_bwd");
   p.dqc = dqc, p.dq = dq, p.dk = dk, p.dlam = dlambda;
   if (path == Path::kWs || (path == Path::kAuto && use_ws(p))) {  // from fin
     p.Kfin = fin.K, p.mfin = fin.m;
