@@ -15,9 +15,12 @@
 
 namespace lar::gpu_test {
 
-inline std::unique_ptr<kernels::Backend> backend(const std::string& kind, const std::string& precision) {
+// deterministic: the backend's bit-reproducible mode.
+inline std::unique_ptr<kernels::Backend> backend(const std::string& kind, const std::string& precision,
+                                                 bool deterministic = false) {
   kernels::Backend::Options o;
   o.precision = precision;
+  o.deterministic = deterministic;
   return kernels::make_backend(kind, 2, kernels::DType::f32, o);
 }
 

@@ -133,10 +133,7 @@ void compare_step(const std::string& what, const json& cfg, const std::string& p
   const double tol_sum = cler || carve ? 2.5e-1 : fp32 ? 6e-2 : 1.5e-1;
   const auto batch = random_batch(4, T, 96, 3, 7);
   auto cpu = backend("cpu", "fp32");
-  kernels::Backend::Options o;
-  o.precision = precision;
-  o.deterministic = deterministic;
-  auto gpu = kernels::make_backend("cuda", 2, DType::f32, o);
+  auto gpu = backend("cuda", precision, deterministic);
   const StepOut ref = one_step(*cpu, cfg, batch);
   const StepOut got = one_step(*gpu, cfg, batch);
   ASSERT_EQ(got.grads.size(), ref.grads.size());
@@ -227,10 +224,7 @@ TEST(LinearLayerCuda, CarveStepMatchesTheCpuBackend) {
   // deterministic: carve_bwd per sequence (its batch sum of dU1, dU2 uses atomics), the U
   // gradients added in sequence order — the same result, and the same bits on a second run
   compare_step("carve deterministic", cfg, "mixed", 100, true);
-  kernels::Backend::Options o;
-  o.precision = "mixed";
-  o.deterministic = true;
-  auto gpu = kernels::make_backend("cuda", 2, DType::f32, o);
+  auto gpu = backend("cuda", "mixed", true);
   const auto batch = random_batch(4, 100, 96, 3, 7);
   const StepOut a = one_step(*gpu, cfg, batch), b = one_step(*gpu, cfg, batch);
   EXPECT_EQ(a.loss, b.loss);
@@ -267,10 +261,7 @@ TEST(LinearLayerCuda, CcqStepMatchesTheCpuBackend) {
 // deterministic backend, mixed, with CCQ on gdn so that P's q columns feed λ in both passes
 // and cler so that the second readout runs too); any other value is an error naming it.
 TEST(LinearLayerCuda, KeptPAndKeptOgGiveTheSameStep) {
-  kernels::Backend::Options o;
-  o.precision = "mixed";
-  o.deterministic = true;
-  auto gpu = kernels::make_backend("cuda", 2, DType::f32, o);
+  auto gpu = backend("cuda", "mixed", true);
   const auto batch = random_batch(4, 100, 96, 3, 7);
   for (const json& model : {json{{"architecture", "gdn"}, {"stack", "pure"}, {"n_layers", 3}, {"routing", "cler"},
                                  {"ccq", {{"enabled", true}}}},
