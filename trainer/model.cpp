@@ -17,11 +17,6 @@ constexpr double kNormEps = 1e-5;
 constexpr int64_t kLogitBytesPerChunk = int64_t(1) << 29;
 
 int get_int(const json& j, const char* key) { return j.at(key).get<int>(); }
-
-// The dtype of a mixer's x, y, dy and dx: every mixer takes and returns act_dtype()
-// tensors (bf16 on the GPU in mixed precision: their GEMMs read and write them directly,
-// no conversion passes; dtype() on the CPU).
-DType mixer_io_dtype(const kernels::Backend& be) { return be.act_dtype(); }
 }  // namespace
 
 ModelShape model_shape(const json& model) {
@@ -227,10 +222,11 @@ StepResult Model::forward(const data::Batch& batch, bool training, std::vector<i
   ForwardContext ctx{be_, ar, training};
   for (int l = 0; l < L; ++l) {
     const Layer& ly = layers_[l];
-    const DType io = mixer_io_dtype(be_);
-    // Mixer branch (after the previous layer's residual add).
+    // Mixer branch (after the previous layer's residual add). Every mixer takes and returns
+    // act_dtype() tensors (x, y, dy, dx; bf16 on the GPU in mixed precision: their GEMMs read
+    // and write them directly, no conversion passes).
     A.rstd1[l] = ar.alloc(dt, {N});
-    A.xn1[l] = ar.alloc(io, {B, T, d});
+    A.xn1[l] = ar.alloc(at, {B, T, d});
     if (l == 0) {
       be_.rmsnorm_fwd(A.h[0], ps.param(ly.norm1), A.xn1[l], A.rstd1[l], kNormEps);
     } else {
@@ -239,7 +235,7 @@ StepResult Model::forward(const data::Batch& batch, bool training, std::vector<i
     }
     Routing& r = A.route[l];
     if (ly.prev_linear >= 0) r.in = A.route[ly.prev_linear].out;
-    const Tensor y(A.mix_y.data, io, {B, T, d});
+    const Tensor y(A.mix_y.data, at, {B, T, d});
     mixers_[l]->forward(ctx, A.xn1[l], y, r);
     A.h[2 * l + 1] = ar.alloc(dt, {B, T, d});
     A.rstd2[l] = ar.alloc(dt, {N});
@@ -343,7 +339,7 @@ void Model::backward() {
   if (grads_ready_) grads_ready_({head_, final_norm_});
   Tensor dact = ar.alloc(at, {N, F});
   Tensor dgu = ar.alloc(at, {N, 2 * F});
-  const Tensor dxn_a(dxn.data, at, {A.B, A.T, d});  // the FFN's ∂L/∂xn2 (act_dtype())
+  const Tensor dxn_a(dxn.data, at, {A.B, A.T, d});  // ∂L/∂xn2 of the FFN, then ∂L/∂xn1 of the mixer
   // Side-channel gradients, zeroed up front (consumers above accumulate into them).
   for (int l = 0; l < L; ++l) {
     Routing& r = A.route[l];
@@ -370,8 +366,7 @@ void Model::backward() {
     Tensor w_gu(ps.param(ly.w_gate).data, dt, {2 * F, d});
     be_.gemm(dgu, true, A.xn2[l], false, g_gu, 1.0, 1.0);
     be_.gemm(dgu, false, w_gu, false, dxn_a);
-    const DType io = mixer_io_dtype(be_);
-    norm_bwd(A.h[2 * l + 1], ly.norm2, A.rstd2[l], dxn_a, io != dt);
+    norm_bwd(A.h[2 * l + 1], ly.norm2, A.rstd2[l], dxn_a, true);
     // Routing projection: h1 += side·Pᵀ.
     Routing& r = A.route[l];
     if (ly.route_p >= 0) {
@@ -387,9 +382,8 @@ void Model::backward() {
       be_.gemm(dlow, false, ps.param(ly.route_d), false, r.d_out, 1.0, 1.0);
     }
     // Mixer branch: h1 = h0 + Mixer(RMSNorm(h0)).
-    const Tensor dxn_m(dxn.data, io, {A.B, A.T, d});
-    mixers_[l]->backward(ctx, io != dt ? Tensor(dh_a.data, io, {A.B, A.T, d}) : dh, dxn_m, r);
-    norm_bwd(A.h[2 * l], ly.norm1, A.rstd1[l], dxn_m, l > 0);
+    mixers_[l]->backward(ctx, at != dt ? Tensor(dh_a.data, at, {A.B, A.T, d}) : dh, dxn_a, r);
+    norm_bwd(A.h[2 * l], ly.norm1, A.rstd1[l], dxn_a, l > 0);
     if (grads_ready_) grads_ready(l);
   }
   be_.embedding_bwd(A.ids, dh, ps.grad(embed_));
