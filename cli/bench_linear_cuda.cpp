@@ -38,6 +38,7 @@ struct Options {
   int reps = 20, warmup = 3;
   bool quick = false;
   bool long_seq = true;
+  bool short_seq = true;
   std::string only;  // comma-separated case names; empty = all
   bool wants(const std::string& name) const {
     if (only.empty()) return true;
@@ -245,6 +246,8 @@ int bench_linear(const Options& o) {
   };
   std::vector<Case> cases = {{8, 4096, 16}, {1, 32768, 16}};
   if (!o.long_seq) cases = {{8, 4096, 16}};
+  if (!o.short_seq) cases = {{1, 32768, 16}};
+  if (!o.long_seq && !o.short_seq) throw lar::UserError("bench linear-cuda: --no-long and --no-short leave no shape");
   if (o.quick) cases = {{1, 1024, 4}};
   std::cout << fmt::format(
       "linear-cuda: fused chunkwise linear mixers (chunk 64, dk=dv=64, bf16 in/out, fp32 state) on {} ({} SMs); "
@@ -343,6 +346,7 @@ static lar::cli::BenchRegistration linear_cuda_reg{
       app.add_option("--warmup", o->warmup, "Untimed warm-up calls")->check(CLI::Range(0, 100000));
       app.add_flag("--quick", o->quick, "One small shape (a smoke run)");
       app.add_flag("!--no-long", o->long_seq, "Skip the B=1, T=32K shape");
+      app.add_flag("!--no-short", o->short_seq, "Skip the B=8, T=4096 shape");
       app.add_option("--mixer", o->only,
                      "Only these cases, comma-separated (deltanet, gdn, gla, kda, gdn2, carve, gdn+ccq, gla+ccq, "
                      "<gla|kda|gdn2|carve>-decode)");

@@ -73,6 +73,7 @@ def time_fla(shapes, mixers):
     import fla.ops.common.chunk_o as chunk_o
     from fla.ops.delta_rule import chunk_delta_rule
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    from fla.ops.gdn2 import chunk_gdn2
     from fla.ops.gla import chunk_gla
     from fla.ops.kda import chunk_kda
     chunk_o.IS_NVIDIA_HOPPER = False  # timing only (see the module docstring)
@@ -87,22 +88,25 @@ def time_fla(shapes, mixers):
         beta = (0.05 + 0.9 * torch.rand(B, T, H, device=dev)).to(bf)
         g = torch.log(0.9 + 0.1 * torch.rand(B, T, H, device=dev))
         gc = torch.log(0.9 + 0.1 * torch.rand(B, T, H, D, device=dev))
+        eb = (0.05 + 0.9 * torch.rand(B, T, H, D, device=dev)).to(bf)  # gdn2's erase and write gates
+        ew = (0.05 + 0.9 * torch.rand(B, T, H, D, device=dev)).to(bf)
         runs = {
             "deltanet": lambda *a: chunk_delta_rule(*a[:3], a[4], scale=0.125)[0],
             "gdn": lambda *a: chunk_gated_delta_rule(*a[:3], a[3], a[4], scale=0.125)[0],
             "gla": lambda *a: chunk_gla(*a[:3], a[5], scale=0.125)[0],
             "kda": lambda *a: chunk_kda(*a[:3], a[5], a[4], scale=0.125)[0],
+            "gdn2": lambda *a: chunk_gdn2(*a[:3], a[5], a[6], a[7], scale=0.125)[0],
         }
         for name, f in runs.items():
             if name not in mixers:
                 continue
-            xs = [x.clone().requires_grad_(True) for x in (q, k, v, g, beta, gc)]
+            xs = [x.clone().requires_grad_(True) for x in (q, k, v, g, beta, gc, eb, ew)]
             try:
                 t_f = median_ms(lambda: f(*xs))
                 t_fb = median_ms(lambda: f(*xs).backward(dO))
-                print(f"fla {name} B={B} T={T} H={H}: fwd {t_f:.3f} ms, fwd+bwd {t_fb:.3f} ms")
+                print(f"fla {name} B={B} T={T} H={H}: fwd {t_f:.3f} ms, fwd+bwd {t_fb:.3f} ms", flush=True)
             except Exception as e:  # report, keep timing the others
-                print(f"fla {name} B={B} T={T} H={H}: failed: {type(e).__name__}: {str(e)[:200]}")
+                print(f"fla {name} B={B} T={T} H={H}: failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
 
 
 def main():
@@ -111,7 +115,7 @@ def main():
     ap.add_argument("--dump")
     ap.add_argument("--time", action="store_true")
     ap.add_argument("--shapes", default="8x4096x16,1x32768x16", help="BxTxH,... to time")
-    ap.add_argument("--mixers", default="deltanet,gdn,gla,kda")
+    ap.add_argument("--mixers", default="deltanet,gdn,gla,kda,gdn2")
     a = ap.parse_args()
     sys.path.insert(0, a.fla)
     ok = True
