@@ -109,7 +109,12 @@ std::pair<double, double> time_layer(lar::kernels::Backend& be, const std::strin
     return ts[ts.size() / 2];
   };
   const double fwd = median_ms(false), all = median_ms(true);
-  if (!be.all_finite(dx)) throw RuntimeError("bench linear-layer: " + arch + " produced a non-finite dx");
+  Tensor dx32 = dx;  // all_finite reads fp32
+  if (dx.dtype != DType::f32) {
+    dx32 = io.alloc(DType::f32, {s.B, s.T, s.d});
+    be.convert(dx, dx32);
+  }
+  if (!be.all_finite(dx32)) throw RuntimeError("bench linear-layer: " + arch + " produced a non-finite dx");
   return {fwd, all};
 }
 
