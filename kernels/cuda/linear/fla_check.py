@@ -3,9 +3,10 @@
   python3 fla_check.py --fla DIR --dump DUMP [--time]
 
 DIR holds the `fla` package of flash-linear-attention (fetched separately, never committed);
-DUMP is what `lar bench linear-cuda --dump DUMP` wrote. Checks our outputs and gradients
-against fla's naive PyTorch recurrence (fp32, autograd), then with --time measures fla's
-chunk kernels (bf16) at the bench shapes with CUDA events (median of 20 after 3 warm-ups).
+DUMP is the folder the GPU tests wrote with LAR_LINEAR_DUMP=DUMP set (test_linear_delta:
+gdn, deltanet; test_fla_dump: gla, kda, gdn2). Checks our outputs and gradients against
+fla's naive PyTorch recurrences (fp32, autograd), then with --time measures fla's chunk
+kernels (bf16) at the bench shapes with CUDA events (median of 20 after 3 warm-ups).
 fla refuses its gated backward on Hopper with Triton < 3.7.1 (numerically wrong there):
 the guard is bypassed for timing only, its gradients are not used.
 """
@@ -47,6 +48,48 @@ def check(dump, naive):
             if case == "deltanet" and name == "dg":
                 continue
             e = rel_rms(load(name, shapes[name]), r.detach())
+            tol = 5e-3 if name in ("o", "S") else 1e-2
+            ok &= e <= tol
+            line.append(f"{name} {e:.2e}{'' if e <= tol else ' FAIL'}")
+        print(f"fla naive vs ours, {case} B={B} T={T} H={H}: " + ", ".join(line))
+    return ok
+
+
+def check_channel(dump, fla_ops):
+    """gla, kda, gdn2 (per-key-channel log-gates) against fla's naive recurrences."""
+    B, T, H, D = 2, 300, 4, 64
+    ok = True
+    for case in ("gla", "kda", "gdn2"):
+        if not os.path.exists(os.path.join(dump, f"{case}_q")):
+            print(f"fla naive vs ours, {case}: no dump")
+            ok = False
+            continue
+
+        def load(name, shape):
+            x = np.fromfile(os.path.join(dump, f"{case}_{name}"), dtype=np.float32).reshape(shape)
+            return torch.from_numpy(x).cuda()
+        x4 = (B, T, H, D)
+        names = ["q", "k", "v", "g"] + {"gla": [], "kda": ["beta"], "gdn2": ["b", "w"]}[case]
+        leaves = {n: load(n, (B, T, H) if n == "beta" else x4).requires_grad_(True) for n in names}
+        dO = load("dO", x4)
+        S0, dST = load("S0", (B, H, D, D)), load("dST", (B, H, D, D))
+        h0 = S0.transpose(-1, -2).contiguous().requires_grad_(True)  # fla: [B,H,K,V]
+        L = leaves
+        if case == "gla":
+            o, hT = fla_ops["gla"](L["q"], L["k"], L["v"], L["g"], initial_state=h0, output_final_state=True)
+        elif case == "kda":
+            o, hT = fla_ops["kda"](L["q"], L["k"], L["v"], L["g"], L["beta"], scale=0.125, initial_state=h0,
+                                   output_final_state=True)
+        else:
+            o, hT = fla_ops["gdn2"](L["q"], L["k"], L["v"], L["g"], L["b"], L["w"], scale=0.125, initial_state=h0,
+                                    output_final_state=True)
+        ((o * dO).sum() + (hT * dST.transpose(-1, -2)).sum()).backward()
+        ref = {"o": (o, x4), "S": (hT.transpose(-1, -2), (B, H, D, D)), "dS0": (h0.grad.transpose(-1, -2), (B, H, D, D))}
+        for n in names:
+            ref["d" + n] = (L[n].grad, (B, T, H) if n == "beta" else x4)
+        line = []
+        for name, (r, shape) in ref.items():
+            e = rel_rms(load(name, shape), r.detach())
             tol = 5e-3 if name in ("o", "S") else 1e-2
             ok &= e <= tol
             line.append(f"{name} {e:.2e}{'' if e <= tol else ' FAIL'}")
@@ -121,7 +164,12 @@ def main():
     ok = True
     if a.dump:
         from fla.ops.gated_delta_rule.naive import naive_recurrent_gated_delta_rule
+        from fla.ops.gdn2.naive import naive_recurrent_gdn2
+        from fla.ops.gla.naive import naive_recurrent_gla
+        from fla.ops.kda.naive import naive_recurrent_kda
         ok = check(a.dump, naive_recurrent_gated_delta_rule)
+        ok &= check_channel(a.dump, {"gla": naive_recurrent_gla, "kda": naive_recurrent_kda,
+                                     "gdn2": naive_recurrent_gdn2})
     if a.time:
         shapes = [tuple(int(x) for x in sh.split("x")) for sh in a.shapes.split(",")]
         time_fla(shapes, a.mixers.split(","))
