@@ -1,13 +1,17 @@
 // The channel-gated chunkwise kernels (kernels/cuda/linear: gla, kda, gdn2) against the CPU
 // reference (kernels/cpu/linear, fp64 chunk form) on fresh random inputs: relative RMS
 // error ≤ 5e-3 on o and the final state, ≤ 1e-2 on every gradient (dq, dk, dv, dg and
-// dβ / db, dw, dS0). Every GPU output is poisoned with NaN before the launches.
+// dβ / db, dw, dS0). Every GPU output is poisoned with NaN before the launches. Every case runs
+// on both implementations (LAR_CHANNEL_PATH=fused / chunked, the two-phase path) and across
+// them (a forward of one kind feeding a backward of the other: same boundary states).
 #include <gtest/gtest.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -43,6 +47,8 @@ struct Case {
   gl::ChannelMixer m;
   int B, T, H;
   bool with_state;
+  const char* fwd_path = "fused";  // LAR_CHANNEL_PATH of the forward and of the backward
+  const char* bwd_path = "fused";
 };
 
 cl::Mixer cpu_mixer(gl::ChannelMixer m) {
@@ -51,14 +57,16 @@ cl::Mixer cpu_mixer(gl::ChannelMixer m) {
 
 std::string name(const Case& c) {
   return std::string(gl::channel_mixer_name(c.m)) + " B=" + std::to_string(c.B) + " T=" + std::to_string(c.T) +
-         " H=" + std::to_string(c.H) + (c.with_state ? " +state" : "");
+         " H=" + std::to_string(c.H) + (c.with_state ? " +state" : "") + " [" + c.fwd_path + "/" + c.bwd_path + "]";
 }
 
 struct Errors {
   double o, S, dq, dk, dv, dg, dbeta, db, dw, dS0;
 };
+// Every GPU output of one forward + backward, for the bit-reproducibility check.
+using Outputs = std::vector<std::vector<double>>;
 
-Errors run_case(std::mt19937_64& rng, const Case& c) {
+Errors run_case(std::mt19937_64& rng, const Case& c, Outputs* raw = nullptr, int repeats = 1) {
   const int D = 64, B = c.B, T = c.T, H = c.H;
   const size_t rows = static_cast<size_t>(B) * T * H, nx = rows * D, ns = static_cast<size_t>(B) * H * D * D;
   std::normal_distribution<double> nd(0.0, 1.0);
@@ -99,9 +107,32 @@ Errors run_case(std::mt19937_64& rng, const Case& c) {
   gl::ChannelGrads gr;
   gr.dq = dq_.p, gr.dk = dk_.p, gr.dv = dv_.p, gr.dg = dg_.p, gr.dbeta = dbeta_.p, gr.db = db_.p, gr.dw = dw_.p;
   gr.dS0 = dS0_.p;
-  gl::channel_fwd(c.m, s, in, o_.p, S_.p, bound.p, nullptr);
-  gl::channel_bwd(c.m, s, in, bound.p, dO_.p, c.with_state ? dST_.p : nullptr, gr, nullptr);
-  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << name(c);
+  for (int r = 0; r < repeats; ++r) {  // repeats > 1: every run's outputs must be bit-identical
+    if (r > 0) {
+      for (auto* d : {&o_, &dq_, &dk_, &dv_, &db_, &dw_}) d->poison();
+      for (auto* d : {&S_, &dg_, &dbeta_, &dS0_}) d->poison();
+    }
+    setenv("LAR_CHANNEL_PATH", c.fwd_path, 1);
+    gl::channel_fwd(c.m, s, in, o_.p, S_.p, bound.p, nullptr);
+    setenv("LAR_CHANNEL_PATH", c.bwd_path, 1);
+    gl::channel_bwd(c.m, s, in, bound.p, dO_.p, c.with_state ? dST_.p : nullptr, gr, nullptr);
+    unsetenv("LAR_CHANNEL_PATH");
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << name(c);
+    if (raw) {
+      Outputs now = {o_.get(), S_.get(), dq_.get(), dk_.get(), dv_.get(), dg_.get(), dbeta_.get(), db_.get(),
+                     dw_.get(), dS0_.get()};
+      if (r == 0) {
+        *raw = now;
+      } else {
+        for (size_t i = 0; i < now.size(); ++i) {
+          size_t diff = 0;
+          for (size_t j = 0; j < now[i].size(); ++j)
+            diff += std::memcmp(&now[i][j], &(*raw)[i][j], sizeof(double)) != 0;
+          EXPECT_EQ(diff, 0u) << name(c) << ": output " << i << " differs between runs";
+        }
+      }
+    }
+  }
 
   // CPU reference, per (b, h)
   std::vector<double> ro(nx), rS(ns), rdq(nx), rdk(nx), rdv(nx), rdg(nx), rdbeta(rows), rdb(nx), rdw(nx), rdS0(ns);
@@ -142,8 +173,10 @@ TEST(LinearChannelCuda, MatchesCpuReference) {
   ASSERT_GT(devices, 0);
   std::mt19937_64 rng{std::random_device{}()};
   for (gl::ChannelMixer m : {gl::ChannelMixer::gla, gl::ChannelMixer::kda, gl::ChannelMixer::gdn2})
-    for (const Case& c : {Case{m, 2, 200, 4, true}, Case{m, 1, 100, 3, false}, Case{m, 1, 1, 2, true},
-                          Case{m, 1, 700, 2, true}}) {
+    for (const char* path : {"fused", "chunked"})
+      for (Case c : {Case{m, 2, 200, 4, true}, Case{m, 1, 100, 3, false}, Case{m, 1, 1, 2, true},
+                     Case{m, 1, 700, 2, true}, Case{m, 1, 64, 1, true}, Case{m, 1, 1500, 2, true}}) {
+      c.fwd_path = c.bwd_path = path;
       const Errors e = run_case(rng, c);
       std::printf("%s: o %.2e S %.2e dq %.2e dk %.2e dv %.2e dg %.2e dbeta %.2e db %.2e dw %.2e dS0 %.2e\n",
                   name(c).c_str(), e.o, e.S, e.dq, e.dk, e.dv, e.dg, e.dbeta, e.db, e.dw, e.dS0);
@@ -151,6 +184,58 @@ TEST(LinearChannelCuda, MatchesCpuReference) {
       EXPECT_LT(e.S, 5e-3) << name(c);
       for (double x : {e.dq, e.dk, e.dv, e.dg, e.dbeta, e.db, e.dw, e.dS0}) EXPECT_LT(x, 1e-2) << name(c);
     }
+}
+
+// Both paths write and read the same boundary states: a forward of one kind feeds a backward
+// of the other.
+TEST(LinearChannelCuda, PathsShareTheBoundaryStates) {
+  int devices = 0;
+  ASSERT_EQ(cudaGetDeviceCount(&devices), cudaSuccess);
+  ASSERT_GT(devices, 0);
+  std::mt19937_64 rng{std::random_device{}()};
+  for (gl::ChannelMixer m : {gl::ChannelMixer::gla, gl::ChannelMixer::kda, gl::ChannelMixer::gdn2})
+    for (Case c : {Case{m, 1, 333, 2, true, "chunked", "fused"}, Case{m, 2, 130, 1, false, "fused", "chunked"}}) {
+      const Errors e = run_case(rng, c);
+      std::printf("%s: o %.2e S %.2e dq %.2e dk %.2e dv %.2e dg %.2e dbeta %.2e db %.2e dw %.2e dS0 %.2e\n",
+                  name(c).c_str(), e.o, e.S, e.dq, e.dk, e.dv, e.dg, e.dbeta, e.db, e.dw, e.dS0);
+      EXPECT_LT(e.o, 5e-3) << name(c);
+      EXPECT_LT(e.S, 5e-3) << name(c);
+      for (double x : {e.dq, e.dk, e.dv, e.dg, e.dbeta, e.db, e.dw, e.dS0}) EXPECT_LT(x, 1e-2) << name(c);
+    }
+}
+
+// No float atomics on either path: the same inputs give bit-identical outputs and gradients.
+TEST(LinearChannelCuda, BitReproducible) {
+  int devices = 0;
+  ASSERT_EQ(cudaGetDeviceCount(&devices), cudaSuccess);
+  ASSERT_GT(devices, 0);
+  std::mt19937_64 rng{std::random_device{}()};
+  for (gl::ChannelMixer m : {gl::ChannelMixer::gla, gl::ChannelMixer::kda, gl::ChannelMixer::gdn2})
+    for (const char* path : {"fused", "chunked"}) {
+      Case c{m, 2, 1000, 3, true, path, path};
+      Outputs raw;
+      const Errors e = run_case(rng, c, &raw, 3);
+      EXPECT_LT(e.o, 5e-3) << name(c);
+      EXPECT_LT(e.dk, 1e-2) << name(c);
+    }
+}
+
+TEST(LinearChannelCuda, RejectsBadPathOverride) {
+  gl::DeltaShape s;
+  s.B = 1, s.T = 16, s.H = 1;
+  gl::ChannelInputs in;
+  in.q = in.k = in.v = reinterpret_cast<const bf16*>(16);
+  in.g = reinterpret_cast<const float*>(16);
+  setenv("LAR_CHANNEL_PATH", "twophase", 1);
+  try {
+    gl::channel_fwd(gl::ChannelMixer::gla, s, in, reinterpret_cast<bf16*>(16), nullptr, nullptr, nullptr);
+    unsetenv("LAR_CHANNEL_PATH");
+    FAIL() << "no error";
+  } catch (const std::exception& e) {
+    unsetenv("LAR_CHANNEL_PATH");
+    EXPECT_NE(std::string(e.what()).find("LAR_CHANNEL_PATH=twophase: expected fused, chunked or auto"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(LinearChannelCuda, RejectsMissingInputs) {

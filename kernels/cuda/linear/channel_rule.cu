@@ -11,14 +11,23 @@
 // per-token decay above ≈ −5 (a gate of 0.007). Warp row block wm multiplies with its own
 // K̄^(wm) tile. The gate gradient uses that every factor carries +G of its row for q and e
 // and −G for k: dG = q∘dq + e∘de − k∘dk (core gradients), plus the G_last terms.
+//
+// Two implementations of gla / kda / gdn2, chosen per pass from the shape (use_two_phase; env
+// LAR_CHANNEL_PATH=fused|chunked|auto): the fused kernels (one CTA per (b, h) walks the chunks;
+// best when B·H fills the GPU) and the two-phase path ("two-phase" below; for long sequences
+// with few (b, h), e.g. B=1 T=32K). Both write and read the same boundary states. CARVE always
+// runs fused.
 #include <cuda_bf16.h>
 
+#include <cmath>
+#include <cstdlib>
 #include <string>
 
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/linear/chunk_common.cuh"
 #include "kernels/cuda/linear/linear_attention.hpp"
 #include "kernels/cuda/linear/linear_methods.hpp"
+#include "kernels/cuda/linear/scratch.hpp"
 
 namespace lar::kernels::cuda::linear {
 namespace {
@@ -39,6 +48,11 @@ struct CParams {
   bf16* dbx;
   float *dwsc, *dU1, *dU2;
   int rank, cgrad;
+  // Two-phase path (see "two-phase" below): per chunk M = Wᵀ K̂ (bf16; kda, gdn2), the additive
+  // term E (fp32; forward Uₒᵀ K̂, backward scale dOᵀ Q'), e^{G_last} per key channel, and the
+  // backward's end-of-chunk state gradients.
+  bf16 *Mc, *dSend, *Uc, *Wc;  // (forward: the prep's U₀ and W per chunk, bf16)
+  float *Ec, *el;
   int B, T, H, nc;
   float scale;
 };
@@ -330,7 +344,9 @@ __global__ void __launch_bounds__(NT, 1) cfwd_kernel(const CParams p) {
 constexpr size_t kCBwdSmem =
     18 * TILE * sizeof(bf16) + (3 * TILEF + C + 2 * C + 4 * C + 8 + 5 * C + 64 + 4 * C + 8 * 32 + 8 * C) * sizeof(float);
 
-template <int MODE>
+// CH: one CTA per (b, h, chunk) from the chunk's start state and its end-of-chunk gradient
+// (p.dSend, from the state pass), without the dS update.
+template <int MODE, bool CH>
 __global__ void __launch_bounds__(NT, 1) cbwd_kernel(const CParams p) {
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* sQ = reinterpret_cast<bf16*>(smem);
@@ -363,7 +379,8 @@ __global__ void __launch_bounds__(NT, 1) cbwd_kernel(const CParams p) {
   float* sDhP = sDu + 4 * C;  // [8][32] per-warp partials of U2ᵀ du
   float* sDmP = sDhP + 8 * 32;  // [8][C] per-warp partials of U1ᵀ dh
   const Lane L;
-  const int h = blockIdx.x, b = blockIdx.y, tid = threadIdx.x;
+  const int h = CH ? blockIdx.y : blockIdx.x, b = CH ? blockIdx.z : blockIdx.y, tid = threadIdx.x;
+  const int c_last = CH ? blockIdx.x : p.nc - 1, c_stop = CH ? c_last : 0;
   const size_t bh = static_cast<size_t>(b) * p.H + h, stride = static_cast<size_t>(p.H) * D;
   const float scale = p.scale;
   float aU1[8] = {}, aU2[8] = {};  // CARVE: this thread's dU1 [r = tid/8][8·(tid%8)..], dU2 [c = tid/4][8·(tid%4)..]
@@ -377,13 +394,17 @@ __global__ void __launch_bounds__(NT, 1) cbwd_kernel(const CParams p) {
   }
 
   Acc dS;
+  if (!CH) {
 #pragma unroll
-  for (int nt = 0; nt < 4; ++nt)
+    for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) dS[nt][e] = p.dST ? p.dST[bh * D * D + L.row(e) * D + L.col(nt, e)] : 0.f;
-  store_bf(sdS, dS, L, [](float x, int, int) { return x; });
+      for (int e = 0; e < 4; ++e) dS[nt][e] = p.dST ? p.dST[bh * D * D + L.row(e) * D + L.col(nt, e)] : 0.f;
+    store_bf(sdS, dS, L, [](float x, int, int) { return x; });
+  } else {
+    zero(dS);
+  }
 
-  for (int ci = p.nc - 1; ci >= 0; --ci) {
+  for (int ci = c_last; ci >= c_stop; --ci) {
     const int t0 = ci * C, n = min(C, p.T - t0);
     float* sM = sMb + (ci & 1) * C;  // this chunk's m and h; the other halves take the next chunk's
     float* sH = sHb + (ci & 1) * 32;
@@ -394,11 +415,17 @@ __global__ void __launch_bounds__(NT, 1) cbwd_kernel(const CParams p) {
     load_tile(sV, p.v + crow(p, b, t0, h), stride, n);
     load_tile(sdO, p.dout + crow(p, b, t0, h), stride, n);
     load_tile(sS0, p.bound_in + (bh * p.nc + ci) * D * D, D, C);
+    if (CH) load_tile(sdS, p.dSend + (bh * p.nc + ci) * D * D, D, C);
     load_gate_tile(sGt, p.g + crow(p, b, t0, h), stride, n);
     cp_async_commit();
     load_beta<MODE>(p, b, h, t0, n, sB, sW);
     cp_async_wait<0>();
     __syncthreads();
+    if (CH)
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dS[nt][e] = bf(sdS, L.row(e), L.col(nt, e));
     cumsum_cols(sGt);
     if (MODE == kCarve) {  // (sM, sH of this chunk were made at the end of the previous iteration)
       carve_u(p, cU, sH, sUc);
@@ -632,13 +659,15 @@ __global__ void __launch_bounds__(NT, 1) cbwd_kernel(const CParams p) {
         *reinterpret_cast<uint32_t*>(p.dv + gi) = pack(d0, d1);
       }
     {
-      Acc a, c2;  // dS at the chunk start = dS ∘ e^{G_last} + scale dOᵀ Q̃ − dRᵀ Ẽ
+      Acc a, c2;  // dS at the chunk start = dS ∘ e^{G_last} + scale dOᵀ Q̃ − dRᵀ Ẽ (fused path only)
       zero(a);
       zero(c2);
-      if (MODE != kGla)
+      if (CH) {
+      } else if (MODE != kGla) {
         gemm2<true, true, true, true>(a, sdO, sQt, c2, sdR, sEt, L);  // dOᵀ Q̃, dRᵀ Ẽ
-      else
+      } else {
         gemm<true, true>(a, sdO, sQt, L);
+      }
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
@@ -660,7 +689,7 @@ __global__ void __launch_bounds__(NT, 1) cbwd_kernel(const CParams p) {
         if (L.tig == 0) sRowB[L.wn * C + L.row(2 * hh)] = x;
       }
     __syncthreads();  // every read of the tiles, sdS and Aw is done
-    store_bf(sdS, dS, L, [](float x, int, int) { return x; });
+    if (!CH) store_bf(sdS, dS, L, [](float x, int, int) { return x; });
     store_f(sAw, dG, L, [&](float x, int t, int c) {
       return t == C - 1 ? x + sColL[c] + sColL[C + c] + sColL[2 * C + c] + sColL[3 * C + c] : x;
     });
@@ -716,7 +745,7 @@ __global__ void __launch_bounds__(NT, 1) cbwd_kernel(const CParams p) {
     }
     __syncthreads();
   }
-  if (p.dS0)
+  if (!CH && p.dS0)
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
@@ -735,6 +764,435 @@ __global__ void __launch_bounds__(NT, 1) cbwd_kernel(const CParams p) {
   }
 }
 
+// ---------------------------------------------------------------- two-phase (chunk-parallel) path
+// The kernels above walk a (b, h)'s chunks in one CTA: B·H CTAs (16 at B=1 H=16 on 132 SMs).
+// Per chunk the recurrence is affine in the start state S0 (rows = value channels):
+//   S_end = S0 (diag(e^{G_last}) − M) + E,   M = Wᵀ K̂ [dk×dk],   E = U₀ᵀ K̂ [dv×dk]
+// with T = I + diag(β) Aw, W = T⁻¹ diag(β) Ẽ, U₀ = T⁻¹ diag(β) Z (so U = U₀ − W S0ᵀ) and
+// K̂ = k e^{G_last − G}; gla has no erase (M = 0, U₀ = V). The adjoint, with Q' = Q̃ − P W (so
+// that O = scale (P U₀ + Q' S0ᵀ)):
+//   dS0 = dS_end (diag(e^{G_last}) − M)ᵀ + scale dOᵀ Q'.
+// Three launches per pass, as the delta rule's two-phase path (delta_rule.cu): (1) cprep_kernel,
+// one CTA per (b, h, chunk), writes M (bf16), E (fp32) and e^{G_last} (all the solves);
+// (2) cstate_kernel runs the recurrence: the rows of S evolve independently, so one warp per 16
+// value rows (4 CTAs per (b, h)) keeps its rows in mma accumulator fragments, which are also the
+// A operand of the next chunk's S·M (no shared-memory round trip, no block barrier); M, E and
+// e^{G_last} stream through a ring of cp.async stages; it writes every chunk's start state
+// (forward, the boundary) or end-of-chunk gradient (backward); (3) one CTA per (b, h, chunk) does
+// the rest from those states: the forward's output by cfwd_main_kernel (from the prep's U₀ and W:
+// no solve), the backward's gradients by cbwd_kernel with CH = true (the fused chunk body without
+// the dS update). CARVE stays on the fused
+// path: its content gate makes chunk c's erase depend on chunk c − 1's output, so the chunk
+// terms cannot be built before the recurrence has run.
+
+__device__ __forceinline__ size_t coff(const CParams& p, size_t bh, int ci) { return (bh * p.nc + ci) * D * D; }
+// Fragment → global [64][64] bf16, row stride 64.
+__device__ __forceinline__ void cfrag_store_bf(bf16* dst, const Acc& c, const Lane& L) {
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh)
+      *reinterpret_cast<uint32_t*>(dst + L.row(2 * hh) * D + L.col(nt, 0)) = pack(c[nt][2 * hh], c[nt][2 * hh + 1]);
+}
+
+// chunk_common.cuh's subst_fwd_regs on two right-hand sides at once (x and y, same thread
+// layout): the prep's two solves share every Aw load and interleave their dependency chains.
+__device__ __forceinline__ void subst_fwd_regs2(const float* sAw, const float* sB, float (&x)[16], float (&y)[16]) {
+  const int p = threadIdx.x & 3, lane = threadIdx.x & 31;
+  float ax[16], ay[16];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) ax[i] = ay[i] = 0.f;
+#pragma unroll
+  for (int jb = 0; jb < 16; ++jb) {
+    const float4 ad = *reinterpret_cast<const float4*>(sAw + (4 * jb + p) * LDF + 4 * jb);
+    const float adj[4] = {ad.x, ad.y, ad.z, ad.w};
+    float xs[4], ys[4];
+#pragma unroll
+    for (int jj = 0; jj < 4; ++jj) {
+      float xj = 0.f, yj = 0.f;
+      if (p == jj) {
+        const float bj = sB[4 * jb + jj];
+        x[jb] = bj * (x[jb] - ax[jb]);
+        y[jb] = bj * (y[jb] - ay[jb]);
+        xj = x[jb], yj = y[jb];
+      }
+      xs[jj] = __shfl_sync(FULL, xj, (lane & ~3) | jj);
+      ys[jj] = __shfl_sync(FULL, yj, (lane & ~3) | jj);
+      if (p > jj) ax[jb] += adj[jj] * xs[jj], ay[jb] += adj[jj] * ys[jj];
+    }
+#pragma unroll
+    for (int i = jb + 1; i < 16; ++i) {
+      const float4 a = *reinterpret_cast<const float4*>(sAw + (4 * i + p) * LDF + 4 * jb);
+      ax[i] += a.x * xs[0] + a.y * xs[1] + a.z * xs[2] + a.w * xs[3];
+      ay[i] += a.x * ys[0] + a.y * ys[1] + a.z * ys[2] + a.w * ys[3];
+    }
+  }
+}
+
+// (1) prep. Forward: M, E = U₀ᵀ K̂ (gla: E = Vᵀ K̂). Backward: M, E = scale dOᵀ Q' (gla: scale dOᵀ Q̃).
+// Eight bf16 tiles, G and Aw (fp32) and β: 108 KB, so two CTAs share an SM and one's barriers
+// and solves overlap the other's work. Tiles are reused as they die: K̂ overwrites K and Q̃
+// overwrites Q in place (each thread rewrites only the elements it read), Ẽ = Ē e^{G_s} is
+// rebuilt from Ē for the solve, and W, U₀ / Q', dO take K̄'s tiles once Aw and P are made.
+//   tile 0: forward K → K̂;   backward Q → Q̃
+//   tile 1: forward V;       backward K → K̂
+//   tile 2: Ē;               tile 3: backward Q̄ → P
+//   tiles 4–7: K̄ per 16-row block → W, then U₀ (forward) / Q', dO (backward)
+constexpr size_t kCPrepSmem = 8 * TILE * sizeof(bf16) + (2 * TILEF + C) * sizeof(float);
+static_assert(kCPrepSmem + 1024 <= 228 * 1024 / 2, "two prep CTAs per SM");
+
+// Prep tiles from K (→ K̂ in place), the gates and, for the backward, Q (→ Q̃ in place):
+// Ē = ê e^{G − G_s}, K̄_I = k e^{G_{16I} − G} (rows ≤ 16I+15, else 0), Q̄ = q e^{G − G_s}.
+template <int MODE, bool kQ>
+__device__ __forceinline__ void prep_tiles(const CParams& p, int b, int h, int t0, int n, bf16* sQ, bf16* sK,
+                                           const float* sGt, bf16* sQb, bf16* sEb, bf16* sKb) {
+  for (int i = threadIdx.x; i < C * 32; i += NT) {
+    const int t = i >> 5, c = 2 * (i & 31);
+    float qb[2], qt[2], eb[2], kh[2], kb[4][2];
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const float G = sGt[t * LDF + c + u], Gs = sGt[(t & ~15) * LDF + c + u], Gl = sGt[(C - 1) * LDF + c + u];
+      const float kv = bf(sK, t, c + u), f = __expf(G - Gs);
+      float ev = kv;
+      if (MODE == kGdn2) ev = t < n ? kv * __bfloat162float(p.bg[crow(p, b, t0 + t, h) + c + u]) : 0.f;
+      eb[u] = ev * f, kh[u] = kv * __expf(Gl - G);
+      if (kQ) {
+        const float qv = bf(sQ, t, c + u);
+        qb[u] = qv * f, qt[u] = qv * __expf(G);
+      }
+#pragma unroll
+      for (int I = 0; I < 4; ++I) kb[I][u] = t <= 16 * I + 15 ? kv * __expf(sGt[16 * I * LDF + c + u] - G) : 0.f;
+    }
+    const int o = t * LD + c;
+    *reinterpret_cast<uint32_t*>(sK + o) = pack(kh[0], kh[1]);
+    *reinterpret_cast<uint32_t*>(sEb + o) = pack(eb[0], eb[1]);
+    if (kQ) {
+      *reinterpret_cast<uint32_t*>(sQ + o) = pack(qt[0], qt[1]);
+      *reinterpret_cast<uint32_t*>(sQb + o) = pack(qb[0], qb[1]);
+    }
+#pragma unroll
+    for (int I = 0; I < 4; ++I) *reinterpret_cast<uint32_t*>(sKb + I * TILE + o) = pack(kb[I][0], kb[I][1]);
+  }
+}
+
+template <int MODE, bool kBwd>
+__global__ void __launch_bounds__(NT, 2) cprep_kernel(const CParams p) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  bf16* sT = reinterpret_cast<bf16*>(smem);
+  bf16* sQ = sT;                              // backward: Q → Q̃
+  bf16* sK = kBwd ? sT + TILE : sT;           // K → K̂
+  bf16* sV = sT + TILE;                       // forward
+  bf16* sEb = sT + 2 * TILE;
+  bf16* sQb = sT + 3 * TILE;                  // backward: Q̄, then P
+  bf16* sKb = sT + 4 * TILE;                  // 4 tiles
+  bf16* sW = sKb;                             // after Aw and P
+  bf16* sU0 = sKb + TILE;                     // forward U₀; backward Q'
+  bf16* sdO = sKb + 2 * TILE;                 // backward, loaded while the solve runs
+  float* sGt = reinterpret_cast<float*>(sT + 8 * TILE);
+  float* sAw = sGt + TILEF;
+  float* sB = sAw + TILEF;
+  const Lane L;
+  const int ci = blockIdx.x, h = blockIdx.y, b = blockIdx.z, tid = threadIdx.x;
+  const int t0 = ci * C, n = min(C, p.T - t0);
+  const size_t bh = static_cast<size_t>(b) * p.H + h, stride = static_cast<size_t>(p.H) * D, off = coff(p, bh, ci);
+  if (MODE == kGla) {  // forward: E = Vᵀ K̂, K̂ = k e^{G_last − G}; backward: E = scale dOᵀ Q̃, Q̃ = q e^G
+    bf16* sX = sT;            // K / Q, rewritten in place
+    bf16* sY = sT + TILE;     // V / dO
+    load_tile(sX, (kBwd ? p.q : p.k) + crow(p, b, t0, h), stride, n);
+    load_tile(sY, (kBwd ? p.dout : p.v) + crow(p, b, t0, h), stride, n);
+    load_gate_tile(sGt, p.g + crow(p, b, t0, h), stride, n);
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+    cumsum_cols(sGt);
+    __syncthreads();
+    if (tid < C) p.el[(bh * p.nc + ci) * C + tid] = __expf(sGt[(C - 1) * LDF + tid]);
+    for (int i = tid; i < C * 32; i += NT) {
+      const int t = i >> 5, c = 2 * (i & 31);
+      float x[2];
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        const float G = sGt[t * LDF + c + u];
+        x[u] = bf(sX, t, c + u) * __expf(kBwd ? G : sGt[(C - 1) * LDF + c + u] - G);
+      }
+      *reinterpret_cast<uint32_t*>(sX + t * LD + c) = pack(x[0], x[1]);
+    }
+    __syncthreads();
+    Acc e;
+    zero(e);
+    gemm<true, true>(e, sY, sX, L);  // Vᵀ K̂ / dOᵀ Q̃
+    frag_store_f(p.Ec + off, e, L, kBwd ? p.scale : 1.f);
+    return;
+  }
+  if (kBwd) load_tile(sQ, p.q + crow(p, b, t0, h), stride, n);
+  if (!kBwd) load_tile(sV, p.v + crow(p, b, t0, h), stride, n);
+  load_tile(sK, p.k + crow(p, b, t0, h), stride, n);
+  load_gate_tile(sGt, p.g + crow(p, b, t0, h), stride, n);
+  cp_async_commit();
+  load_beta<MODE>(p, b, h, t0, n, sB, nullptr);
+  cp_async_wait<0>();
+  __syncthreads();
+  cumsum_cols(sGt);
+  __syncthreads();
+  if (tid < C) p.el[(bh * p.nc + ci) * C + tid] = __expf(sGt[(C - 1) * LDF + tid]);
+  prep_tiles<MODE, kBwd>(p, b, h, t0, n, sQ, sK, sGt, sQb, sEb, sKb);
+  __syncthreads();
+  {
+    const bf16* Kw = sKb + L.wm * TILE;  // this warp's row block's K̄
+    Acc a, a2;
+    zero(a);
+    zero(a2);
+    if (kBwd)
+      gemm2<false, false, false, false>(a, sEb, Kw, a2, sQb, Kw, L);  // Ē K̄ᵀ, Q̄ K̄ᵀ
+    else
+      gemm<false, false>(a, sEb, Kw, L);
+    store_f(sAw, a, L, [](float x, int t, int j) { return t > j ? x : 0.f; });
+    __syncthreads();  // every read of Q̄ and K̄ is done
+    if (kBwd) {
+      store_bf(sQb, a2, L, [](float x, int t, int j) { return t >= j ? x : 0.f; });  // P
+      load_tile(sdO, p.dout + crow(p, b, t0, h), stride, n);
+      cp_async_commit();
+    }
+  }
+  {
+    const int c = tid >> 2, pp = tid & 3;
+    float x[16], y[16];  // W = T⁻¹ diag(β) Ẽ (Ẽ = Ē e^{G_s}); forward also U₀ = T⁻¹ diag(β) Z
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      const int t = 4 * i + pp;
+      x[i] = bf(sEb, t, c) * __expf(sGt[(t & ~15) * LDF + c]);
+    }
+    if (!kBwd) {
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        const int t = 4 * i + pp;
+        float z = bf(sV, t, c);
+        if (MODE == kGdn2) z = t < n ? z * __bfloat162float(p.wg[crow(p, b, t0 + t, h) + c]) : 0.f;
+        y[i] = z;
+      }
+      subst_fwd_regs2(sAw, sB, x, y);
+#pragma unroll
+      for (int i = 0; i < 16; ++i) sU0[(4 * i + pp) * LD + c] = __float2bfloat16(y[i]);
+    } else {
+      subst_fwd_regs(sAw, sB, x);
+    }
+#pragma unroll
+    for (int i = 0; i < 16; ++i) sW[(4 * i + pp) * LD + c] = __float2bfloat16(x[i]);
+  }
+  if (kBwd) cp_async_wait<0>();
+  __syncthreads();
+  Acc m;
+  zero(m);
+  if (!kBwd) {
+    for (int i = tid; i < 2 * D * 8; i += NT) {  // W and U₀ for the forward's chunk kernel
+      const int r = (i >> 3) & 63, c = (i & 7) * 8;
+      const bf16* src = i < D * 8 ? sW : sU0;
+      bf16* dst = (i < D * 8 ? p.Wc : p.Uc) + off;
+      *reinterpret_cast<uint4*>(dst + r * D + c) = *reinterpret_cast<const uint4*>(src + r * LD + c);
+    }
+    Acc e;
+    zero(e);
+    gemm2<true, true, true, true>(m, sW, sK, e, sU0, sK, L);  // Wᵀ K̂, U₀ᵀ K̂
+    cfrag_store_bf(p.Mc + off, m, L);
+    frag_store_f(p.Ec + off, e, L, 1.f);
+  } else {
+    Acc a;
+    zero(a);
+    gemm2<false, true, true, true>(a, sQb, sW, m, sW, sK, L);  // P W, Wᵀ K̂
+    cfrag_store_bf(p.Mc + off, m, L);
+    store_bf(sU0, a, L, [&](float x, int t, int c) { return bf(sQ, t, c) - x; });  // Q' = Q̃ − P W
+    __syncthreads();
+    zero(a);
+    gemm<true, true>(a, sdO, sU0, L);  // dOᵀ Q'
+    frag_store_f(p.Ec + off, a, L, p.scale);
+  }
+}
+
+// (2) the sequential pass. Forward: S ← S diag(e^{G_last}) − S M + E from S0, writing every
+// chunk's start state (bf16) into the boundary; backward: dS ← dS diag(e^{G_last}) − dS Mᵀ + E
+// from dS_T over the chunks in reverse, writing every chunk's end-of-chunk gradient. One warp
+// per 16 rows; its state fragment st[nt][e] sits at row r0 + g + 8·(e/2), column 8·nt + 2·tig + e%2.
+constexpr int kCStages = 6;
+constexpr size_t kCStageM = TILE * sizeof(bf16);            // M [64][LD]
+constexpr size_t kCStageE = 16 * LDF * sizeof(float);       // this warp's 16 rows of E
+constexpr size_t kCStage = kCStageM + kCStageE + C * sizeof(float);  // + e^{G_last}
+constexpr size_t kCStateSmem = kCStages * kCStage;
+
+template <bool kBwd, bool kHasM>
+__global__ void __launch_bounds__(32) cstate_kernel(const CParams p) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int r0 = 16 * blockIdx.x, h = blockIdx.y, b = blockIdx.z, lane = threadIdx.x, g = lane >> 2, tig = lane & 3;
+  const size_t bh = static_cast<size_t>(b) * p.H + h;
+  auto stage_M = [&](int k) { return reinterpret_cast<bf16*>(smem + k * kCStage); };
+  auto stage_E = [&](int k) { return reinterpret_cast<float*>(smem + k * kCStage + kCStageM); };
+  auto chunk_at = [&](int s) { return kBwd ? p.nc - 1 - s : s; };
+  // Chunk s's terms into stage s % kCStages (one commit group per chunk, empty past the end).
+  auto issue = [&](int s) {
+    if (s < p.nc) {
+      const int ci = chunk_at(s), k = s % kCStages;
+      const size_t off = coff(p, bh, ci);
+      if (kHasM)
+        for (int i = lane; i < C * 8; i += 32) {
+          const int r = i >> 3, c = (i & 7) * 8;
+          cp_async16(stage_M(k) + r * LD + c, p.Mc + off + r * D + c, true);
+        }
+      float* E = stage_E(k);
+      for (int i = lane; i < 16 * 16; i += 32) {
+        const int r = i >> 4, c = (i & 15) * 4;
+        cp_async16(E + r * LDF + c, p.Ec + off + (r0 + r) * D + c, true);
+      }
+      if (lane < 16) cp_async16(E + 16 * LDF + 4 * lane, p.el + (bh * p.nc + ci) * C + 4 * lane, true);
+    }
+    cp_async_commit();
+  };
+  float st[8][4];
+  const float* init = kBwd ? p.dST : p.S0;
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      st[nt][e] = init ? init[bh * D * D + (r0 + g + 8 * (e >> 1)) * D + 8 * nt + 2 * tig + (e & 1)] : 0.f;
+#pragma unroll
+  for (int s = 0; s < kCStages - 1; ++s) issue(s);
+  bf16* out = kBwd ? p.dSend : p.bound;
+  for (int s = 0; s < p.nc; ++s) {
+    const int ci = chunk_at(s), k = s % kCStages;
+    issue(s + kCStages - 1);
+    bf16* dst = out + coff(p, bh, ci);
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh)
+        *reinterpret_cast<uint32_t*>(dst + (r0 + g + 8 * hh) * D + 8 * nt + 2 * tig) =
+            pack(st[nt][2 * hh], st[nt][2 * hh + 1]);
+    cp_async_wait<kCStages - 1>();  // chunk s's group is complete
+    __syncwarp();
+    float a[8][4];
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) a[nt][0] = a[nt][1] = a[nt][2] = a[nt][3] = 0.f;
+    if (kHasM) {
+      const bf16* M = stage_M(k);
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        // the accumulator fragments of columns 16kk.. are the A fragment of k-step kk
+        const uint32_t af[4] = {pack(st[2 * kk][0], st[2 * kk][1]), pack(st[2 * kk][2], st[2 * kk][3]),
+                                pack(st[2 * kk + 1][0], st[2 * kk + 1][1]), pack(st[2 * kk + 1][2], st[2 * kk + 1][3])};
+#pragma unroll
+        for (int nn = 0; nn < 4; ++nn) {
+          const int n0 = 16 * nn;
+          uint32_t bq[4];
+          if (!kBwd)  // S M: M stored [k][n]
+            ldsm_x4_t(bq, M + (16 * kk + (lane & 7) + (((lane >> 3) & 1) << 3)) * LD + n0 + (lane >> 4) * 8);
+          else  // dS Mᵀ: M stored [n][k]
+            ldsm_x4(bq, M + (n0 + (lane & 7) + ((lane >> 4) << 3)) * LD + 16 * kk + ((lane >> 3) & 1) * 8);
+          mma(a[2 * nn], af, bq[0], bq[1]);
+          mma(a[2 * nn + 1], af, bq[2], bq[3]);
+        }
+      }
+    }
+    const float* E = stage_E(k);
+    const float* el = E + 16 * LDF;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+      const float2 l = *reinterpret_cast<const float2*>(el + 8 * nt + 2 * tig);
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const float2 e = *reinterpret_cast<const float2*>(E + (g + 8 * hh) * LDF + 8 * nt + 2 * tig);
+        st[nt][2 * hh] = l.x * st[nt][2 * hh] - a[nt][2 * hh] + e.x;
+        st[nt][2 * hh + 1] = l.y * st[nt][2 * hh + 1] - a[nt][2 * hh + 1] + e.y;
+      }
+    }
+    __syncwarp();  // this stage is read before it is refilled
+  }
+  cp_async_wait<0>();
+  float* fin = kBwd ? p.dS0 : p.S_out;
+  if (fin)
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) fin[bh * D * D + (r0 + g + 8 * (e >> 1)) * D + 8 * nt + 2 * tig + (e & 1)] = st[nt][e];
+}
+
+// (3a) forward output per chunk from its start state S0 (boundary) and the prep's U₀, W:
+//   U = U₀ − W S0ᵀ,   O = scale (Q̃ S0ᵀ + P U)
+// (gla: U = V). No Aw, no solve: ten bf16 tiles and G (110 KB), two CTAs per SM.
+constexpr size_t kCFwdMainSmem = 10 * TILE * sizeof(bf16) + TILEF * sizeof(float);
+static_assert(kCFwdMainSmem + 1024 <= 228 * 1024 / 2, "two forward CTAs per SM");
+
+template <int MODE>
+__global__ void __launch_bounds__(NT, 2) cfwd_main_kernel(const CParams p) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  bf16* sQ = reinterpret_cast<bf16*>(smem);  // Q → Q̃ in place
+  bf16* sK = sQ + TILE;
+  bf16* sS = sK + TILE;
+  bf16* sU = sS + TILE;   // U₀ → U (gla: V)
+  bf16* sW = sU + TILE;
+  bf16* sQb = sW + TILE;  // Q̄ → P
+  bf16* sKb = sQb + TILE;  // 4 tiles
+  float* sGt = reinterpret_cast<float*>(sKb + 4 * TILE);
+  const Lane L;
+  const int ci = blockIdx.x, h = blockIdx.y, b = blockIdx.z, tid = threadIdx.x;
+  const int t0 = ci * C, n = min(C, p.T - t0);
+  const size_t bh = static_cast<size_t>(b) * p.H + h, stride = static_cast<size_t>(p.H) * D, off = coff(p, bh, ci);
+  load_tile(sQ, p.q + crow(p, b, t0, h), stride, n);
+  load_tile(sK, p.k + crow(p, b, t0, h), stride, n);
+  load_tile(sS, p.bound + off, D, C);
+  if (MODE == kGla) {
+    load_tile(sU, p.v + crow(p, b, t0, h), stride, n);
+  } else {
+    load_tile(sU, p.Uc + off, D, C);
+    load_tile(sW, p.Wc + off, D, C);
+  }
+  load_gate_tile(sGt, p.g + crow(p, b, t0, h), stride, n);
+  cp_async_commit();
+  cp_async_wait<0>();
+  __syncthreads();
+  cumsum_cols(sGt);
+  __syncthreads();
+  for (int i = tid; i < C * 32; i += NT) {  // Q̄ = q e^{G − G_s}, Q̃ = q e^G, K̄_I = k e^{G_{16I} − G}
+    const int t = i >> 5, c = 2 * (i & 31);
+    float qb[2], qt[2], kb[4][2];
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const float G = sGt[t * LDF + c + u], Gs = sGt[(t & ~15) * LDF + c + u];
+      const float qv = bf(sQ, t, c + u), kv = bf(sK, t, c + u);
+      qb[u] = qv * __expf(G - Gs), qt[u] = qv * __expf(G);
+#pragma unroll
+      for (int I = 0; I < 4; ++I) kb[I][u] = t <= 16 * I + 15 ? kv * __expf(sGt[16 * I * LDF + c + u] - G) : 0.f;
+    }
+    const int o = t * LD + c;
+    *reinterpret_cast<uint32_t*>(sQb + o) = pack(qb[0], qb[1]);
+    *reinterpret_cast<uint32_t*>(sQ + o) = pack(qt[0], qt[1]);
+#pragma unroll
+    for (int I = 0; I < 4; ++I) *reinterpret_cast<uint32_t*>(sKb + I * TILE + o) = pack(kb[I][0], kb[I][1]);
+  }
+  __syncthreads();
+  Acc o, a;
+  zero(o);
+  zero(a);
+  gemm2<false, false, false, false>(a, sQb, sKb + L.wm * TILE, o, sQ, sS, L);  // Q̄ K̄ᵀ, Q̃ S0ᵀ
+  Acc x;
+  if (MODE != kGla) {
+    zero(x);
+    gemm<false, false>(x, sW, sS, L);  // W S0ᵀ
+  }
+  __syncthreads();  // every read of Q̄ and U₀'s neighbours is done
+  store_bf(sQb, a, L, [](float v, int t, int j) { return t >= j ? v : 0.f; });  // P
+  if (MODE != kGla)  // U = U₀ − W S0ᵀ (each thread rewrites only its own elements)
+    store_bf(sU, x, L, [&](float v, int t, int c) { return bf(sU, t, c) - v; });
+  __syncthreads();
+  gemm<false, true>(o, sQb, sU, L);  // + P U
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int t = L.row(2 * hh);
+      if (t < n)
+        *reinterpret_cast<uint32_t*>(p.o + crow(p, b, t0 + t, h) + L.col(nt, 0)) =
+            pack(o[nt][2 * hh] * p.scale, o[nt][2 * hh + 1] * p.scale);
+    }
+}
+
 CParams make_cparams(const DeltaShape& s, const char* what) {
   if (s.dk != 64 || s.dv != 64)
     throw RuntimeError(std::string(what) + ": head dims dk=" + std::to_string(s.dk) + " dv=" + std::to_string(s.dv) +
@@ -749,11 +1207,72 @@ CParams make_cparams(const DeltaShape& s, const char* what) {
   return p;
 }
 
+// One launch with its dynamic shared memory (the limit must be raised above 48 KB first);
+// the fused kernels take one CTA per (b, h).
 template <class K>
-void launch(K kernel, size_t smem, const CParams& p, cudaStream_t stream) {
+void launch(K kernel, size_t smem, const CParams& p, cudaStream_t stream, dim3 grid = dim3(0), int threads = NT) {
   LAR_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  kernel<<<dim3(p.H, p.B), NT, smem, stream>>>(p);
+  if (grid.x == 0) grid = dim3(p.H, p.B);
+  kernel<<<grid, threads, smem, stream>>>(p);
   LAR_CUDA_LAUNCHED();
+}
+
+// Which path runs a pass. The fused kernels take one CTA per (b, h) for the whole sequence, so
+// with B·H below the SM count most of the GPU idles; the two-phase path spreads the chunks over
+// the GPU but adds the prep kernel's solves and bytes (≈ kChunkedCost × the fused work per
+// chunk) and the sequential state pass (≈ kStateUs per chunk). Fitted on the H200 (132 SMs, B=8
+// T=4096 and B=1 T=32K, H=16): see docs/perf.md "Channel rule, session 7".
+// LAR_CHANNEL_PATH=fused|chunked|auto overrides (A/B timing, tests of both paths).
+constexpr double kChunkedCost = 1.5, kStateUs = 0.25, kFusedChunkUs = 8.0;
+bool use_two_phase(const CParams& p) {
+  const char* env = std::getenv("LAR_CHANNEL_PATH");
+  const std::string want = env ? env : "";
+  if (want == "fused") return false;
+  if (want == "chunked") return true;
+  if (!want.empty() && want != "auto")
+    throw RuntimeError("LAR_CHANNEL_PATH=" + want + ": expected fused, chunked or auto");
+  static const int sms = [] {
+    int dev = 0, n = 132;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+      n = 132;
+    return n;
+  }();
+  const double bh = static_cast<double>(p.B) * p.H;
+  const double fused = std::ceil(bh / sms);  // waves, in units of one chunk's fused time
+  const double chunked = kChunkedCost * bh / sms + kStateUs / kFusedChunkUs;
+  return chunked < fused;
+}
+
+// The two-phase passes of gla, kda, gdn2 (scratch from the stream-ordered pool, freed after).
+template <int MODE>
+void fwd_two_phase(CParams p, cudaStream_t stream) {
+  const size_t chunks = static_cast<size_t>(p.B) * p.H * p.nc;
+  Scratch scratch(stream);
+  if (MODE != kGla) {
+    p.Mc = scratch.get<bf16>(chunks * D * D);
+    p.Uc = scratch.get<bf16>(chunks * D * D);
+    p.Wc = scratch.get<bf16>(chunks * D * D);
+  }
+  p.Ec = scratch.get<float>(chunks * D * D);
+  p.el = scratch.get<float>(chunks * C);
+  if (!p.bound) p.bound = scratch.get<bf16>(chunks * D * D);  // the chunk kernel reads the states from here
+  const dim3 per_chunk(p.nc, p.H, p.B), per_rows(4, p.H, p.B);
+  launch(cprep_kernel<MODE, false>, kCPrepSmem, p, stream, per_chunk);
+  launch(cstate_kernel<false, MODE != kGla>, kCStateSmem, p, stream, per_rows, 32);
+  launch(cfwd_main_kernel<MODE>, kCFwdMainSmem, p, stream, per_chunk);
+}
+template <int MODE>
+void bwd_two_phase(CParams p, cudaStream_t stream) {
+  const size_t chunks = static_cast<size_t>(p.B) * p.H * p.nc;
+  Scratch scratch(stream);
+  if (MODE != kGla) p.Mc = scratch.get<bf16>(chunks * D * D);
+  p.Ec = scratch.get<float>(chunks * D * D);
+  p.el = scratch.get<float>(chunks * C);
+  p.dSend = scratch.get<bf16>(chunks * D * D);
+  const dim3 per_chunk(p.nc, p.H, p.B), per_rows(4, p.H, p.B);
+  launch(cprep_kernel<MODE, true>, kCPrepSmem, p, stream, per_chunk);
+  launch(cstate_kernel<true, MODE != kGla>, kCStateSmem, p, stream, per_rows, 32);
+  launch(cbwd_kernel<MODE, true>, kCBwdSmem, p, stream, per_chunk);
 }
 
 void check_inputs(ChannelMixer m, const ChannelInputs& in, const char* what) {
@@ -780,6 +1299,14 @@ void channel_fwd(ChannelMixer m, const DeltaShape& s, const ChannelInputs& in, _
   if (!o) throw RuntimeError("channel_fwd: o is required");
   p.q = in.q, p.k = in.k, p.v = in.v, p.g = in.g, p.beta = in.beta, p.bg = in.b, p.wg = in.w, p.S0 = in.S0;
   p.o = o, p.S_out = S_out, p.bound = boundary;
+  if (use_two_phase(p)) {
+    switch (m) {
+      case ChannelMixer::gla: fwd_two_phase<kGla>(p, stream); break;
+      case ChannelMixer::kda: fwd_two_phase<kKda>(p, stream); break;
+      case ChannelMixer::gdn2: fwd_two_phase<kGdn2>(p, stream); break;
+    }
+    return;
+  }
   switch (m) {
     case ChannelMixer::gla: launch(cfwd_kernel<kGla>, kCFwdSmem, p, stream); break;
     case ChannelMixer::kda: launch(cfwd_kernel<kKda>, kCFwdSmem, p, stream); break;
@@ -799,10 +1326,18 @@ void channel_bwd(ChannelMixer m, const DeltaShape& s, const ChannelInputs& in, c
   p.bound_in = boundary, p.dout = dout, p.dST = dST;
   p.dq = gr.dq, p.dk = gr.dk, p.dv = gr.dv, p.dg = gr.dg, p.dbeta = gr.dbeta, p.dbg = gr.db, p.dwg = gr.dw;
   p.dS0 = gr.dS0;
+  if (use_two_phase(p)) {
+    switch (m) {
+      case ChannelMixer::gla: bwd_two_phase<kGla>(p, stream); break;
+      case ChannelMixer::kda: bwd_two_phase<kKda>(p, stream); break;
+      case ChannelMixer::gdn2: bwd_two_phase<kGdn2>(p, stream); break;
+    }
+    return;
+  }
   switch (m) {
-    case ChannelMixer::gla: launch(cbwd_kernel<kGla>, kCBwdSmem, p, stream); break;
-    case ChannelMixer::kda: launch(cbwd_kernel<kKda>, kCBwdSmem, p, stream); break;
-    case ChannelMixer::gdn2: launch(cbwd_kernel<kGdn2>, kCBwdSmem, p, stream); break;
+    case ChannelMixer::gla: launch(cbwd_kernel<kGla, false>, kCBwdSmem, p, stream); break;
+    case ChannelMixer::kda: launch(cbwd_kernel<kKda, false>, kCBwdSmem, p, stream); break;
+    case ChannelMixer::gdn2: launch(cbwd_kernel<kGdn2, false>, kCBwdSmem, p, stream); break;
   }
 }
 
@@ -849,7 +1384,7 @@ void carve_bwd(const DeltaShape& s, const CarveInputs& in, const __nv_bfloat16* 
   const size_t nu = static_cast<size_t>(s.H) * in.rank * 64 * sizeof(float);
   LAR_CUDA_CHECK(cudaMemsetAsync(gr.dU1, 0, nu, stream));
   LAR_CUDA_CHECK(cudaMemsetAsync(gr.dU2, 0, nu, stream));
-  launch(cbwd_kernel<kCarve>, kCBwdSmem, p, stream);
+  launch(cbwd_kernel<kCarve, false>, kCBwdSmem, p, stream);
 }
 
 }  // namespace lar::kernels::cuda::linear
