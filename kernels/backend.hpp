@@ -241,7 +241,8 @@ class Backend {
   // elsewhere. Ops that accept such tensors (either dtype): gemm (A, B and C each),
   // rmsnorm_fwd's y, rmsnorm_bwd's dy, swiglu_fwd/bwd, rope_fwd/bwd, attention_fwd/bwd (all
   // but lse), cross_entropy_fwd/bwd/fwd_bwd's logits and dlogits, add_rmsnorm_fwd's r and y,
-  // rmsnorm_bwd_convert's dy and dx_act, swiglu_bwd_fwd, convert.
+  // rmsnorm_bwd_convert's dy and dx_act, add_rmsnorm_bwd_convert's r, dy and dx_act,
+  // swiglu_bwd_fwd, convert.
   virtual DType act_dtype() const { return dtype(); }
   // dst = src with dst's dtype (same numel). The default handles equal dtypes (a copy).
   virtual void convert(const Tensor& src, const Tensor& dst);
@@ -257,6 +258,25 @@ class Backend {
                                    const Tensor& dx, const Tensor& dw, const Tensor& dx_act) {
     rmsnorm_bwd(x, w, rstd, dy, dx, dw);
     convert(dx, dx_act);
+  }
+  // rmsnorm_bwd_convert (dx_act empty: rmsnorm_bwd) of x = x0 + r, the residual sum of
+  // add_rmsnorm_fwd formed again with the same float add (the same bits as passing the stored
+  // sum): the model keeps a block's mixer output r (act_dtype(), half the bytes on the GPU)
+  // for backward instead of the fp32 stream after it. x0, dx [N,d] in dtype(), r [N,d].
+  // The default forms the sum in a temporary buffer (copy + axpy, as add_rmsnorm_fwd's).
+  virtual void add_rmsnorm_bwd_convert(const Tensor& x0, const Tensor& r, const Tensor& w, const Tensor& rstd,
+                                       const Tensor& dy, const Tensor& dx, const Tensor& dw, const Tensor& dx_act) {
+    const Tensor x(alloc_bytes(x0.bytes()), x0.dtype, x0.shape());
+    try {
+      copy(x0, x);
+      axpy(1.0, r, x);
+      if (dx_act.empty()) rmsnorm_bwd(x, w, rstd, dy, dx, dw);
+      else rmsnorm_bwd_convert(x, w, rstd, dy, dx, dw, dx_act);
+    } catch (...) {
+      free_bytes(x.data);
+      throw;
+    }
+    free_bytes(x.data);
   }
   // swiglu_bwd, and h = silu(gate)·up (swiglu_fwd's output, recomputed in the backward where
   // it was not stored) from the same read of gu. The default runs swiglu_fwd + swiglu_bwd.

@@ -104,11 +104,14 @@ struct Model::Acts {
   int64_t N = 0;
   double mask_sum = 0;
   Tensor ids, targets, mask;
-  std::vector<Tensor> h;                 // residual stream: h[2l] block input, h[2l+1] after the mixer
+  // Residual stream (dtype()): h[2l] block input, h[2l+1] after the mixer — stored only for
+  // layers with a routing projection; elsewhere the backward forms h[2l] + ymix[l] again.
+  std::vector<Tensor> h;
+  std::vector<Tensor> ymix;              // the mixers' outputs (act_dtype()), kept for backward
   // xn2, gu, act (and xnf) have the backend's act_dtype() (bf16 on the GPU in mixed
   // precision); act is kept only when act_dtype() == dtype(), else recomputed in backward.
   std::vector<Tensor> rstd1, xn1, rstd2, xn2, gu, act;
-  Tensor mix_y;                          // the mixers' output, one buffer for all layers
+  Tensor mix_y;                          // the FFNs' output (act_dtype()), and mixer outputs not kept
   Tensor act_tmp;                        // silu(gate)·up of one layer when act is not kept
   std::vector<Routing> route;
   std::vector<Tensor> route_low;         // low-rank routing: side·D_lᵀ [N, r]
@@ -206,18 +209,23 @@ StepResult Model::forward(const data::Batch& batch, bool training, std::vector<i
   const DType at = be_.act_dtype();
   const bool keep_act = at == dt;  // bf16 storage: recompute silu(gate)·up in backward instead
   A.h.assign(2 * L + 1, Tensor());
+  A.ymix.assign(L, Tensor());
   A.rstd1.assign(L, Tensor());
   A.xn1 = A.rstd2 = A.xn2 = A.gu = A.act = A.rstd1;
   A.route.assign(L, Routing());
   A.route_low.assign(L, Tensor());
   A.h[0] = ar.alloc(dt, {B, T, d});
   be_.embedding_fwd(A.ids, ps.param(embed_), A.h[0]);
-  // Mixers overwrite y and keep nothing of it, so one buffer serves every layer; between a
-  // layer's FFN and the next norm it holds the FFN's output (in act_dtype()), which that
-  // norm adds to the residual stream (add_rmsnorm_fwd: no copy of the stream, no
-  // accumulating GEMM into it).
-  A.mix_y = ar.alloc(dt, {B, T, d});
-  const Tensor ffn_y(A.mix_y.data, at, {B, T, d});
+  // One buffer holds each FFN's output (in act_dtype()) until the next norm adds it to the
+  // residual stream (add_rmsnorm_fwd: no copy of the stream, no accumulating GEMM into it).
+  // A mixer's output y is kept per layer (act_dtype(): half the bytes of the fp32 stream
+  // after it, which the backward forms again as h[2l] + y); the stream after the mixer lives
+  // in the next block input's buffer, where that norm adds the FFN's output in place. Layers
+  // with a routing projection (it adds to the stream after the mixer) store that stream
+  // instead and write y into the shared buffer.
+  A.mix_y = ar.alloc(at, {B, T, d});
+  const Tensor ffn_y = A.mix_y;
+  Tensor h1;  // the stream after the current layer's mixer
   A.act_tmp = keep_act ? Tensor() : ar.alloc(at, {N, F});
   ForwardContext ctx{be_, ar, training};
   for (int l = 0; l < L; ++l) {
@@ -230,21 +238,26 @@ StepResult Model::forward(const data::Batch& batch, bool training, std::vector<i
     if (l == 0) {
       be_.rmsnorm_fwd(A.h[0], ps.param(ly.norm1), A.xn1[l], A.rstd1[l], kNormEps);
     } else {
-      A.h[2 * l] = ar.alloc(dt, {B, T, d});
-      be_.add_rmsnorm_fwd(A.h[2 * l - 1], ffn_y, A.h[2 * l], ps.param(ly.norm1), A.xn1[l], A.rstd1[l], kNormEps);
+      if (A.h[2 * l].empty()) A.h[2 * l] = ar.alloc(dt, {B, T, d});  // else h1 already lives there: in place
+      be_.add_rmsnorm_fwd(h1, ffn_y, A.h[2 * l], ps.param(ly.norm1), A.xn1[l], A.rstd1[l], kNormEps);
     }
     Routing& r = A.route[l];
     if (ly.prev_linear >= 0) r.in = A.route[ly.prev_linear].out;
-    const Tensor y(A.mix_y.data, at, {B, T, d});
+    const bool keep_y = ly.route_p < 0 && ly.route_d < 0;
+    const Tensor y = keep_y ? ar.alloc(at, {B, T, d}) : A.mix_y;
+    if (keep_y) A.ymix[l] = y;
     mixers_[l]->forward(ctx, A.xn1[l], y, r);
-    A.h[2 * l + 1] = ar.alloc(dt, {B, T, d});
     A.rstd2[l] = ar.alloc(dt, {N});
     A.xn2[l] = ar.alloc(at, {B, T, d});
-    if (ly.route_p < 0 && ly.route_d < 0) {
-      // h1 = h0 + y and the SwiGLU branch's norm in one pass.
-      be_.add_rmsnorm_fwd(A.h[2 * l], y, A.h[2 * l + 1], ps.param(ly.norm2), A.xn2[l], A.rstd2[l], kNormEps);
+    if (keep_y) {
+      // h1 = h0 + y and the SwiGLU branch's norm in one pass; h1 goes into h[2l+2]'s buffer.
+      A.h[2 * l + 2] = ar.alloc(dt, {B, T, d});
+      h1 = A.h[2 * l + 2];
+      be_.add_rmsnorm_fwd(A.h[2 * l], y, h1, ps.param(ly.norm2), A.xn2[l], A.rstd2[l], kNormEps);
     } else {
       // h1 = h0 + y (y may be bf16); the norm it also writes is redone below, after the side channel
+      A.h[2 * l + 1] = ar.alloc(dt, {B, T, d});
+      h1 = A.h[2 * l + 1];
       be_.add_rmsnorm_fwd(A.h[2 * l], y, A.h[2 * l + 1], ps.param(ly.norm2), A.xn2[l], A.rstd2[l], kNormEps);
       if (ly.route_p >= 0) {  // cler_h / clvr: h += side·P_lᵀ
         if (r.out.empty()) throw RuntimeError("layer " + std::to_string(l) + " publishes no side channel");
@@ -268,11 +281,11 @@ StepResult Model::forward(const data::Batch& batch, bool training, std::vector<i
     be_.swiglu_fwd(A.gu[l], act);
     be_.gemm(act, false, ps.param(ly.w_down), true, ffn_y);  // h2 = h1 + ffn_y: added by the next norm
   }
-  A.h[2 * L] = ar.alloc(dt, {B, T, d});
+  if (A.h[2 * L].empty()) A.h[2 * L] = ar.alloc(dt, {B, T, d});
   A.hf = A.h[2 * L];
   A.rstdf = ar.alloc(dt, {N});
   A.xnf = ar.alloc(at, {N, d});
-  be_.add_rmsnorm_fwd(A.h[2 * L - 1], ffn_y, A.hf, ps.param(final_norm_), A.xnf, A.rstdf, kNormEps);
+  be_.add_rmsnorm_fwd(h1, ffn_y, A.hf, ps.param(final_norm_), A.xnf, A.rstdf, kNormEps);
   A.losses = ar.alloc(dt, {N});
   A.argmax = predictions ? ar.alloc(DType::i32, {N}) : Tensor();
   // The head and the cross-entropy in chunks of rows; in training each chunk's dlogits go
@@ -324,7 +337,6 @@ void Model::backward() {
   // The head's gradients came with the forward (chunked cross-entropy); final norm.
   const DType at = be_.act_dtype();
   const bool keep_act = at == dt;
-  Tensor dxn = ar.alloc(dt, {A.B, A.T, d});
   Tensor dh = ar.zeros(dt, {A.B, A.T, d});
   Tensor dh_a = at != dt ? ar.alloc(at, {N, d}) : dh.matrix(d);  // dh as a GEMM operand
   // Each norm's backward also writes dh_a, the updated dh in act_dtype(), for the GEMMs
@@ -339,7 +351,7 @@ void Model::backward() {
   if (grads_ready_) grads_ready_({head_, final_norm_});
   Tensor dact = ar.alloc(at, {N, F});
   Tensor dgu = ar.alloc(at, {N, 2 * F});
-  const Tensor dxn_a(dxn.data, at, {A.B, A.T, d});  // ∂L/∂xn2 of the FFN, then ∂L/∂xn1 of the mixer
+  const Tensor dxn_a = ar.alloc(at, {A.B, A.T, d});  // ∂L/∂xn2 of the FFN, then ∂L/∂xn1 of the mixer
   // Side-channel gradients, zeroed up front (consumers above accumulate into them).
   for (int l = 0; l < L; ++l) {
     Routing& r = A.route[l];
@@ -366,7 +378,11 @@ void Model::backward() {
     Tensor w_gu(ps.param(ly.w_gate).data, dt, {2 * F, d});
     be_.gemm(dgu, true, A.xn2[l], false, g_gu, 1.0, 1.0);
     be_.gemm(dgu, false, w_gu, false, dxn_a);
-    norm_bwd(A.h[2 * l + 1], ly.norm2, A.rstd2[l], dxn_a, true);
+    if (!A.ymix[l].empty())  // the norm of h1 = h0 + y, formed again from the kept mixer output
+      be_.add_rmsnorm_bwd_convert(A.h[2 * l], A.ymix[l], ps.param(ly.norm2), A.rstd2[l], dxn_a, dh,
+                                  ps.grad(ly.norm2), at != dt ? dh_a : Tensor());
+    else
+      norm_bwd(A.h[2 * l + 1], ly.norm2, A.rstd2[l], dxn_a, true);
     // Routing projection: h1 += side·Pᵀ.
     Routing& r = A.route[l];
     if (ly.route_p >= 0) {

@@ -396,12 +396,14 @@ __global__ void __launch_bounds__(32 * kNormWarps) rmsnorm_fwd_rows(const float*
 // summed over the block's warps in a fixed order into partial[block][col]: no second read
 // of x and dy for dw, no atomics. x, dy and the old dx of a row are loaded together before
 // the row's reduction (three streams in flight per warp). Rows go to warps round-robin
-// over a fixed grid, so the result does not depend on scheduling.
-template <int KMAX, class TD, class TO>
+// over a fixed grid, so the result does not depend on scheduling. With r given (TR bf16 or
+// f32), the norm's input is x + r, formed exactly as rmsnorm_fwd_rows forms h (the same
+// float add): the forward's sum need not be stored.
+template <int KMAX, class TD, class TO, class TR>
 __global__ void __launch_bounds__(32 * kNormWarps, 2)
-    rmsnorm_bwd_rows(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ rstd,
-                     const TD* __restrict__ dy, float* __restrict__ dx, TO* __restrict__ dx_out,
-                     float* __restrict__ partial, int64_t n, int d) {
+    rmsnorm_bwd_rows(const float* __restrict__ x, const TR* __restrict__ res, const float* __restrict__ w,
+                     const float* __restrict__ rstd, const TD* __restrict__ dy, float* __restrict__ dx,
+                     TO* __restrict__ dx_out, float* __restrict__ partial, int64_t n, int d) {
   extern __shared__ float warp_dw[];  // [kNormWarps][d]
   const int lane = threadIdx.x % kWarp, wid = threadIdx.x / kWarp;
   const int d4 = d / 4;
@@ -424,6 +426,12 @@ __global__ void __launch_bounds__(32 * kNormWarps, 2)
       const int c = lane + kWarp * k;
       if (c < d4) {
         ld4(x + base + 4 * c, xv[k]);
+        if (res) {
+          float b[4];
+          ld4(res + base + 4 * c, b);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) xv[k][e] += b[e];
+        }
         ld4(dy + base + 4 * c, gv[k]);
         ld4(dx + base + 4 * c, ov[k]);
       }
@@ -466,13 +474,23 @@ __global__ void __launch_bounds__(32 * kNormWarps, 2)
   }
 }
 
-// dw[col] += Σ_blocks partial[block][col], in block order (double).
-__global__ void rmsnorm_dw_sum(const float* partial, float* dw, int d, int blocks) {
-  const int col = blockIdx.x * blockDim.x + threadIdx.x;
-  if (col >= d) return;
+// dw[col] += Σ_blocks partial[block][col] in double, in a fixed order: 8 rows of threads
+// each sum every 8th block's partial in block order, then those 8 sums in row order. (One
+// thread per column summing all 264 partials in sequence was a latency-bound tail of a few
+// µs per norm on only d/128 blocks.)
+constexpr int kDwRows = 8;
+__global__ void __launch_bounds__(32 * kDwRows) rmsnorm_dw_sum(const float* partial, float* dw, int d, int blocks) {
+  __shared__ double part[kDwRows][kWarp];
+  const int col = blockIdx.x * kWarp + threadIdx.x;
   double s = 0;
-  for (int b = 0; b < blocks; ++b) s += partial[b * (int64_t)d + col];
-  dw[col] += static_cast<float>(s);
+  if (col < d)
+    for (int b = threadIdx.y; b < blocks; b += kDwRows) s += partial[b * (int64_t)d + col];
+  part[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y != 0 || col >= d) return;
+  double t = 0;
+  for (int i = 0; i < kDwRows; ++i) t += part[i][threadIdx.x];
+  dw[col] += static_cast<float>(t);
 }
 
 // ---------------------------------------------------------------- SwiGLU
@@ -1011,7 +1029,30 @@ struct CudaBackend::OpTimer : EventProfile::Scope {
 
 std::vector<std::pair<std::string, double>> CudaBackend::profile_report() {
   synchronize();
-  return prof_.report();
+  auto out = prof_.report();
+  // GEMM rows: calls and achieved TFLOP/s appended; their sum as one more row.
+  double gemm_total = 0, gemm_flops = 0;
+  int64_t gemm_calls = 0;
+  for (auto& [name, secs] : out) {
+    auto it = gemm_stats_.find(name);
+    if (it == gemm_stats_.end()) continue;
+    gemm_total += secs;
+    gemm_flops += it->second.flops;
+    gemm_calls += it->second.calls;
+    char buf[64];
+    std::snprintf(buf, sizeof buf, " ×%lld %.0f TF/s", static_cast<long long>(it->second.calls),
+                  secs > 0 ? it->second.flops / secs * 1e-12 : 0.0);
+    name += buf;
+  }
+  if (gemm_calls > 0) {
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "gemm (all shapes) ×%lld %.0f TF/s", static_cast<long long>(gemm_calls),
+                  gemm_total > 0 ? gemm_flops / gemm_total * 1e-12 : 0.0);
+    out.emplace_back(buf, gemm_total);
+    std::sort(out.begin(), out.end(), [](const auto& x, const auto& y) { return x.second > y.second; });
+  }
+  gemm_stats_.clear();
+  return out;
 }
 
 int cuda_device_count() {
@@ -1036,6 +1077,7 @@ CudaBackend::CudaBackend(int device) {
   LAR_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
   // Plain fp32 (no TF32) so that this path is the GPU's fp32 reference.
   LAR_CUBLAS_CHECK(cublasSetMathMode(cublas_, CUBLAS_PEDANTIC_MATH));
+  LAR_CUBLAS_CHECK(cublasLtCreate(&lt_));
   profile_ = profiling_enabled();
 }
 
@@ -1047,6 +1089,9 @@ CudaBackend::~CudaBackend() {
   if (rope_table_) cudaFree(rope_table_);
   if (gemm_scratch_) cudaFree(gemm_scratch_);
   if (mirror_) cudaFree(mirror_);
+  gemm_plans_.clear();
+  if (lt_workspace_) cudaFree(lt_workspace_);
+  if (lt_) cublasLtDestroy(lt_);
   while (!growables_.empty()) free_bytes(reinterpret_cast<void*>(growables_.back()->base));
   if (cublas_) cublasDestroy(cublas_);
   if (stream_) cudaStreamDestroy(stream_);
@@ -1062,8 +1107,19 @@ void CudaBackend::set_options(const Options& o) {
   bf16_gemm_ = o.precision == "mixed" || o.precision == "auto";
   // fp32 keeps pedantic fp32 GEMMs, so that path stays the GPU's fp32 reference.
   LAR_CUBLAS_CHECK(cublasSetMathMode(cublas_, mixed_ ? CUBLAS_DEFAULT_MATH : CUBLAS_PEDANTIC_MATH));
+  // GEMM algorithm choice: LAR_GEMM=tune|heuristic|cublas; deterministic runs never time
+  // candidates (the choice would depend on the timings, the bits with it).
+  const char* g = std::getenv("LAR_GEMM");
+  const std::string gm = g ? g : "";
+  if (!gm.empty() && gm != "tune" && gm != "heuristic" && gm != "cublas")
+    throw UserError("LAR_GEMM: '" + gm + "' is not one of tune, heuristic, cublas");
+  gemm_mode_ = gm == "cublas" ? GemmMode::cublas
+               : gm == "tune" && !o.deterministic ? GemmMode::tune
+                                                  : GemmMode::heuristic;
+  gemm_plans_.clear();
   name_ = std::string(!mixed_ ? "cuda-f32" : bf16_gemm_ ? "cuda-mixed-bf16" : "cuda-mixed-tf32") +
-          (o.deterministic ? " deterministic" : "") + " (" + gpu_name_ + ")";
+          (o.deterministic ? " deterministic" : "") + (bf16_gemm_ ? std::string(", gemm ") + gemm_mode() : "") +
+          " (" + gpu_name_ + ")";
 }
 
 void CudaBackend::track_alloc(void* p, std::size_t bytes) {
@@ -1311,12 +1367,203 @@ const void* CudaBackend::gemm_operand(const Tensor& t, std::size_t off) {
   return dst;
 }
 
+// ---- cuBLASLt plans of the bf16 GEMMs ----
+
+namespace {
+constexpr std::size_t kLtWorkspace = std::size_t(32) << 20;  // cuBLAS's own default on Hopper
+constexpr int kGemmCandidates = 16;                           // heuristic results timed per shape
+int64_t ptr_align(const void* p) {  // the pointer's alignment in bytes, capped at 256
+  const auto u = reinterpret_cast<uintptr_t>(p);
+  int64_t a = 256;
+  while (a > 1 && u % static_cast<uintptr_t>(a) != 0) a /= 2;
+  return a;
+}
+bool env_is(const char* name, const char* value) {
+  const char* e = std::getenv(name);
+  return e && std::string(e) == value;
+}
+// "a<algo>t<tile>s<stages>k<split-K>r<reduction>c<cluster>": a candidate's configuration (LAR_GEMM_LOG).
+std::string algo_config(const cublasLtMatmulAlgo_t& algo) {
+  auto get = [&](cublasLtMatmulAlgoConfigAttributes_t attr) -> long {
+    uint64_t v = 0;  // every attribute fits; the size written says how many bytes
+    std::size_t n = 0;
+    if (cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, nullptr, 0, &n) != CUBLAS_STATUS_SUCCESS || n > sizeof v)
+      return -1;
+    if (cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &v, n, &n) != CUBLAS_STATUS_SUCCESS) return -1;
+    return static_cast<long>(v);
+  };
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "a%ldt%lds%ldk%ldr%ldc%ld", get(CUBLASLT_ALGO_CONFIG_ID),
+                get(CUBLASLT_ALGO_CONFIG_TILE_ID), get(CUBLASLT_ALGO_CONFIG_STAGES_ID),
+                get(CUBLASLT_ALGO_CONFIG_SPLITK_NUM), get(CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME),
+                get(CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID));
+  return buf;
+}
+}  // namespace
+
+struct CudaBackend::GemmPlan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  bool usable = false;  // false: cuBLASLt offered no algorithm; the legacy call runs instead
+  std::size_t workspace = 0;
+  GemmPlan() = default;
+  GemmPlan(const GemmPlan&) = delete;
+  GemmPlan& operator=(const GemmPlan&) = delete;
+  ~GemmPlan() {
+    if (la) cublasLtMatrixLayoutDestroy(la);
+    if (lb) cublasLtMatrixLayoutDestroy(lb);
+    if (lc) cublasLtMatrixLayoutDestroy(lc);
+    if (desc) cublasLtMatmulDescDestroy(desc);
+  }
+};
+
+const char* CudaBackend::gemm_mode() const {
+  return gemm_mode_ == GemmMode::tune ? "tune" : gemm_mode_ == GemmMode::heuristic ? "heuristic" : "cublas";
+}
+
+void CudaBackend::gemm_lt(GemmPlan& plan, const void* lt_a, const void* lt_b, void* c, float alpha, float beta) {
+  LAR_CUBLAS_CHECK(cublasLtMatmul(lt_, plan.desc, &alpha, lt_a, plan.la, lt_b, plan.lb, &beta, c, plan.lc, c, plan.lc,
+                                  &plan.algo, lt_workspace_, plan.workspace, stream_));
+}
+
+// The plan of a GEMM given in cuBLAS's column-major terms (Lt's A = our B, Lt's B = our A;
+// see gemm_batched). Built at the first use of its key: the heuristic's candidates for the
+// operands' actual alignment, and in mode tune each of them timed (one warm-up and three
+// runs on the real operands; output into C itself when β = 0, else into a scratch copy of
+// C's size, freed after) and the fastest kept. Deterministic runs never time: the
+// heuristic's first choice depends only on the shape, so a run repeats its bits.
+CudaBackend::GemmPlan& CudaBackend::gemm_plan(const GemmKey& key, const void* a, const void* b, void* c,
+                                              bool c_bf16, float alpha, float beta) {
+  auto it = gemm_plans_.find(key);
+  if (it != gemm_plans_.end()) return *it->second;
+  const int64_t M = key[0], N = key[1], K = key[2], batches = key[3], flags = key[4];
+  const bool ta = flags & 1, tb = flags & 2;
+  const int64_t lda = key[5], ldb = key[6], ldc = key[7], sa = key[8], sb = key[9], sc = key[10];
+  auto plan = std::make_unique<GemmPlan>();
+  GemmPlan& p = *plan;
+  gemm_plans_.emplace(key, std::move(plan));
+  if (!lt_workspace_) {
+    LAR_CUDA_CHECK(cudaMalloc(&lt_workspace_, kLtWorkspace));
+    track_alloc(lt_workspace_, kLtWorkspace);
+    // The legacy handle shares it (same stream, one GEMM at a time).
+    LAR_CUBLAS_CHECK(cublasSetWorkspace(cublas_, lt_workspace_, kLtWorkspace));
+  }
+  const cublasOperation_t opa = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+  LAR_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  LAR_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
+  LAR_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
+  // Column-major: Lt's A is our B (N×K, or K×N stored when transposed), B is our A, C is Cᵀ.
+  auto layout = [&](cublasLtMatrixLayout_t* l, cudaDataType_t t, int64_t rows, int64_t cols, int64_t ld,
+                    int64_t stride) {
+    LAR_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(l, t, static_cast<uint64_t>(rows), static_cast<uint64_t>(cols), ld));
+    if (batches > 1) {
+      const int32_t nb = static_cast<int32_t>(batches);
+      LAR_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &nb, sizeof(nb)));
+      LAR_CUBLAS_CHECK(
+          cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
+    }
+  };
+  layout(&p.la, CUDA_R_16BF, tb ? K : N, tb ? N : K, ldb, sb);
+  layout(&p.lb, CUDA_R_16BF, ta ? M : K, ta ? K : M, lda, sa);
+  layout(&p.lc, c_bf16 ? CUDA_R_16BF : CUDA_R_32F, N, M, ldc, sc);
+  cublasLtMatmulPreference_t pref = nullptr;
+  LAR_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  const uint64_t ws = kLtWorkspace;
+  LAR_CUBLAS_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  const uint32_t al_a = static_cast<uint32_t>(key[11]), al_b = static_cast<uint32_t>(key[12]),
+                 al_c = static_cast<uint32_t>(key[13]);
+  LAR_CUBLAS_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof(al_a)));
+  LAR_CUBLAS_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof(al_b)));
+  LAR_CUBLAS_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof(al_c)));
+  LAR_CUBLAS_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof(al_c)));
+  cublasLtMatmulHeuristicResult_t res[kGemmCandidates] = {};
+  int found = 0;
+  const int want = gemm_mode_ == GemmMode::tune ? kGemmCandidates : 1;
+  const cublasStatus_t hs =
+      cublasLtMatmulAlgoGetHeuristic(lt_, p.desc, p.la, p.lb, p.lc, p.lc, pref, want, res, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (hs != CUBLAS_STATUS_SUCCESS || found == 0) return p;  // not usable: the legacy call
+  int best = 0;
+  std::vector<float> ms(found, -1.f);
+  if (found > 1) {
+    // β ≠ 0 reads C: time into scratch of C's size so that C is not accumulated twice.
+    const std::size_t c_bytes =
+        static_cast<std::size_t>((batches > 1 ? sc * (batches - 1) : 0) + ldc * (M - 1) + N) * (c_bf16 ? 2 : 4);
+    void* out = c;
+    if (beta != 0.f) {
+      LAR_CUDA_CHECK(cudaMalloc(&out, c_bytes));
+      track_alloc(out, c_bytes);
+    }
+    cudaEvent_t e0, e1;
+    LAR_CUDA_CHECK(cudaEventCreate(&e0));
+    LAR_CUDA_CHECK(cudaEventCreate(&e1));
+    float best_ms = 0;
+    for (int i = 0; i < found; ++i) {
+      if (res[i].state != CUBLAS_STATUS_SUCCESS) continue;
+      auto launch = [&] {
+        return cublasLtMatmul(lt_, p.desc, &alpha, b, p.la, a, p.lb, &beta, out, p.lc, out, p.lc, &res[i].algo,
+                              lt_workspace_, res[i].workspaceSize, stream_);
+      };
+      if (launch() != CUBLAS_STATUS_SUCCESS) continue;
+      LAR_CUDA_CHECK(cudaEventRecord(e0, stream_));
+      for (int r = 0; r < 3; ++r) LAR_CUBLAS_CHECK(launch());
+      LAR_CUDA_CHECK(cudaEventRecord(e1, stream_));
+      LAR_CUDA_CHECK(cudaEventSynchronize(e1));
+      LAR_CUDA_CHECK(cudaEventElapsedTime(&ms[i], e0, e1));
+      ms[i] /= 3;
+      if (ms[best] < 0 || ms[i] < best_ms) best = i, best_ms = ms[i];
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    if (out != c) {
+      synchronize();
+      track_free(out);
+      LAR_CUDA_CHECK(cudaFree(out));
+    }
+    if (ms[best] < 0) best = 0;
+    if (env_is("LAR_GEMM_LOG", "1")) {  // every candidate: its configuration and µs
+      std::string all;
+      for (int i = 0; i < found; ++i) {
+        char t[32];
+        std::snprintf(t, sizeof t, ":%.1f ", 1e3 * ms[i]);
+        all += algo_config(res[i].algo) + t;
+      }
+      std::fprintf(stderr, "gemm tune %lldx%lldx%lld b%lld %c%c %s β%s: heuristic %.1f us, chosen #%d %.1f us | %s\n",
+                   static_cast<long long>(M), static_cast<long long>(N), static_cast<long long>(K),
+                   static_cast<long long>(batches), ta ? 'T' : 'N', tb ? 'T' : 'N', c_bf16 ? "bf16" : "f32",
+                   beta != 0.f ? "1" : "0", 1e3 * ms[0], best, 1e3 * ms[best], all.c_str());
+    }
+  }
+  p.algo = res[best].algo;
+  p.workspace = res[best].workspaceSize;
+  p.usable = true;
+  return p;
+}
+
 void CudaBackend::gemm_batched(const Tensor& A, bool ta, const Tensor& B, bool tb, const Tensor& C,
                                int64_t batches, double alpha, double beta) {
-  OpTimer timer(*this, "gemm");
   int64_t M = C.rows() / batches, N = C.last();
   int64_t K = ta ? A.rows() / batches : A.last();
   int64_t a_rows = A.rows() / batches, b_rows = B.rows() / batches;
+  const char* prof_name = "gemm";
+  if (profile_) {  // one profile row per shape and role
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "gemm %lldx%lldx%lld%s %c%c β=%g →%s", static_cast<long long>(M),
+                  static_cast<long long>(N), static_cast<long long>(K),
+                  batches > 1 ? (" ×" + std::to_string(batches)).c_str() : "", ta ? 'T' : 'N', tb ? 'T' : 'N', beta,
+                  is_bf16(C) ? "bf16" : "f32");
+    prof_name = prof_names_.insert(buf).first->c_str();
+    GemmStat& st = gemm_stats_[prof_name];
+    st.calls += 1;
+    st.flops += 2.0 * M * N * K * batches;
+  }
+  OpTimer timer(*this, prof_name);
   if ((ta ? A.last() : a_rows) != M || (tb ? b_rows : B.last()) != N || (tb ? B.last() : b_rows) != K)
     throw RuntimeError("cuda gemm: shapes " + A.shape_str() + (ta ? "ᵀ" : "") + " · " + B.shape_str() +
                        (tb ? "ᵀ" : "") + " → " + C.shape_str() + " do not match");
@@ -1359,6 +1606,17 @@ void CudaBackend::gemm_batched(const Tensor& A, bool ta, const Tensor& B, bool t
     }
     const void* ab = gemm_operand(A, 0);
     const void* bb = gemm_operand(B, na);
+    if (M > 0 && N > 0 && K > 0 && gemm_mode_ != GemmMode::cublas) {
+      const bool one = batches == 1;
+      const GemmKey key{M, N, K, batches, (ta ? 1 : 0) | (tb ? 2 : 0) | (is_bf16(C) ? 4 : 0) | (fb != 0.f ? 8 : 0),
+                        lda, ldb, ldc, one ? 0 : a_rows * A.last(), one ? 0 : b_rows * B.last(), one ? 0 : M * N,
+                        ptr_align(bb), ptr_align(ab), ptr_align(C.data)};
+      GemmPlan& plan = gemm_plan(key, ab, bb, C.data, is_bf16(C), fa, fb);
+      if (plan.usable) {
+        gemm_lt(plan, bb, ab, C.data, fa, fb);
+        return;
+      }
+    }
     LAR_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
         cublas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(N),
         static_cast<int>(M), static_cast<int>(K), &fa, bb, CUDA_R_16BF, ldb, b_rows * B.last(), ab, CUDA_R_16BF,
@@ -1501,22 +1759,31 @@ constexpr int kNormBwdBlocks = 264;
 int norm_bwd_blocks(int64_t n) {
   return static_cast<int>(std::min<int64_t>(kNormBwdBlocks, (n + kNormWarps - 1) / kNormWarps));
 }
-template <int K, class TD, class TO>
-void norm_bwd_k(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy, const Tensor& dx,
-                const Tensor& dx_out, float* partial, int blocks, cudaStream_t st) {
+template <int K, class TD, class TO, class TR>
+void norm_bwd_k(const Tensor& x, const Tensor& r, const Tensor& w, const Tensor& rstd, const Tensor& dy,
+                const Tensor& dx, const Tensor& dx_out, float* partial, int blocks, cudaStream_t st) {
   const int d = static_cast<int>(x.last());
-  rmsnorm_bwd_rows<K, TD, TO><<<blocks, 32 * kNormWarps, kNormWarps * d * sizeof(float), st>>>(
-      x.ptr<float>(), w.ptr<float>(), rstd.ptr<float>(), dy.ptr<TD>(), dx.ptr<float>(),
-      dx_out.empty() ? nullptr : dx_out.ptr<TO>(), partial, x.rows(), d);
+  rmsnorm_bwd_rows<K, TD, TO, TR><<<blocks, 32 * kNormWarps, kNormWarps * d * sizeof(float), st>>>(
+      x.ptr<float>(), r.empty() ? nullptr : r.ptr<TR>(), w.ptr<float>(), rstd.ptr<float>(), dy.ptr<TD>(),
+      dx.ptr<float>(), dx_out.empty() ? nullptr : dx_out.ptr<TO>(), partial, x.rows(), d);
 }
-template <class TD, class TO>
-void norm_bwd_rows(int groups, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy, const Tensor& dx,
-                   const Tensor& dx_out, float* partial, int blocks, cudaStream_t st) {
+template <class TD, class TO, class TR>
+void norm_bwd_rows(int groups, const Tensor& x, const Tensor& r, const Tensor& w, const Tensor& rstd, const Tensor& dy,
+                   const Tensor& dx, const Tensor& dx_out, float* partial, int blocks, cudaStream_t st) {
   switch (groups) {
-    case 1: norm_bwd_k<1, TD, TO>(x, w, rstd, dy, dx, dx_out, partial, blocks, st); break;
-    case 2: norm_bwd_k<2, TD, TO>(x, w, rstd, dy, dx, dx_out, partial, blocks, st); break;
-    case 4: norm_bwd_k<4, TD, TO>(x, w, rstd, dy, dx, dx_out, partial, blocks, st); break;
-    default: norm_bwd_k<8, TD, TO>(x, w, rstd, dy, dx, dx_out, partial, blocks, st); break;
+    case 1: norm_bwd_k<1, TD, TO, TR>(x, r, w, rstd, dy, dx, dx_out, partial, blocks, st); break;
+    case 2: norm_bwd_k<2, TD, TO, TR>(x, r, w, rstd, dy, dx, dx_out, partial, blocks, st); break;
+    case 4: norm_bwd_k<4, TD, TO, TR>(x, r, w, rstd, dy, dx, dx_out, partial, blocks, st); break;
+    default: norm_bwd_k<8, TD, TO, TR>(x, r, w, rstd, dy, dx, dx_out, partial, blocks, st); break;
+  }
+}
+// The residual sum h = x + r of the fallback path (the float add of the forward kernels).
+template <class TR>
+__global__ void residual_sum_kernel(const float* x, const TR* r, float* h, int64_t n) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    float v = x[i];
+    v += ldf(r + i);
+    h[i] = v;
   }
 }
 }  // namespace
@@ -1572,12 +1839,27 @@ void CudaBackend::add_rmsnorm_fwd(const Tensor& x, const Tensor& r, const Tensor
 
 void CudaBackend::rmsnorm_bwd(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
                               const Tensor& dx, const Tensor& dw) {
-  rmsnorm_bwd_convert(x, w, rstd, dy, dx, dw, Tensor());
+  OpTimer timer(*this, "rmsnorm");
+  norm_bwd(x, Tensor(), w, rstd, dy, dx, dw, Tensor());
 }
 
 void CudaBackend::rmsnorm_bwd_convert(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
                                       const Tensor& dx, const Tensor& dw, const Tensor& dx_out) {
   OpTimer timer(*this, "rmsnorm");
+  norm_bwd(x, Tensor(), w, rstd, dy, dx, dw, dx_out);
+}
+
+void CudaBackend::add_rmsnorm_bwd_convert(const Tensor& x0, const Tensor& r, const Tensor& w, const Tensor& rstd,
+                                          const Tensor& dy, const Tensor& dx, const Tensor& dw, const Tensor& dx_act) {
+  OpTimer timer(*this, "rmsnorm (x0 + r)");
+  require_act(r, "add_rmsnorm_bwd r");
+  if (r.numel() != x0.numel()) throw RuntimeError("cuda add_rmsnorm_bwd_convert: sizes differ");
+  norm_bwd(x0, r, w, rstd, dy, dx, dw, dx_act);
+}
+
+// The norm backward of x (+ r when given) shared by the three ops above.
+void CudaBackend::norm_bwd(const Tensor& x, const Tensor& r, const Tensor& w, const Tensor& rstd, const Tensor& dy,
+                           const Tensor& dx, const Tensor& dw, const Tensor& dx_out) {
   require_f32(x, "rmsnorm_bwd x");
   require_act(dy, "rmsnorm_bwd dy");
   require_f32(dx, "rmsnorm_bwd dx");
@@ -1589,16 +1871,32 @@ void CudaBackend::rmsnorm_bwd_convert(const Tensor& x, const Tensor& w, const Te
   if (!dx_out.empty()) touch(dx_out);
   const int64_t n = x.rows(), d = x.last();
   if (n == 0) return;
-  if (norm_rows_ok(x, {&w, &dy, &dx, &dx_out}) && (dx_out.empty() || dx_out.dtype == DType::bf16)) {
+  if (norm_rows_ok(x, {&r, &w, &dy, &dx, &dx_out}) && (dx_out.empty() || dx_out.dtype == DType::bf16)) {
     // One pass: dx, the bf16 copy and dw's per-block partials, then the partials in order.
     const int blocks = norm_bwd_blocks(n), g = norm_groups(d);
     float* partial = reinterpret_cast<float*>(scratch_doubles((static_cast<std::size_t>(blocks) * d + 1) / 2));
-    if (is_bf16(dy)) norm_bwd_rows<bf16, bf16>(g, x, w, rstd, dy, dx, dx_out, partial, blocks, stream_);
-    else norm_bwd_rows<float, bf16>(g, x, w, rstd, dy, dx, dx_out, partial, blocks, stream_);
+    if (r.empty() && is_bf16(dy)) norm_bwd_rows<bf16, bf16, float>(g, x, r, w, rstd, dy, dx, dx_out, partial, blocks, stream_);
+    else if (r.empty()) norm_bwd_rows<float, bf16, float>(g, x, r, w, rstd, dy, dx, dx_out, partial, blocks, stream_);
+    else if (is_bf16(r) && is_bf16(dy)) norm_bwd_rows<bf16, bf16, bf16>(g, x, r, w, rstd, dy, dx, dx_out, partial, blocks, stream_);
+    else if (is_bf16(r)) norm_bwd_rows<float, bf16, bf16>(g, x, r, w, rstd, dy, dx, dx_out, partial, blocks, stream_);
+    else if (is_bf16(dy)) norm_bwd_rows<bf16, bf16, float>(g, x, r, w, rstd, dy, dx, dx_out, partial, blocks, stream_);
+    else norm_bwd_rows<float, bf16, float>(g, x, r, w, rstd, dy, dx, dx_out, partial, blocks, stream_);
     LAR_CUDA_LAUNCHED();
-    rmsnorm_dw_sum<<<static_cast<unsigned>((d + 127) / 128), 128, 0, stream_>>>(partial, dw.ptr<float>(),
-                                                                               static_cast<int>(d), blocks);
+    rmsnorm_dw_sum<<<static_cast<unsigned>((d + kWarp - 1) / kWarp), dim3(kWarp, kDwRows), 0, stream_>>>(
+        partial, dw.ptr<float>(), static_cast<int>(d), blocks);
     LAR_CUDA_LAUNCHED();
+    return;
+  }
+  if (!r.empty()) {  // the sum x + r in scratch, then the plain backward of it
+    const Tensor h(scratch_bytes(x.bytes()), DType::f32, x.shape());
+    if (is_bf16(r))
+      residual_sum_kernel<<<blocks_for(x.numel(), 256), 256, 0, stream_>>>(x.ptr<float>(), r.ptr<bf16>(),
+                                                                           h.ptr<float>(), x.numel());
+    else
+      residual_sum_kernel<<<blocks_for(x.numel(), 256), 256, 0, stream_>>>(x.ptr<float>(), r.ptr<float>(),
+                                                                           h.ptr<float>(), x.numel());
+    LAR_CUDA_LAUNCHED();
+    norm_bwd(h, Tensor(), w, rstd, dy, dx, dw, dx_out);
     return;
   }
   if (is_bf16(dy))

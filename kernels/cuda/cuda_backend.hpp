@@ -7,10 +7,14 @@
 // stream, norm statistics and master weights stay fp32. Arena blocks grow in place
 // (CUDA virtual memory). Deterministic: no atomics; every reduction has a fixed order
 // (docs/perf.md, issue-7 section).
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <array>
+#include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -66,6 +70,8 @@ class CudaBackend final : public Backend {
   void swiglu_bwd_fwd(const Tensor& gu, const Tensor& dh, const Tensor& dgu, const Tensor& h) override;
   void rmsnorm_bwd_convert(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy, const Tensor& dx,
                            const Tensor& dw, const Tensor& dx_act) override;
+  void add_rmsnorm_bwd_convert(const Tensor& x0, const Tensor& r, const Tensor& w, const Tensor& rstd,
+                               const Tensor& dy, const Tensor& dx, const Tensor& dw, const Tensor& dx_act) override;
   void rope_fwd(const Tensor& x, double base, int64_t pos0) override;
   void rope_bwd(const Tensor& dx, double base, int64_t pos0) override;
   void rope_split_qkv(const Tensor& qkv, const Tensor& q, const Tensor& k, const Tensor& v, double base,
@@ -118,13 +124,25 @@ class CudaBackend final : public Backend {
   // or LAR_ATTENTION=flash; the flash kernels otherwise (kernels/cuda/attention/cudnn_attention.hpp).
   const char* attention_path() const { return attn_path_; }
   // With LAR_CUDA_PROFILE=1 in the environment: device seconds per op kind since the last
-  // report (CUDA events around every op), largest first; empty otherwise.
+  // report (CUDA events around every op), largest first; empty otherwise. GEMMs are split
+  // by shape and role, "gemm MxNxK op β=b →C-dtype ×calls TFLOP/s" (op: the row-major
+  // operands' transposes, e.g. NT = x·Wᵀ), plus a "gemm (all shapes)" total.
   std::vector<std::pair<std::string, double>> profile_report();
+  // How the bf16 GEMMs of precision mixed pick their cuBLASLt algorithm (LAR_GEMM=…):
+  // "heuristic" (the default): cuBLASLt's first heuristic choice for the shape and the
+  // operands' alignment, a fixed function of them (run-to-run and resume bit-identical);
+  // "tune" (not in deterministic runs): up to 16 heuristic candidates timed once per
+  // distinct shape at its first use, the fastest cached (LAR_GEMM_LOG=1 prints them);
+  // "cublas": the cublasGemmStridedBatchedEx call of sessions 1–6.
+  const char* gemm_mode() const;
 
  private:
   // Device scratch of at least `bytes` (grown, never shrunk; one user at a time).
   void* scratch_bytes(std::size_t bytes);
   bool flash_ok(const Tensor& q, const Tensor& v) const;
+  // RMSNorm backward of x (+ r when r is given), dx_out optional (the three norm-backward ops).
+  void norm_bwd(const Tensor& x, const Tensor& r, const Tensor& w, const Tensor& rstd, const Tensor& dy,
+                const Tensor& dx, const Tensor& dw, const Tensor& dx_out);
   // True when this bf16 attention shape goes to cuDNN (see attention_path()).
   bool attn_cudnn(const attention::FlashShape& fs);
   std::unique_ptr<attention::CudnnAttention> cudnn_attn_;  // created at the first cuDNN attention
@@ -146,6 +164,25 @@ class CudaBackend final : public Backend {
     if (weights_ && p < weights_ + weights_bytes_ && p + dst.bytes() > weights_) mirror_fresh_ = false;
   }
   void track_alloc(void* p, std::size_t bytes);
+  // The cuBLASLt plan of one distinct bf16 GEMM (descriptors + chosen algorithm), keyed by
+  // shape, transposes, leading dims, strides, output dtype, β ≠ 0 and pointer alignment.
+  struct GemmPlan;
+  using GemmKey = std::array<int64_t, 14>;
+  std::map<GemmKey, std::unique_ptr<GemmPlan>> gemm_plans_;
+  GemmPlan& gemm_plan(const GemmKey& key, const void* a, const void* b, void* c, bool c_bf16, float alpha,
+                      float beta);
+  void gemm_lt(GemmPlan& plan, const void* lt_a, const void* lt_b, void* c, float alpha, float beta);  // Lt's A = our B
+  enum class GemmMode { tune, heuristic, cublas };
+  GemmMode gemm_mode_ = GemmMode::tune;
+  cublasLtHandle_t lt_ = nullptr;
+  void* lt_workspace_ = nullptr;  // shared by cuBLASLt and cuBLAS (one stream)
+  // Profile names of the GEMM shapes (stable addresses for EventProfile) and their counts.
+  std::set<std::string> prof_names_;
+  struct GemmStat {
+    int64_t calls = 0;
+    double flops = 0;
+  };
+  std::map<std::string, GemmStat> gemm_stats_;
   struct Growable;
   std::vector<Growable*> growables_;
   Growable* find_growable(void* p);

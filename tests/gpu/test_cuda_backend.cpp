@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -761,4 +762,94 @@ TEST(CudaBackend, AdamWMultiSegment) {
   p.gpu->gemm(A.first, false, Wg, true, C.first);
   p.cpu->gemm(A.second, false, Wc, true, C.second);
   EXPECT_LT(p.rel_rms(C), 1e-2) << "the mirror after adamw_step_multi";
+}
+
+// The norm backward of x0 + r (add_rmsnorm_bwd_convert: the model keeps the mixer output r
+// instead of the stream after it): the same bits as rmsnorm_bwd_convert on the sum the
+// forward stored, and the CPU's values; bf16 and f32 r, with and without dx_act, at the
+// warp-per-row shapes and the fallbacks (d = 30, 2048), and r misaligned (fallback too).
+TEST(CudaBackend, AddNormBackwardFormsTheSumAgain) {
+  Pair p("mixed");
+  for (auto [n, d] : {std::pair<int64_t, int64_t>{37, 64}, {4099, 1024}, {37, 1000}, {37, 30}, {37, 2048}})
+    for (bool r_bf16 : {true, false}) {
+      auto x0 = p.randn({n, d}), w = p.randn({d});
+      auto r = r_bf16 ? p.randn_bf16({n, d}) : p.randn({n, d});
+      auto h = p.poisoned({n, d}), y = p.poisoned_bf16({n, d}), rs = p.poisoned({n});
+      p.gpu->add_rmsnorm_fwd(x0.first, r.first, h.first, w.first, y.first, rs.first, 1e-5);
+      p.cpu->add_rmsnorm_fwd(x0.second, r.second, h.second, w.second, y.second, rs.second, 1e-5);
+      auto dy = p.randn_bf16({n, d});
+      auto dx = p.randn({n, d}), dw = p.randn({d});
+      Tensor dx_ref = p.ga.alloc(DType::f32, {n, d}), dw_ref = p.ga.alloc(DType::f32, {d});
+      p.gpu->copy(dx.first, dx_ref);
+      p.gpu->copy(dw.first, dw_ref);
+      auto dx_a = p.poisoned_bf16({n, d});
+      Tensor dx_a_ref = p.ga.alloc(DType::bf16, {n, d});
+      p.gpu->add_rmsnorm_bwd_convert(x0.first, r.first, w.first, rs.first, dy.first, dx.first, dw.first, dx_a.first);
+      p.gpu->rmsnorm_bwd_convert(h.first, w.first, rs.first, dy.first, dx_ref, dw_ref, dx_a_ref);
+      p.cpu->add_rmsnorm_bwd_convert(x0.second, r.second, w.second, rs.second, dy.second, dx.second, dw.second,
+                                     dx_a.second);
+      const std::string what = std::to_string(n) + "x" + std::to_string(d) + (r_bf16 ? " bf16 r" : " f32 r");
+      EXPECT_TRUE(same_bits(*p.gpu, dx.first, dx_ref)) << what;
+      EXPECT_TRUE(same_bits(*p.gpu, dw.first, dw_ref)) << what;
+      EXPECT_TRUE(same_bits(*p.gpu, dx_a.first, dx_a_ref)) << what;
+      EXPECT_LT(p.rel_rms(dx), kTol) << what;
+      EXPECT_LT(p.rel_rms(dw), kTol) << what;
+      EXPECT_LT(p.rel_rms(dx_a), 1e-2) << what;
+      // Without dx_act (rmsnorm_bwd of the sum), and r at a 2-byte offset (not 16-byte aligned).
+      Tensor r_odd = p.ga.alloc(r.first.dtype, {n * d + 1});
+      Tensor r_mis(static_cast<char*>(r_odd.data) + dtype_size(r.first.dtype), r.first.dtype, {n, d});
+      p.gpu->copy(r.first, r_mis);
+      p.gpu->add_rmsnorm_bwd_convert(x0.first, r_mis, w.first, rs.first, dy.first, dx.first, dw.first, Tensor());
+      p.gpu->rmsnorm_bwd(h.first, w.first, rs.first, dy.first, dx_ref, dw_ref);
+      p.cpu->add_rmsnorm_bwd_convert(x0.second, r.second, w.second, rs.second, dy.second, dx.second, dw.second,
+                                     Tensor());
+      EXPECT_TRUE(same_bits(*p.gpu, dx.first, dx_ref)) << what << " misaligned r";
+      EXPECT_TRUE(same_bits(*p.gpu, dw.first, dw_ref)) << what << " misaligned r";
+      EXPECT_LT(p.rel_rms(dx), kTol) << what;
+      EXPECT_LT(p.rel_rms(dw), kTol) << what;
+    }
+}
+
+// The bf16 GEMMs through cuBLASLt in each algorithm mode (LAR_GEMM): against the fp64 CPU on
+// bf16-representable operands (f32 C: only the accumulation order differs), β = 1 into f32
+// C (a timed candidate must not add into C twice), bf16 C, a tall-skinny and a long-K
+// (weight gradient) shape, a batched one, an operand at a 2-byte offset (its own plan), and
+// a second call of the same shape (the cached plan) giving the same bits.
+TEST(CudaBackend, Bf16GemmAlgorithmModes) {
+  struct Case { int64_t M, N, K; bool ta, tb; double beta; bool c_bf16; };
+  const Case cases[] = {{300, 257, 520, false, true, 0.5, false}, {4099, 32, 1024, false, true, 0.0, true},
+                        {96, 1024, 4096, true, false, 1.0, false}, {513, 1024, 96, false, false, 1.0, true}};
+  for (const char* mode : {"heuristic", "tune", "cublas"}) {
+    setenv("LAR_GEMM", mode, 1);
+    Pair p("mixed");
+    unsetenv("LAR_GEMM");
+    for (const Case& c : cases) {
+      auto A = p.randn_bf16(c.ta ? std::vector<int64_t>{c.K, c.M} : std::vector<int64_t>{c.M, c.K});
+      auto B = p.randn_bf16(c.tb ? std::vector<int64_t>{c.N, c.K} : std::vector<int64_t>{c.K, c.N});
+      auto C = c.c_bf16 ? p.randn_bf16({c.M, c.N}) : p.randn({c.M, c.N});
+      Tensor C2 = p.ga.alloc(C.first.dtype, {c.M, c.N});
+      p.gpu->copy(C.first, C2);
+      p.gpu->gemm(A.first, c.ta, B.first, c.tb, C.first, 1.0, c.beta);
+      p.gpu->gemm(A.first, c.ta, B.first, c.tb, C2, 1.0, c.beta);
+      p.cpu->gemm(A.second, c.ta, B.second, c.tb, C.second, 1.0, c.beta);
+      const std::string what = std::string(mode) + " " + std::to_string(c.M) + "x" + std::to_string(c.N) + "x" +
+                               std::to_string(c.K) + " β=" + std::to_string(c.beta);
+      EXPECT_LT(p.rel_rms(C), c.c_bf16 ? 1e-2 : 5e-5) << what;
+      EXPECT_TRUE(same_bits(*p.gpu, C.first, C2)) << what << ": the cached plan";
+    }
+    {  // batched, and A at a 2-byte offset
+      auto A = p.randn_bf16({3, 40, 24}), B = p.randn_bf16({3, 32, 24});
+      auto C = p.poisoned({3, 40, 32});
+      p.gpu->gemm_batched(A.first, false, B.first, true, C.first, 3);
+      p.cpu->gemm_batched(A.second, false, B.second, true, C.second, 3);
+      EXPECT_LT(p.rel_rms(C), 5e-5) << mode << " batched";
+      Tensor a_odd = p.ga.alloc(DType::bf16, {3 * 40 * 24 + 1});
+      Tensor a_mis(static_cast<char*>(a_odd.data) + 2, DType::bf16, {120, 24});
+      p.gpu->copy(A.first, a_mis);
+      auto C1 = p.poisoned({120, 96});
+      p.gpu->gemm(a_mis, false, B.first.view({96, 24}), true, C1.first);
+      p.cpu->gemm(A.second.view({120, 24}), false, B.second.view({96, 24}), true, C1.second);
+      EXPECT_LT(p.rel_rms(C1), 5e-5) << mode << " misaligned A";
+    }
+  }
 }
