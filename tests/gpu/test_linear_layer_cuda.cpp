@@ -382,8 +382,8 @@ TEST(LinearLayerCuda, WhatTheCudaPathDoesNotRunIsAClearError) {
 
 // ---------------------------------------------------------------- the layer's kernels directly
 // conv + SiLU + L2 (qkv_forward / qkv_backward) against a CPU reference in double on fresh
-// random inputs, rounded to what the GPU reads: T not a multiple of the 64-token tile (and
-// below one tile), conv widths 0, 1, 3, 4, 6, 8, several heads per part, a column count
+// random inputs, rounded to what the GPU reads: T not a multiple of a warp's 32-token run or
+// of a block's 256 tokens (and below one run, and over two blocks), conv widths 0, 1, 3, 4, 6, 8, several heads per part, a column count
 // that leaves half a block empty (ldp = 448), fp32 and bf16 P, cler's routed input and the
 // routing extras. Every output is poisoned with NaN first; the backward runs twice and must
 // give the same bits.
@@ -605,7 +605,13 @@ TEST(LinearLayerOps, ConvSiluL2MatchesTheCpuReference) {
                            QkvCase{2, 70, 64, 128, 0, true, true, false, true},
                            QkvCase{2, 65, 128, 64, 1, true, false, false, false},
                            QkvCase{1, 200, 64, 192, 8, true, true, true, false},
-                           QkvCase{2, 128, 128, 128, 4, true, false, false, false}})
+                           QkvCase{2, 128, 128, 128, 4, true, false, false, false},
+                           // several blocks of 8 runs (256 tokens) per sequence, a last run
+                           // shorter than a group or the conv's reach, the halo across blocks
+                           QkvCase{2, 521, 128, 64, 4, true, true, false, false},
+                           QkvCase{1, 291, 64, 128, 3, true, false, true, true},
+                           QkvCase{2, 263, 64, 64, 8, true, true, false, true},
+                           QkvCase{1, 258, 64, 64, 0, true, true, false, false}})
     check_qkv_case(c);
 }
 

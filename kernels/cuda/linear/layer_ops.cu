@@ -57,24 +57,28 @@ __device__ __forceinline__ Part part_of(int c, int Cq) {
   return {2, c - 2 * Cq};
 }
 
-// Tiles of tokens × channels, parallel over tokens. The causal conv needs only the W−1
-// previous inputs, so nothing forces a walk through time: a block of 8 warps takes a tile
-// of kTileTok tokens × kTileCh channels, a warp kTokW consecutive tokens of it, a lane 4
-// channels (16 lanes per head). A thread issues all its loads first — its kTokW rows plus
-// the conv's K−1 predecessors (L1/L2 hits: the previous warp's rows) — and then does kTokW
-// independent token computations, each with its own 4-step shuffle reduction over the 16
-// lanes of the head, so many loads and reductions are in flight instead of one per-token
-// dependency chain (the walks this replaces: 7.0 ms fwd / 18.5 ms bwd per step at B·T = 32K;
-// these: 5.0 / 10.4, H200). Both are now bound by issued instructions, not by the bytes.
-// The conv's taps are zero-padded at the front to K (4, or 8 for W 5..8): K − W leading
-// taps are 0, so every width shares one code path; K = 1 is the no-conv case (W = 0).
-constexpr int kTokW = 8;                 // tokens per warp (and per thread)
-// Backward: tokens per shared L2 butterfly. Measured on the H200 at B·T = 32K, 16 heads:
-// 1 → 521 µs per call, 2 → 559 µs (spills under the 128-register bound of 2 blocks/SM);
-// the forward's 8-token butterfly (no spills) measured the same as 8 separate ones.
-constexpr int kGrp = 1;
-constexpr int kTileTok = 8 * kTokW;      // tokens per block: 64
-constexpr int kTileCh = 32 * 4;          // channels per block: 128 (two heads)
+// Runs through time, parallel over tokens and channels. The causal conv needs only the W−1
+// previous inputs, so nothing forces one walk per sequence: a block of 8 warps takes 128
+// channels (two heads; a lane 4 channels, 8-byte bf16 accesses, 16 lanes per head) × 8 runs
+// of R consecutive tokens, a warp one run. A thread walks its run in groups of G tokens,
+// carrying the conv's K−1 previous rows in registers, and its P (and, backward, dy) rows
+// arrive through a ring of S groups in shared memory filled by cp.async: while a group is
+// computed the next S−1 groups are in flight, so loads overlap the math within each warp.
+// (The tiles this replaces — 8 tokens a warp, all loads first, then the math — left each
+// warp either loading or computing: 5.0 / 10.4 ms fwd / bwd per step at B·T = 32K on the
+// H200, 2.6× / 3.7× the byte floor.) Each thread reads back only the ring slots it filled
+// itself, so no barrier is needed around the ring; a slot is refilled only after its rows
+// have been used. The conv's taps are zero-padded at the front to K (4, or 8 for W 5..8):
+// K − W leading taps are 0, so every width shares one code path; K = 1 is the no-conv case.
+constexpr int kTileCh = 32 * 4;  // channels per block: 128 (two heads)
+constexpr int kRun = 32;         // tokens per warp (one run); the backward recomputes K−1 more
+constexpr int kFwdG = 4, kFwdS = 4;  // forward: rows per ring stage, stages
+// backward: rows per stage, stages, tokens per shared L2 butterfly (the tiles measured a
+// 2-token butterfly slower than 1: spills under the 128-register bound)
+constexpr int kBwdG = 4, kBwdS = 4, kBwdB = 1;
+// blocks per SM the register allocation must allow: forward ≤ 80 registers (3 blocks of 8
+// warps), backward ≤ 128 (2 blocks; with 80 it spills hundreds of bytes)
+constexpr int kFwdBlocks = 3, kBwdBlocks = 2;
 
 // Four consecutive channels in the storage dtype, kept packed until used.
 template <class TP>
@@ -111,7 +115,7 @@ __device__ __forceinline__ void add4(const float* p, float* f) {
   f[0] += e.x, f[1] += e.y, f[2] += e.z, f[3] += e.w;
 }
 // SiLU's sigmoid with the fast division (≈ 2 ulp; the precise 1/x is a ≈ 10-instruction
-// sequence, and the tile kernels are close to instruction-bound).
+// sequence, and these kernels are close to instruction-bound).
 __device__ __forceinline__ float sigm_fast(float x) { return __fdividef(1.f, 1.f + __expf(-x)); }
 // Sum over the 16 lanes of a head (mask: this half of the warp; xor offsets < 16 stay in it).
 __device__ __forceinline__ float head_sum(float v, unsigned mask) {
@@ -119,8 +123,23 @@ __device__ __forceinline__ float head_sum(float v, unsigned mask) {
   return v;
 }
 
-// One thread's place in the tiling: sequence b, its first token t0, channel c (4 of them),
-// the tile's index among all tiles (for the weight-gradient partials), and its part.
+// cp.async of one row piece (8 or 16 bytes) into this thread's ring slot; ok = false fills
+// the slot with zeros (src-size 0: nothing is read).
+template <class R4>
+__device__ __forceinline__ void cp_row(unsigned s, const void* src, bool ok) {
+  if constexpr (sizeof(R4) == 16)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(ok ? 16 : 0) : "memory");
+  else
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(s), "l"(src), "r"(ok ? 8 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// One thread's place: sequence b, the first token t0 of its warp's run, channel c (4 of
+// them), the block's tile index (for the weight-gradient partials), and its part.
 struct TileThread {
   int64_t b, tile, nb;
   int t0, c, warp, lane;
@@ -128,16 +147,17 @@ struct TileThread {
   unsigned hmask; // the lanes of this thread's head
   Part pt;
 };
+template <int R>
 __device__ __forceinline__ TileThread tile_thread(const QkvArgs& a) {
   TileThread r;
   r.lane = threadIdx.x & 31;
   r.warp = threadIdx.x >> 5;
   r.c = (blockIdx.x * 32 + r.lane) * 4;
   r.cok = r.c < a.ldp;
-  const int64_t tiles = (a.T + kTileTok - 1) / kTileTok;
+  const int64_t tiles = (a.T + 8 * R - 1) / (8 * R);
   r.tile = blockIdx.y;
   r.b = blockIdx.y / tiles;
-  r.t0 = static_cast<int>(blockIdx.y % tiles) * kTileTok + r.warp * kTokW;
+  r.t0 = static_cast<int>(blockIdx.y % tiles) * 8 * R + r.warp * R;
   r.nb = r.b * a.T;
   r.hmask = (r.lane & 16) ? 0xffff0000u : 0x0000ffffu;
   r.pt = part_of(r.cok ? r.c : 0, a.Cq);
@@ -161,15 +181,12 @@ __device__ __forceinline__ void tile_weights(const QkvArgs& a, Part pt, float (&
   }
 }
 
-// Rows P[t0 − (K−1) + r] for r < n (zeros outside [0, T)).
+// The K−1 rows before token t0 (zeros before the sequence), x[0 .. K−2]; p0 points at row t0.
 template <int K, class TP, int n>
-__device__ __forceinline__ void tile_rows(const QkvArgs& a, const TileThread& th, int t0, Raw4<TP> (&x)[n]) {
-  const TP* P = static_cast<const TP*>(a.P);
+__device__ __forceinline__ void halo_rows(const QkvArgs& a, int t0, const TP* p0, Raw4<TP> (&x)[n]) {
 #pragma unroll
-  for (int r = 0; r < n; ++r) {
-    const int t = t0 - (K - 1) + r;
-    x[r] = t >= 0 && t < a.T ? ld_raw4(P + (th.nb + t) * a.ldp + th.c) : zero_raw4<TP>();
-  }
+  for (int j = 0; j < K - 1; ++j)
+    x[j] = t0 - (K - 1) + j >= 0 ? ld_raw4(p0 - (int64_t)(K - 1 - j) * a.ldp) : zero_raw4<TP>();
 }
 
 // The conv pre-activation s of the token whose window starts at row i of x.
@@ -205,45 +222,80 @@ __device__ __forceinline__ void head_sums(float (&v)[G], unsigned mask) {
     for (int i = 0; i < G; ++i) v[i] += __shfl_xor_sync(mask, v[i], o);
 }
 
-template <int K, class TP>
-__global__ void __launch_bounds__(kThreads) qkv_fwd_kernel(QkvArgs a, bf16* q, bf16* k, bf16* v, float* vout) {
-  const TileThread th = tile_thread(a);
+// The forward: per group of G tokens, conv + SiLU (+ Γ·rin) + per-head L2 (one butterfly for
+// the G tokens), stored in bf16 (and ṽ in fp32 into vout). The same kernel is the backward's
+// recompute, so both give the same bits.
+template <int K, class TP, int G, int S, int R>
+__global__ void __launch_bounds__(kThreads, kFwdBlocks) qkv_fwd_kernel(QkvArgs a, bf16* q, bf16* k, bf16* v, float* vout) {
+  static_assert(R % G == 0, "a run is whole groups");
+  using R4 = Raw4<TP>;
+  extern __shared__ uint4 qkv_smem[];
+  const TileThread th = tile_thread<R>(a);
   if (!th.cok || th.t0 >= a.T) return;  // uniform per half-warp; no block barrier follows
+  const TP* p0 = static_cast<const TP*>(a.P) + (th.nb + th.t0) * a.ldp + th.c;  // row t0
+  const int n = static_cast<int>(std::min<int64_t>(R, a.T - th.t0));  // tokens of the run (uniform per warp)
+  const int groups = (n + G - 1) / G;
+  const R4* ring = reinterpret_cast<const R4*>(qkv_smem) + threadIdx.x;  // this thread's slots, kThreads apart
+  const unsigned sring = static_cast<unsigned>(__cvta_generic_to_shared(ring));
+  auto issue = [&](int grp, int slot) {  // rows t0 + grp·G + r (zeros past T) into the slot
+    if (grp < groups) {
+      const TP* src = p0 + (int64_t)grp * G * a.ldp;
+#pragma unroll
+      for (int r = 0; r < G; ++r, src += a.ldp) {
+        const bool ok = th.t0 + grp * G + r < a.T;
+        cp_row<R4>(sring + (slot * G + r) * kThreads * sizeof(R4), ok ? src : p0, ok);
+      }
+    }
+    cp_commit();  // one group per call, empty or not: wait_group counts them
+  };
+#pragma unroll
+  for (int s = 0; s < S; ++s) issue(s, s);
   float w[K][4];
   tile_weights<K>(a, th.pt, w);
-  Raw4<TP> x[kTokW + K - 1];
-  tile_rows<K, TP>(a, th, th.t0, x);
-  float act[kTokW][4];
-#pragma unroll
-  for (int i = 0; i < kTokW; ++i) {
-    float s[4];
-    tile_conv<K>(x, i, w, s);
-#pragma unroll
-    for (int e = 0; e < 4; ++e) act[i][e] = K > 1 ? s[e] * sigm_fast(s[e]) : s[e];
-    if (th.t0 + i < a.T) add_routed(a, th.pt, th.nb + th.t0 + i, act[i]);
-  }
-  if (th.pt.which < 2 && a.l2) {  // uniform per half-warp
-    float ss[kTokW];
-#pragma unroll
-    for (int i = 0; i < kTokW; ++i)
-      ss[i] = act[i][0] * act[i][0] + act[i][1] * act[i][1] + act[i][2] * act[i][2] + act[i][3] * act[i][3];
-    head_sums(ss, th.hmask);
-#pragma unroll
-    for (int i = 0; i < kTokW; ++i) {
-      const float rn = rsqrtf(ss[i] + 1e-6f);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) act[i][e] *= rn;
-    }
-  }
+  R4 x[G + K - 1];  // rows t − (K−1) .. t + G − 1 of the group at t
+  halo_rows<K, TP>(a, th.t0, p0, x);
   bf16* out = th.pt.which == 0 ? q : th.pt.which == 1 ? k : v;
   const int64_t ldo = th.pt.which == 2 ? a.Cv : a.Cq;
+  int slot = 0;
+#pragma unroll 1
+  for (int grp = 0; grp < groups; ++grp) {
+    cp_wait<S - 1>();  // this group's rows have landed (S − 1 newer groups may be pending)
 #pragma unroll
-  for (int i = 0; i < kTokW; ++i) {
-    const int t = th.t0 + i;
-    if (t >= a.T) break;  // uniform over the warp
-    const int64_t n = th.nb + t;
-    st4(out + n * ldo + th.pt.col, act[i]);
-    if (th.pt.which == 2 && vout) st4(vout + n * a.Cv + th.pt.col, act[i]);
+    for (int r = 0; r < G; ++r) x[K - 1 + r] = ring[(slot * G + r) * kThreads];
+    const int t = th.t0 + grp * G;
+    float act[G][4];
+#pragma unroll
+    for (int i = 0; i < G; ++i) {
+      float s[4];
+      tile_conv<K>(x, i, w, s);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) act[i][e] = K > 1 ? s[e] * sigm_fast(s[e]) : s[e];
+      if (t + i < a.T) add_routed(a, th.pt, th.nb + t + i, act[i]);
+    }
+    if (th.pt.which < 2 && a.l2) {  // uniform per half-warp
+      float ss[G];
+#pragma unroll
+      for (int i = 0; i < G; ++i)
+        ss[i] = act[i][0] * act[i][0] + act[i][1] * act[i][1] + act[i][2] * act[i][2] + act[i][3] * act[i][3];
+      head_sums(ss, th.hmask);
+#pragma unroll
+      for (int i = 0; i < G; ++i) {
+        const float rn = rsqrtf(ss[i] + 1e-6f);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) act[i][e] *= rn;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < G; ++i) {
+      if (grp * G + i >= n) break;  // uniform over the warp
+      const int64_t m = th.nb + t + i;
+      st4(out + m * ldo + th.pt.col, act[i]);
+      if (th.pt.which == 2 && vout) st4(vout + m * a.Cv + th.pt.col, act[i]);
+    }
+    issue(grp + S, slot);  // the slot's rows are used: refill it S groups ahead
+    slot = slot + 1 == S ? 0 : slot + 1;
+#pragma unroll
+    for (int j = 0; j < K - 1; ++j) x[j] = x[G + j];
   }
 }
 
@@ -261,7 +313,6 @@ __device__ __forceinline__ void tile_dy(const QkvArgs& a, const QkvGrads& g, Par
 __device__ __forceinline__ const bf16* dy_row(const QkvArgs& a, const QkvGrads& g, Part pt, int64_t n) {
   return pt.which == 0 ? g.dq + n * a.Cq + pt.col : pt.which == 1 ? g.dk + n * a.Cq + pt.col : g.dv + n * a.Cv + pt.col;
 }
-
 // du (the gradient on the conv pre-activation s; on P without conv) of G consecutive tokens
 // t_first + i whose conv windows start at row row0 + i of x, from their dy (raw bf16 in
 // dyr[i]), recomputing the activation; 0 for tokens past the end. The L2 sums of the G
@@ -332,113 +383,117 @@ __device__ __forceinline__ void tile_du(const QkvArgs& a, const QkvGrads& g, con
   }
 }
 
-// dP of the warp's token i: Σ_j w[j]·du[i + K−1−j], du index ≥ kTokW from the halo.
-template <int K, int H, class TP>
-__device__ __forceinline__ void tile_dP(const QkvArgs& a, const TileThread& th, const float (&w)[K][4],
-                                        const float (&du)[kTokW][4], const float (&hal)[H][4], int i, TP* dP) {
-  const int t = th.t0 + i;
-  if (t >= a.T) return;
-  float d[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-  for (int j = 0; j < K; ++j) {
-    const int m = i + K - 1 - j;  // du of token t + K−1−j
-    const float* u = m < kTokW ? du[m] : hal[m - kTokW < H ? m - kTokW : 0];
-#pragma unroll
-    for (int e = 0; e < 4; ++e) d[e] = fmaf(w[j][e], u[e], d[e]);
-  }
-  st4(dP + (th.nb + t) * a.ldp + th.c, d);
-}
-
-// The backward of the whole qkv pass per tile: du of the warp's kTokW tokens (recomputing
-// the conv, SiLU and L2 from P), then the conv's transpose dP[t] = Σ_j w[j]·du[t + K−1−j],
-// which needs du of the K−1 tokens after the warp's: the next warp's first K−1, passed
-// through shared memory (the block's last warp recomputes those of the next tile), and the
-// conv weights' gradient Σ_t du[t]·P[t − (K−1) + j], summed per thread, then over the
-// block's 8 warps in a fixed order into one partial per tile (conv_weight_finish sums the
-// tiles in order: no atomics).
-template <int K, class TP>
-__global__ void __launch_bounds__(kThreads, 2) qkv_bwd_kernel(QkvArgs a, QkvGrads g, TP* dP, float* wpartial) {
-  constexpr int H = K > 1 ? K - 1 : 1;  // halo tokens (at least one slot)
-  // du of each warp's first K−1 tokens, then (reused) each warp's weight-gradient sums
-  __shared__ float4 sm[8 * K * 32 > 8 * H * 32 ? 8 * K * 32 : 8 * H * 32];
-  const TileThread th = tile_thread(a);
+// The backward of the whole qkv pass, one run per warp: du of each group of G tokens
+// (recomputing the conv, SiLU and L2 from P), the conv weights' gradient Σ_t du[t]·P[t −
+// (K−1) + j] summed per thread, and the conv's transpose dP[t] = Σ_j w[j]·du[t + K−1−j]
+// accumulated forward in time: du[u] adds w[j]·du[u] to the pending sums of tokens u − (K−1)
+// + j, and the sum of token u − (K−1) is complete (stored) once du[u] is in. So the warp
+// walks K−1 tokens past its run (their du only completes its last dP rows; they are the next
+// run's, which computes them again as its own), and skips the dP rows of the K−1 tokens before
+// its run (the previous run's). The weight sums of the block's 8 warps are added in a fixed
+// order into one partial per block (conv_weight_finish sums the blocks in order: no atomics).
+template <int K, class TP, int G, int S, int B, int R>
+__global__ void __launch_bounds__(kThreads, kBwdBlocks) qkv_bwd_kernel(QkvArgs a, QkvGrads g, TP* dP, float* wpartial) {
+  static_assert(R % G == 0 && G % B == 0, "a run is whole groups, a group whole butterflies");
+  using R4 = Raw4<TP>;
+  extern __shared__ uint4 qkv_smem[];
+  const TileThread th = tile_thread<R>(a);
   const bool active = th.cok && th.t0 < a.T;  // uniform per half-warp
-  float w[K][4];
+  float w[K][4], acc[K][4];
   tile_weights<K>(a, th.pt, w);
-  float du[kTokW][4], acc[K][4];
 #pragma unroll
   for (int j = 0; j < K; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
+  const R4* ringp = reinterpret_cast<const R4*>(qkv_smem) + threadIdx.x;
+  const uint2* ringd = reinterpret_cast<const uint2*>(reinterpret_cast<const R4*>(qkv_smem) + S * G * kThreads) + threadIdx.x;
+  const unsigned sringp = static_cast<unsigned>(__cvta_generic_to_shared(ringp)),
+                 sringd = static_cast<unsigned>(__cvta_generic_to_shared(ringd));
   if (active) {
-    Raw4<TP> x[kTokW + K - 1];
-    uint2 dyr[kTokW];
-    tile_rows<K, TP>(a, th, th.t0, x);
+    const TP* p0 = static_cast<const TP*>(a.P) + (th.nb + th.t0) * a.ldp + th.c;  // row t0
+    const bf16* d0 = dy_row(a, g, th.pt, th.nb + th.t0);
+    const int64_t ldd = th.pt.which == 2 ? a.Cv : a.Cq;
+    const int own = static_cast<int>(std::min<int64_t>(R, a.T - th.t0));  // the run's tokens
+    // + the K−1 after it (du = 0 past T: the last rows' dP sums still complete)
+    const int n = own + K - 1;
+    const int groups = (n + G - 1) / G;
+    auto issue = [&](int grp, int slot) {  // P and dy rows t0 + grp·G + r (zeros past T)
+      if (grp < groups) {
+        const TP* ps = p0 + (int64_t)grp * G * a.ldp;
+        const bf16* ds = d0 + (int64_t)grp * G * ldd;
 #pragma unroll
-    for (int i = 0; i < kTokW; ++i)
-      dyr[i] = th.t0 + i < a.T ? ld_raw4(dy_row(a, g, th.pt, th.nb + th.t0 + i)) : make_uint2(0u, 0u);
-    // groups of kGrp tokens, one butterfly per group for its L2 sums (see kGrp)
-#pragma unroll
-    for (int h = 0; h < kTokW; h += kGrp) {
-      // (group-local arrays: pointers into du / dyr would keep them out of registers)
-      uint2 dg[kGrp];
-      float ug[kGrp][4];
-#pragma unroll
-      for (int i = 0; i < kGrp; ++i) dg[i] = dyr[h + i];
-      tile_du<K, kGrp>(a, g, th, x, h, th.t0 + h, dg, w, true, ug);
-#pragma unroll
-      for (int i = 0; i < kGrp; ++i)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) du[h + i][e] = ug[i][e];
-    }
-    if constexpr (K > 1) {
-#pragma unroll
-      for (int i = 0; i < kTokW; ++i)
-#pragma unroll
-        for (int j = 0; j < K; ++j) {
-          float f[4];
-          unpack4(x[i + j], f);
-#pragma unroll
-          for (int e = 0; e < 4; ++e) acc[j][e] = fmaf(du[i][e], f[e], acc[j][e]);
-        }
-#pragma unroll
-      for (int j = 0; j < K - 1; ++j)
-        sm[(th.warp * H + j) * 32 + th.lane] = make_float4(du[j][0], du[j][1], du[j][2], du[j][3]);
-    }
-  }
-  if constexpr (K > 1) __syncthreads();
-  if (active) {
-    float hal[H][4];  // du of the K−1 tokens after the warp's (0 past the sequence's end)
-    if constexpr (K > 1) {
-      const int th0 = th.t0 + kTokW;
-      if (th.warp < 7) {
-#pragma unroll
-        for (int j = 0; j < H; ++j) {
-          const float4 v = th0 < a.T ? sm[((th.warp + 1) * H + j) * 32 + th.lane] : make_float4(0.f, 0.f, 0.f, 0.f);
-          hal[j][0] = v.x, hal[j][1] = v.y, hal[j][2] = v.z, hal[j][3] = v.w;
-        }
-      } else {
-        Raw4<TP> xh[2 * K - 2];
-        uint2 dyh[H];
-        tile_rows<K, TP>(a, th, th0, xh);
-#pragma unroll
-        for (int j = 0; j < H; ++j)
-          dyh[j] = th0 + j < a.T ? ld_raw4(dy_row(a, g, th.pt, th.nb + th0 + j)) : make_uint2(0u, 0u);
-#pragma unroll
-        for (int j = 0; j < H; ++j) {  // one at a time: the last warp's extra work, kept small in registers
-          const uint2 dj[1] = {dyh[j]};
-          float uj[1][4];
-          tile_du<K, 1>(a, g, th, xh, j, th0 + j, dj, w, false, uj);
-#pragma unroll
-          for (int e = 0; e < 4; ++e) hal[j][e] = uj[0][e];
+        for (int r = 0; r < G; ++r, ps += a.ldp, ds += ldd) {
+          const bool ok = th.t0 + grp * G + r < a.T;
+          cp_row<R4>(sringp + (slot * G + r) * kThreads * sizeof(R4), ok ? ps : p0, ok);
+          cp_row<uint2>(sringd + (slot * G + r) * kThreads * sizeof(uint2), ok ? ds : d0, ok);
         }
       }
-    }
+      cp_commit();
+    };
 #pragma unroll
-    for (int i = 0; i < kTokW; ++i) tile_dP<K, H>(a, th, w, du, hal, i, dP);
+    for (int s = 0; s < S; ++s) issue(s, s);
+    R4 x[G + K - 1];  // rows t − (K−1) .. t + G − 1 of the group at t
+    halo_rows<K, TP>(a, th.t0, p0, x);
+    float pend[K > 1 ? K - 1 : 1][4];  // pend[j]: dP of token u − (K−1) + j so far (u: the next du)
+#pragma unroll
+    for (int j = 0; j < K - 1; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) pend[j][e] = 0.f;
+    int slot = 0;
+#pragma unroll 1
+    for (int grp = 0; grp < groups; ++grp) {
+      cp_wait<S - 1>();
+      const bool mine = grp * G < own;  // the whole group is the run's (R % G = 0), or none of it
+      // one token at a time (its du used at once: few live values), B tokens per butterfly
+#pragma unroll
+      for (int h = 0; h < G; h += B) {
+        uint2 dg[B];
+#pragma unroll
+        for (int i = 0; i < B; ++i) {
+          x[K - 1 + h + i] = ringp[(slot * G + h + i) * kThreads];
+          dg[i] = ringd[(slot * G + h + i) * kThreads];
+        }
+        float du[B][4];
+        tile_du<K, B>(a, g, th, x, h, th.t0 + grp * G + h, dg, w, mine, du);
+#pragma unroll
+        for (int i = 0; i < B; ++i) {
+          if constexpr (K > 1) {
+            if (mine) {
+#pragma unroll
+              for (int j = 0; j < K; ++j) {
+                float f[4];
+                unpack4(x[h + i + j], f);
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[j][e] = fmaf(du[i][e], f[e], acc[j][e]);
+              }
+            }
+          }
+          const int tp = grp * G + h + i - (K - 1);  // the token (in the run) whose dP completes
+          float d[4];
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            if constexpr (K > 1) {
+              d[e] = fmaf(w[0][e], du[i][e], pend[0][e]);
+#pragma unroll
+              for (int j = 1; j < K - 1; ++j) pend[j - 1][e] = fmaf(w[j][e], du[i][e], pend[j][e]);
+              pend[K - 2][e] = w[K - 1][e] * du[i][e];
+            } else {
+              d[e] = du[i][e];
+            }
+          }
+          if (tp >= 0 && tp < own) st4(dP + (th.nb + th.t0 + tp) * a.ldp + th.c, d);  // uniform per warp
+        }
+      }
+      issue(grp + S, slot);
+      slot = slot + 1 == S ? 0 : slot + 1;
+#pragma unroll
+      for (int j = 0; j < K - 1; ++j) x[j] = x[G + j];
+    }
+    cp_wait<0>();  // (only empty groups can be pending; the ring is reused below)
   }
   if constexpr (K > 1) {
-    __syncthreads();  // the exchange slots are read: reuse them for the weight sums
+    float4* sm = reinterpret_cast<float4*>(qkv_smem);  // 8 warps × K taps × 32 lanes
+    __syncthreads();
 #pragma unroll
     for (int j = 0; j < K; ++j) sm[(th.warp * K + j) * 32 + th.lane] = make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]);
     __syncthreads();
@@ -900,57 +955,92 @@ EventProfile& layer_profile() {
 
 }  // namespace
 
+namespace {
+
+void qkv_check(const QkvArgs& a) {
+  require(a.ldp == 2 * a.Cq + a.Cv && a.Cq % kSeg == 0 && a.Cv % kSeg == 0, "qkv: widths must be multiples of 64");
+  require(a.W >= 0 && a.W <= kMaxConv, "qkv: conv width " + std::to_string(a.W) + " outside 0..8");
+}
+
+// Blocks of 128 channels × 8 runs of R tokens.
+template <int R>
+int64_t qkv_tiles(const QkvArgs& a) {
+  return a.B * ((a.T + 8 * R - 1) / (8 * R));
+}
+template <int R>
 dim3 qkv_grid(const QkvArgs& a) {
-  const int64_t tiles = a.B * ((a.T + kTileTok - 1) / kTileTok);
-  require(tiles <= 65535, "qkv: B·⌈T/64⌉ = " + std::to_string(tiles) + " tiles, more than a grid column holds");
+  const int64_t tiles = qkv_tiles<R>(a);
+  require(tiles <= 65535, "qkv: B·⌈T/" + std::to_string(8 * R) + "⌉ = " + std::to_string(tiles) +
+                              " tiles, more than a grid column holds");
   return dim3(blocks_for(a.ldp, kTileCh), static_cast<unsigned>(tiles));
 }
 
-void qkv_forward(const QkvArgs& a, bf16* q, bf16* k, bf16* v, float* vout, cudaStream_t stream) {
-  require(a.ldp == 2 * a.Cq + a.Cv && a.Cq % kSeg == 0 && a.Cv % kSeg == 0, "qkv: widths must be multiples of 64");
-  require(a.W >= 0 && a.W <= kMaxConv, "qkv: conv width " + std::to_string(a.W) + " outside 0..8");
-  require(!a.rin || a.gamma, "qkv: cler needs gamma");
-  if (a.B * a.T == 0) return;
-  const dim3 grid = qkv_grid(a);
-  // the conv taps padded to 4 (W ≤ 4) or 8; 1: no conv
-  auto launch = [&](auto kind) {
-    using TP = decltype(kind);
-    if (a.W == 0) qkv_fwd_kernel<1, TP><<<grid, kThreads, 0, stream>>>(a, q, k, v, vout);
-    else if (a.W <= 4) qkv_fwd_kernel<4, TP><<<grid, kThreads, 0, stream>>>(a, q, k, v, vout);
-    else qkv_fwd_kernel<kMaxConv, TP><<<grid, kThreads, 0, stream>>>(a, q, k, v, vout);
-  };
-  if (a.p_bf16) launch(bf16{});
-  else launch(float{});
+// Launch with dynamic shared memory, opting in above the default 48 KB (per call: the
+// attribute is per device, and the call is cheap next to the kernel).
+template <class Kernel, class... Args>
+void launch_smem(Kernel kernel, dim3 grid, std::size_t smem, cudaStream_t stream, Args... args) {
+  if (smem > 48 * 1024)
+    LAR_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  kernel<<<grid, kThreads, smem, stream>>>(args...);
   LAR_CUDA_LAUNCHED();
 }
 
-int64_t qkv_tiles(const QkvArgs& a) { return a.B * ((a.T + kTileTok - 1) / kTileTok); }
+template <int G, int S, int R>
+void qkv_forward_with(const QkvArgs& a, bf16* q, bf16* k, bf16* v, float* vout, cudaStream_t stream) {
+  const dim3 grid = qkv_grid<R>(a);
+  // the conv taps padded to 4 (W ≤ 4) or 8; 1: no conv
+  auto launch = [&](auto kind) {
+    using TP = decltype(kind);
+    const std::size_t smem = sizeof(Raw4<TP>) * S * G * kThreads;
+    if (a.W == 0) launch_smem(qkv_fwd_kernel<1, TP, G, S, R>, grid, smem, stream, a, q, k, v, vout);
+    else if (a.W <= 4) launch_smem(qkv_fwd_kernel<4, TP, G, S, R>, grid, smem, stream, a, q, k, v, vout);
+    else launch_smem(qkv_fwd_kernel<kMaxConv, TP, G, S, R>, grid, smem, stream, a, q, k, v, vout);
+  };
+  if (a.p_bf16) launch(bf16{});
+  else launch(float{});
+}
+
+template <int G, int S, int B, int R>
+void qkv_backward_with(const QkvArgs& a, const QkvGrads& g, void* dP, float* gwq, float* gwk, float* gwv,
+                       float* scratch, cudaStream_t stream) {
+  const dim3 grid = qkv_grid<R>(a);
+  auto launch = [&](auto* d) {
+    using TP = std::remove_pointer_t<decltype(d)>;
+    // the P and dy rings; the weight sums reuse them (8 warps × K taps × 32 lanes × float4)
+    const std::size_t ring = (sizeof(Raw4<TP>) + sizeof(uint2)) * S * G * kThreads;
+    auto smem = [&](int K) { return std::max<std::size_t>(ring, sizeof(float4) * 8 * K * 32); };
+    if (a.W == 0) launch_smem(qkv_bwd_kernel<1, TP, G, S, B, R>, grid, smem(1), stream, a, g, d, scratch);
+    else if (a.W <= 4) launch_smem(qkv_bwd_kernel<4, TP, G, S, B, R>, grid, smem(4), stream, a, g, d, scratch);
+    else launch_smem(qkv_bwd_kernel<kMaxConv, TP, G, S, B, R>, grid, smem(kMaxConv), stream, a, g, d, scratch);
+  };
+  if (a.p_bf16) launch(static_cast<bf16*>(dP));
+  else launch(static_cast<float*>(dP));
+  if (a.W == 0) return;
+  conv_weight_finish<<<static_cast<unsigned>(a.ldp * a.W), kThreads, 0, stream>>>(a, scratch, qkv_tiles<R>(a), gwq,
+                                                                                    gwk, gwv);
+  LAR_CUDA_LAUNCHED();
+}
+
+}  // namespace
+
+void qkv_forward(const QkvArgs& a, bf16* q, bf16* k, bf16* v, float* vout, cudaStream_t stream) {
+  qkv_check(a);
+  require(!a.rin || a.gamma, "qkv: cler needs gamma");
+  if (a.B * a.T == 0) return;
+  qkv_forward_with<kFwdG, kFwdS, kRun>(a, q, k, v, vout, stream);
+}
 
 std::size_t qkv_backward_scratch_floats(const QkvArgs& a) {
-  return static_cast<std::size_t>(qkv_tiles(a) * a.ldp * std::max(a.W, 1));
+  return static_cast<std::size_t>(qkv_tiles<kRun>(a) * a.ldp * std::max(a.W, 1));
 }
 
 void qkv_backward(const QkvArgs& a, const QkvGrads& g, void* dP, float* gwq, float* gwk, float* gwv, float* scratch,
                   cudaStream_t stream) {
-  require(a.ldp == 2 * a.Cq + a.Cv && a.Cq % kSeg == 0 && a.Cv % kSeg == 0, "qkv: widths must be multiples of 64");
-  require(a.W >= 0 && a.W <= kMaxConv, "qkv: conv width " + std::to_string(a.W) + " outside 0..8");
+  qkv_check(a);
   require(!a.rin || (a.gamma && g.dgam_terms), "qkv backward: cler needs gamma and dgam_terms");
   require(a.W == 0 || (gwq && gwk && gwv && scratch), "qkv backward: conv needs weight gradients and scratch");
   if (a.B * a.T == 0) return;
-  const dim3 grid = qkv_grid(a);
-  auto launch = [&](auto* d) {
-    using TP = std::remove_pointer_t<decltype(d)>;
-    if (a.W == 0) qkv_bwd_kernel<1, TP><<<grid, kThreads, 0, stream>>>(a, g, d, scratch);
-    else if (a.W <= 4) qkv_bwd_kernel<4, TP><<<grid, kThreads, 0, stream>>>(a, g, d, scratch);
-    else qkv_bwd_kernel<kMaxConv, TP><<<grid, kThreads, 0, stream>>>(a, g, d, scratch);
-  };
-  if (a.p_bf16) launch(static_cast<bf16*>(dP));
-  else launch(static_cast<float*>(dP));
-  LAR_CUDA_LAUNCHED();
-  if (a.W == 0) return;
-  conv_weight_finish<<<static_cast<unsigned>(a.ldp * a.W), kThreads, 0, stream>>>(a, scratch, qkv_tiles(a), gwq,
-                                                                                    gwk, gwv);
-  LAR_CUDA_LAUNCHED();
+  qkv_backward_with<kBwdG, kBwdS, kBwdB, kRun>(a, g, dP, gwq, gwk, gwv, scratch, stream);
 }
 
 void gate_forward(const GateArgs& a, float* out, bf16* outb, cudaStream_t stream) {
