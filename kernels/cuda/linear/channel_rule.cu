@@ -416,6 +416,10 @@ __global__ void __launch_bounds__(NT, 1) cbwd_kernel(const CParams p) {
     load_tile(sdO, p.dout + crow(p, b, t0, h), stride, n);
     load_tile(sS0, p.bound_in + (bh * p.nc + ci) * D * D, D, C);
     if (CH) load_tile(sdS, p.dSend + (bh * p.nc + ci) * D * D, D, C);
+    if (CH && MODE != kGla) {  // the prep's U₀ and W: U = U₀ − W S0ᵀ without the solve
+      load_tile(sU, p.Uc + (bh * p.nc + ci) * D * D, D, C);
+      load_tile(sdR, p.Wc + (bh * p.nc + ci) * D * D, D, C);
+    }
     load_gate_tile(sGt, p.g + crow(p, b, t0, h), stride, n);
     cp_async_commit();
     load_beta<MODE>(p, b, h, t0, n, sB, sW);
@@ -447,32 +451,37 @@ __global__ void __launch_bounds__(NT, 1) cbwd_kernel(const CParams p) {
         gemm2<false, false, false, false>(a, sEb, Kw, a2, sQb, Kw, L);  // Ē K̄ᵀ, Q̄ K̄ᵀ
         store_f(sAw, a, L, [](float x, int t, int j) { return t > j ? x : 0.f; });
         zero(a);
-        gemm<false, false>(a, sEt, sS0, L);
-        store_f(sX, a, L, [&](float x, int t, int c) {
-          float z = bf(sV, t, c);
-          if (MODE == kGdn2) z = t < n ? z * __bfloat162float(p.wg[crow(p, b, t0 + t, h) + c]) : 0.f;
-          if (MODE == kCarve) z *= sW[t];
-          return z - x;
-        });
+        if (CH) {  // U = U₀ − W S0ᵀ (each thread rewrites only its own elements of U₀)
+          gemm<false, false>(a, sdR, sS0, L);
+          store_bf(sU, a, L, [&](float x, int t, int c) { return bf(sU, t, c) - x; });
+        } else {
+          gemm<false, false>(a, sEt, sS0, L);
+          store_f(sX, a, L, [&](float x, int t, int c) {
+            float z = bf(sV, t, c);
+            if (MODE == kGdn2) z = t < n ? z * __bfloat162float(p.wg[crow(p, b, t0 + t, h) + c]) : 0.f;
+            if (MODE == kCarve) z *= sW[t];
+            return z - x;
+          });
+        }
       }
       if (MODE == kGla) gemm<false, false>(a2, sQb, Kw, L);
       store_bf(sP, a2, L, [](float x, int t, int j) { return t >= j ? x : 0.f; });
     }
     __syncthreads();
     const bf16* U = sV;
-    if (MODE != kGla) {
+    if (MODE != kGla && !CH) {
       float x[16];
       subst_fwd(sAw, sX, sB, x);
       const int c = tid >> 2, pp = tid & 3;
 #pragma unroll
       for (int i = 0; i < 16; ++i) sU[(4 * i + pp) * LD + c] = __float2bfloat16(x[i]);
-      U = sU;
       if (MODE == kKda)  // R = β X: the dS update below takes (β dR)ᵀ Ẽ
         for (int i = tid; i < C * D; i += NT) {
           const int t = i >> 6, cc = i & 63;
           sEt[t * LD + cc] = __float2bfloat16(__bfloat162float(sEt[t * LD + cc]) * sB[t]);
         }
     }
+    if (MODE != kGla) U = sU;
     __syncthreads();
     {
       Acc a, c2;  // dU = K̂ dSᵀ + scale Pᵀ dO
@@ -837,7 +846,8 @@ __device__ __forceinline__ void subst_fwd_regs2(const float* sAw, const float* s
 //   tile 0: forward K → K̂;   backward Q → Q̃
 //   tile 1: forward V;       backward K → K̂
 //   tile 2: Ē;               tile 3: backward Q̄ → P
-//   tiles 4–7: K̄ per 16-row block → W, then U₀ (forward) / Q', dO (backward)
+//   tiles 4–7: K̄ per 16-row block → W, then U₀ (forward) / Q', dO, V → U₀ (backward)
+// Both passes export W and U₀ (bf16) for their chunk kernels, which then need no solve for U.
 constexpr size_t kCPrepSmem = 8 * TILE * sizeof(bf16) + (2 * TILEF + C) * sizeof(float);
 static_assert(kCPrepSmem + 1024 <= 228 * 1024 / 2, "two prep CTAs per SM");
 
@@ -887,7 +897,8 @@ __global__ void __launch_bounds__(NT, 2) cprep_kernel(const CParams p) {
   bf16* sKb = sT + 4 * TILE;                  // 4 tiles
   bf16* sW = sKb;                             // after Aw and P
   bf16* sU0 = sKb + TILE;                     // forward U₀; backward Q'
-  bf16* sdO = sKb + 2 * TILE;                 // backward, loaded while the solve runs
+  bf16* sdO = sKb + 2 * TILE;                 // backward, loaded while Aw is made
+  bf16* sVb = sKb + 3 * TILE;                 // backward: V → U₀ in place
   float* sGt = reinterpret_cast<float*>(sT + 8 * TILE);
   float* sAw = sGt + TILEF;
   float* sB = sAw + TILEF;
@@ -949,9 +960,12 @@ __global__ void __launch_bounds__(NT, 2) cprep_kernel(const CParams p) {
     store_f(sAw, a, L, [](float x, int t, int j) { return t > j ? x : 0.f; });
     __syncthreads();  // every read of Q̄ and K̄ is done
     if (kBwd) {
-      store_bf(sQb, a2, L, [](float x, int t, int j) { return t >= j ? x : 0.f; });  // P
       load_tile(sdO, p.dout + crow(p, b, t0, h), stride, n);
+      load_tile(sVb, p.v + crow(p, b, t0, h), stride, n);
       cp_async_commit();
+      store_bf(sQb, a2, L, [](float x, int t, int j) { return t >= j ? x : 0.f; });  // P
+      cp_async_wait<0>();
+      __syncthreads();  // V is in
     }
   }
   {
@@ -962,34 +976,32 @@ __global__ void __launch_bounds__(NT, 2) cprep_kernel(const CParams p) {
       const int t = 4 * i + pp;
       x[i] = bf(sEb, t, c) * __expf(sGt[(t & ~15) * LDF + c]);
     }
-    if (!kBwd) {
+    bf16* sZ = kBwd ? sVb : sV;
 #pragma unroll
-      for (int i = 0; i < 16; ++i) {
-        const int t = 4 * i + pp;
-        float z = bf(sV, t, c);
-        if (MODE == kGdn2) z = t < n ? z * __bfloat162float(p.wg[crow(p, b, t0 + t, h) + c]) : 0.f;
-        y[i] = z;
-      }
-      subst_fwd_regs2(sAw, sB, x, y);
-#pragma unroll
-      for (int i = 0; i < 16; ++i) sU0[(4 * i + pp) * LD + c] = __float2bfloat16(y[i]);
-    } else {
-      subst_fwd_regs(sAw, sB, x);
+    for (int i = 0; i < 16; ++i) {
+      const int t = 4 * i + pp;
+      float z = bf(sZ, t, c);
+      if (MODE == kGdn2) z = t < n ? z * __bfloat162float(p.wg[crow(p, b, t0 + t, h) + c]) : 0.f;
+      y[i] = z;
     }
+    subst_fwd_regs2(sAw, sB, x, y);
+    bf16* sUo = kBwd ? sVb : sU0;  // (the backward's V is read only by its owner thread)
 #pragma unroll
-    for (int i = 0; i < 16; ++i) sW[(4 * i + pp) * LD + c] = __float2bfloat16(x[i]);
+    for (int i = 0; i < 16; ++i) {
+      sUo[(4 * i + pp) * LD + c] = __float2bfloat16(y[i]);
+      sW[(4 * i + pp) * LD + c] = __float2bfloat16(x[i]);
+    }
   }
-  if (kBwd) cp_async_wait<0>();
   __syncthreads();
+  for (int i = tid; i < 2 * D * 8; i += NT) {  // W and U₀ for the chunk kernel
+    const int r = (i >> 3) & 63, c = (i & 7) * 8;
+    const bf16* src = i < D * 8 ? sW : kBwd ? sVb : sU0;
+    bf16* dst = (i < D * 8 ? p.Wc : p.Uc) + off;
+    *reinterpret_cast<uint4*>(dst + r * D + c) = *reinterpret_cast<const uint4*>(src + r * LD + c);
+  }
   Acc m;
   zero(m);
   if (!kBwd) {
-    for (int i = tid; i < 2 * D * 8; i += NT) {  // W and U₀ for the forward's chunk kernel
-      const int r = (i >> 3) & 63, c = (i & 7) * 8;
-      const bf16* src = i < D * 8 ? sW : sU0;
-      bf16* dst = (i < D * 8 ? p.Wc : p.Uc) + off;
-      *reinterpret_cast<uint4*>(dst + r * D + c) = *reinterpret_cast<const uint4*>(src + r * LD + c);
-    }
     Acc e;
     zero(e);
     gemm2<true, true, true, true>(m, sW, sK, e, sU0, sK, L);  // Wᵀ K̂, U₀ᵀ K̂
@@ -1265,7 +1277,11 @@ template <int MODE>
 void bwd_two_phase(CParams p, cudaStream_t stream) {
   const size_t chunks = static_cast<size_t>(p.B) * p.H * p.nc;
   Scratch scratch(stream);
-  if (MODE != kGla) p.Mc = scratch.get<bf16>(chunks * D * D);
+  if (MODE != kGla) {
+    p.Mc = scratch.get<bf16>(chunks * D * D);
+    p.Uc = scratch.get<bf16>(chunks * D * D);
+    p.Wc = scratch.get<bf16>(chunks * D * D);
+  }
   p.Ec = scratch.get<float>(chunks * D * D);
   p.el = scratch.get<float>(chunks * C);
   p.dSend = scratch.get<bf16>(chunks * D * D);
