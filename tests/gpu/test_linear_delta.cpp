@@ -7,7 +7,9 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <cstdio>
 #include <random>
@@ -178,8 +180,9 @@ std::string name(const Case& c) {
 
 // Both implementations (kernels/cuda/linear/delta_rule.cu picks one per pass from the shape;
 // LAR_DELTA_PATH forces it): the fused one-CTA-per-(b, h) kernels (T⁻¹ = (I + diag(β) Aw)⁻¹
-// built on tensor cores, applied by GEMM) and the two-phase path (chunk-parallel prep,
-// sequential state pass, chunk-parallel main kernel; fp32 substitutions). The "corr" cases give
+// built on tensor cores, applied by GEMM) and the two-phase path (chunk-parallel prep that
+// builds T⁻¹ the same way, sequential state pass, chunk-parallel main kernel that loads T⁻¹ from
+// the prep). The "corr" cases give
 // the keys a common direction and β ≥ 0.5, where T⁻¹ is far from the identity: gdn at cosine
 // ≈ 0.8, deltanet (no decay, the longest memory) at ≈ 0.5 — at 0.8 its dβ measured 8.3–8.8e-3
 // fused and 5.8–7.0e-3 on the fp32-substitution path, too close to the 1e-2 limit for a test
@@ -380,3 +383,76 @@ TEST(LinearDeltaCuda, DumpForExternalCheck) {
   }
 }
 
+
+// With LAR_DELTA_TIMES=1 set (a measurement on the GPU, skipped otherwise): gdn fwd and bwd
+// times of both paths and of the automatic choice at B = 1, 2, 4, 8 with T = 32768 / B, H = 16
+// (CUDA events, median of 7 after 2 warm-up calls), the data the cost model of
+// `use_two_phase` is fitted on; asserts that the automatic choice is within 10% of the faster
+// path at every shape.
+TEST(LinearDeltaCuda, PathTimes) {
+  if (!std::getenv("LAR_DELTA_TIMES")) GTEST_SKIP() << "LAR_DELTA_TIMES not set";
+  const int H = 16, D = 64, total = 32768;
+  const size_t nx = static_cast<size_t>(total) * H * D, nr = static_cast<size_t>(total) * H;
+  uint64_t state = 0x9e3779b97f4a7c15ull ^ std::random_device{}();
+  auto uni = [&] {  // uniform in [-1, 1): cheap enough for 33M values
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<double>(state >> 11) * 0x1.0p-52 - 1.0;
+  };
+  std::vector<double> x(nx), r(nr);
+  Dev<bf16> q(nx), k(nx), v(nx), o(nx), dO(nx), dq(nx), dk(nx), dv(nx);
+  Dev<float> g(nr), beta(nr), dg(nr), dbeta(nr);
+  for (auto& y : x) y = 0.2 * uni();  // rows of norm ≈ 0.9, like the layer's L2-normalised q, k
+  q.put(x);
+  for (auto& y : x) y = 0.2 * uni();
+  k.put(x);
+  for (auto& y : x) y = uni();
+  v.put(x);
+  for (auto& y : x) y = uni();
+  dO.put(x);
+  for (auto& y : r) y = 0.5 + 0.4 * uni();
+  beta.put(r);
+  for (auto& y : r) y = -0.05 * (1.0 + uni());
+  g.put(r);
+  cudaEvent_t e0, e1;
+  ASSERT_EQ(cudaEventCreate(&e0), cudaSuccess);
+  ASSERT_EQ(cudaEventCreate(&e1), cudaSuccess);
+  auto median_ms = [&](auto&& fn) {
+    for (int i = 0; i < 2; ++i) fn();
+    std::vector<float> t;
+    for (int i = 0; i < 7; ++i) {
+      cudaEventRecord(e0);
+      fn();
+      cudaEventRecord(e1);
+      cudaEventSynchronize(e1);
+      float ms = 0.f;
+      cudaEventElapsedTime(&ms, e0, e1);
+      t.push_back(ms);
+    }
+    std::sort(t.begin(), t.end());
+    return static_cast<double>(t[t.size() / 2]);
+  };
+  std::printf("gdn H=16, ms            fwd: fused  chunked  auto | bwd: fused  chunked  auto\n");
+  for (const int B : {1, 2, 4, 8}) {
+    gl::DeltaShape s;
+    s.B = B, s.T = total / B, s.H = H, s.scale = 0.125;
+    Dev<bf16> bound(gl::delta_boundary_bytes(s) / sizeof(bf16));
+    double t[2][3];
+    const char* paths[] = {"fused", "chunked", "auto"};
+    for (int pi = 0; pi < 3; ++pi) {
+      const ScopedPath forced(paths[pi]);
+      t[0][pi] = median_ms(
+          [&] { gl::delta_fwd(s, q.p, k.p, v.p, g.p, beta.p, nullptr, o.p, nullptr, bound.p, nullptr); });
+      t[1][pi] = median_ms([&] {
+        gl::delta_bwd(s, q.p, k.p, v.p, g.p, beta.p, bound.p, dO.p, nullptr, dq.p, dk.p, dv.p, dg.p, dbeta.p,
+                      nullptr, nullptr);
+      });
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << paths[pi] << " B=" << B;
+    }
+    std::printf("B=%d T=%-6d           %7.3f %8.3f %6.3f | %9.3f %8.3f %6.3f\n", B, total / B, t[0][0], t[0][1],
+                t[0][2], t[1][0], t[1][1], t[1][2]);
+    for (int pass = 0; pass < 2; ++pass)
+      EXPECT_LT(t[pass][2], 1.1 * std::min(t[pass][0], t[pass][1])) << (pass ? "bwd" : "fwd") << " B=" << B;
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+}
