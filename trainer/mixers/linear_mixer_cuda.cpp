@@ -136,13 +136,22 @@ class CudaLinearImpl final : public CudaLinear {
     og_ = keep_p_ ? Tensor() : ar.alloc(at_, {N, d_.Cv});
     rstd_ = ar.alloc(DType::f32, {N * d_.H});
     saved_gates_alloc(ar, N);
-    // CCQ: λ (and its pre-activation) kept; q_c is recomputed in backward. Evaluation may
-    // switch it off (model.ccq.disable_at_eval), as on the CPU.
+    // CCQ: λ (and its pre-activation) kept; in training also q_c and the final key
+    // statistics ccq_bwd starts from (q_c is [N, Cq] bf16, 64 MiB a layer at B·T = 32K,
+    // d = 1024; a second ccq_fwd in the backward cost ≈ 4% of that layer's time). Evaluation
+    // may switch it off (model.ccq.disable_at_eval), as on the CPU.
     ccq_on_ = d_.ccq && !(d_.ccq_disable_eval && !ctx.training);
     lam_ = flam_ = Tensor();
+    qc_ = Bf{};
+    ccq_stats_ = cl::CcqStats{};
     if (ccq_on_) {
       lam_ = ar.alloc(DType::f32, {N, d_.H});
       if (d_.ccq_learned) flam_ = ar.alloc(DType::f32, {N, d_.H});
+      if (ctx.training) {
+        qc_ = bf_alloc(ar, N * d_.Cq);
+        ccq_stats_.K = ar.alloc(DType::f32, {B * d_.H * d_.dk * d_.dk}).ptr<float>();
+        ccq_stats_.m = ar.alloc(DType::f32, {B * d_.H * d_.dk}).ptr<float>();
+      }
     }
     // CARVE: the content signal m_c of every chunk (written by carve_fwd, read by carve_bwd);
     // frozen content runs the kernel with U1 = U2 = 0 (no parameters), as the CPU does.
@@ -166,9 +175,9 @@ class CudaLinearImpl final : public CudaLinear {
     const bf16* qread = q_.p;
     if (ccq_on_) {
       ccq_lambda(be, ar, st, N);
-      Bf qc = bf_alloc(ar, N * d_.Cq);
+      const Bf qc = qc_.p ? qc_ : bf_alloc(ar, N * d_.Cq);
       cl::LayerTimer tm("linear: ccq_fwd", st);
-      cl::ccq_fwd(shape(), ccq_inputs(), qc.p, cl::CcqStats{}, st);
+      cl::ccq_fwd(shape(), ccq_inputs(), qc.p, ccq_stats_, st);
       qread = qc.p;
     }
     // the recurrence
@@ -217,16 +226,12 @@ class CudaLinearImpl final : public CudaLinear {
       og_ = ar.alloc(at_, {N, d_.Cv});
       be.gemm(Xa, false, P_[s_.wgate], true, og_);
     }
-    // CCQ: q_c again, now with the final key statistics that ccq_bwd starts from
+    // CCQ: q_c and the final key statistics, kept by the forward
     const bf16* qread = q_.p;
-    cl::CcqStats stats;
+    const cl::CcqStats stats = ccq_stats_;
     if (ccq_on_) {
-      Bf qc = bf_alloc(ar, N * d_.Cq);
-      stats.K = ar.alloc(DType::f32, {B_ * d_.H * d_.dk * d_.dk}).ptr<float>();
-      stats.m = ar.alloc(DType::f32, {B_ * d_.H * d_.dk}).ptr<float>();
-      cl::LayerTimer tm("linear: ccq_fwd (recompute)", st);
-      cl::ccq_fwd(shape(), ccq_inputs(), qc.p, stats, st);
-      qread = qc.p;
+      if (!qc_.p) throw RuntimeError("linear mixer (cuda): backward after an evaluation forward (CCQ kept nothing)");
+      qread = qc_.p;
     }
     // y = ypre W_oᵀ, ypre = RMSNorm_h(o) ⊙ SiLU(og): the norm × gate backward also writes
     // ypre again (the forward released it) for W_o's gradient
@@ -798,6 +803,8 @@ class CudaLinearImpl final : public CudaLinear {
   bool keep_p_ = true;  // this step keeps P (and recomputes og), see keep_p_setting
   bool det_ = false;  // the backend promises bit-identical results (CARVE's dU1, dU2 per sequence)
   Tensor lam_, flam_;
+  Bf qc_;                     // q_c (training forwards)
+  cl::CcqStats ccq_stats_;    // the statistics after the sequence (training forwards)
   // CARVE: content signal (kept), write-gate pre-activation and σ [N, H] (kept), zero U
   // (freeze_content), erase logits bf16 [N, Cq] (recomputed)
   Tensor content_, fws_, ws_, Uzero_;
