@@ -782,15 +782,14 @@ __global__ void __launch_bounds__(NT, 1) cbwd_kernel(const CParams p) {
 // that O = scale (P U₀ + Q' S0ᵀ)):
 //   dS0 = dS_end (diag(e^{G_last}) − M)ᵀ + scale dOᵀ Q'.
 // Three launches per pass, as the delta rule's two-phase path (delta_rule.cu): (1) cprep_kernel,
-// one CTA per (b, h, chunk), writes M (bf16), E (fp32) and e^{G_last} (all the solves);
-// (2) cstate_kernel runs the recurrence: the rows of S evolve independently, so one warp per 16
-// value rows (4 CTAs per (b, h)) keeps its rows in mma accumulator fragments, which are also the
-// A operand of the next chunk's S·M (no shared-memory round trip, no block barrier); M, E and
-// e^{G_last} stream through a ring of cp.async stages; it writes every chunk's start state
-// (forward, the boundary) or end-of-chunk gradient (backward); (3) one CTA per (b, h, chunk) does
-// the rest from those states: the forward's output by cfwd_main_kernel (from the prep's U₀ and W:
-// no solve), the backward's gradients by cbwd_kernel with CH = true (the fused chunk body without
-// the dS update). CARVE stays on the fused
+// one CTA per (b, h, chunk), writes M (bf16), E (fp32), e^{G_last}, and W, U₀ (bf16) — all the
+// solves; (2) cstate_kernel runs the recurrence: the rows of S evolve independently, so 4 CTAs
+// per (b, h) take 16 value rows each, their 4 warps 16 key columns each; M, E and e^{G_last}
+// stream through a ring of cp.async stages; it writes every chunk's start state (forward, the
+// boundary) or end-of-chunk gradient (backward); (3) one CTA per (b, h, chunk) does the rest
+// from those states: the forward's output by cfwd_main_kernel (U = U₀ − W S0ᵀ: no solve), the
+// backward's gradients by cbwd_kernel with CH = true (the fused chunk body without the dS
+// update, U from U₀ and W likewise). CARVE stays on the fused
 // path: its content gate makes chunk c's erase depend on chunk c − 1's output, so the chunk
 // terms cannot be built before the recurrence has run.
 
@@ -1022,21 +1021,31 @@ __global__ void __launch_bounds__(NT, 2) cprep_kernel(const CParams p) {
 
 // (2) the sequential pass. Forward: S ← S diag(e^{G_last}) − S M + E from S0, writing every
 // chunk's start state (bf16) into the boundary; backward: dS ← dS diag(e^{G_last}) − dS Mᵀ + E
-// from dS_T over the chunks in reverse, writing every chunk's end-of-chunk gradient. One warp
-// per 16 rows; its state fragment st[nt][e] sits at row r0 + g + 8·(e/2), column 8·nt + 2·tig + e%2.
+// from dS_T over the chunks in reverse, writing every chunk's end-of-chunk gradient. The rows
+// of S evolve independently: CTA blockIdx.x owns 16 value rows and its 4 warps split the 64 key
+// columns (warp w: columns 16w..16w+15), so each chunk's 16×64×64 product runs on all four
+// tensor-core partitions of the SM (8 MMAs per warp; with one warp for all 64 columns the
+// chain of 32 MMAs on one partition made 0.7 µs per chunk). The state stays in fp32
+// registers; its bf16 copy in shared memory (two buffers, by chunk parity) is every warp's A
+// operand: one barrier per chunk. Warp w's fragment st[j][e] sits at row r0 + g + 8·(e/2),
+// column 16w + 8j + 2·tig + e%2.
 constexpr int kCStages = 6;
+constexpr int kCStateThreads = 128;
 constexpr size_t kCStageM = TILE * sizeof(bf16);            // M [64][LD]
-constexpr size_t kCStageE = 16 * LDF * sizeof(float);       // this warp's 16 rows of E
+constexpr size_t kCStageE = 16 * LDF * sizeof(float);       // this CTA's 16 rows of E
 constexpr size_t kCStage = kCStageM + kCStageE + C * sizeof(float);  // + e^{G_last}
-constexpr size_t kCStateSmem = kCStages * kCStage;
+constexpr size_t kCStateA = 2 * 16 * LD * sizeof(bf16);     // the state rows, two buffers
+constexpr size_t kCStateSmem = kCStateA + kCStages * kCStage;
 
 template <bool kBwd, bool kHasM>
-__global__ void __launch_bounds__(32) cstate_kernel(const CParams p) {
+__global__ void __launch_bounds__(kCStateThreads) cstate_kernel(const CParams p) {
   extern __shared__ __align__(128) unsigned char smem[];
-  const int r0 = 16 * blockIdx.x, h = blockIdx.y, b = blockIdx.z, lane = threadIdx.x, g = lane >> 2, tig = lane & 3;
+  const int r0 = 16 * blockIdx.x, h = blockIdx.y, b = blockIdx.z, tid = threadIdx.x;
+  const int lane = tid & 31, c0 = 16 * (tid >> 5), g = lane >> 2, tig = lane & 3;
   const size_t bh = static_cast<size_t>(b) * p.H + h;
-  auto stage_M = [&](int k) { return reinterpret_cast<bf16*>(smem + k * kCStage); };
-  auto stage_E = [&](int k) { return reinterpret_cast<float*>(smem + k * kCStage + kCStageM); };
+  bf16* sA = reinterpret_cast<bf16*>(smem);
+  auto stage_M = [&](int k) { return reinterpret_cast<bf16*>(smem + kCStateA + k * kCStage); };
+  auto stage_E = [&](int k) { return reinterpret_cast<float*>(smem + kCStateA + k * kCStage + kCStageM); };
   auto chunk_at = [&](int s) { return kBwd ? p.nc - 1 - s : s; };
   // Chunk s's terms into stage s % kCStages (one commit group per chunk, empty past the end).
   auto issue = [&](int s) {
@@ -1044,85 +1053,82 @@ __global__ void __launch_bounds__(32) cstate_kernel(const CParams p) {
       const int ci = chunk_at(s), k = s % kCStages;
       const size_t off = coff(p, bh, ci);
       if (kHasM)
-        for (int i = lane; i < C * 8; i += 32) {
+        for (int i = tid; i < C * 8; i += kCStateThreads) {
           const int r = i >> 3, c = (i & 7) * 8;
           cp_async16(stage_M(k) + r * LD + c, p.Mc + off + r * D + c, true);
         }
       float* E = stage_E(k);
-      for (int i = lane; i < 16 * 16; i += 32) {
+      for (int i = tid; i < 16 * 16; i += kCStateThreads) {
         const int r = i >> 4, c = (i & 15) * 4;
         cp_async16(E + r * LDF + c, p.Ec + off + (r0 + r) * D + c, true);
       }
-      if (lane < 16) cp_async16(E + 16 * LDF + 4 * lane, p.el + (bh * p.nc + ci) * C + 4 * lane, true);
+      if (tid < 16) cp_async16(E + 16 * LDF + 4 * tid, p.el + (bh * p.nc + ci) * C + 4 * tid, true);
     }
     cp_async_commit();
   };
-  float st[8][4];
+  auto at = [&](int j, int e) { return (r0 + g + 8 * (e >> 1)) * D + c0 + 8 * j + 2 * tig + (e & 1); };
+  float st[2][4];
   const float* init = kBwd ? p.dST : p.S0;
 #pragma unroll
-  for (int nt = 0; nt < 8; ++nt)
+  for (int j = 0; j < 2; ++j)
 #pragma unroll
-    for (int e = 0; e < 4; ++e)
-      st[nt][e] = init ? init[bh * D * D + (r0 + g + 8 * (e >> 1)) * D + 8 * nt + 2 * tig + (e & 1)] : 0.f;
+    for (int e = 0; e < 4; ++e) st[j][e] = init ? init[bh * D * D + at(j, e)] : 0.f;
 #pragma unroll
   for (int s = 0; s < kCStages - 1; ++s) issue(s);
   bf16* out = kBwd ? p.dSend : p.bound;
   for (int s = 0; s < p.nc; ++s) {
     const int ci = chunk_at(s), k = s % kCStages;
-    issue(s + kCStages - 1);
+    bf16* A = sA + (s & 1) * 16 * LD;
     bf16* dst = out + coff(p, bh, ci);
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
+    for (int j = 0; j < 2; ++j)
 #pragma unroll
-      for (int hh = 0; hh < 2; ++hh)
-        *reinterpret_cast<uint32_t*>(dst + (r0 + g + 8 * hh) * D + 8 * nt + 2 * tig) =
-            pack(st[nt][2 * hh], st[nt][2 * hh + 1]);
-    cp_async_wait<kCStages - 1>();  // chunk s's group is complete
-    __syncwarp();
-    float a[8][4];
+      for (int hh = 0; hh < 2; ++hh) {
+        const uint32_t v = pack(st[j][2 * hh], st[j][2 * hh + 1]);
+        const int r = g + 8 * hh, c = c0 + 8 * j + 2 * tig;
+        *reinterpret_cast<uint32_t*>(A + r * LD + c) = v;
+        *reinterpret_cast<uint32_t*>(dst + (r0 + r) * D + c) = v;
+      }
+    cp_async_wait<kCStages - 2>();  // chunk s's group is complete (groups 0 .. s+kCStages-2 issued)
+    __syncthreads();  // the state rows and chunk s's stage are in; every read of chunk s−1's stage is done
+    issue(s + kCStages - 1);  // refills the stage chunk s−1 used
+    float a[2][4];
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt) a[nt][0] = a[nt][1] = a[nt][2] = a[nt][3] = 0.f;
+    for (int j = 0; j < 2; ++j) a[j][0] = a[j][1] = a[j][2] = a[j][3] = 0.f;
     if (kHasM) {
       const bf16* M = stage_M(k);
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {
-        // the accumulator fragments of columns 16kk.. are the A fragment of k-step kk
-        const uint32_t af[4] = {pack(st[2 * kk][0], st[2 * kk][1]), pack(st[2 * kk][2], st[2 * kk][3]),
-                                pack(st[2 * kk + 1][0], st[2 * kk + 1][1]), pack(st[2 * kk + 1][2], st[2 * kk + 1][3])};
-#pragma unroll
-        for (int nn = 0; nn < 4; ++nn) {
-          const int n0 = 16 * nn;
-          uint32_t bq[4];
-          if (!kBwd)  // S M: M stored [k][n]
-            ldsm_x4_t(bq, M + (16 * kk + (lane & 7) + (((lane >> 3) & 1) << 3)) * LD + n0 + (lane >> 4) * 8);
-          else  // dS Mᵀ: M stored [n][k]
-            ldsm_x4(bq, M + (n0 + (lane & 7) + ((lane >> 4) << 3)) * LD + 16 * kk + ((lane >> 3) & 1) * 8);
-          mma(a[2 * nn], af, bq[0], bq[1]);
-          mma(a[2 * nn + 1], af, bq[2], bq[3]);
-        }
+        uint32_t af[4], bq[4];
+        ldsm_x4(af, A + (lane & 15) * LD + 16 * kk + (lane >> 4) * 8);
+        if (!kBwd)  // S M: M stored [k][n]
+          ldsm_x4_t(bq, M + (16 * kk + (lane & 7) + (((lane >> 3) & 1) << 3)) * LD + c0 + (lane >> 4) * 8);
+        else  // dS Mᵀ: M stored [n][k]
+          ldsm_x4(bq, M + (c0 + (lane & 7) + ((lane >> 4) << 3)) * LD + 16 * kk + ((lane >> 3) & 1) * 8);
+        mma(a[0], af, bq[0], bq[1]);
+        mma(a[1], af, bq[2], bq[3]);
       }
     }
     const float* E = stage_E(k);
     const float* el = E + 16 * LDF;
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
-      const float2 l = *reinterpret_cast<const float2*>(el + 8 * nt + 2 * tig);
+    for (int j = 0; j < 2; ++j) {
+      const float2 l = *reinterpret_cast<const float2*>(el + c0 + 8 * j + 2 * tig);
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
-        const float2 e = *reinterpret_cast<const float2*>(E + (g + 8 * hh) * LDF + 8 * nt + 2 * tig);
-        st[nt][2 * hh] = l.x * st[nt][2 * hh] - a[nt][2 * hh] + e.x;
-        st[nt][2 * hh + 1] = l.y * st[nt][2 * hh + 1] - a[nt][2 * hh + 1] + e.y;
+        const float2 e = *reinterpret_cast<const float2*>(E + (g + 8 * hh) * LDF + c0 + 8 * j + 2 * tig);
+        st[j][2 * hh] = l.x * st[j][2 * hh] - a[j][2 * hh] + e.x;
+        st[j][2 * hh + 1] = l.y * st[j][2 * hh + 1] - a[j][2 * hh + 1] + e.y;
       }
     }
-    __syncwarp();  // this stage is read before it is refilled
   }
   cp_async_wait<0>();
   float* fin = kBwd ? p.dS0 : p.S_out;
   if (fin)
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
+    for (int j = 0; j < 2; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) fin[bh * D * D + (r0 + g + 8 * (e >> 1)) * D + 8 * nt + 2 * tig + (e & 1)] = st[nt][e];
+      for (int e = 0; e < 4; ++e) fin[bh * D * D + at(j, e)] = st[j][e];
 }
 
 // (3a) forward output per chunk from its start state S0 (boundary) and the prep's U₀, W:
@@ -1231,11 +1237,14 @@ void launch(K kernel, size_t smem, const CParams& p, cudaStream_t stream, dim3 g
 
 // Which path runs a pass. The fused kernels take one CTA per (b, h) for the whole sequence, so
 // with B·H below the SM count most of the GPU idles; the two-phase path spreads the chunks over
-// the GPU but adds the prep kernel's solves and bytes (≈ kChunkedCost × the fused work per
-// chunk) and the sequential state pass (≈ kStateUs per chunk). Fitted on the H200 (132 SMs, B=8
-// T=4096 and B=1 T=32K, H=16): see docs/perf.md "Channel rule, session 7".
+// the GPU but adds the prep kernel's solves and bytes and the sequential state pass. Fitted on
+// the H200 (132 SMs; kda, gdn2 at B·H = 16, 32, 64, 128 with 512K tokens, H=16; docs/perf.md
+// "Channel rule, session 7"): fused 12–16 µs (fwd) / 24–30 µs (bwd) per chunk and wave of B·H
+// CTAs; the two-phase chunk work is 1.29–1.39× the fused work per chunk, spread over all SMs;
+// the state pass took 0.7 µs per chunk with one warp per 16 rows (≈ 0.3 expected with four).
+// So the two-phase path wins below B·H ≈ 95 on 132 SMs (and between 1 and 1.4 waves above).
 // LAR_CHANNEL_PATH=fused|chunked|auto overrides (A/B timing, tests of both paths).
-constexpr double kChunkedCost = 1.5, kStateUs = 0.25, kFusedChunkUs = 8.0;
+constexpr double kChunkedCost = 1.35, kStateUs = 0.3, kFusedChunkUs = 12.0;
 bool use_two_phase(const CParams& p) {
   const char* env = std::getenv("LAR_CHANNEL_PATH");
   const std::string want = env ? env : "";
@@ -1270,7 +1279,7 @@ void fwd_two_phase(CParams p, cudaStream_t stream) {
   if (!p.bound) p.bound = scratch.get<bf16>(chunks * D * D);  // the chunk kernel reads the states from here
   const dim3 per_chunk(p.nc, p.H, p.B), per_rows(4, p.H, p.B);
   launch(cprep_kernel<MODE, false>, kCPrepSmem, p, stream, per_chunk);
-  launch(cstate_kernel<false, MODE != kGla>, kCStateSmem, p, stream, per_rows, 32);
+  launch(cstate_kernel<false, MODE != kGla>, kCStateSmem, p, stream, per_rows, kCStateThreads);
   launch(cfwd_main_kernel<MODE>, kCFwdMainSmem, p, stream, per_chunk);
 }
 template <int MODE>
@@ -1287,7 +1296,7 @@ void bwd_two_phase(CParams p, cudaStream_t stream) {
   p.dSend = scratch.get<bf16>(chunks * D * D);
   const dim3 per_chunk(p.nc, p.H, p.B), per_rows(4, p.H, p.B);
   launch(cprep_kernel<MODE, true>, kCPrepSmem, p, stream, per_chunk);
-  launch(cstate_kernel<true, MODE != kGla>, kCStateSmem, p, stream, per_rows, 32);
+  launch(cstate_kernel<true, MODE != kGla>, kCStateSmem, p, stream, per_rows, kCStateThreads);
   launch(cbwd_kernel<MODE, true>, kCBwdSmem, p, stream, per_chunk);
 }
 
