@@ -129,11 +129,13 @@ class CudaBackend final : public Backend {
   // operands' transposes, e.g. NT = x·Wᵀ), plus a "gemm (all shapes)" total.
   std::vector<std::pair<std::string, double>> profile_report();
   // How the bf16 GEMMs of precision mixed pick their cuBLASLt algorithm (LAR_GEMM=…):
-  // "heuristic" (the default): cuBLASLt's first heuristic choice for the shape and the
-  // operands' alignment, a fixed function of them (run-to-run and resume bit-identical);
-  // "tune" (not in deterministic runs): up to 16 heuristic candidates timed once per
-  // distinct shape at its first use, the fastest cached (LAR_GEMM_LOG=1 prints them);
-  // "cublas": the cublasGemmStridedBatchedEx call of sessions 1–6.
+  // "heuristic" (the default): among cuBLASLt's heuristic candidates for the shape and the
+  // operands' alignment, the one measured fastest on the H200 for that shape (a fixed table in
+  // cuda_backend.cu), else the first — a fixed function of them (run-to-run and resume
+  // bit-identical); "tune" (not in deterministic runs): the heuristic's candidates and
+  // their tiles in other cluster shapes / CTA swizzling, timed once per distinct shape at its
+  // first use, the fastest cached (LAR_GEMM_LOG=1 prints them all, and in heuristic mode each
+  // plan's choice); "cublas": the cublasGemmStridedBatchedEx call of sessions 1–6.
   const char* gemm_mode() const;
 
  private:
@@ -173,7 +175,9 @@ class CudaBackend final : public Backend {
                       float beta);
   void gemm_lt(GemmPlan& plan, const void* lt_a, const void* lt_b, void* c, float alpha, float beta);  // Lt's A = our B
   enum class GemmMode { tune, heuristic, cublas };
-  GemmMode gemm_mode_ = GemmMode::tune;
+  GemmMode gemm_mode_ = GemmMode::heuristic;
+  int gpu_sms_ = 0, gpu_major_ = 0;
+  bool h200_ = false;  // an sm_90 GPU with 132 SMs: the measured GEMM preferences apply
   cublasLtHandle_t lt_ = nullptr;
   void* lt_workspace_ = nullptr;  // shared by cuBLASLt and cuBLAS (one stream)
   // Profile names of the GEMM shapes (stable addresses for EventProfile) and their counts.
