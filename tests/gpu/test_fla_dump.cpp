@@ -74,11 +74,7 @@ TEST(FlaDump, ChannelMixersForExternalCheck) {
 
     const std::string pre = std::string(dir) + "/" + gl::channel_mixer_name(m) + "_";
     auto write = [&](const std::string& name, const std::vector<double>& x) {
-      std::vector<float> f(x.begin(), x.end());
-      FILE* fp = std::fopen((pre + name).c_str(), "wb");
-      ASSERT_NE(fp, nullptr) << pre + name;
-      ASSERT_EQ(std::fwrite(f.data(), sizeof(float), f.size(), fp), f.size());
-      std::fclose(fp);
+      ASSERT_TRUE(lar::gpu_test::write_f32(pre + name, x)) << pre + name;
     };
     write("q", q), write("k", k), write("v", v), write("g", g), write("S0", S0), write("dO", dO), write("dST", dST);
     write("o", od.get()), write("S", Sd.get()), write("dq", dq_.get()), write("dk", dk_.get()), write("dv", dv_.get());

@@ -370,11 +370,7 @@ TEST(LinearDeltaCuda, DumpForExternalCheck) {
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     const std::string pre = std::string(dir) + "/" + (gated ? "gdn_" : "deltanet_");
     auto write = [&](const std::string& name, const std::vector<double>& x) {
-      std::vector<float> f(x.begin(), x.end());
-      FILE* fp = std::fopen((pre + name).c_str(), "wb");
-      ASSERT_NE(fp, nullptr) << pre + name;
-      ASSERT_EQ(std::fwrite(f.data(), sizeof(float), f.size(), fp), f.size());
-      std::fclose(fp);
+      ASSERT_TRUE(lar::gpu_test::write_f32(pre + name, x)) << pre + name;
     };
     write("q", in.q), write("k", in.k), write("v", in.v), write("g", in.g), write("beta", in.beta);
     write("S0", in.S0), write("dO", in.dO), write("dST", in.dST);
