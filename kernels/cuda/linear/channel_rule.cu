@@ -1246,18 +1246,9 @@ void launch(K kernel, size_t smem, const CParams& p, cudaStream_t stream, dim3 g
 // LAR_CHANNEL_PATH=fused|chunked|auto overrides (A/B timing, tests of both paths).
 constexpr double kChunkedCost = 1.35, kStateUs = 0.3, kFusedChunkUs = 12.0;
 bool use_two_phase(const CParams& p) {
-  const char* env = std::getenv("LAR_CHANNEL_PATH");
-  const std::string want = env ? env : "";
-  if (want == "fused") return false;
-  if (want == "chunked") return true;
-  if (!want.empty() && want != "auto")
-    throw RuntimeError("LAR_CHANNEL_PATH=" + want + ": expected fused, chunked or auto");
-  static const int sms = [] {
-    int dev = 0, n = 132;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-      n = 132;
-    return n;
-  }();
+  const PathChoice want = path_override("LAR_CHANNEL_PATH");
+  if (want != PathChoice::automatic) return want == PathChoice::chunked;
+  const int sms = sm_count();
   const double bh = static_cast<double>(p.B) * p.H;
   const double fused = std::ceil(bh / sms);  // waves, in units of one chunk's fused time
   const double chunked = kChunkedCost * bh / sms + kStateUs / kFusedChunkUs;

@@ -4,12 +4,41 @@
 // cp.async tile loads and the register-resident UT/WY substitutions. Internal: included
 // only by the .cu files of this folder (everything has internal linkage).
 #include <cuda_bf16.h>
+#include <cuda_runtime.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
+
+#include "core/error.hpp"
 
 namespace lar::kernels::cuda::linear {
 namespace {
+
+// The path a LAR_DELTA_PATH / LAR_CHANNEL_PATH variable asks for (A/B timing, tests of both
+// paths): unset or "auto" leaves the choice to the cost model; anything else is an error.
+enum class PathChoice { automatic, fused, chunked };
+inline PathChoice path_override(const char* var) {
+  const char* env = std::getenv(var);
+  const std::string want = env ? env : "";
+  if (want == "fused") return PathChoice::fused;
+  if (want == "chunked") return PathChoice::chunked;
+  if (!want.empty() && want != "auto")
+    throw RuntimeError(std::string(var) + "=" + want + ": expected fused, chunked or auto");
+  return PathChoice::automatic;
+}
+
+// SMs of the current device, for the path cost models (132, the H200's, if the query fails).
+inline int sm_count() {
+  static const int sms = [] {
+    int dev = 0, n = 132;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+      n = 132;
+    return n;
+  }();
+  return sms;
+}
 
 using bf16 = __nv_bfloat16;
 constexpr int C = 64, D = 64, NT = 256, LD = 72, LDF = 72;

@@ -1352,18 +1352,9 @@ Params make_params(const DeltaShape& s, const char* what) {
 // So the fused path wins from about B·H ≥ 80 (fwd) / 112 (bwd) on 132 SMs.
 // LAR_DELTA_PATH=fused|chunked|auto overrides (A/B timing, tests of both paths).
 bool use_two_phase(const Params& p, bool bwd) {
-  const char* env = std::getenv("LAR_DELTA_PATH");
-  const std::string want = env ? env : "";
-  if (want == "fused") return false;
-  if (want == "chunked") return true;
-  if (!want.empty() && want != "auto")
-    throw RuntimeError("LAR_DELTA_PATH=" + want + ": expected fused, chunked or auto");
-  static const int sms = [] {
-    int dev = 0, n = 132;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-      n = 132;
-    return n;
-  }();
+  const PathChoice want = path_override("LAR_DELTA_PATH");
+  if (want != PathChoice::automatic) return want == PathChoice::chunked;
+  const int sms = sm_count();
   const double bh = static_cast<double>(p.B) * p.H;
   const double fused = (bwd ? 13.6 : 6.4) * std::ceil(bh / sms);
   const double chunked = (bwd ? 0.121 : 0.0787) * bh * 132.0 / sms + 0.15;
