@@ -1255,11 +1255,10 @@ bool use_two_phase(const CParams& p) {
   return chunked < fused;
 }
 
-// The two-phase passes of gla, kda, gdn2 (scratch from the stream-ordered pool, freed after).
+// The per-chunk terms both two-phase passes hand from the prep kernel on: M, U, W (kda, gdn2), E
+// and the chunk's last decays.
 template <int MODE>
-void fwd_two_phase(CParams p, cudaStream_t stream) {
-  const size_t chunks = static_cast<size_t>(p.B) * p.H * p.nc;
-  Scratch scratch(stream);
+void take_chunk_terms(CParams& p, Scratch& scratch, size_t chunks) {
   if (MODE != kGla) {
     p.Mc = scratch.get<bf16>(chunks * D * D);
     p.Uc = scratch.get<bf16>(chunks * D * D);
@@ -1267,6 +1266,14 @@ void fwd_two_phase(CParams p, cudaStream_t stream) {
   }
   p.Ec = scratch.get<float>(chunks * D * D);
   p.el = scratch.get<float>(chunks * C);
+}
+
+// The two-phase passes of gla, kda, gdn2 (scratch from the stream-ordered pool, freed after).
+template <int MODE>
+void fwd_two_phase(CParams p, cudaStream_t stream) {
+  const size_t chunks = static_cast<size_t>(p.B) * p.H * p.nc;
+  Scratch scratch(stream);
+  take_chunk_terms<MODE>(p, scratch, chunks);
   if (!p.bound) p.bound = scratch.get<bf16>(chunks * D * D);  // the chunk kernel reads the states from here
   const dim3 per_chunk(p.nc, p.H, p.B), per_rows(4, p.H, p.B);
   launch(cprep_kernel<MODE, false>, kCPrepSmem, p, stream, per_chunk);
@@ -1277,13 +1284,7 @@ template <int MODE>
 void bwd_two_phase(CParams p, cudaStream_t stream) {
   const size_t chunks = static_cast<size_t>(p.B) * p.H * p.nc;
   Scratch scratch(stream);
-  if (MODE != kGla) {
-    p.Mc = scratch.get<bf16>(chunks * D * D);
-    p.Uc = scratch.get<bf16>(chunks * D * D);
-    p.Wc = scratch.get<bf16>(chunks * D * D);
-  }
-  p.Ec = scratch.get<float>(chunks * D * D);
-  p.el = scratch.get<float>(chunks * C);
+  take_chunk_terms<MODE>(p, scratch, chunks);
   p.dSend = scratch.get<bf16>(chunks * D * D);
   const dim3 per_chunk(p.nc, p.H, p.B), per_rows(4, p.H, p.B);
   launch(cprep_kernel<MODE, true>, kCPrepSmem, p, stream, per_chunk);
