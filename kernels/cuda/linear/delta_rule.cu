@@ -24,8 +24,10 @@
 // read the same boundary states, so a forward of one kind feeds a backward of the other.
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -50,9 +52,35 @@ struct Params {
   // backward's end-of-chunk state gradients, and T⁻¹ (forward: hi and lo tiles; backward: hi).
   bf16 *Mc, *dSend, *Ti;
   float *Ec, *el;
+  // LAR_DELTA_CLOCKS=1: CTA (0, 0) of a fused kernel writes {start ns, end ns, start cycle, end
+  // cycle} to clk[4 · clk_slot] (the SM clock it ran at; see clock_report below). Else nullptr.
+  unsigned long long *clk, *ph;  // ph: LAR_DELTA_CLOCKS=2's phase log (phase_mark), else nullptr
+  int clk_slot;
   int B, T, H, nc;
   float scale;
 };
+
+// The fused kernels' clock probe (LAR_DELTA_CLOCKS): global time and SM cycles at the start and
+// the end of CTA (0, 0), so that a run inside the training step tells its SM clock.
+// The values go to global memory at once (nothing stays live in registers through the kernel).
+__device__ __forceinline__ void clock_probe(const Params& p, int end) {
+  if (!p.clk || blockIdx.x != 0 || blockIdx.y != 0 || threadIdx.x != 0) return;
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  const unsigned long long c = clock64();
+  unsigned long long* d = p.clk + 4 * p.clk_slot;
+  d[end] = t, d[2 + end] = c;
+}
+// LAR_DELTA_CLOCKS=2: lane 0 of every warp of CTA (0, 0) logs the SM cycle at which it reaches
+// mark k of its s-th chunk (marks sit before the barriers; the last warp to arrive sets a
+// phase's length), for the first kPhSteps chunks; clock_report prints the phase table.
+constexpr int kPhSteps = 64, kPhWarps = 16, kPhMarks = 8;
+// kPh: the kernel's instantiation with the marks (the production one has none).
+template <bool kPh>
+__device__ __forceinline__ void phase_mark(const Params& p, int s, int k) {
+  if (!kPh || !p.ph || blockIdx.x != 0 || blockIdx.y != 0 || (threadIdx.x & 31) != 0 || s < 0 || s >= kPhSteps) return;
+  p.ph[(s * kPhWarps + (threadIdx.x >> 5)) * kPhMarks + k] = clock64();
+}
 
 // Gates of one chunk, fetched into registers one chunk ahead (their global latency is then
 // off the critical path) and published to shared memory when the chunk starts: warp 0 holds
@@ -109,6 +137,24 @@ __device__ __forceinline__ void store_rows(bf16* dst, const Params& p, int b, in
     }
 }
 
+// This thread's values of a per-token [C] vector (gates, β) at its fragment rows L.row(0),
+// L.row(2) and columns L.col(nt, 0..1), loaded once instead of once per element.
+__device__ __forceinline__ void row_vals(const float* s, const Lane& L, float (&r)[2]) {
+  r[0] = s[L.row(0)];
+  r[1] = s[L.row(2)];
+}
+__device__ __forceinline__ void col_vals(const float* s, const Lane& L, float (&c)[4][2]) {
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt) {
+    const float2 x = *reinterpret_cast<const float2*>(s + L.col(nt, 0));
+    c[nt][0] = x.x, c[nt][1] = x.y;
+  }
+}
+// Two adjacent bf16 elements (r, c), (r, c + 1) of a tile (c even) as floats: one 32-bit load.
+__device__ __forceinline__ float2 bf2(const bf16* s, int r, int c) {
+  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(s + r * LD + c));
+}
+
 // ---------------------------------------------------------------- chunk bodies
 // The steps of one chunk that the fused kernels (one CTA walks all chunks of a (b, h)) and
 // the two-phase path's chunk-parallel kernels share. Tiles are bf16 [64][LD], fp32 ones
@@ -122,10 +168,13 @@ __device__ __forceinline__ void bwd_du(const bf16* K, const bf16* sdS, const bf1
   zero(a);
   zero(c2);
   gemm2<false, false, true, true>(a, K, sdS, c2, sP, sdO, L);  // K dSᵀ, Pᵀ dO
+  float gr[2];
+  row_vals(sG, L, gr);
+  const float dl[2] = {__expf(Gl - gr[0]), __expf(Gl - gr[1])};
 #pragma unroll
   for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) a[nt][e] = a[nt][e] * __expf(Gl - sG[L.row(e)]) + scale * c2[nt][e];
+    for (int e = 0; e < 4; ++e) a[nt][e] = a[nt][e] * dl[e >> 1] + scale * c2[nt][e];
   store_bf(sdU, a, L, [](float x, int, int) { return x; });
 }
 
@@ -141,12 +190,16 @@ __device__ __forceinline__ void bwd_dkk_dqk(const bf16* sdR, const bf16* sU, con
   zero(da);
   zero(dp);
   gemm2<false, false, false, false>(da, sdR, sU, dp, sdO, sU, L);  // dR Uᵀ, dO Uᵀ
+  float gr[2], gc[4][2], br[2];
+  row_vals(sG, L, gr);
+  col_vals(sG, L, gc);
+  row_vals(sB, L, br);
 #pragma unroll
   for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int t = L.row(e), j = L.col(nt, e);
-      const float m = t >= j ? __expf(sG[t] - sG[j]) : 0.f, bt = sB[t];
+      const float m = t >= j ? __expf(gr[e >> 1] - gc[nt][e & 1]) : 0.f, bt = br[e >> 1];
       const float dA = t > j ? -da[nt][e] : 0.f;
       const float x = t > j ? dA * aw_at(nt, e) : 0.f;
       const float dP = t >= j ? scale * dp[nt][e] : 0.f;
@@ -169,14 +222,21 @@ __device__ __forceinline__ void bwd_dq(const Params& p, const bf16* sdQK, const 
   zero(a);
   zero(c2);
   gemm2<false, true, false, true>(a, sdQK, sK, c2, sdO, sS0, L);  // dQK K, dO S0
+  float gr[2];
+  row_vals(sG, L, gr);
+  const float eg[2] = {__expf(gr[0]), __expf(gr[1])};
 #pragma unroll
   for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int t = L.row(e), c = L.col(nt, e);
-      const float y = p.scale * __expf(sG[t]) * c2[nt][e];
-      rowG[e >> 1] += y * bf(sQ, t, c);
-      a[nt][e] += y;
+    for (int hh = 0; hh < 2; ++hh) {
+      const float2 q2 = bf2(sQ, L.row(2 * hh), L.col(nt, 0));
+#pragma unroll
+      for (int e1 = 0; e1 < 2; ++e1) {
+        const int e = 2 * hh + e1;
+        const float y = p.scale * eg[hh] * c2[nt][e];
+        rowG[hh] += y * (e1 ? q2.y : q2.x);
+        a[nt][e] += y;
+      }
     }
   store_rows(p.dq, p, b, h, t0, n, a, 1.f, L);
 }
@@ -196,18 +256,30 @@ __device__ __forceinline__ void bwd_dk(const Params& p, const bf16* sdQK, const 
   gemm2<true, true, false, true>(a, sdQK, sQ, c2, sU, sdS, L);   // dQKᵀ Q, U dS (dK̂)
   gemm2<false, true, false, true>(a, sdKK, sK, c3, sdR, sS0, L);  // dKK K, dR S0
   gemm<true, true>(a, sdKK, sK, L);                               // dKKᵀ K
+  float gr[2], br[2];
+  row_vals(sG, L, gr);
+  row_vals(sB, L, br);
+  const float dl[2] = {__expf(Gl - gr[0]), __expf(Gl - gr[1])}, eg[2] = {__expf(gr[0]), __expf(gr[1])};
 #pragma unroll
   for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int t = L.row(e), c = L.col(nt, e);
-      const float dl = __expf(Gl - sG[t]), eg = __expf(sG[t]), kk = bf(sK, t, c), bt = sB[t];
-      const float x = dl * c2[nt][e] * kk;
-      const float y = -eg * c3[nt][e];
-      gl += kStateTerm ? x + el * bf(sdS, t, c) * bf(sS0, t, c) : x;  // (t, c) also runs over the state's (v, c)
-      rowG[e >> 1] += bt * y * kk - x;
-      rowB[e >> 1] += y * kk;
-      a[nt][e] += dl * c2[nt][e] + bt * y;
+    for (int hh = 0; hh < 2; ++hh) {
+      const int t = L.row(2 * hh), c = L.col(nt, 0);
+      const float2 k2 = bf2(sK, t, c);
+      float2 ds2 = make_float2(0.f, 0.f), s02 = ds2;
+      if (kStateTerm) ds2 = bf2(sdS, t, c), s02 = bf2(sS0, t, c);
+#pragma unroll
+      for (int e1 = 0; e1 < 2; ++e1) {
+        const int e = 2 * hh + e1;
+        const float kk = e1 ? k2.y : k2.x, bt = br[hh];
+        const float x = dl[hh] * c2[nt][e] * kk;
+        const float y = -eg[hh] * c3[nt][e];
+        // (t, c) also runs over the state's (v, c)
+        gl += kStateTerm ? x + el * (e1 ? ds2.y : ds2.x) * (e1 ? s02.y : s02.x) : x;
+        rowG[hh] += bt * y * kk - x;
+        rowB[hh] += y * kk;
+        a[nt][e] += dl[hh] * c2[nt][e] + bt * y;
+      }
     }
   store_rows(p.dk, p, b, h, t0, n, a, 1.f, L);
 }
@@ -475,6 +547,7 @@ constexpr size_t kFwdSmem = 20 * TILE * sizeof(bf16) + (TILEF + 4 * C) * sizeof(
 
 __device__ __forceinline__ void group_a_sync() { asm volatile("bar.sync 3, %0;\n" ::"n"(NT) : "memory"); }
 
+template <bool kPh>
 __global__ void __launch_bounds__(NT2, 1) fwd_kernel(const Params p) {
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* sQ = reinterpret_cast<bf16*>(smem);  // [3] each
@@ -496,6 +569,7 @@ __global__ void __launch_bounds__(NT2, 1) fwd_kernel(const Params p) {
   const Lane L(warp & 7);
   const int h = blockIdx.x, b = blockIdx.y;
   const size_t bh = static_cast<size_t>(b) * p.H + h, stride = static_cast<size_t>(p.H) * D;
+  clock_probe(p, 0);
 
   Acc keep;  // group A: the output accumulator; group B: the state
   if (!grpA) {
@@ -530,13 +604,32 @@ __global__ void __launch_bounds__(NT2, 1) fwd_kernel(const Params p) {
     zero(a);
     zero(a2);
     gemm2<false, false, false, false>(a, Q, K, a2, K, K, L);  // Q Kᵀ, K Kᵀ
-    store_bf(sP + (ci & 1) * TILE, a, L,
-             [&](float x, int t, int j) { return t >= j ? x * __expf(G[t] - G[j]) : 0.f; });
-    store_f(sAw, a2, L, [&](float x, int t, int j) { return t > j ? x * __expf(G[t] - G[j]) : 0.f; });
+    float gr[2], gc[4][2];
+    row_vals(G, L, gr);
+    col_vals(G, L, gc);
+    bf16* P = sP + (ci & 1) * TILE;
+    // M = e^{G_t − G_j} once for both: P (lower, bf16) and Aw (strictly lower, fp32)
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int t = L.row(2 * hh), j = L.col(nt, 0);
+        float pv[2], aw[2];
+#pragma unroll
+        for (int e1 = 0; e1 < 2; ++e1) {
+          const int e = 2 * hh + e1;
+          const float m = t >= j + e1 ? __expf(gr[hh] - gc[nt][e1]) : 0.f;
+          pv[e1] = t >= j + e1 ? a[nt][e] * m : 0.f;
+          aw[e1] = t > j + e1 ? a2[nt][e] * m : 0.f;
+        }
+        *reinterpret_cast<uint32_t*>(P + t * LD + j) = pack(pv[0], pv[1]);
+        *reinterpret_cast<float2*>(sAw + t * LDF + j) = make_float2(aw[0], aw[1]);
+      }
     if (L.wn == (L.wm >> 1)) {  // this warp holds the diagonal block wm of Aw
       __syncwarp();
       diag_inverse16(sAw, Bt, TiH, TiL, L.wm, L.lane);
     }
+    phase_mark<kPh>(p, ci - 1, 1);
     group_a_sync();
     if (warp == 1) merge_row<1>(sAw, Bt, TiH, TiL, L.lane, 4);
     if (warp == 2) merge_row<2>(sAw, Bt, TiH, TiL, L.lane, 4);
@@ -557,6 +650,7 @@ __global__ void __launch_bounds__(NT2, 1) fwd_kernel(const Params p) {
     if (ci + 1 < p.nc) publish_gates(gr, sG + (sl ^ 1) * C, sB + (sl ^ 1) * C);
     if (ci + 2 < p.nc) gr = gates(ci + 2);
     cp_async_wait<1>();
+    phase_mark<kPh>(p, ci, 0);
     __syncthreads();  // (A) chunk ci+1's tiles and gates, chunk ci's P and T⁻¹, the bf16 state
     const bf16 *Q = sQ + buf * TILE, *K = sK + buf * TILE, *V = sV + buf * TILE;
     const float *G = sG + sl * C, *Bt = sB + sl * C;
@@ -564,10 +658,13 @@ __global__ void __launch_bounds__(NT2, 1) fwd_kernel(const Params p) {
     if (grpA) {
       zero(keep);
       gemm<false, false>(keep, Q, sS, L);  // Q S0ᵀ
+      float gr[2];
+      row_vals(G, L, gr);
+      const float eg[2] = {__expf(gr[0]), __expf(gr[1])};
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) keep[nt][e] *= __expf(G[L.row(e)]);
+        for (int e = 0; e < 4; ++e) keep[nt][e] *= eg[e >> 1];
       if (p.bound) {  // the chunk's start state for the backward
         bf16* dst = p.bound + (bh * p.nc + ci) * D * D;
         for (int i = tid; i < D * 8; i += NT) {
@@ -579,18 +676,41 @@ __global__ void __launch_bounds__(NT2, 1) fwd_kernel(const Params p) {
     } else {
       Acc x;
       zero(x);
+      float gr[2], br[2];
+      row_vals(G, L, gr);
+      row_vals(Bt, L, br);
+      const float eg[2] = {__expf(gr[0]), __expf(gr[1])}, dl[2] = {__expf(Gl - gr[0]), __expf(Gl - gr[1])};
       gemm<false, false>(x, K, sS, L);  // K S0ᵀ
-      store_split(sXH, sXL, x, L, [&](float v, int t, int c) { return Bt[t] * (bf(V, t, c) - __expf(G[t]) * v); });
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int t = L.row(2 * hh), c = L.col(nt, 0);
+          const float2 v2 = bf2(V, t, c);
+          uint32_t hi, lo;
+          split_bf(br[hh] * (v2.x - eg[hh] * x[nt][2 * hh]), br[hh] * (v2.y - eg[hh] * x[nt][2 * hh + 1]), hi, lo);
+          *reinterpret_cast<uint32_t*>(sXH + t * LD + c) = hi;
+          *reinterpret_cast<uint32_t*>(sXL + t * LD + c) = lo;
+        }
+      phase_mark<kPh>(p, ci, 1);
       group_b_sync();
       zero(x);
       gemm_split<false, true, true>(x, sTiH + sl * TILE, sTiL + sl * TILE, sXH, sXL, L, 0, L.wm);  // U = T⁻¹ β X
       store_bf(sU, x, L, [](float v, int, int) { return v; });
-      store_bf(sUh, x, L, [&](float v, int t, int) { return v * __expf(Gl - G[t]); });
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int t = L.row(2 * hh), c = L.col(nt, 0);
+          *reinterpret_cast<uint32_t*>(sUh + t * LD + c) = pack(x[nt][2 * hh] * dl[hh], x[nt][2 * hh + 1] * dl[hh]);
+        }
     }
+    phase_mark<kPh>(p, ci, 2);
     __syncthreads();  // (C)
     if (grpA) {
       gemm<false, true>(keep, sP + sl * TILE, sU, L);  // + P U
       store_rows(p.o, p, b, h, t0, n, keep, p.scale, L);
+      phase_mark<kPh>(p, ci, 3);
     } else {
       const float el = __expf(Gl);
 #pragma unroll
@@ -598,6 +718,7 @@ __global__ void __launch_bounds__(NT2, 1) fwd_kernel(const Params p) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) keep[nt][e] *= el;
       gemm<true, true>(keep, sUh, K, L);  // + Ûᵀ K
+      phase_mark<kPh>(p, ci, 3);
       group_b_sync();  // every group-B read of K (and of βX) is done before a group-B thread refills it
       // Every read of sS (phase 1) is behind barrier (C); the next chunk's (A) publishes it.
       store_bf(sS, keep, L, [](float x, int, int) { return x; });
@@ -609,6 +730,7 @@ __global__ void __launch_bounds__(NT2, 1) fwd_kernel(const Params p) {
     for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) p.S_out[bh * D * D + L.row(e) * D + L.col(nt, e)] = keep[nt][e];
+  clock_probe(p, 1);
 }
 
 // ---------------------------------------------------------------- backward
@@ -625,6 +747,7 @@ __global__ void __launch_bounds__(NT2, 1) fwd_kernel(const Params p) {
 // Aw (fp32), G, β, partial sums.
 constexpr size_t kBwdSmem = 21 * TILE * sizeof(bf16) + (TILEF + 10 * C + 8) * sizeof(float);
 
+template <bool kPh>
 __global__ void __launch_bounds__(NT, 1) bwd_kernel(const Params p) {
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* sIn = reinterpret_cast<bf16*>(smem);  // [2][5] tiles: Q K V dO S0 of chunks with parity 0, 1
@@ -651,6 +774,7 @@ __global__ void __launch_bounds__(NT, 1) bwd_kernel(const Params p) {
   const int h = blockIdx.x, b = blockIdx.y, tid = threadIdx.x, warp = tid >> 5;
   const size_t bh = static_cast<size_t>(b) * p.H + h, stride = static_cast<size_t>(p.H) * D;
   const float scale = p.scale;
+  clock_probe(p, 0);
 
   Acc dS;  // gradient on the state at the end of the current chunk, rows v, columns c
 #pragma unroll
@@ -685,6 +809,7 @@ __global__ void __launch_bounds__(NT, 1) bwd_kernel(const Params p) {
     publish_gates(gr, sG, sB);
     if (ci > 0) gr = fetch_gates(p, b, h, t0 - C, C);
     cp_async_wait<1>();
+    phase_mark<kPh>(p, p.nc - 1 - ci, 0);
     __syncthreads();  // P0
     const bf16* sQ = sIn + (ci & 1) * 5 * TILE;
     const bf16 *sK = sQ + TILE, *sV = sQ + 2 * TILE, *sdO = sQ + 3 * TILE, *sS0 = sQ + 4 * TILE;
@@ -692,17 +817,30 @@ __global__ void __launch_bounds__(NT, 1) bwd_kernel(const Params p) {
     float rowG[2] = {0.f, 0.f}, rowB[2] = {0.f, 0.f}, colG[4][2] = {}, gl = 0.f;
     Acc pf;  // P in fp32 (for dG)
     {
+      // this thread's gates at its fragment rows and columns
+      float gr[2], gc[4][2], br[2];
+      row_vals(sG, L, gr);
+      col_vals(sG, L, gc);
+      row_vals(sB, L, br);
       Acc a;
       zero(a);
       zero(pf);
       gemm2<false, false, false, false>(a, sK, sK, pf, sQ, sK, L);  // K Kᵀ, Q Kᵀ
-      store_f(sAw, a, L, [&](float x, int t, int j) { return t > j ? x * __expf(sG[t] - sG[j]) : 0.f; });
+      // M = e^{G_t − G_j} once for both: Aw (strictly lower, fp32 tile) and P (lower)
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int t = L.row(e), j = L.col(nt, e);
-          pf[nt][e] = t >= j ? pf[nt][e] * __expf(sG[t] - sG[j]) : 0.f;
+        for (int hh = 0; hh < 2; ++hh) {
+          const int t = L.row(2 * hh), j = L.col(nt, 0);
+          float aw[2];
+#pragma unroll
+          for (int e1 = 0; e1 < 2; ++e1) {
+            const int e = 2 * hh + e1;
+            const float m = t >= j + e1 ? __expf(gr[hh] - gc[nt][e1]) : 0.f;
+            aw[e1] = t > j + e1 ? a[nt][e] * m : 0.f;
+            pf[nt][e] *= m;
+          }
+          *reinterpret_cast<float2*>(sAw + t * LDF + j) = make_float2(aw[0], aw[1]);
         }
       store_bf(sP, pf, L, [](float x, int, int) { return x; });
       if (L.wn == (L.wm >> 1)) {  // this warp holds the diagonal block wm of Aw
@@ -711,20 +849,35 @@ __global__ void __launch_bounds__(NT, 1) bwd_kernel(const Params p) {
       }
       zero(a);
       gemm<false, false>(a, sK, sS0, L);  // K S0ᵀ
-      store_bf(sX, a, L, [&](float x, int t, int c) { return sB[t] * (bf(sV, t, c) - __expf(sG[t]) * x); });
-      // Q̃ = e^G q, K̃ = β e^G k (operands of the dS update)
-      for (int i = tid; i < C * D / 2; i += NT) {
-        const int t = i >> 5, c = (i & 31) * 2;
-        const float eg = __expf(sG[t]), ek = sB[t] * eg;
-        *reinterpret_cast<uint32_t*>(sQt + t * LD + c) = pack(bf(sQ, t, c) * eg, bf(sQ, t, c + 1) * eg);
-        *reinterpret_cast<uint32_t*>(sKt + t * LD + c) = pack(bf(sK, t, c) * ek, bf(sK, t, c + 1) * ek);
-      }
+      const float eg[2] = {__expf(gr[0]), __expf(gr[1])};
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int t = L.row(2 * hh), c = L.col(nt, 0);
+          const float2 v2 = bf2(sV, t, c);
+          *reinterpret_cast<uint32_t*>(sX + t * LD + c) =
+              pack(br[hh] * (v2.x - eg[hh] * a[nt][2 * hh]), br[hh] * (v2.y - eg[hh] * a[nt][2 * hh + 1]));
+        }
     }
+    phase_mark<kPh>(p, p.nc - 1 - ci, 1);
     __syncthreads();  // P1
     if (warp == 1) merge_row<1>(sAw, sB, sTiH, sTiL, L.lane, 1);
     if (warp == 2) merge_row<2>(sAw, sB, sTiH, sTiL, L.lane, 1);
     if (warp == 3) merge_row<3>(sAw, sB, sTiH, sTiL, L.lane, 1);
+    if (warp == 0 || warp >= 4) {
+      // Q̃ = e^G q, K̃ = β e^G k (operands of the dS update, read after P3), by the 5 warps that
+      // do not merge T⁻¹'s blocks meanwhile
+      for (int i = (warp ? warp - 3 : 0) * 32 + L.lane; i < C * D / 2; i += 5 * 32) {
+        const int t = i >> 5, c = (i & 31) * 2;
+        const float eg = __expf(sG[t]), ek = sB[t] * eg;
+        const float2 q2 = bf2(sQ, t, c), k2 = bf2(sK, t, c);
+        *reinterpret_cast<uint32_t*>(sQt + t * LD + c) = pack(q2.x * eg, q2.y * eg);
+        *reinterpret_cast<uint32_t*>(sKt + t * LD + c) = pack(k2.x * ek, k2.y * ek);
+      }
+    }
     bwd_du(sK, sdS, sP, sdO, sG, Gl, scale, sdU, L);
+    phase_mark<kPh>(p, p.nc - 1 - ci, 2);
     __syncthreads();  // P2
     {
       Acc u, r;
@@ -735,20 +888,24 @@ __global__ void __launch_bounds__(NT, 1) bwd_kernel(const Params p) {
       store_bf(sU, u, L, [](float x, int, int) { return x; });
       store_bf(sdR, r, L, [](float x, int, int) { return x; });
       // dv = β dR, dβ += Σ dR·v
+      float br[2];
+      row_vals(sB, L, br);
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
           const int t = L.row(2 * hh), c = L.col(nt, 0);
           const float r0 = r[nt][2 * hh], r1 = r[nt][2 * hh + 1];
-          rowB[hh] += r0 * bf(sV, t, c) + r1 * bf(sV, t, c + 1);
-          if (t < n)
-            *reinterpret_cast<uint32_t*>(p.dv + row_off(p, b, t0 + t, h) + c) = pack(sB[t] * r0, sB[t] * r1);
+          const float2 v2 = bf2(sV, t, c);
+          rowB[hh] += r0 * v2.x + r1 * v2.y;
+          if (t < n) *reinterpret_cast<uint32_t*>(p.dv + row_off(p, b, t0 + t, h) + c) = pack(br[hh] * r0, br[hh] * r1);
         }
     }
+    phase_mark<kPh>(p, p.nc - 1 - ci, 3);
     __syncthreads();  // P3
     bwd_dkk_dqk(sdR, sU, sdO, sG, sB, [&](int nt, int e) { return sAw[L.row(e) * LDF + L.col(nt, e)]; }, pf, scale,
                 rowB, rowG, colG, sdKK, sdQK, L);
+    phase_mark<kPh>(p, p.nc - 1 - ci, 4);
     __syncthreads();  // P4
     bwd_dq(p, sdQK, sK, sdO, sS0, sQ, sG, b, h, t0, n, rowG, L);
     bwd_dk<false>(p, sdQK, sQ, sU, sdS, sdKK, sK, sdR, sS0, sG, sB, Gl, el, b, h, t0, n, gl, rowG, rowB, L);
@@ -760,16 +917,22 @@ __global__ void __launch_bounds__(NT, 1) bwd_kernel(const Params p) {
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int v = L.row(e), c = L.col(nt, e);
-          gl += dS[nt][e] * bf(sS0, v, c) * el;
-          dS[nt][e] = dS[nt][e] * el + scale * a[nt][e] - c2[nt][e];
+        for (int hh = 0; hh < 2; ++hh) {
+          const float2 s2 = bf2(sS0, L.row(2 * hh), L.col(nt, 0));
+#pragma unroll
+          for (int e1 = 0; e1 < 2; ++e1) {
+            const int e = 2 * hh + e1;
+            gl += dS[nt][e] * (e1 ? s2.y : s2.x) * el;
+            dS[nt][e] = dS[nt][e] * el + scale * a[nt][e] - c2[nt][e];
+          }
         }
     }
     bwd_publish_partials(rowG, rowB, colG, gl, sRowG, sRowB, sColG, sGl, L);
+    phase_mark<kPh>(p, p.nc - 1 - ci, 5);
     __syncthreads();  // P5: every read of sdS, sS0 and the tiles is done
     store_bf(sdS, dS, L, [](float x, int, int) { return x; });
     if (warp == 0) bwd_write_dg_dbeta(p, sRowG, sRowB, sColG, sGl, nullptr, b, h, t0, n, L);
+    phase_mark<kPh>(p, p.nc - 1 - ci, 6);
     __syncthreads();  // the next chunk overwrites the tiles, G and β
   }
   if (p.dS0)
@@ -777,6 +940,7 @@ __global__ void __launch_bounds__(NT, 1) bwd_kernel(const Params p) {
     for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) p.dS0[bh * D * D + L.row(e) * D + L.col(nt, e)] = dS[nt][e];
+  clock_probe(p, 1);
 }
 
 // ---------------------------------------------------------------- two-phase (chunk-parallel) path
@@ -1361,6 +1525,102 @@ bool use_two_phase(const Params& p, bool bwd) {
   return chunked < fused;
 }
 
+// LAR_DELTA_CLOCKS=1: the fused kernels' clock probe. Every fused launch gets a slot (a ring of
+// kClockSlots per kind); at exit the process prints, per kind, CTA (0, 0)'s median duration and
+// SM clock (cycles over global time) — e.g. inside `lar bench gpu-train` against the kernel bench.
+constexpr int kClockSlots = 512;
+struct ClockLog {
+  unsigned long long *dev = nullptr, *ph = nullptr;  // ph: LAR_DELTA_CLOCKS=2, the last launch's phase log per kind
+  int calls[2] = {0, 0};                             // forward, backward
+  int nc[2] = {0, 0};
+};
+constexpr size_t kPhLog = size_t{kPhSteps} * kPhWarps * kPhMarks;
+void clock_report();
+ClockLog* clock_log() {
+  static ClockLog* log = []() -> ClockLog* {
+    const char* env = std::getenv("LAR_DELTA_CLOCKS");
+    const std::string mode = env ? env : "";
+    if (mode != "1" && mode != "2") return nullptr;
+    auto* l = new ClockLog;
+    const size_t bytes = 2 * kClockSlots * 4 * sizeof(unsigned long long);
+    LAR_CUDA_CHECK(cudaMalloc(&l->dev, bytes));
+    LAR_CUDA_CHECK(cudaMemset(l->dev, 0, bytes));
+    if (mode == "2") {
+      LAR_CUDA_CHECK(cudaMalloc(&l->ph, 2 * kPhLog * sizeof(unsigned long long)));
+      LAR_CUDA_CHECK(cudaMemset(l->ph, 0, 2 * kPhLog * sizeof(unsigned long long)));
+    }
+    std::atexit(clock_report);
+    return l;
+  }();
+  return log;
+}
+void clock_slot(Params& p, int kind) {
+  if (ClockLog* l = clock_log()) {
+    p.clk = l->dev;
+    p.clk_slot = kind * kClockSlots + l->calls[kind]++ % kClockSlots;
+    if (l->ph) {
+      p.ph = l->ph + kind * kPhLog;
+      l->nc[kind] = p.nc;
+    }
+  }
+}
+// The phase table of the last fused launch of a kind: per mark k, the mean over chunks 2.. of
+// the critical path from the previous mark (the last warp's arrival to the last warp's arrival)
+// and each warp's mean slack (how long before the last warp it arrived), in cycles.
+void phase_report(const ClockLog& l, int kind, const std::vector<unsigned long long>& h) {
+  const int steps = std::min(l.nc[kind], kPhSteps), warps = kind ? 8 : 16;
+  if (steps < 4) return;
+  std::fprintf(stderr, "LAR_DELTA_CLOCKS=2 %s phases (cycles, mean over chunks 2..%d): mark: length | slack per warp\n",
+               kind ? "delta_bwd" : "delta_fwd", steps - 1);
+  auto at = [&](int s, int w, int k) { return h[kind * kPhLog + (size_t(s) * kPhWarps + w) * kPhMarks + k]; };
+  int marks = 0;
+  for (int k = 0; k < kPhMarks; ++k)
+    if (at(2, 0, k) || at(2, warps - 1, k)) marks = k + 1;
+  auto last = [&](int s, int k) {
+    unsigned long long m = 0;
+    for (int w = 0; w < warps; ++w) m = std::max(m, at(s, w, k));
+    return m;
+  };
+  for (int k = 0; k < marks; ++k) {
+    double len = 0, slack[kPhWarps] = {};
+    int cnt[kPhWarps] = {};
+    for (int s = 2; s < steps; ++s) {
+      const unsigned long long end = last(s, k), prev = k ? last(s, k - 1) : last(s - 1, marks - 1);
+      len += double(end) - double(prev);
+      for (int w = 0; w < warps; ++w)
+        if (at(s, w, k)) slack[w] += double(end - at(s, w, k)), ++cnt[w];
+    }
+    std::string line = "  mark " + std::to_string(k) + ": " + std::to_string(int(len / (steps - 2))) + " |";
+    for (int w = 0; w < warps; ++w) line += " " + (cnt[w] ? std::to_string(int(slack[w] / cnt[w])) : std::string("-"));
+    std::fprintf(stderr, "%s\n", line.c_str());
+  }
+}
+void clock_report() {
+  ClockLog* l = clock_log();
+  std::vector<unsigned long long> hst(2 * kClockSlots * 4);
+  if (cudaMemcpy(hst.data(), l->dev, hst.size() * sizeof(unsigned long long), cudaMemcpyDeviceToHost) != cudaSuccess)
+    return;
+  for (int kind = 0; kind < 2; ++kind) {
+    std::vector<double> us, mhz;
+    for (int i = 0; i < std::min(l->calls[kind], kClockSlots); ++i) {
+      const unsigned long long* x = &hst[4 * (kind * kClockSlots + i)];
+      if (x[1] <= x[0]) continue;
+      us.push_back((x[1] - x[0]) * 1e-3);
+      mhz.push_back(double(x[3] - x[2]) / double(x[1] - x[0]) * 1e3);
+    }
+    if (us.empty()) continue;
+    std::sort(us.begin(), us.end());
+    std::sort(mhz.begin(), mhz.end());
+    std::fprintf(stderr, "LAR_DELTA_CLOCKS %s: %d calls, CTA (0,0) median %.1f us, SM clock median %.0f MHz (min %.0f, max %.0f)\n",
+                 kind ? "delta_bwd" : "delta_fwd", l->calls[kind], us[us.size() / 2], mhz[mhz.size() / 2], mhz.front(),
+                 mhz.back());
+  }
+  if (!l->ph) return;
+  std::vector<unsigned long long> ph(2 * kPhLog);
+  if (cudaMemcpy(ph.data(), l->ph, ph.size() * sizeof(unsigned long long), cudaMemcpyDeviceToHost) != cudaSuccess) return;
+  for (int kind = 0; kind < 2; ++kind) phase_report(*l, kind, ph);
+}
+
 // One launch with its dynamic shared memory (the limit must be raised above 48 KB first).
 void launch(void (*kernel)(Params), dim3 grid, size_t smem, const Params& p, cudaStream_t stream, int threads = NT) {
   LAR_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
@@ -1394,7 +1654,8 @@ void delta_fwd(const DeltaShape& s, const bf16* q, const bf16* k, const bf16* v,
   if (!q || !k || !v || !beta || !o) throw RuntimeError("delta_fwd: q, k, v, beta and o are required");
   p.q = q, p.k = k, p.v = v, p.g = g, p.beta = beta, p.S0 = S0, p.o = o, p.S_out = S_out, p.bound = boundary;
   if (!use_two_phase(p, false)) {
-    launch(fwd_kernel, dim3(p.H, p.B), kFwdSmem, p, stream, NT2);
+    clock_slot(p, 0);
+    launch(p.ph ? fwd_kernel<true> : fwd_kernel<false>, dim3(p.H, p.B), kFwdSmem, p, stream, NT2);
     return;
   }
   const size_t chunks = static_cast<size_t>(p.B) * p.H * p.nc;
@@ -1416,7 +1677,8 @@ void delta_bwd(const DeltaShape& s, const bf16* q, const bf16* k, const bf16* v,
   p.q = q, p.k = k, p.v = v, p.g = g, p.beta = beta, p.bound_in = boundary, p.dout = dout, p.dST = dST;
   p.dq = dq, p.dk = dk, p.dv = dv, p.dg = dg, p.dbeta = dbeta, p.dS0 = dS0;
   if (!use_two_phase(p, true)) {
-    launch(bwd_kernel, dim3(p.H, p.B), kBwdSmem, p, stream);
+    clock_slot(p, 1);
+    launch(p.ph ? bwd_kernel<true> : bwd_kernel<false>, dim3(p.H, p.B), kBwdSmem, p, stream);
     return;
   }
   const size_t chunks = static_cast<size_t>(p.B) * p.H * p.nc;
