@@ -6,12 +6,13 @@
 //   chunk forward (o ≤ 5e-3 after bf16 rounding of both, final state ≤ 5e-3);
 //   CCQ forward + backward against kernels/cpu/linear/ccq.hpp (statistics carried in,
 //   uncentered, T = 1 to 4645: several chunk groups; both backward kernels), and a second
-//   call bit-identical.
+//   call bit-identical; the wgmma helper of its products (wgmma.cuh) against a CPU product.
 // Every GPU output is poisoned with NaN before the launches.
 #include <gtest/gtest.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstdio>
@@ -447,6 +448,91 @@ TEST(LinearMethodsCuda, CcqMatchesCpuReference) {
     }
     unsetenv("LAR_CCQ_FWD");
     unsetenv("LAR_CCQ_BWD");
+  }
+}
+
+// The wgmma helper of CCQ's products (kernels/cuda/linear/wgmma.cuh) on its own: C = C0 + A·B for
+// 64×64 bf16 blocks in all four operand orientations against a CPU product in double, fresh
+// random data (C0 too, so that the accumulation is checked); the device must have run wgmma
+// (the sm_90a pass), not the mma.sync fallback.
+TEST(LinearMethodsCuda, WgmmaTileProduct) {
+  std::mt19937_64 rng{std::random_device{}()};
+  std::normal_distribution<double> nd(0.0, 1.0);
+  const size_t n = 64 * 64;
+  for (int orient = 0; orient < 4; ++orient) {
+    const bool a_km = orient & 1, b_kn = orient & 2;
+    std::vector<double> A(n), B(n), C0(n);
+    for (auto& v : A) v = to_bf(nd(rng));
+    for (auto& v : B) v = to_bf(nd(rng));
+    for (auto& v : C0) v = static_cast<float>(nd(rng));
+    // reference: A_math[m][k], B_math[k][n] from the stored blocks
+    std::vector<double> ref(n);
+    for (int m = 0; m < 64; ++m)
+      for (int j = 0; j < 64; ++j) {
+        double acc = C0[m * 64 + j];
+        for (int k = 0; k < 64; ++k)
+          acc += (a_km ? A[k * 64 + m] : A[m * 64 + k]) * (b_kn ? B[k * 64 + j] : B[j * 64 + k]);
+        ref[m * 64 + j] = acc;
+      }
+    Dev<bf16> A_(n), B_(n);
+    Dev<float> C0_(n), C_(n);
+    Dev<int> used_(1);
+    A_.put(A), B_.put(B), C0_.put(C0);
+    C_.poison();
+    gl::wgmma_tile_check(A_.p, B_.p, a_km, b_kn, C0_.p, C_.p, used_.p, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<double> got = C_.get();
+    double worst = 0;
+    for (size_t i = 0; i < n; ++i) worst = std::max(worst, std::fabs(got[i] - ref[i]));
+    const double err = rel_rms(got, ref);
+    std::printf("wgmma a_km=%d b_kn=%d: rel err %.2e, max abs err %.2e, ran %s\n", a_km, b_kn, err, worst,
+                used_.get()[0] > 0.5 ? "wgmma" : "mma.sync");
+    EXPECT_LT(err, 1e-5) << "a_km=" << a_km << " b_kn=" << b_kn;
+    EXPECT_LT(worst, 1e-3) << "a_km=" << a_km << " b_kn=" << b_kn;
+    EXPECT_GT(used_.get()[0], 0.5) << "the device ran the mma.sync fallback, not wgmma";
+  }
+}
+
+// CCQ's kernels timed alone (CUDA events, median of 20) at the paper's layer shape (B=1 T=4096
+// H=32) and the 344M model's (B=8 T=4096 H=16); only with LAR_CCQ_TIME=1 (a measurement, not a check).
+TEST(LinearMethodsCuda, CcqKernelTimes) {
+  if (!std::getenv("LAR_CCQ_TIME")) GTEST_SKIP() << "set LAR_CCQ_TIME=1 to time the CCQ kernels";
+  std::mt19937_64 rng{42};
+  std::normal_distribution<double> nd(0.0, 1.0);
+  for (const auto& [B, H] : {std::pair<int, int>{1, 32}, std::pair<int, int>{8, 16}}) {
+    const int T = 4096;
+    const size_t rows = static_cast<size_t>(B) * T * H, nx = rows * D, ns = static_cast<size_t>(B) * H * D * D;
+    std::vector<double> q(nx), lam(rows, 0.3);
+    for (auto& v : q) v = to_bf(0.125 * nd(rng));
+    Dev<bf16> q_(nx), k_(nx), dqc_(nx), qc_(nx), dq_(nx), dk_(nx);
+    Dev<float> lam_(rows), K_(ns), m_(static_cast<size_t>(B) * H * D), dl_(rows);
+    q_.put(q), k_.put(q), dqc_.put(q), dk_.put(q), lam_.put(lam);
+    gl::DeltaShape s;
+    s.B = B, s.T = T, s.H = H;
+    gl::CcqInputs in;
+    in.q = q_.p, in.k = k_.p, in.lambda = lam_.p;
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0), cudaEventCreate(&e1);
+    auto time = [&](auto&& f) {
+      std::vector<float> ms;
+      for (int r = 0; r < 25; ++r) {
+        cudaEventRecord(e0);
+        f();
+        cudaEventRecord(e1);
+        cudaEventSynchronize(e1);
+        float x = 0;
+        cudaEventElapsedTime(&x, e0, e1);
+        if (r >= 5) ms.push_back(x);
+      }
+      std::sort(ms.begin(), ms.end());
+      return ms[ms.size() / 2];
+    };
+    const float f = time([&] { gl::ccq_fwd(s, in, qc_.p, {K_.p, m_.p}, nullptr); });
+    const float b = time([&] { gl::ccq_bwd(s, in, {K_.p, m_.p}, dqc_.p, dq_.p, dk_.p, dl_.p, nullptr); });
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::printf("ccq time B=%d T=%d H=%d (group %s): fwd %.4f ms, bwd %.4f ms, fwd+bwd %.4f ms\n", B, T, H,
+                std::getenv("LAR_CCQ_GROUP") ? std::getenv("LAR_CCQ_GROUP") : "auto", f, b, f + b);
+    cudaEventDestroy(e0), cudaEventDestroy(e1);
   }
 }
 

@@ -7,7 +7,7 @@
 // Chunk-parallel (docs/perf.md, "CCQ chunk-parallel" and "CCQ, session 6"). The statistics
 // have no decay, so the state before a chunk is a prefix sum of per-chunk terms, and the
 // gradients on it (GK on K_prev, Gm on m_prev) are suffix sums. Chunks (64 tokens) are taken
-// in groups of kGroup; when B·H is too small to fill the GPU (else the warp-specialised
+// in groups of G (group_chunks); when B·H is too small to fill the GPU (else the warp-specialised
 // kernels below: one 16-warp CTA per (b, h), the forward from K0, m0 and the backward from the
 // forward's final statistics) the forward and the backward are three launches each:
 //   stats   one CTA per (group, h, b): the group's own sums (fwd: Σ KᵀK, Σ k; bwd also
@@ -15,10 +15,10 @@
 //   scan    per (b, h), 8 CTAs of 8 rows (a warp per row): inclusive prefix of K, m over the groups (+
 //           K0, m0; the last one is the final statistics), Gm += W m_start, then the
 //           exclusive suffix sums of GK and Gm (all in fp32, fixed order: deterministic)
-//   main    one CTA per (group, h, b) walks its kGroup chunks from its start state (forward:
+//   main    one CTA per (group, h, b) walks its G chunks from its start state (forward:
 //           K_prev, m_prev; backward in reverse: K, m after the group, GK, Gm after it), next
 //           chunk's tiles prefetched with cp.async, two CTAs per SM.
-// Per chunk (rows i, t_i = t_prev + i + 1), as mma.sync 64×64×64 GEMMs on bf16 shared tiles:
+// Per chunk (rows i, t_i = t_prev + i + 1), as wgmma 64×64×64 products on swizzled bf16 tiles (wgmma.cuh):
 //   forward  R = Q K_prev + (Q Kᵀ ⊙ L) K,  M_i = m_prev + Σ_{j≤i} k_j,
 //            r_i = R_i/t_i − M_i (M_iᵀ q_i)/t_i²,  K += KᵀK
 //   backward (g = dqc, dA = −λ g/t, mq = Mᵀq, mg = Mᵀg, a = λ mq/t², b = λ mg/t²)
@@ -36,11 +36,12 @@
 #include "kernels/cuda/linear/chunk_common.cuh"
 #include "kernels/cuda/linear/linear_methods.hpp"
 #include "kernels/cuda/linear/scratch.hpp"
+#include "kernels/cuda/linear/wgmma.cuh"
 
 namespace lar::kernels::cuda::linear {
 namespace {
 
-constexpr int kGroup = 16;  // chunks per group: workspace [B,H,nc/16] records, 4 CTAs per head at T=4096
+constexpr int kMinGroup = 4;  // fewest chunks per group (group_chunks picks the default per shape)
 // Workspace records per (b, h, group), fp32: forward {K, m}; backward {K, m, GK, W, Gm}.
 constexpr int kOffK = 0, kOffM = D * D, kOffGK = D * D + D, kOffW = 2 * D * D + D, kOffGm = 3 * D * D + D;
 constexpr int kRecF = D * D + D, kRecB = 3 * D * D + 2 * D;
@@ -62,6 +63,41 @@ __device__ __forceinline__ size_t qrow(const QParams& p, int b, int t, int h) {
 __device__ __forceinline__ float* rec(const QParams& p, int b, int h, int g) {
   return p.ws + ((static_cast<size_t>(b) * p.H + h) * p.ng + g) * p.rec;
 }
+// Every bf16 tile of these kernels is a swizzled tile (wgmma.cuh: 128-byte rows, 16-byte chunk
+// c of row r at chunk c ^ (r & 7)), the layout the wgmma descriptors read; tile slots stay TILE
+// elements apart (9216 bytes = 9 × 1024, so each slot starts on a 1024-byte boundary of the
+// 1024-aligned dynamic shared memory). Element (r, c) of a tile is at swz(r, c).
+using wg::swz;
+__device__ __forceinline__ float bfs(const bf16* s, int r, int c) { return __bfloat162float(s[swz(r, c)]); }
+__device__ __forceinline__ void put2(bf16* s, int r, int c, float lo, float hi) {
+  *reinterpret_cast<uint32_t*>(s + swz(r, c)) = pack(lo, hi);
+}
+// cp.async of a chunk's [64][64] block (rows ≥ n zero-filled) by threads 0..NT−1.
+__device__ __forceinline__ void ld_tile(bf16* s, const bf16* g, size_t stride, int n) {
+  wg::load_tile_async(s, g, stride, n, static_cast<int>(threadIdx.x), NT);
+}
+// An Acc fragment rounded to bf16 into a tile.
+__device__ __forceinline__ void st_tile(bf16* s, const Acc& c, const Lane& L) {
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) put2(s, L.row(2 * h), L.col(nt, 0), c[nt][2 * h], c[nt][2 * h + 1]);
+}
+// Barriers in front of products: each thread's tile writes (stores, cp.async) are made visible
+// to the tensor cores' async proxy first (HOPPER.md).
+__device__ __forceinline__ void csync() {
+  wg::fence_async_smem();
+  __syncthreads();
+}
+__device__ __forceinline__ void bsync(int id, int n) {
+  wg::fence_async_smem();
+  bar_sync(id, n);
+}
+__device__ __forceinline__ void barrive(int id, int n) {
+  wg::fence_async_smem();
+  bar_arrive(id, n);
+}
+
 // λ of row tid of chunk ci (0 past the sequence or outside 0..nc−1). The main loops load it a
 // chunk ahead into a register (lam_of for ci ∓ 1 while chunk ci runs), so that its global
 // latency overlaps a whole chunk instead of stalling the loop's first barrier.
@@ -83,7 +119,7 @@ __device__ __forceinline__ float col_sum(const bf16* s) {
   const int c = threadIdx.x >> 2, part = threadIdx.x & 3;
   float x = 0.f;
 #pragma unroll
-  for (int r = 0; r < 16; ++r) x += bf(s, 4 * r + part, c);
+  for (int r = 0; r < 16; ++r) x += bfs(s, 4 * r + part, c);
   return quad_sum(x);
 }
 // Dots of the fp32 vector v [64] with row tid/4 of the bf16 tiles A (and B), returned to the
@@ -97,10 +133,10 @@ __device__ __forceinline__ void row_dots(const float* v, const bf16* A, const bf
   for (int j = 0; j < 8; ++j) {
     const int c = 8 * j + 2 * part;
     const float2 m = *reinterpret_cast<const float2*>(v + c);
-    const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(A + r * LD + c));
+    const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(A + swz(r, c)));
     x += m.x * a.x + m.y * a.y;
     if (kTwo) {
-      const float2 bb = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(B + r * LD + c));
+      const float2 bb = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(B + swz(r, c)));
       y += m.x * bb.x + m.y * bb.y;
     }
   }
@@ -109,7 +145,7 @@ __device__ __forceinline__ void row_dots(const float* v, const bf16* A, const bf
 }
 // Two adjacent bf16 of a tile as floats.
 __device__ __forceinline__ float2 bf2(const bf16* s, int r, int c) {
-  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(s + r * LD + c));
+  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(s + swz(r, c)));
 }
 // Partial column sums Σ_i a_i X[i][c] + b_i Y[i][c] (bf16 tiles X, Y; fp32 a, b [64]) of the
 // column pair c = 2·(tid/8), rows 8·r + tid%8 (each load of the warp in its own bank); the
@@ -131,63 +167,21 @@ __device__ __forceinline__ float2 pair_sum(float2 s) {
   for (int o = 1; o < 8; o <<= 1) s.x += __shfl_xor_sync(FULL, s.x, o), s.y += __shfl_xor_sync(FULL, s.y, o);
   return s;
 }
-// Fragment loads of chunk_common.cuh's gemm (warp tile rows 16·wm.., columns 32·wn..), split
-// out so that two products with a common operand load it once per k step.
-template <bool A_KM>
-__device__ __forceinline__ void ld_a(uint32_t (&a)[4], const bf16* A, const Lane& L, int kk) {
-  const int lane = L.lane;
-  if (!A_KM)
-    ldsm_x4(a, A + (16 * L.wm + (lane & 15)) * LD + 16 * kk + (lane >> 4) * 8);
-  else
-    ldsm_x4_t(a, A + (16 * kk + (lane & 7) + ((lane >> 4) << 3)) * LD + 16 * L.wm + ((lane >> 3) & 1) * 8);
+// The 64×64×64 products: wgmma (wgmma.cuh) on swizzled tiles, warpgroup L.wn of the team
+// computing columns 32·L.wn.. into the Acc fragment (the same registers chunk_common.cuh's
+// mma.sync gemm fills), so the epilogues are unchanged. mm: c += A·B; mm2: two products in
+// one commit group (c1 += A1·B1, c2 += A2·B2; c1 and c2 may be the same accumulator).
+template <bool A_KM, bool B_KN>
+__device__ __forceinline__ void mm(Acc& c, const bf16* A, const bf16* B, const Lane& L) {
+  wg::mma_64x64<A_KM, B_KN>(c, A, B, L.wn);
 }
-template <bool B_KN>
-__device__ __forceinline__ void ld_b(uint32_t (&b)[4], const bf16* B, const Lane& L, int kk, int nn) {
-  const int lane = L.lane, n0 = 32 * L.wn + 16 * nn;
-  if (!B_KN)
-    ldsm_x4(b, B + (n0 + (lane & 7) + ((lane >> 4) << 3)) * LD + 16 * kk + ((lane >> 3) & 1) * 8);
-  else
-    ldsm_x4_t(b, B + (16 * kk + (lane & 7) + (((lane >> 3) & 1) << 3)) * LD + n0 + (lane >> 4) * 8);
-}
-// c1 += A·B1, c2 += A·B2 (c1 and c2 may be the same accumulator).
-template <bool A_KM, bool B1_KN, bool B2_KN>
-__device__ __forceinline__ void gemm_same_a(Acc& c1, const bf16* B1, Acc& c2, const bf16* B2, const bf16* A,
-                                            const Lane& L) {
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk) {
-    uint32_t a[4];
-    ld_a<A_KM>(a, A, L, kk);
-#pragma unroll
-    for (int nn = 0; nn < 2; ++nn) {
-      uint32_t b1[4], b2[4];
-      ld_b<B1_KN>(b1, B1, L, kk, nn);
-      ld_b<B2_KN>(b2, B2, L, kk, nn);
-      mma(c1[2 * nn], a, b1[0], b1[1]);
-      mma(c2[2 * nn], a, b2[0], b2[1]);
-      mma(c1[2 * nn + 1], a, b1[2], b1[3]);
-      mma(c2[2 * nn + 1], a, b2[2], b2[3]);
-    }
-  }
-}
-// c1 += A1·B, c2 += A2·B.
-template <bool A1_KM, bool A2_KM, bool B_KN>
-__device__ __forceinline__ void gemm_same_b(Acc& c1, const bf16* A1, Acc& c2, const bf16* A2, const bf16* B,
-                                            const Lane& L) {
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk) {
-    uint32_t a1[4], a2[4];
-    ld_a<A1_KM>(a1, A1, L, kk);
-    ld_a<A2_KM>(a2, A2, L, kk);
-#pragma unroll
-    for (int nn = 0; nn < 2; ++nn) {
-      uint32_t b[4];
-      ld_b<B_KN>(b, B, L, kk, nn);
-      mma(c1[2 * nn], a1, b[0], b[1]);
-      mma(c2[2 * nn], a2, b[0], b[1]);
-      mma(c1[2 * nn + 1], a1, b[2], b[3]);
-      mma(c2[2 * nn + 1], a2, b[2], b[3]);
-    }
-  }
+template <bool A1_KM, bool B1_KN, bool A2_KM, bool B2_KN>
+__device__ __forceinline__ void mm2(Acc& c1, const bf16* A1, const bf16* B1, Acc& c2, const bf16* A2, const bf16* B2,
+                                    const Lane& L) {
+  wg::begin();
+  wg::issue<A1_KM, B1_KN>(c1, A1, B1, L.wn);
+  wg::issue<A2_KM, B2_KN>(c2, A2, B2, L.wn);
+  wg::end();
 }
 
 // ---------------------------------------------------------------- stats (forward)
@@ -195,8 +189,8 @@ __device__ __forceinline__ void gemm_same_b(Acc& c1, const bf16* A1, Acc& c2, co
 constexpr size_t kStatsFwdSmem = 2 * TILE * sizeof(bf16) + 4 * C * sizeof(float);
 
 __global__ void __launch_bounds__(NT, 2) ccq_stats_fwd_kernel(const QParams p) {
-  extern __shared__ __align__(128) unsigned char smem[];
-  bf16* sKb = reinterpret_cast<bf16*>(smem);  // two buffers of TILE
+  extern __shared__ __align__(1024) unsigned char smem[];
+  bf16* sKb = reinterpret_cast<bf16*>(wg::align1k(smem));  // two buffers of TILE
   float* sCol = reinterpret_cast<float*>(sKb + 2 * TILE);  // [4][C]
   const Lane L;
   const int g = blockIdx.x, h = blockIdx.y, b = blockIdx.z, tid = threadIdx.x;
@@ -205,23 +199,23 @@ __global__ void __launch_bounds__(NT, 2) ccq_stats_fwd_kernel(const QParams p) {
   Acc Ks;
   zero(Ks);
   float col = 0.f;  // column tid%64, rows 16·(tid/64)..
-  load_tile(sKb, p.k + qrow(p, b, c0 * C, h), stride, min(C, p.T - c0 * C));
+  ld_tile(sKb, p.k + qrow(p, b, c0 * C, h), stride, min(C, p.T - c0 * C));
   cp_async_commit();
   for (int ci = c0; ci < c1; ++ci) {
     const bf16* sK = sKb + ((ci - c0) & 1) * TILE;
-    if (ci + 1 < c1) load_tile(sKb + ((ci - c0 + 1) & 1) * TILE, p.k + qrow(p, b, (ci + 1) * C, h), stride, min(C, p.T - (ci + 1) * C));
+    if (ci + 1 < c1) ld_tile(sKb + ((ci - c0 + 1) & 1) * TILE, p.k + qrow(p, b, (ci + 1) * C, h), stride, min(C, p.T - (ci + 1) * C));
     cp_async_commit();
     cp_async_wait<1>();
-    __syncthreads();
-    gemm<true, true>(Ks, sK, sK, L);
+    csync();
+    mm<true, true>(Ks, sK, sK, L);
 #pragma unroll
-    for (int r = 0; r < 16; ++r) col += bf(sK, 16 * (tid >> 6) + r, tid & 63);
-    __syncthreads();  // before the next prefetch overwrites this buffer
+    for (int r = 0; r < 16; ++r) col += bfs(sK, 16 * (tid >> 6) + r, tid & 63);
+    csync();  // before the next prefetch overwrites this buffer
   }
   float* R = rec(p, b, h, g);
   frag_store_f(R + kOffK, Ks, L);
   sCol[tid] = col;
-  __syncthreads();
+  csync();
   if (tid < C) R[kOffM + tid] = (sCol[tid] + sCol[C + tid]) + (sCol[2 * C + tid] + sCol[3 * C + tid]);
 }
 
@@ -234,8 +228,8 @@ __global__ void __launch_bounds__(NT, 2) ccq_stats_fwd_kernel(const QParams p) {
 constexpr size_t kStatsBwdSmem = 8 * TILE * sizeof(bf16) + (2 * C + 2 * C + 4 * C + 2 * C) * sizeof(float);
 
 __global__ void __launch_bounds__(NT, 2) ccq_stats_bwd_kernel(const QParams p) {
-  extern __shared__ __align__(128) unsigned char smem[];
-  bf16* base = reinterpret_cast<bf16*>(smem);
+  extern __shared__ __align__(1024) unsigned char smem[];
+  bf16* base = reinterpret_cast<bf16*>(wg::align1k(smem));
   bf16* sQb = base;  // two buffers each (prefetch)
   bf16* sKb = base + 2 * TILE;
   bf16* sGb = base + 4 * TILE;
@@ -260,9 +254,9 @@ __global__ void __launch_bounds__(NT, 2) ccq_stats_bwd_kernel(const QParams p) {
   if (tid < C) sMl[tid] = 0.f;
   auto prefetch = [&](int ci, int buf) {
     const int t0 = ci * C, n = min(C, p.T - t0);
-    load_tile(sQb + buf * TILE, p.q + qrow(p, b, t0, h), stride, n);
-    load_tile(sKb + buf * TILE, p.k + qrow(p, b, t0, h), stride, n);
-    load_tile(sGb + buf * TILE, p.dqc + qrow(p, b, t0, h), stride, n);
+    ld_tile(sQb + buf * TILE, p.q + qrow(p, b, t0, h), stride, n);
+    ld_tile(sKb + buf * TILE, p.k + qrow(p, b, t0, h), stride, n);
+    ld_tile(sGb + buf * TILE, p.dqc + qrow(p, b, t0, h), stride, n);
   };
   prefetch(c0, 0);
   cp_async_commit();
@@ -277,24 +271,34 @@ __global__ void __launch_bounds__(NT, 2) ccq_stats_bwd_kernel(const QParams p) {
     put_rows(p, t0, lam_nx, sLam, sInv);
     lam_nx = ci + 1 < c1 ? lam_of(p, b, h, ci + 1) : 0.f;
     cp_async_wait<1>();
-    __syncthreads();
-    // phase 1: dA, E tiles; K stats; masked row sums of QKᵀ, GKᵀ; m·q, m·g; local m
+    csync();
+    // phase 1: K stats, QKᵀ, GKᵀ on the tensor cores while the dA, E tiles, the local m and
+    // m·q, m·g are made; then the masked row sums of QKᵀ, GKᵀ
+    Acc s1, se;
+    zero(s1), zero(se);
+    wg::begin();
+    wg::issue<true, true>(Ks, sK, sK, L.wn);
+    wg::issue<false, false>(s1, sQ, sK, L.wn);  // (used only when centered; unconditional so
+    wg::issue<false, false>(se, sG, sK, L.wn);  // that the group stays one asynchronous stage)
+    wg::commit();
     for (int i = tid; i < C * 32; i += NT) {
       const int t = i >> 5, c = 2 * (i & 31);
       const float inv = sInv[t], fa = -sLam[t] * inv, fe = sLam[t] * inv * inv;
       const float2 gg = bf2(sG, t, c);
-      *reinterpret_cast<uint32_t*>(sdA + t * LD + c) = pack(fa * gg.x, fa * gg.y);
-      *reinterpret_cast<uint32_t*>(sE + t * LD + c) = pack(fe * gg.x, fe * gg.y);
+      put2(sdA, t, c, fa * gg.x, fa * gg.y);
+      put2(sE, t, c, fe * gg.x, fe * gg.y);
     }
-    gemm<true, true>(Ks, sK, sK, L);
     {
       const float tot = col_sum(sK);
       if ((tid & 3) == 0) mnext[tid >> 2] = mcur[tid >> 2] + tot;
     }
     if (cen) {
-      Acc s1, se;
-      zero(s1), zero(se);
-      gemm_same_b<false, false, false>(s1, sQ, se, sG, sK, L);
+      float x, y;
+      row_dots<true>(mcur, sQ, sG, x, y);
+      if ((tid & 3) == 0) sMq0[tid >> 2] = x, sMg0[tid >> 2] = y;
+    }
+    wg::wait();
+    if (cen) {
       float r1[2] = {0.f, 0.f}, re[2] = {0.f, 0.f};
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt)
@@ -306,29 +310,26 @@ __global__ void __launch_bounds__(NT, 2) ccq_stats_bwd_kernel(const QParams p) {
         const float x = quad_sum(r1[hh]), y = quad_sum(re[hh]);
         if (L.tig == 0) sRs1[L.wn * C + L.row(2 * hh)] = x, sRse[L.wn * C + L.row(2 * hh)] = y;
       }
-      float x, y;
-      row_dots<true>(mcur, sQ, sG, x, y);
-      if ((tid & 3) == 0) sMq0[tid >> 2] = x, sMg0[tid >> 2] = y;
     }
-    __syncthreads();
+    csync();
     // phase 2: GK += dAᵀQ, Y += EᵀQ; per row a = λ mq/t², b = λ mg/t² (in place of m·q, m·g)
     if (cen) {
-      gemm_same_b<true, true, true>(GK, sdA, Y, sE, sQ, L);
+      mm2<true, true, true, true>(GK, sdA, sQ, Y, sE, sQ, L);
       if (tid < C) {
         const float f = sLam[tid] * sInv[tid] * sInv[tid];
         sMq0[tid] = f * (sMq0[tid] + (sRs1[tid] + sRs1[C + tid]));
         sMg0[tid] = f * (sMg0[tid] + (sRse[tid] + sRse[C + tid]));
       }
     } else {
-      gemm<true, true>(GK, sdA, sQ, L);
+      mm<true, true>(GK, sdA, sQ, L);
     }
-    __syncthreads();
+    csync();
     // phase 3: Gm0 column partials Σ_i a_i g_i + b_i q_i
     if (cen) {
       const float2 x = col_pair_part(sMq0, sG, sMg0, sQ);
       gmp.x += x.x, gmp.y += x.y;
     }
-    __syncthreads();
+    csync();
   }
   float* R = rec(p, b, h, g);
   frag_store_f(R + kOffK, Ks, L);
@@ -337,7 +338,7 @@ __global__ void __launch_bounds__(NT, 2) ccq_stats_bwd_kernel(const QParams p) {
   gmp = pair_sum(gmp);
   if ((tid & 7) == 0) R[kOffGm + 2 * (tid >> 3)] = cen ? gmp.x : 0.f, R[kOffGm + 2 * (tid >> 3) + 1] = cen ? gmp.y : 0.f;
   store_f(sY, Y, L, [](float x, int, int) { return x; });
-  __syncthreads();
+  csync();
   for (int i = tid; i < D * D; i += NT) {
     const int a = i >> 6, c = i & 63;
     R[kOffW + i] = cen ? sY[a * LDF + c] + sY[c * LDF + a] : 0.f;
@@ -427,12 +428,21 @@ __global__ void __launch_bounds__(NT) ccq_scan_kernel(const QParams p) {
 // Q K ×2 (prefetch), Ks P (bf16), m ping-pong, row sums of (QKᵀ⊙L) [2][C], m_prevᵀq, λ, 1/t.
 constexpr size_t kQFwdSmem = 6 * TILE * sizeof(bf16) + (2 * C + 2 * C + C + C + C) * sizeof(float);
 
-// Phase 1's per-row work of a forward chunk, shared by both forward kernels (threads 0..NT−1): P
-// masked to j ≤ i and its row sums (sRow, [2][C]); the m after the chunk (mnext = mcur + Σ k);
-// m_prevᵀq (sMq).
+// Phase 1's per-row work of a forward chunk, shared by both forward kernels (threads 0..NT−1),
+// called with the chunk's products (P = Q Kᵀ, ...) committed but not waited for: first what
+// needs only the tiles — the m after the chunk (mnext = mcur + Σ k), m_prevᵀq (sMq) — while the
+// tensor cores run, then (after the wait) P masked to j ≤ i and its row sums (sRow, [2][C]).
 __device__ __forceinline__ void fwd_phase1_rows(Acc& P, float* sRow, const bf16* sK, const bf16* sQ,
                                                 const float* mcur, float* mnext, float* sMq, const Lane& L,
                                                 int tid) {
+  {
+    const float tot = col_sum(sK);
+    if ((tid & 3) == 0) mnext[tid >> 2] = mcur[tid >> 2] + tot;
+    float x, y;
+    row_dots<false>(mcur, sQ, nullptr, x, y);
+    if ((tid & 3) == 0) sMq[tid >> 2] = x;
+  }
+  wg::wait();
   {
     float rs[2] = {0.f, 0.f};
 #pragma unroll
@@ -448,18 +458,11 @@ __device__ __forceinline__ void fwd_phase1_rows(Acc& P, float* sRow, const bf16*
       if (L.tig == 0) sRow[L.wn * C + L.row(2 * hh)] = x;
     }
   }
-  {
-    const float tot = col_sum(sK);
-    if ((tid & 3) == 0) mnext[tid >> 2] = mcur[tid >> 2] + tot;
-    float x, y;
-    row_dots<false>(mcur, sQ, nullptr, x, y);
-    if ((tid & 3) == 0) sMq[tid >> 2] = x;
-  }
 }
 
 __global__ void __launch_bounds__(NT, 2) ccq_fwd_kernel(const QParams p) {
-  extern __shared__ __align__(128) unsigned char smem[];
-  bf16* base = reinterpret_cast<bf16*>(smem);
+  extern __shared__ __align__(1024) unsigned char smem[];
+  bf16* base = reinterpret_cast<bf16*>(wg::align1k(smem));
   bf16* sQb = base;  // two buffers each (prefetch)
   bf16* sKb = base + 2 * TILE;
   bf16* sKs = base + 4 * TILE;
@@ -486,8 +489,8 @@ __global__ void __launch_bounds__(NT, 2) ccq_fwd_kernel(const QParams p) {
   if (tid < C) sMv[tid] = mst ? mst[tid] : 0.f;
   auto prefetch = [&](int ci, int buf) {
     const int t0 = ci * C, n = min(C, p.T - t0);
-    load_tile(sQb + buf * TILE, p.q + qrow(p, b, t0, h), stride, n);
-    load_tile(sKb + buf * TILE, p.k + qrow(p, b, t0, h), stride, n);
+    ld_tile(sQb + buf * TILE, p.q + qrow(p, b, t0, h), stride, n);
+    ld_tile(sKb + buf * TILE, p.k + qrow(p, b, t0, h), stride, n);
   };
   prefetch(c0, 0);
   cp_async_commit();
@@ -502,17 +505,21 @@ __global__ void __launch_bounds__(NT, 2) ccq_fwd_kernel(const QParams p) {
     cp_async_commit();
     put_rows(p, t0, lam_nx, sLam, sInv);
     lam_nx = ci + 1 < c1 ? lam_of(p, b, h, ci + 1) : 0.f;
-    store_bf(sKs, Ks, L, [](float x, int, int) { return x; });
+    st_tile(sKs, Ks, L);
     cp_async_wait<1>();
-    __syncthreads();
+    csync();
     // phase 1: P = Q Kᵀ (masked, row sums), R = Q K_prev, K += KᵀK, m_prevᵀq, m after the chunk
     Acc R, P;
     zero(R);
     zero(P);
-    gemm_same_a<false, false, false>(P, sK, R, sKs, sQ, L);
-    if (ci + 1 < c1) gemm<true, true>(Ks, sK, sK, L);
+    wg::begin();
+    wg::issue<false, false>(P, sQ, sK, L.wn);
+    wg::issue<false, false>(R, sQ, sKs, L.wn);
+    wg::issue<true, true>(Ks, sK, sK, L.wn);  // (unused after the group's last chunk; unconditional
+                                              // so that the group stays one asynchronous stage)
+    wg::commit();
     fwd_phase1_rows(P, sRow, sK, sQ, mcur, mnext, sMq, L, tid);
-    __syncthreads();
+    csync();
     // phase 1b: mq per row, P' = P − mq/t on j ≤ i
     float rmq[2], rinv[2];
 #pragma unroll
@@ -528,11 +535,11 @@ __global__ void __launch_bounds__(NT, 2) ccq_fwd_kernel(const QParams p) {
         const int i = L.row(2 * hh), j = L.col(nt, 0);
         const float o = cen ? rmq[hh] * rinv[hh] : 0.f;
         const float v0 = j <= i ? P[nt][2 * hh] - o : 0.f, v1 = j + 1 <= i ? P[nt][2 * hh + 1] - o : 0.f;
-        *reinterpret_cast<uint32_t*>(sP + i * LD + j) = pack(v0, v1);
+        put2(sP, i, j, v0, v1);
       }
-    __syncthreads();
+    csync();
     // phase 2: R += P' K; q_c = q − λ r
-    gemm<false, true>(R, sP, sK, L);
+    mm<false, true>(R, sP, sK, L);
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       const int i = L.row(2 * hh);
@@ -548,7 +555,7 @@ __global__ void __launch_bounds__(NT, 2) ccq_fwd_kernel(const QParams p) {
         *reinterpret_cast<uint32_t*>(dst + a) = pack(q.x - lam * r0, q.y - lam * r1);
       }
     }
-    __syncthreads();
+    csync();
   }
 }
 
@@ -565,18 +572,37 @@ __device__ __forceinline__ void bwd_phase_a(Acc& Kc, Acc& s1, Acc& pk, const bf1
                                             const bf16* sG, bf16* sKs, bf16* sdA, const float* mcur, float* mprev,
                                             const float* lamv, const float* invv, float* sSu1, float* sSu2,
                                             float* rsp, float* sMcq, float* sMcg, const Lane& L, int tid) {
+  // the three products in one group; the per-row passes that need only the tiles run meanwhile
   {
     Acc a;
     zero(a);
-    gemm<true, true>(a, sK, sK, L);
+    mm<true, true>(a, sK, sK, L);
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) Kc[nt][e] -= a[nt][e];
-    store_bf(sKs, Kc, L, [](float x, int, int) { return x; });
   }
   zero(s1), zero(pk);
-  gemm_same_b<false, false, false>(s1, sQ, pk, sG, sK, L);
+  wg::begin();
+  wg::issue<false, false>(s1, sQ, sK, L.wn);
+  wg::issue<false, false>(pk, sG, sK, L.wn);
+  wg::commit();
+  {
+    const int r = tid >> 2, part = tid & 3;
+    float x, y;
+    row_dots<true>(mcur, sQ, sG, x, y);
+    if (part == 0) sMcq[r] = x, sMcg[r] = y;
+    const float tot = col_sum(sK);
+    if (part == 0) mprev[r] = mcur[r] - tot;  // (column r: col_sum's column is tid/4 too)
+  }
+  for (int i = tid; i < C * 32; i += NT) {
+    const int t = i >> 5, c = 2 * (i & 31);
+    const float f = -lamv[t] * invv[t];
+    const float2 gg = bf2(sG, t, c);
+    put2(sdA, t, c, f * gg.x, f * gg.y);
+  }
+  st_tile(sKs, Kc, L);
+  wg::wait();
   {
     float u1[2] = {0.f, 0.f}, u2[2] = {0.f, 0.f}, sp[2] = {0.f, 0.f};
 #pragma unroll
@@ -595,20 +621,6 @@ __device__ __forceinline__ void bwd_phase_a(Acc& Kc, Acc& s1, Acc& pk, const bf1
       const int i = L.wn * C + L.row(2 * hh);
       if (L.tig == 0) sSu1[i] = x, sSu2[i] = y, rsp[i] = z;
     }
-  }
-  {
-    const int r = tid >> 2, part = tid & 3;
-    float x, y;
-    row_dots<true>(mcur, sQ, sG, x, y);
-    if (part == 0) sMcq[r] = x, sMcg[r] = y;
-    const float tot = col_sum(sK);
-    if (part == 0) mprev[r] = mcur[r] - tot;  // (column r: col_sum's column is tid/4 too)
-  }
-  for (int i = tid; i < C * 32; i += NT) {
-    const int t = i >> 5, c = 2 * (i & 31);
-    const float f = -lamv[t] * invv[t];
-    const float2 gg = bf2(sG, t, c);
-    *reinterpret_cast<uint32_t*>(sdA + t * LD + c) = pack(f * gg.x, f * gg.y);
   }
 }
 
@@ -632,8 +644,8 @@ __device__ __forceinline__ float bwd_dq_row(const Acc& X, const Acc& dq, int hh,
 }
 
 __global__ void __launch_bounds__(NT, 2) ccq_bwd_kernel(const QParams p) {
-  extern __shared__ __align__(128) unsigned char smem[];
-  bf16* base = reinterpret_cast<bf16*>(smem);
+  extern __shared__ __align__(1024) unsigned char smem[];
+  bf16* base = reinterpret_cast<bf16*>(wg::align1k(smem));
   bf16* sQb = base;  // two buffers each (prefetch)
   bf16* sKb = base + 2 * TILE;
   bf16* sGb = base + 4 * TILE;
@@ -671,9 +683,9 @@ __global__ void __launch_bounds__(NT, 2) ccq_bwd_kernel(const QParams p) {
   if (tid < C) sMv[tid] = R0[kOffM + tid], sGm[tid] = R0[kOffGm + tid];
   auto prefetch = [&](int ci, int buf) {
     const int t0 = ci * C, n = min(C, p.T - t0);
-    load_tile(sQb + buf * TILE, p.q + qrow(p, b, t0, h), stride, n);
-    load_tile(sKb + buf * TILE, p.k + qrow(p, b, t0, h), stride, n);
-    load_tile(sGb + buf * TILE, p.dqc + qrow(p, b, t0, h), stride, n);
+    ld_tile(sQb + buf * TILE, p.q + qrow(p, b, t0, h), stride, n);
+    ld_tile(sKb + buf * TILE, p.k + qrow(p, b, t0, h), stride, n);
+    ld_tile(sGb + buf * TILE, p.dqc + qrow(p, b, t0, h), stride, n);
   };
   prefetch(c1 - 1, 0);
   cp_async_commit();
@@ -690,14 +702,14 @@ __global__ void __launch_bounds__(NT, 2) ccq_bwd_kernel(const QParams p) {
     cp_async_commit();
     put_rows(p, t0, lam_nx, sLam, sInv);
     lam_nx = ci > c0 ? lam_of(p, b, h, ci - 1) : 0.f;
-    store_bf(sGK, GK, L, [](float x, int, int) { return x; });
+    st_tile(sGK, GK, L);
     cp_async_wait<1>();
-    __syncthreads();
+    csync();
     // phase A: K_prev = K − KᵀK; s1 = QKᵀ, pk = GKᵀ (kept in registers) and their row
     // partials; m·q, m·g with the m after the chunk; m_prev; dA = −λ g/t
     Acc s1, pk;
     bwd_phase_a(Kc, s1, pk, sQ, sK, sG, sKs, sdA, mcur, mprev, sLam, sInv, sSu1, sSu2, sRsp, sMcq, sMcg, L, tid);
-    __syncthreads();
+    csync();
     // phase A2: mq_i = M_iᵀq_i = (m after the chunk)ᵀq_i − Σ_{j>i} k_jᵀq_i (mg alike); S1', S2'
     float rmq[2], rmg[2], rinv[2], rlam[2];
 #pragma unroll
@@ -716,21 +728,21 @@ __global__ void __launch_bounds__(NT, 2) ccq_bwd_kernel(const QParams p) {
         const float o1 = cen ? rmq[hh] * inv : 0.f, o2 = cen ? lam * rmg[hh] * inv * inv : 0.f;
         const float a0 = j <= i ? s1[nt][2 * hh] - o1 : 0.f, a1 = j + 1 <= i ? s1[nt][2 * hh + 1] - o1 : 0.f;
         const float b0 = j <= i ? fa * pk[nt][2 * hh] + o2 : 0.f, b1 = j + 1 <= i ? fa * pk[nt][2 * hh + 1] + o2 : 0.f;
-        *reinterpret_cast<uint32_t*>(sS1 + i * LD + j) = pack(a0, a1);
-        *reinterpret_cast<uint32_t*>(sS2 + i * LD + j) = pack(b0, b1);
+        put2(sS1, i, j, a0, a1);
+        put2(sS2, i, j, b0, b1);
       }
     if (tid < C) {
       const float mq = sMcq[tid] - (sSu1[tid] + sSu1[C + tid]), mg = sMcg[tid] - (sSu2[tid] + sSu2[C + tid]);
       const float f = sLam[tid] * sInv[tid] * sInv[tid];
       sMq[tid] = mq, sMg[tid] = mg, sA[tid] = f * mq, sB[tid] = f * mg;
     }
-    __syncthreads();
+    csync();
     // phase B: X = G K_prev, dq = g − (λ/t) X + S2' K + b m_prev; q·X; GK += dAᵀQ;
     // dk += S2'ᵀ Q + S1'ᵀ dA + K GKsym + Gm; Gm += Σ_i (a g + b q)
     {
       Acc X, dq;
       zero(X), zero(dq);
-      gemm2<false, true, false, true>(X, sG, sKs, dq, sS2, sK, L);
+      mm2<false, true, false, true>(X, sG, sKs, dq, sS2, sK, L);
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const int i = L.row(2 * hh);
@@ -752,12 +764,13 @@ __global__ void __launch_bounds__(NT, 2) ccq_bwd_kernel(const QParams p) {
     {
       Acc dk;
       zero(dk);
-      if (ci > c0)
-        gemm_same_b<true, true, true>(dk, sS2, GK, sdA, sQ, L);  // dk = S2'ᵀ Q; GK += dAᵀ Q
-      else
-        gemm<true, true>(dk, sS2, sQ, L);
-      gemm<true, true>(dk, sS1, sdA, L);
-      gemm_same_a<false, true, false>(dk, sGK, dk, sGK, sK, L);  // K GK + K GKᵀ
+      wg::begin();  // dk = S2'ᵀ Q + S1'ᵀ dA + K GK + K GKᵀ; GK += dAᵀ Q (unused after the last chunk)
+      wg::issue<true, true>(dk, sS2, sQ, L.wn);
+      wg::issue<true, true>(dk, sS1, sdA, L.wn);
+      wg::issue<false, true>(dk, sK, sGK, L.wn);
+      wg::issue<false, false>(dk, sK, sGK, L.wn);
+      wg::issue<true, true>(GK, sdA, sQ, L.wn);
+      wg::end();
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const int j = L.row(2 * hh);
@@ -780,7 +793,7 @@ __global__ void __launch_bounds__(NT, 2) ccq_bwd_kernel(const QParams p) {
     } else if (tid < C) {
       gmnext[tid] = 0.f;
     }
-    __syncthreads();
+    csync();
     if (tid < n) {
       const float inv = sInv[tid];
       const float ga = ((sXq[tid] + sXq[C + tid]) + (sRsp[tid] + sRsp[C + tid])) * inv;
@@ -813,8 +826,8 @@ constexpr int kBarA = 1, kBarB = 2, kBarFull = 3, kBarEmpty = 5;  // FULL_s = 3 
 constexpr size_t kQBwdWsSmem = 19 * TILE * sizeof(bf16) + (2 * 8 * C + 2 * 2 * C + 2 * 2 * C + 2 * C + 2 * C + 3 * C) * sizeof(float);
 
 __global__ void __launch_bounds__(kWsThreads, 1) ccq_bwd_ws_kernel(const QParams p) {
-  extern __shared__ __align__(128) unsigned char smem[];
-  bf16* base = reinterpret_cast<bf16*>(smem);
+  extern __shared__ __align__(1024) unsigned char smem[];
+  bf16* base = reinterpret_cast<bf16*>(wg::align1k(smem));
   bf16* sQb = base;  // three slots each
   bf16* sKb = base + 3 * TILE;
   bf16* sGb = base + 6 * TILE;
@@ -844,7 +857,10 @@ __global__ void __launch_bounds__(kWsThreads, 1) ccq_bwd_ws_kernel(const QParams
   const size_t bh = static_cast<size_t>(b) * p.H + h, stride = static_cast<size_t>(p.H) * D;
   const bool cen = p.centered;
 
-  if (threadIdx.x < NT) {  // ---- team A (threadIdx.x < NT: the helpers' thread mappings hold)
+  // (the team index read through a shuffle: warp-uniform to the compiler, so that it keeps the
+  // wgmma of each team asynchronous instead of serialising them in a "divergent" branch)
+  const int team = __shfl_sync(FULL, static_cast<int>(threadIdx.x) / NT, 0);
+  if (team == 0) {  // ---- team A (threadIdx.x < NT: the helpers' thread mappings hold)
     const Lane L;
     const int tid = threadIdx.x;
     Acc Kc;
@@ -852,9 +868,9 @@ __global__ void __launch_bounds__(kWsThreads, 1) ccq_bwd_ws_kernel(const QParams
     if (tid < C) sMv(0)[tid] = p.mfin[bh * D + tid];
     auto prefetch = [&](int ci, int it) {
       const int t0 = ci * C, n = min(C, p.T - t0);
-      load_tile(sQb + (it % 3) * TILE, p.q + qrow(p, b, t0, h), stride, n);
-      load_tile(sKb + (it % 3) * TILE, p.k + qrow(p, b, t0, h), stride, n);
-      load_tile(sGb + (it % 3) * TILE, p.dqc + qrow(p, b, t0, h), stride, n);
+      ld_tile(sQb + (it % 3) * TILE, p.q + qrow(p, b, t0, h), stride, n);
+      ld_tile(sKb + (it % 3) * TILE, p.k + qrow(p, b, t0, h), stride, n);
+      ld_tile(sGb + (it % 3) * TILE, p.dqc + qrow(p, b, t0, h), stride, n);
     };
     prefetch(nc - 1, 0);
     cp_async_commit();
@@ -867,18 +883,18 @@ __global__ void __launch_bounds__(kWsThreads, 1) ccq_bwd_ws_kernel(const QParams
       float* mprev = sMv(s ^ 1);
       float *lamv = sLam(s), *invv = sInv(s), *rsp = sRspb + s * 2 * C;
       // slot s and the Q/K/G slot (it + 1) % 3 were B's two chunks ago
-      if (it >= 2) bar_sync(kBarEmpty + s, kWsThreads);
+      if (it >= 2) bsync(kBarEmpty + s, kWsThreads);
       if (ci > 0) prefetch(ci - 1, it + 1);
       cp_async_commit();
       put_rows(p, t0, lam_nx, lamv, invv);
       lam_nx = ci > 0 ? lam_of(p, b, h, ci - 1) : 0.f;
       cp_async_wait<1>();
-      bar_sync(kBarA, NT);
+      bsync(kBarA, NT);
       // phase A: K_prev = K − KᵀK; s1 = QKᵀ, pk = GKᵀ (registers) and their row partials;
       // m·q, m·g with the m after the chunk; m_prev; dA = −λ g/t
       Acc s1, pk;
       bwd_phase_a(Kc, s1, pk, sQ, sK, sG, sKs, sdA, mcur, mprev, lamv, invv, sSu1, sSu2, rsp, sMcq, sMcg, L, tid);
-      bar_sync(kBarA, NT);
+      bsync(kBarA, NT);
       // phase A2: mq_i = M_iᵀq_i = (m after the chunk)ᵀq_i − Σ_{j>i} k_jᵀq_i (mg alike); S1', S2'
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
@@ -891,8 +907,8 @@ __global__ void __launch_bounds__(kWsThreads, 1) ccq_bwd_ws_kernel(const QParams
           const int j = L.col(nt, 0);
           const float a0 = j <= i ? s1[nt][2 * hh] - o1 : 0.f, a1 = j + 1 <= i ? s1[nt][2 * hh + 1] - o1 : 0.f;
           const float b0 = j <= i ? fa * pk[nt][2 * hh] + o2 : 0.f, b1 = j + 1 <= i ? fa * pk[nt][2 * hh + 1] + o2 : 0.f;
-          *reinterpret_cast<uint32_t*>(sS1 + i * LD + j) = pack(a0, a1);
-          *reinterpret_cast<uint32_t*>(sS2 + i * LD + j) = pack(b0, b1);
+          put2(sS1, i, j, a0, a1);
+          put2(sS2, i, j, b0, b1);
         }
       }
       if (tid < C) {
@@ -900,7 +916,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) ccq_bwd_ws_kernel(const QParams
         const float f = lamv[tid] * invv[tid] * invv[tid];
         sMq(s)[tid] = mq, sMg(s)[tid] = mg, sA[tid] = f * mq, sB(s)[tid] = f * mg;
       }
-      bar_sync(kBarA, NT);
+      bsync(kBarA, NT);
       // the chunk's Gm increment Σ_i (a g + b q), then the chunk goes to team B
       float* ginc = sGinc(s);
       if (cen) {
@@ -910,7 +926,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) ccq_bwd_ws_kernel(const QParams
       } else if (tid < C) {
         ginc[tid] = 0.f;
       }
-      bar_arrive(kBarFull + s, kWsThreads);
+      barrive(kBarFull + s, kWsThreads);
     }
   } else {  // ---- team B
     const Lane L(static_cast<int>(threadIdx.x >> 5) - 8);
@@ -941,18 +957,18 @@ __global__ void __launch_bounds__(kWsThreads, 1) ccq_bwd_ws_kernel(const QParams
         for (int nt = 0; nt < 4; ++nt)
           dk_old[hh][nt] = j < n ? *reinterpret_cast<const uint32_t*>(p.dk + qrow(p, b, t0 + j, h) + L.col(nt, 0)) : 0u;
       }
-      store_bf(sGK, GK, L, [](float x, int, int) { return x; });  // (slot s: last read two chunks ago)
-      bar_sync(kBarFull + s, kWsThreads);
-      bar_sync(kBarB, NT);
+      st_tile(sGK, GK, L);  // (slot s: last read two chunks ago)
+      bsync(kBarFull + s, kWsThreads);
+      bsync(kBarB, NT);
       if (it >= 1) {  // the previous chunk: dλ, then its slot goes back to A (A waits for it two chunks on)
         finish(it - 1);
-        if (it + 1 < nc) bar_arrive(kBarEmpty + (s ^ 1), kWsThreads);
+        if (it + 1 < nc) barrive(kBarEmpty + (s ^ 1), kWsThreads);
       }
       // X = G K_prev, dq = g − (λ/t) X + S2' K + b m_prev; q·X
       {
         Acc X, dq;
         zero(X), zero(dq);
-        gemm2<false, true, false, true>(X, sG, sKs, dq, sS2, sK, L);
+        mm2<false, true, false, true>(X, sG, sKs, dq, sS2, sK, L);
         const float *lamv = sLam(s), *invv = sInv(s), *bv = sB(s), *mprev = sMv(s ^ 1);
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
@@ -964,12 +980,12 @@ __global__ void __launch_bounds__(kWsThreads, 1) ccq_bwd_ws_kernel(const QParams
       }
       Acc dk;
       zero(dk);
-      if (ci > 0)
-        gemm_same_b<true, true, true>(dk, sS2, GK, sdA, sQ, L);  // dk = S2'ᵀ Q; GK += dAᵀ Q
-      else
-        gemm<true, true>(dk, sS2, sQ, L);
-      gemm<true, true>(dk, sS1, sdA, L);
-      gemm_same_a<false, true, false>(dk, sGK, dk, sGK, sK, L);  // K GK + K GKᵀ
+      wg::begin();  // dk = S2'ᵀ Q + S1'ᵀ dA + K GK + K GKᵀ (GK += dAᵀ Q below)
+      wg::issue<true, true>(dk, sS2, sQ, L.wn);
+      wg::issue<true, true>(dk, sS1, sdA, L.wn);
+      wg::issue<false, true>(dk, sK, sGK, L.wn);
+      wg::issue<false, false>(dk, sK, sGK, L.wn);
+      wg::end();
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const int j = L.row(2 * hh);
@@ -982,10 +998,11 @@ __global__ void __launch_bounds__(kWsThreads, 1) ccq_bwd_ws_kernel(const QParams
               pack(old.x + (dk[nt][2 * hh] + gm[nt][0]), old.y + (dk[nt][2 * hh + 1] + gm[nt][1]));
         }
       }
+      mm<true, true>(GK, sdA, sQ, L);  // (after the dk stores: GK and dk in flight together spill at 128 registers)
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt) gm[nt][0] += sGinc(s)[L.col(nt, 0)], gm[nt][1] += sGinc(s)[L.col(nt, 1)];
     }
-    bar_sync(kBarB, NT);
+    bsync(kBarB, NT);
     finish(nc - 1);
   }
 }
@@ -1003,8 +1020,8 @@ __global__ void __launch_bounds__(kWsThreads, 1) ccq_bwd_ws_kernel(const QParams
 constexpr size_t kQFwdWsSmem = 10 * TILE * sizeof(bf16) + (3 * C + 2 * 3 * C + 2 * C + C) * sizeof(float);
 
 __global__ void __launch_bounds__(kWsThreads, 1) ccq_fwd_ws_kernel(const QParams p) {
-  extern __shared__ __align__(128) unsigned char smem[];
-  bf16* base = reinterpret_cast<bf16*>(smem);
+  extern __shared__ __align__(1024) unsigned char smem[];
+  bf16* base = reinterpret_cast<bf16*>(wg::align1k(smem));
   bf16* sQb = base;  // three slots each
   bf16* sKb = base + 3 * TILE;
   bf16* sKsb = base + 6 * TILE;  // two hand-off slots each
@@ -1020,7 +1037,10 @@ __global__ void __launch_bounds__(kWsThreads, 1) ccq_fwd_ws_kernel(const QParams
   const size_t bh = static_cast<size_t>(b) * p.H + h, stride = static_cast<size_t>(p.H) * D;
   const bool cen = p.centered;
 
-  if (threadIdx.x < NT) {  // ---- team A (threadIdx.x < NT: the helpers' thread mappings hold)
+  // (the team index read through a shuffle: warp-uniform to the compiler, so that it keeps the
+  // wgmma of each team asynchronous instead of serialising them in a "divergent" branch)
+  const int team = __shfl_sync(FULL, static_cast<int>(threadIdx.x) / NT, 0);
+  if (team == 0) {  // ---- team A (threadIdx.x < NT: the helpers' thread mappings hold)
     const Lane L;
     const int tid = threadIdx.x;
     Acc Ks;
@@ -1031,8 +1051,8 @@ __global__ void __launch_bounds__(kWsThreads, 1) ccq_fwd_ws_kernel(const QParams
     if (tid < C) sMb[tid] = p.m0 ? p.m0[bh * D + tid] : 0.f;
     auto prefetch = [&](int ci, int it) {
       const int t0 = ci * C, n = min(C, p.T - t0);
-      load_tile(sQb + (it % 3) * TILE, p.q + qrow(p, b, t0, h), stride, n);
-      load_tile(sKb + (it % 3) * TILE, p.k + qrow(p, b, t0, h), stride, n);
+      ld_tile(sQb + (it % 3) * TILE, p.q + qrow(p, b, t0, h), stride, n);
+      ld_tile(sKb + (it % 3) * TILE, p.k + qrow(p, b, t0, h), stride, n);
     };
     prefetch(0, 0);
     cp_async_commit();
@@ -1045,21 +1065,23 @@ __global__ void __launch_bounds__(kWsThreads, 1) ccq_fwd_ws_kernel(const QParams
       float* mnext = sMb + ((it + 1) % 3) * C;
       float *lamv = sLam(s), *invv = sInv(s);
       // slot s and the Q/K/m slot (it + 1) % 3 were B's two chunks ago
-      if (it >= 2) bar_sync(kBarEmpty + s, kWsThreads);
+      if (it >= 2) bsync(kBarEmpty + s, kWsThreads);
       if (ci + 1 < nc) prefetch(ci + 1, it + 1);
       cp_async_commit();
       put_rows(p, t0, lam_nx, lamv, invv);
       lam_nx = ci + 1 < nc ? lam_of(p, b, h, ci + 1) : 0.f;
-      store_bf(sKs, Ks, L, [](float x, int, int) { return x; });
+      st_tile(sKs, Ks, L);
       cp_async_wait<1>();
-      bar_sync(kBarA, NT);
+      bsync(kBarA, NT);
       // phase 1: P = Q Kᵀ (masked, row sums), K += KᵀK, m_prevᵀq, m after the chunk
       Acc P;
       zero(P);
-      gemm<false, false>(P, sQ, sK, L);
-      if (ci + 1 < nc || p.Kout) gemm<true, true>(Ks, sK, sK, L);
+      wg::begin();
+      wg::issue<false, false>(P, sQ, sK, L.wn);
+      wg::issue<true, true>(Ks, sK, sK, L.wn);  // (unconditional: one asynchronous stage)
+      wg::commit();
       fwd_phase1_rows(P, sRow, sK, sQ, mcur, mnext, sMq, L, tid);
-      bar_sync(kBarA, NT);
+      bsync(kBarA, NT);
       // phase 1b: mq per row, P' = P − mq/t on j ≤ i, mq/t² for B; then the chunk goes to B
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
@@ -1070,13 +1092,13 @@ __global__ void __launch_bounds__(kWsThreads, 1) ccq_fwd_ws_kernel(const QParams
         for (int nt = 0; nt < 4; ++nt) {
           const int j = L.col(nt, 0);
           const float v0 = j <= i ? P[nt][2 * hh] - o : 0.f, v1 = j + 1 <= i ? P[nt][2 * hh + 1] - o : 0.f;
-          *reinterpret_cast<uint32_t*>(sP + i * LD + j) = pack(v0, v1);
+          put2(sP, i, j, v0, v1);
         }
         if (L.wn == 0 && L.tig == 0) sMt(s)[i] = o * inv;
       }
-      bar_arrive(kBarFull + s, kWsThreads);
+      barrive(kBarFull + s, kWsThreads);
     }
-    bar_sync(kBarA, NT);  // (m after the last chunk: written by other threads)
+    bsync(kBarA, NT);  // (m after the last chunk: written by other threads)
     if (p.Kout) frag_store_f(p.Kout + bh * D * D, Ks, L);
     if (p.mout && tid < C) p.mout[bh * D + tid] = sMb[(nc % 3) * C + tid];
   } else {  // ---- team B
@@ -1086,12 +1108,11 @@ __global__ void __launch_bounds__(kWsThreads, 1) ccq_fwd_ws_kernel(const QParams
       const bf16 *sQ = sQb + (it % 3) * TILE, *sK = sKb + (it % 3) * TILE;
       const bf16 *sKs = sKsb + s * TILE, *sP = sPb + s * TILE;
       const float *mcur = sMb + (it % 3) * C, *lamv = sLam(s), *invv = sInv(s), *mtv = sMt(s);
-      bar_sync(kBarFull + s, kWsThreads);
+      bsync(kBarFull + s, kWsThreads);
       // R = Q K_prev + P' K; q_c = q − λ r, r = R/t − m_prev mq/t²
       Acc R;
       zero(R);
-      gemm<false, false>(R, sQ, sKs, L);
-      gemm<false, true>(R, sP, sK, L);
+      mm2<false, false, false, true>(R, sQ, sKs, R, sP, sK, L);
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const int i = L.row(2 * hh);
@@ -1107,18 +1128,27 @@ __global__ void __launch_bounds__(kWsThreads, 1) ccq_fwd_ws_kernel(const QParams
           *reinterpret_cast<uint32_t*>(dst + a) = pack(q.x - lam * r0, q.y - lam * r1);
         }
       }
-      if (it + 2 < nc) bar_arrive(kBarEmpty + s, kWsThreads);  // (A waits for it two chunks on)
+      if (it + 2 < nc) barrive(kBarEmpty + s, kWsThreads);  // (A waits for it two chunks on)
     }
   }
 }
 
 // ---------------------------------------------------------------- host side
-// LAR_CCQ_GROUP=N (chunks per group of the chunk-parallel passes, 1–64; default kGroup),
+// LAR_CCQ_GROUP=N (chunks per group of the chunk-parallel passes, 1–64; default group_chunks' rule),
 // LAR_CCQ_FWD and LAR_CCQ_BWD=auto|par|ws (chunk-parallel or warp-specialised kernels; auto:
 // use_ws) are read at every call, so that a test can run each setting; anything else is an error.
-int group_chunks() {
+// Default: the fewest chunks per group (at least kMinGroup) that still fit the B·H·ng CTAs of
+// the main kernels in one wave at 2 CTAs per SM: a CTA walks its group's chunks one after the
+// other, so at small B·H (the paper's layer, B=1 H=32: 8 chunks, 256 CTAs) shorter groups
+// shorten the chain; at larger B·H the groups get longer instead of adding waves.
+int group_chunks(const QParams& p) {
   const char* e = std::getenv("LAR_CCQ_GROUP");
-  if (!e || !*e) return kGroup;
+  if (!e || !*e) {
+    const long slots = 2L * sm_count(), heads = static_cast<long>(p.B) * p.H;
+    int g = kMinGroup;
+    while (g < 64 && heads * ((p.nc + g - 1) / g) > slots) g *= 2;
+    return g;
+  }
   char* end = nullptr;
   const long v = std::strtol(e, &end, 10);
   if (*end != '\0' || v < 1 || v > 64)
@@ -1156,13 +1186,15 @@ QParams make_qparams(const DeltaShape& s, const char* what) {
   QParams p{};
   p.B = static_cast<int>(s.B), p.T = static_cast<int>(s.T), p.H = static_cast<int>(s.H);
   p.nc = static_cast<int>(delta_num_chunks(s));
-  p.G = group_chunks();
+  p.G = group_chunks(p);
   p.ng = (p.nc + p.G - 1) / p.G;
   return p;
 }
 
+// (kernels with shared memory get 1 KB more: their tiles start at the first 1024-byte boundary)
 template <class K>
 void qlaunch(K kernel, dim3 grid, size_t smem, const QParams& p, cudaStream_t stream, int threads = NT) {
+  if (smem) smem += 1024;
   LAR_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   kernel<<<grid, threads, smem, stream>>>(p);
   LAR_CUDA_LAUNCHED();

@@ -78,6 +78,12 @@ void ccq_fwd(const DeltaShape& s, const CcqInputs& in, __nv_bfloat16* qc, const 
 // deterministic (fixed summation order, no atomics).
 void ccq_bwd(const DeltaShape& s, const CcqInputs& in, const CcqStats& fin, const __nv_bfloat16* dqc,
              __nv_bfloat16* dq, __nv_bfloat16* dk, float* dlambda, cudaStream_t stream);
+// Check of the wgmma helper CCQ's products run on (kernels/cuda/linear/wgmma.cuh; test only):
+// C = C0 + A·B for 64×64 row-major bf16 blocks stored as A [m][k] (a_km: [k][m]) and B [n][k]
+// (b_kn: [k][n]), C0 and C fp32 [64][64]; *used_wgmma = 1 if the device ran wgmma, 0 if the
+// ldmatrix + mma.sync fallback (a plain sm_90 build).
+void wgmma_tile_check(const __nv_bfloat16* A, const __nv_bfloat16* B, bool a_km, bool b_kn, const float* C0, float* C,
+                      int* used_wgmma, cudaStream_t stream);
 
 // ---- Recurrent single-token decode (state in registers, one pass over it).
 // Per-token layouts: q, k, v [B,H,64] bf16, g [B,H,64] fp32; kda: beta [B,H]; gdn2: b, w
