@@ -53,6 +53,8 @@ struct CParams {
   // backward's end-of-chunk state gradients.
   bf16 *Mc, *dSend, *Uc, *Wc;  // (forward: the prep's U₀ and W per chunk, bf16)
   float *Ec, *el;
+  float* dmc;  // CARVE split backward: dm/64 added to each chunk's dO (chain pass → chunk pass)
+  unsigned* flags;  // (one launch: chunk c's chain results are written)
   int B, T, H, nc;
   float scale;
 };
@@ -106,6 +108,10 @@ __device__ __forceinline__ void carve_u(const CParams& p, const CarveU& U, const
   if (part == 0) sUc[c] = s;
 }
 
+// 4-byte cp.async (zero-filled when !pred): CARVE's per-token write gate.
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, bool pred) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(pred ? 4 : 0));
+}
 // fp32 [64 rows][64] gate tile (rows ≥ n → 0).
 __device__ __forceinline__ void load_gate_tile(float* s, const float* gsrc, size_t stride, int n) {
 #pragma unroll
@@ -156,7 +162,7 @@ __device__ __forceinline__ void rcumsum_cols(float* s) {
 template <int MODE>
 __device__ __forceinline__ void build_tiles(const CParams& p, int b, int h, int t0, int n, const bf16* Q, const bf16* K,
                                             const float* sGt, bf16* sQb, bf16* sEb, bf16* sKb, bf16* sQt, bf16* sEt,
-                                            bf16* sKh, const float* sUc) {
+                                            bf16* sKh, const float* sUc, const bf16* sBx = nullptr) {
   for (int i = threadIdx.x; i < C * 32; i += NT) {
     const int t = i >> 5, c = 2 * (i & 31);
     float qb[2], eb[2], qt[2], et[2], kh[2], kb[4][2];
@@ -166,7 +172,10 @@ __device__ __forceinline__ void build_tiles(const CParams& p, int b, int h, int 
       const float qv = bf(Q, t, c + u), kv = bf(K, t, c + u);
       float ev = kv;
       if (MODE == kGdn2) ev = t < n ? kv * __bfloat162float(p.bg[crow(p, b, t0 + t, h) + c + u]) : 0.f;
-      if (MODE == kCarve) ev = t < n ? kv * sigm(__bfloat162float(p.bx[crow(p, b, t0 + t, h) + c + u]) + sUc[c + u]) : 0.f;
+      if (MODE == kCarve) {  // (sBx: the chunk's erase logits already in shared memory, 0 past n)
+        const float bxv = sBx ? bf(sBx, t, c + u) : t < n ? __bfloat162float(p.bx[crow(p, b, t0 + t, h) + c + u]) : 0.f;
+        ev = t < n ? kv * sigm(bxv + sUc[c + u]) : 0.f;
+      }
       const float f = __expf(G - Gs), e0 = __expf(G);
       qb[u] = qv * f, eb[u] = ev * f, qt[u] = qv * e0, et[u] = ev * e0, kh[u] = kv * __expf(Gl - G);
 #pragma unroll
@@ -198,8 +207,25 @@ __device__ __forceinline__ void load_beta(const CParams& p, int b, int h, int t0
 }
 
 // ---------------------------------------------------------------- forward
-// Q K V S P U Qb Eb Kb×4 Qt Et Kh (bf16), G, Aw, X (fp32), β, and CARVE's w, u, column sums, h.
-constexpr size_t kCFwdSmem = 15 * TILE * sizeof(bf16) + (3 * TILEF + C + C + C + 4 * C + 32) * sizeof(float);
+// Q K V S P U Qb Eb Kb×4 Qt Et Kh Bx (bf16), G, Aw, X (fp32), β, and CARVE's w, u, column sums, h.
+constexpr size_t kCFwdSmem = 16 * TILE * sizeof(bf16) + (3 * TILEF + C + C + C + 4 * C + 32) * sizeof(float);
+
+// β (kda) or CARVE's w of a chunk by cp.async (0 past n); the row mask sB = 1 / 0 otherwise.
+template <int MODE>
+__device__ __forceinline__ void load_beta_async(const CParams& p, int b, int h, int t0, int n, float* sB, float* sW) {
+  const int t = threadIdx.x;
+  const size_t r = (static_cast<size_t>(b) * p.T + t0 + t) * p.H + h;
+  if (t < C) {
+    if (MODE == kKda)
+      cp_async4(sB + t, t < n ? p.beta + r : p.beta, t < n);
+    else
+      sB[t] = t < n ? 1.f : 0.f;
+  }
+  if (MODE == kCarve && t >= C && t < 2 * C) {
+    const size_t r2 = (static_cast<size_t>(b) * p.T + t0 + t - C) * p.H + h;
+    cp_async4(sW + t - C, t - C < n ? p.wsc + r2 : p.wsc, t - C < n);
+  }
+}
 
 template <int MODE>
 __global__ void __launch_bounds__(NT, 1) cfwd_kernel(const CParams p) {
@@ -216,7 +242,8 @@ __global__ void __launch_bounds__(NT, 1) cfwd_kernel(const CParams p) {
   bf16* sQt = sKb + 4 * TILE;
   bf16* sEt = sQt + TILE;
   bf16* sKh = sEt + TILE;
-  float* sGt = reinterpret_cast<float*>(sKh + TILE);
+  bf16* sBx = sKh + TILE;  // CARVE: erase logits of the chunk
+  float* sGt = reinterpret_cast<float*>(sBx + TILE);
   float* sAw = sGt + TILEF;
   float* sX = sAw + TILEF;
   float* sB = sX + TILEF;
@@ -241,14 +268,39 @@ __global__ void __launch_bounds__(NT, 1) cfwd_kernel(const CParams p) {
     for (int e = 0; e < 4; ++e) st[nt][e] = p.S0 ? p.S0[bh * D * D + L.row(e) * D + L.col(nt, e)] : 0.f;
   store_bf(sS, st, L, [](float x, int, int) { return x; });
 
+  // kda, gdn2, CARVE: the next chunk's inputs are loaded while this one is computed, each into
+  // its tile as soon as this chunk's last read of it is behind a barrier (Q, K, bx after the
+  // operand tiles are built, V after X, β / w and G after the solve; G alternates between two
+  // fp32 tiles, the other being X), so the chunk loop does not wait on global memory.
+  constexpr bool PF = MODE != kGla;
+  auto load_qk = [&](int c0) {
+    const int t1 = c0 * C, n1 = min(C, p.T - t1);
+    load_tile(sQ, p.q + crow(p, b, t1, h), stride, n1);
+    load_tile(sK, p.k + crow(p, b, t1, h), stride, n1);
+    if (MODE == kCarve) load_tile(sBx, p.bx + crow(p, b, t1, h), stride, n1);
+  };
+  auto load_v = [&](int c0) {
+    const int t1 = c0 * C, n1 = min(C, p.T - t1);
+    load_tile(sV, p.v + crow(p, b, t1, h), stride, n1);
+  };
+  auto load_gb = [&](int c0, float* gdst) {
+    const int t1 = c0 * C, n1 = min(C, p.T - t1);
+    load_gate_tile(gdst, p.g + crow(p, b, t1, h), stride, n1);
+    load_beta_async<MODE>(p, b, h, t1, n1, sB, sW);
+  };
   for (int ci = 0; ci < p.nc; ++ci) {
     const int t0 = ci * C, n = min(C, p.T - t0);
-    load_tile(sQ, p.q + crow(p, b, t0, h), stride, n);
-    load_tile(sK, p.k + crow(p, b, t0, h), stride, n);
-    load_tile(sV, p.v + crow(p, b, t0, h), stride, n);
-    load_gate_tile(sGt, p.g + crow(p, b, t0, h), stride, n);
-    cp_async_commit();
-    load_beta<MODE>(p, b, h, t0, n, sB, sW);
+    if (!PF) {
+      load_tile(sQ, p.q + crow(p, b, t0, h), stride, n);
+      load_tile(sK, p.k + crow(p, b, t0, h), stride, n);
+      load_tile(sV, p.v + crow(p, b, t0, h), stride, n);
+      load_gate_tile(sGt, p.g + crow(p, b, t0, h), stride, n);
+      cp_async_commit();
+      load_beta<MODE>(p, b, h, t0, n, sB, sW);
+    } else if (ci == 0) {
+      load_qk(0), load_v(0), load_gb(0, sGt);
+      cp_async_commit();
+    }
     cp_async_wait<0>();
     __syncthreads();
     if (p.bound) {
@@ -261,8 +313,10 @@ __global__ void __launch_bounds__(NT, 1) cfwd_kernel(const CParams p) {
     cumsum_cols(sGt);
     if (MODE == kCarve && ci > 0) carve_u(p, cU, sH, sUc);  // (chunk 0: u = 0)
     __syncthreads();
-    build_tiles<MODE>(p, b, h, t0, n, sQ, sK, sGt, sQb, sEb, sKb, sQt, sEt, sKh, sUc);
+    build_tiles<MODE>(p, b, h, t0, n, sQ, sK, sGt, sQb, sEb, sKb, sQt, sEt, sKh, sUc, sBx);
     __syncthreads();
+    const bool next = PF && ci + 1 < p.nc;
+    if (next) load_qk(ci + 1);
     const bf16* Kw = sKb + L.wm * TILE;  // this warp's row block's K̄
     Acc o;
     zero(o);
@@ -288,6 +342,7 @@ __global__ void __launch_bounds__(NT, 1) cfwd_kernel(const CParams p) {
       }
     }
     __syncthreads();
+    if (next) load_v(ci + 1);
     const bf16* U = sV;
     if (MODE != kGla) {
       float x[16];
@@ -298,6 +353,8 @@ __global__ void __launch_bounds__(NT, 1) cfwd_kernel(const CParams p) {
       __syncthreads();
       U = sU;
     }
+    if (next) load_gb(ci + 1, sX);  // (sX: read by the solve only)
+    if (PF) cp_async_commit();
     gemm<false, true>(o, sP, U, L);
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)
@@ -329,6 +386,10 @@ __global__ void __launch_bounds__(NT, 1) cfwd_kernel(const CParams p) {
       if (tid < C) p.cm[(bh * p.nc + ci + 1) * D + tid] = sColS[tid] + sColS[C + tid] + sColS[2 * C + tid] + sColS[3 * C + tid];
       carve_h(p, cU, sColS, 4, sH);
     }
+    if (PF) {  // the next chunk's G arrived in the X tile
+      float* t = sGt;
+      sGt = sX, sX = t;
+    }
   }
   if (p.S_out)
 #pragma unroll
@@ -344,10 +405,29 @@ __global__ void __launch_bounds__(NT, 1) cfwd_kernel(const CParams p) {
 constexpr size_t kCBwdSmem =
     18 * TILE * sizeof(bf16) + (3 * TILEF + C + 2 * C + 4 * C + 8 + 5 * C + 64 + 4 * C + 8 * 32 + 8 * C) * sizeof(float);
 
-// CH: one CTA per (b, h, chunk) from the chunk's start state and its end-of-chunk gradient
-// (p.dSend, from the state pass), without the dS update.
-template <int MODE, bool CH>
-__global__ void __launch_bounds__(NT, 1) cbwd_kernel(const CParams p) {
+// PATH: kBwdFused, one CTA per (b, h) walks the chunks backwards carrying dS (and CARVE's dm);
+// kBwdTwoPhase, one CTA per (b, h, chunk) from the chunk's start state and its end-of-chunk
+// gradient (p.dSend, from the state pass), without the dS update, U from the prep's U₀ and W;
+// CARVE's split backward (carve_bwd at small B·H): kBwdCarveChain walks the chunks like the
+// fused kernel but computes only what the chain (dS, dm) needs and writes each chunk's dS_end
+// (p.dSend) and dm/64 (p.dmc); kBwdCarvePar then makes the token gradients one CTA per chunk.
+// With p.flags both run in one launch (cbwd_carve_split_kernel): the chain publishes chunk c's
+// flag once its dS_end and dm are written, and the chunk CTA of c waits for it.
+enum BwdPath { kBwdFused = 0, kBwdTwoPhase = 1, kBwdCarveChain = 2, kBwdCarvePar = 3 };
+__device__ __forceinline__ unsigned ld_acquire(const unsigned* a) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(a) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_release(unsigned* a, unsigned v) {
+  asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(a), "r"(v) : "memory");
+}
+template <int MODE, int PATH>
+__device__ __forceinline__ void cbwd_body(const CParams& p, const int h, const int b, const int c_last) {
+  constexpr bool CH = PATH == kBwdTwoPhase || PATH == kBwdCarvePar;  // one chunk per CTA, dS from p.dSend
+  constexpr bool PREP = PATH == kBwdTwoPhase;                          // U = U₀ − W S0ᵀ from the prep
+  constexpr bool CHAIN = PATH == kBwdFused || PATH == kBwdCarveChain;  // carries dS, dm to earlier chunks
+  constexpr bool OUT = PATH != kBwdCarveChain;                         // writes the token gradients
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* sQ = reinterpret_cast<bf16*>(smem);
   bf16* sK = sQ + TILE;
@@ -379,18 +459,23 @@ __global__ void __launch_bounds__(NT, 1) cbwd_kernel(const CParams p) {
   float* sDhP = sDu + 4 * C;  // [8][32] per-warp partials of U2ᵀ du
   float* sDmP = sDhP + 8 * 32;  // [8][C] per-warp partials of U1ᵀ dh
   const Lane L;
-  const int h = CH ? blockIdx.y : blockIdx.x, b = CH ? blockIdx.z : blockIdx.y, tid = threadIdx.x;
-  const int c_last = CH ? blockIdx.x : p.nc - 1, c_stop = CH ? c_last : 0;
+  const int tid = threadIdx.x, c_stop = CH ? c_last : 0;
   const size_t bh = static_cast<size_t>(b) * p.H + h, stride = static_cast<size_t>(p.H) * D;
   const float scale = p.scale;
   float aU1[8] = {}, aU2[8] = {};  // CARVE: this thread's dU1 [r = tid/8][8·(tid%8)..], dU2 [c = tid/4][8·(tid%4)..]
-  if (MODE == kCarve && tid < C) sDm[tid] = 0.f;
-  CarveU cU;
-  if (MODE == kCarve) {  // m and h of the last chunk
-    carve_load_u(p, h, cU);
-    if (tid < C) sMb[((p.nc - 1) & 1) * C + tid] = p.cm[(bh * p.nc + p.nc - 1) * D + tid];
+  if (PATH == kBwdCarvePar && p.flags) {  // wait until the chain pass has reached this chunk
+    if (tid == 0)
+      while (ld_acquire(p.flags + bh * p.nc + c_last) == 0) __nanosleep(200);
     __syncthreads();
-    carve_h(p, cU, sMb + ((p.nc - 1) & 1) * C, 1, sHb + ((p.nc - 1) & 1) * 32);
+  }
+  if (MODE == kCarve && tid < C)  // dm/64 for this CTA's first chunk's dO: 0, or the chain pass's
+    sDm[tid] = PATH == kBwdCarvePar ? __ldcg(p.dmc + (bh * p.nc + c_last) * D + tid) : 0.f;
+  CarveU cU;
+  if (MODE == kCarve) {  // m and h of the first chunk walked (the last one)
+    carve_load_u(p, h, cU);
+    if (tid < C) sMb[(c_last & 1) * C + tid] = p.cm[(bh * p.nc + c_last) * D + tid];
+    __syncthreads();
+    carve_h(p, cU, sMb + (c_last & 1) * C, 1, sHb + (c_last & 1) * 32);
   }
 
   Acc dS;
@@ -416,7 +501,7 @@ __global__ void __launch_bounds__(NT, 1) cbwd_kernel(const CParams p) {
     load_tile(sdO, p.dout + crow(p, b, t0, h), stride, n);
     load_tile(sS0, p.bound_in + (bh * p.nc + ci) * D * D, D, C);
     if (CH) load_tile(sdS, p.dSend + (bh * p.nc + ci) * D * D, D, C);
-    if (CH && MODE != kGla) {  // the prep's U₀ and W: U = U₀ − W S0ᵀ without the solve
+    if (PREP && MODE != kGla) {  // the prep's U₀ and W: U = U₀ − W S0ᵀ without the solve
       load_tile(sU, p.Uc + (bh * p.nc + ci) * D * D, D, C);
       load_tile(sdR, p.Wc + (bh * p.nc + ci) * D * D, D, C);
     }
@@ -430,6 +515,15 @@ __global__ void __launch_bounds__(NT, 1) cbwd_kernel(const CParams p) {
       for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) dS[nt][e] = bf(sdS, L.row(e), L.col(nt, e));
+    if (PATH == kBwdCarveChain) {  // this chunk's dS_end and dm/64 for the chunk pass
+      bf16* dst = p.dSend + (bh * p.nc + ci) * D * D;
+      for (int i = tid; i < D * 8; i += NT) {
+        const int r = i >> 3, c = i & 7;
+        *reinterpret_cast<uint4*>(dst + r * D + c * 8) = *reinterpret_cast<const uint4*>(sdS + r * LD + c * 8);
+      }
+      if (tid < C) p.dmc[(bh * p.nc + ci) * D + tid] = sDm[tid];
+      __threadfence();  // (published after the next barrier)
+    }
     cumsum_cols(sGt);
     if (MODE == kCarve) {  // (sM, sH of this chunk were made at the end of the previous iteration)
       carve_u(p, cU, sH, sUc);
@@ -440,6 +534,7 @@ __global__ void __launch_bounds__(NT, 1) cbwd_kernel(const CParams p) {
         }
     }
     __syncthreads();
+    if (PATH == kBwdCarveChain && p.flags && tid == 0) st_release(p.flags + bh * p.nc + ci, 1u);
     build_tiles<MODE>(p, b, h, t0, n, sQ, sK, sGt, sQb, sEb, sKb, sQt, sEt, sKh, sUc);
     __syncthreads();
     const bf16* Kw = sKb + L.wm * TILE;
@@ -451,7 +546,7 @@ __global__ void __launch_bounds__(NT, 1) cbwd_kernel(const CParams p) {
         gemm2<false, false, false, false>(a, sEb, Kw, a2, sQb, Kw, L);  // Ē K̄ᵀ, Q̄ K̄ᵀ
         store_f(sAw, a, L, [](float x, int t, int j) { return t > j ? x : 0.f; });
         zero(a);
-        if (CH) {  // U = U₀ − W S0ᵀ (each thread rewrites only its own elements of U₀)
+        if (PREP) {  // U = U₀ − W S0ᵀ (each thread rewrites only its own elements of U₀)
           gemm<false, false>(a, sdR, sS0, L);
           store_bf(sU, a, L, [&](float x, int t, int c) { return bf(sU, t, c) - x; });
         } else {
@@ -469,7 +564,7 @@ __global__ void __launch_bounds__(NT, 1) cbwd_kernel(const CParams p) {
     }
     __syncthreads();
     const bf16* U = sV;
-    if (MODE != kGla && !CH) {
+    if (MODE != kGla && !PREP) {
       float x[16];
       subst_fwd(sAw, sX, sB, x);
       const int c = tid >> 2, pp = tid & 3;
@@ -515,8 +610,10 @@ __global__ void __launch_bounds__(NT, 1) cbwd_kernel(const CParams p) {
       Acc da, dp;
       zero(da);
       zero(dp);
-      if (MODE != kGla)
+      if (MODE != kGla && OUT)
         gemm2<false, false, false, false>(da, sdR, U, dp, sdO, U, L);  // dR Uᵀ, dO Uᵀ
+      else if (MODE != kGla)
+        gemm<false, false>(da, sdR, U, L);  // (the chain pass needs no dP)
       else
         gemm<false, false>(dp, sdO, U, L);
 #pragma unroll
@@ -533,11 +630,12 @@ __global__ void __launch_bounds__(NT, 1) cbwd_kernel(const CParams p) {
         }
       __syncthreads();  // every read of P, K̂ and Aw is done
       if (MODE != kGla) store_bf(sdAw, da, L, [](float x, int, int) { return x; });
-      store_bf(sP, dp, L, [](float x, int, int) { return x; });  // dP (scaled, masked)
+      if (OUT) store_bf(sP, dp, L, [](float x, int, int) { return x; });  // dP (scaled, masked)
     }
     __syncthreads();
     Acc dG;  // gate gradient of this thread's (t, c) elements
-    {
+    if (!OUT) zero(dG);
+    if (OUT) {
       Acc a, c2;  // dq = (dP K̄) ∘ e^{G − G_s} + scale e^G (dO S0)
       zero(a);
       zero(c2);
@@ -582,7 +680,7 @@ __global__ void __launch_bounds__(NT, 1) cbwd_kernel(const CParams p) {
     {
       Acc a, a4;  // core gradient on k: Σ_I (dP_Iᵀ Q̄_I + dAw_Iᵀ Ē_I) ∘ e^{G_{s_I} − G} + (U dS) ∘ e^{G_last − G}
       zero(a4);
-      gemm<false, true>(a4, U, sdS, L);
+      if (OUT) gemm<false, true>(a4, U, sdS, L);
       Acc dk;
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt)
@@ -593,7 +691,7 @@ __global__ void __launch_bounds__(NT, 1) cbwd_kernel(const CParams p) {
           dk[nt][e] = x;
           colL[nt][e & 1] += x * bf(sK, t, c);
         }
-      for (int I = L.wm; I < 4; ++I) {
+      for (int I = L.wm; OUT && I < 4; ++I) {
         zero(a);
         gemm_k<true, true>(a, sP, sQb, L, I);
         if (MODE != kGla) gemm_k<true, true>(a, sdAw, sEb, L, I);
@@ -629,7 +727,7 @@ __global__ void __launch_bounds__(NT, 1) cbwd_kernel(const CParams p) {
             const float de = deA[nt][e] + deX[nt][e];
             dG[nt][e] += de * bv * kv;
             const float dbx = de * kv * bv * (1.f - bv);
-            if (t < n) p.dbx[crow(p, b, t0 + t, h) + c] = __float2bfloat16(dbx);
+            if (OUT && t < n) p.dbx[crow(p, b, t0 + t, h) + c] = __float2bfloat16(dbx);
             colU[nt][e & 1] += dbx;
             dk[nt][e] += bv * de;
           }
@@ -639,14 +737,14 @@ __global__ void __launch_bounds__(NT, 1) cbwd_kernel(const CParams p) {
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
           const int t = L.row(2 * hh);
-          if (t < n)
+          if (OUT && t < n)
             *reinterpret_cast<uint32_t*>(p.dk + crow(p, b, t0 + t, h) + L.col(nt, 0)) =
                 pack(dk[nt][2 * hh], dk[nt][2 * hh + 1]);
         }
     }
     // dv (and dβ, dw) from dR = dZ
 #pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
+    for (int nt = 0; nt < 4 && OUT; ++nt)
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const int t = L.row(2 * hh), c = L.col(nt, 0);
@@ -671,7 +769,7 @@ __global__ void __launch_bounds__(NT, 1) cbwd_kernel(const CParams p) {
       Acc a, c2;  // dS at the chunk start = dS ∘ e^{G_last} + scale dOᵀ Q̃ − dRᵀ Ẽ (fused path only)
       zero(a);
       zero(c2);
-      if (CH) {
+      if (!CHAIN) {
       } else if (MODE != kGla) {
         gemm2<true, true, true, true>(a, sdO, sQt, c2, sdR, sEt, L);  // dOᵀ Q̃, dRᵀ Ẽ
       } else {
@@ -688,9 +786,9 @@ __global__ void __launch_bounds__(NT, 1) cbwd_kernel(const CParams p) {
         }
     }
     // reductions: G_last column sums, dβ row sums
-    store_col_sums(colL, sColL, L);
-    if (MODE == kCarve) store_col_sums(colU, sDu, L);
-    if (MODE == kKda || MODE == kCarve)
+    if (OUT) store_col_sums(colL, sColL, L);
+    if (MODE == kCarve && CHAIN) store_col_sums(colU, sDu, L);
+    if ((MODE == kKda || MODE == kCarve) && OUT)
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         float x = rowB[hh];
@@ -698,14 +796,16 @@ __global__ void __launch_bounds__(NT, 1) cbwd_kernel(const CParams p) {
         if (L.tig == 0) sRowB[L.wn * C + L.row(2 * hh)] = x;
       }
     __syncthreads();  // every read of the tiles, sdS and Aw is done
-    if (!CH) store_bf(sdS, dS, L, [](float x, int, int) { return x; });
-    store_f(sAw, dG, L, [&](float x, int t, int c) {
-      return t == C - 1 ? x + sColL[c] + sColL[C + c] + sColL[2 * C + c] + sColL[3 * C + c] : x;
-    });
+    if (CHAIN) store_bf(sdS, dS, L, [](float x, int, int) { return x; });
+    if (OUT)
+      store_f(sAw, dG, L, [&](float x, int t, int c) {
+        return t == C - 1 ? x + sColL[c] + sColL[C + c] + sColL[2 * C + c] + sColL[3 * C + c] : x;
+      });
     if (MODE == kKda && tid < C && tid < n)
       p.dbeta[(static_cast<size_t>(b) * p.T + t0 + tid) * p.H + h] = sRowB[tid] + sRowB[C + tid];
-    if (MODE == kCarve) {
-      if (tid < C && tid < n) p.dwsc[(static_cast<size_t>(b) * p.T + t0 + tid) * p.H + h] = sRowB[tid] + sRowB[C + tid];
+    if (MODE == kCarve && OUT && tid < C && tid < n)
+      p.dwsc[(static_cast<size_t>(b) * p.T + t0 + tid) * p.H + h] = sRowB[tid] + sRowB[C + tid];
+    if (MODE == kCarve && CHAIN) {
       // u = U2 h, h = tanh(U1 m): dU2 += du hᵀ; U2ᵀ du with this thread's U2 slice, summed
       // over the warp's 8 rows c by shuffles, the 8 warps' partials in sDhP
       const int c = tid >> 2, part = tid & 3;
@@ -719,7 +819,7 @@ __global__ void __launch_bounds__(NT, 1) cbwd_kernel(const CParams p) {
       }
     }
     __syncthreads();
-    if (MODE == kCarve) {  // dh = (U2ᵀ du) ⊙ (1 − h²); dU1 += dh mᵀ; U1ᵀ dh partials (warp's 4 ranks) in sDmP
+    if (MODE == kCarve && CHAIN) {  // dh = (U2ᵀ du) ⊙ (1 − h²); dU1 += dh mᵀ; U1ᵀ dh partials (warp's 4 ranks) in sDmP
       const int r = tid >> 3, part = tid & 7;
       float dh = 0.f;
       if (r < p.rank) {
@@ -736,10 +836,10 @@ __global__ void __launch_bounds__(NT, 1) cbwd_kernel(const CParams p) {
         if ((tid & 31) < 8) sDmP[(tid >> 5) * C + 8 * part + j] = x;
       }
     }
-    if (MODE == kCarve && ci > 0 && tid < C) sMn[tid] = p.cm[(bh * p.nc + ci - 1) * D + tid];
-    rcumsum_cols(sAw);  // g_t enters every G_s, s ≥ t, of the chunk
+    if (MODE == kCarve && CHAIN && ci > 0 && tid < C) sMn[tid] = p.cm[(bh * p.nc + ci - 1) * D + tid];
+    if (OUT) rcumsum_cols(sAw);  // g_t enters every G_s, s ≥ t, of the chunk
     __syncthreads();
-    if (MODE == kCarve) {
+    if (MODE == kCarve && CHAIN) {
       if (tid < C) {  // dm = U1ᵀ dh, into the previous chunk's dO (/ 64)
         float x = 0.f;
 #pragma unroll
@@ -748,18 +848,18 @@ __global__ void __launch_bounds__(NT, 1) cbwd_kernel(const CParams p) {
       }
       if (ci > 0) carve_h(p, cU, sMn, 1, sHn);  // h of the previous chunk (its u at its loop top)
     }
-    for (int i = tid; i < C * D; i += NT) {
+    for (int i = tid; OUT && i < C * D; i += NT) {
       const int t = i >> 6, c = i & 63;
       if (t < n) p.dg[crow(p, b, t0 + t, h) + c] = sAw[t * LDF + c];
     }
     __syncthreads();
   }
-  if (!CH && p.dS0)
+  if (CHAIN && p.dS0)
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) p.dS0[bh * D * D + L.row(e) * D + L.col(nt, e)] = dS[nt][e];
-  if (MODE == kCarve) {  // U1, U2 are per head: the batch's CTAs add into the same gradient
+  if (MODE == kCarve && CHAIN) {  // U1, U2 are per head: the batch's CTAs add into the same gradient
     {
       const int r = tid >> 3, part = tid & 7;
       if (r < p.rank)
@@ -770,6 +870,25 @@ __global__ void __launch_bounds__(NT, 1) cbwd_kernel(const CParams p) {
 #pragma unroll
     for (int j = 0; j < 8; ++j)
       if (8 * part + j < p.rank) atomicAdd(p.dU2 + (static_cast<size_t>(h) * D + c) * p.rank + 8 * part + j, aU2[j]);
+  }
+}
+template <int MODE, int PATH>
+__global__ void __launch_bounds__(NT, 1) cbwd_kernel(const CParams p) {
+  if (PATH == kBwdTwoPhase || PATH == kBwdCarvePar)
+    cbwd_body<MODE, PATH>(p, blockIdx.y, blockIdx.z, blockIdx.x);
+  else
+    cbwd_body<MODE, PATH>(p, blockIdx.x, blockIdx.y, p.nc - 1);
+}
+// CARVE's split backward in one launch: blocks 0..B·H−1 walk the chain, the rest take one chunk
+// each, latest chunks first (the order the chain reaches them), beside the chain on the other SMs.
+// The chain CTAs come first in the grid, so they are resident before any chunk CTA waits.
+__global__ void __launch_bounds__(NT, 1) cbwd_carve_split_kernel(const CParams p) {
+  const int nbh = p.B * p.H, i = static_cast<int>(blockIdx.x);
+  if (i < nbh) {
+    cbwd_body<kCarve, kBwdCarveChain>(p, i % p.H, i / p.H, p.nc - 1);
+  } else {
+    const int j = i - nbh, bh = j % nbh;
+    cbwd_body<kCarve, kBwdCarvePar>(p, bh % p.H, bh / p.H, p.nc - 1 - j / nbh);
   }
 }
 
@@ -1289,7 +1408,7 @@ void bwd_two_phase(CParams p, cudaStream_t stream) {
   const dim3 per_chunk(p.nc, p.H, p.B), per_rows(4, p.H, p.B);
   launch(cprep_kernel<MODE, true>, kCPrepSmem, p, stream, per_chunk);
   launch(cstate_kernel<true, MODE != kGla>, kCStateSmem, p, stream, per_rows, kCStateThreads);
-  launch(cbwd_kernel<MODE, true>, kCBwdSmem, p, stream, per_chunk);
+  launch(cbwd_kernel<MODE, kBwdTwoPhase>, kCBwdSmem, p, stream, per_chunk);
 }
 
 void check_inputs(ChannelMixer m, const ChannelInputs& in, const char* what) {
@@ -1352,9 +1471,9 @@ void channel_bwd(ChannelMixer m, const DeltaShape& s, const ChannelInputs& in, c
     return;
   }
   switch (m) {
-    case ChannelMixer::gla: launch(cbwd_kernel<kGla, false>, kCBwdSmem, p, stream); break;
-    case ChannelMixer::kda: launch(cbwd_kernel<kKda, false>, kCBwdSmem, p, stream); break;
-    case ChannelMixer::gdn2: launch(cbwd_kernel<kGdn2, false>, kCBwdSmem, p, stream); break;
+    case ChannelMixer::gla: launch(cbwd_kernel<kGla, kBwdFused>, kCBwdSmem, p, stream); break;
+    case ChannelMixer::kda: launch(cbwd_kernel<kKda, kBwdFused>, kCBwdSmem, p, stream); break;
+    case ChannelMixer::gdn2: launch(cbwd_kernel<kGdn2, kBwdFused>, kCBwdSmem, p, stream); break;
   }
 }
 
@@ -1372,6 +1491,24 @@ void check_carve(const CarveInputs& in, const char* what) {
     throw RuntimeError(std::string(what) + ": q, k, v, g, bx, w, U1 and U2 are required");
   if (in.rank < 1 || in.rank > 32)
     throw RuntimeError(std::string(what) + ": content rank " + std::to_string(in.rank) + " (supported: 1..32)");
+}
+
+// CARVE's backward, split (chain pass + chunk pass) or fused. The content gradient chains the
+// chunks in reverse (dm of chunk c enters chunk c − 1's dO), so no chunk's gradients can be made
+// before the later chunks' have been walked; what can wait is everything the chain does not
+// need (dq, dk, dv, dg, dbx, dw: the P-gradient GEMMs, the four dk products, the gate scans and
+// most global writes). The chain pass does the rest in one CTA per (b, h) and hands each
+// chunk's dS_end and dm on; the chunk pass recomputes the chunk from them over every SM. With
+// few (b, h) that trades idle SMs for the recompute; with B·H near the SM count the fused
+// kernel's single walk is cheaper. Cost model in units of one fused chunk: chain kChainCost,
+// chunk pass kParCost spread over the SMs. LAR_CHANNEL_PATH=fused|chunked|auto overrides.
+constexpr double kChainCost = 0.65, kParCost = 1.1;
+bool use_carve_split(const CParams& p) {
+  const PathChoice want = path_override("LAR_CHANNEL_PATH");
+  if (want != PathChoice::automatic) return want == PathChoice::chunked;
+  const int sms = sm_count();
+  const double bh = static_cast<double>(p.B) * p.H;
+  return kChainCost * std::ceil(bh / sms) + kParCost * bh / sms < std::ceil(bh / sms);
 }
 }  // namespace
 
@@ -1401,7 +1538,24 @@ void carve_bwd(const DeltaShape& s, const CarveInputs& in, const __nv_bfloat16* 
   const size_t nu = static_cast<size_t>(s.H) * in.rank * 64 * sizeof(float);
   LAR_CUDA_CHECK(cudaMemsetAsync(gr.dU1, 0, nu, stream));
   LAR_CUDA_CHECK(cudaMemsetAsync(gr.dU2, 0, nu, stream));
-  launch(cbwd_kernel<kCarve, false>, kCBwdSmem, p, stream);
+  if (!use_carve_split(p)) {
+    launch(cbwd_kernel<kCarve, kBwdFused>, kCBwdSmem, p, stream);
+    return;
+  }
+  const size_t chunks = static_cast<size_t>(p.B) * p.H * p.nc;
+  Scratch scratch(stream);
+  p.dSend = scratch.get<bf16>(chunks * D * D);
+  p.dmc = scratch.get<float>(chunks * C);
+  const char* overlap = std::getenv("LAR_CARVE_OVERLAP");  // "0": the two passes one after the other (A/B timing)
+  if (overlap && std::string(overlap) == "0") {
+    launch(cbwd_kernel<kCarve, kBwdCarveChain>, kCBwdSmem, p, stream);
+    launch(cbwd_kernel<kCarve, kBwdCarvePar>, kCBwdSmem, p, stream, dim3(p.nc, p.H, p.B));
+    return;
+  }
+  p.flags = scratch.get<unsigned>(chunks);
+  LAR_CUDA_CHECK(cudaMemsetAsync(p.flags, 0, chunks * sizeof(unsigned), stream));
+  if (chunks + static_cast<size_t>(p.B) * p.H > 0x7fffffffu) throw RuntimeError("carve_bwd: too many chunks");
+  launch(cbwd_carve_split_kernel, kCBwdSmem, p, stream, dim3(static_cast<unsigned>(chunks + static_cast<size_t>(p.B) * p.H)));
 }
 
 }  // namespace lar::kernels::cuda::linear
