@@ -136,9 +136,10 @@ class Backend {
                             int64_t batches, double alpha = 1.0, double beta = 0.0) = 0;
   // y += alpha·x (the residual add when alpha = 1).
   virtual void axpy(double alpha, const Tensor& x, const Tensor& y) = 0;
-  // Σ x² over the whole tensor, in double (grad norms). Deterministic order.
+  // Σ x² over the whole tensor, in double (grad norms). Deterministic order. x in dtype()
+  // (the GPU also takes bf16 activations).
   virtual double sum_squares(const Tensor& x) = 0;
-  // True when every element is finite.
+  // True when every element is finite (dtypes as sum_squares).
   virtual bool all_finite(const Tensor& x) = 0;
 
   // ---- embedding ----
@@ -200,8 +201,12 @@ class Backend {
     float step_size = 0;     // lr / (1 − β1^t)
     float inv_sqrt_bc2 = 1;  // 1 / sqrt(1 − β2^t)
     float decay = 1;         // 1 − lr·wd
+    // The gradient-norm clip's factor, applied to g as it is read (g itself is left as is):
+    // g ← g·grad_scale rounded to f32 — the bits a separate scale(g, grad_scale) pass would
+    // leave — so the clip costs no pass of its own over the gradients. 1: no clip.
+    float grad_scale = 1;
   };
-  // m ← β1·m + (1−β1)·g;  v ← β2·v + (1−β2)·g·g;
+  // g ← g·grad_scale (when ≠ 1; not stored); m ← β1·m + (1−β1)·g;  v ← β2·v + (1−β2)·g·g;
   // w ← w·decay − step_size·(m / (sqrt(v)·inv_sqrt_bc2 + eps)). All f32, same numel.
   virtual void adamw_step(const Tensor& w, const Tensor& g, const Tensor& m, const Tensor& v,
                           const AdamWStep& s) = 0;

@@ -702,9 +702,12 @@ void CpuBackend<T>::adamw_step(const Tensor& w, const Tensor& g, const Tensor& m
   T* __restrict mp = m.ptr<T>();
   T* __restrict vp = v.ptr<T>();
   const T b1 = s.beta1, b2 = s.beta2, step_size = s.step_size, isb = s.inv_sqrt_bc2, eps = s.eps, decay = s.decay;
+  const T gs = s.grad_scale;
+  const bool clip = s.grad_scale != 1.0f;
   for (int64_t i = 0; i < n; ++i) {
-    mp[i] = b1 * mp[i] + (T(1) - b1) * gp[i];
-    vp[i] = b2 * vp[i] + (T(1) - b2) * gp[i] * gp[i];
+    const T g = clip ? gp[i] * gs : gp[i];  // as scale(g, grad_scale) would have left it
+    mp[i] = b1 * mp[i] + (T(1) - b1) * g;
+    vp[i] = b2 * vp[i] + (T(1) - b2) * g * g;
     const T denom = std::sqrt(vp[i]) * isb + eps;
     wp[i] = wp[i] * decay - step_size * (mp[i] / denom);
   }

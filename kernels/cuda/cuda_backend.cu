@@ -85,40 +85,67 @@ __global__ void axpy_kernel(float alpha, const float* x, float* y, int64_t n) {
     y[i] += alpha * x[i];
 }
 
-// Per-block partial sums of x² (double), then one block adds the partials in order.
-__global__ void sum_squares_partial(const float* x, int64_t n, double* partial) {
+// Element i of an fp32 or bf16 tensor as float; 16 bytes of them (4 fp32 or 8 bf16) at once.
+__device__ inline float elem_f(const float* x, int64_t i) { return x[i]; }
+__device__ inline float elem_f(const __nv_bfloat16* x, int64_t i) { return __bfloat162float(x[i]); }
+__device__ inline void vec16_f(const float* p, float (&v)[4]) {
+  const float4 u = *reinterpret_cast<const float4*>(p);
+  v[0] = u.x, v[1] = u.y, v[2] = u.z, v[3] = u.w;
+}
+__device__ inline void vec16_f(const __nv_bfloat16* p, float (&v)[8]) {
+  const uint4 u = *reinterpret_cast<const uint4*>(p);
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const float2 f = __bfloat1622float2(h[k]);
+    v[2 * k] = f.x, v[2 * k + 1] = f.y;
+  }
+}
+
+// Per-block partial sums of x² (double), then one block adds the partials in order. T is
+// float or bf16: n counts elements of T (a bf16 tensor read as fp32 would run past its end).
+template <class T>
+__global__ void sum_squares_partial(const T* x, int64_t n, double* partial) {
+  constexpr int kV = 16 / sizeof(T);  // elements per 16-byte load (the grad norm reads 1.4 GB)
   double acc = 0;
   const int64_t tid = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, stride = (int64_t)gridDim.x * blockDim.x;
   int64_t done = 0;
-  if ((reinterpret_cast<uintptr_t>(x) & 15) == 0) {  // 16-byte loads (the grad norm reads 1.2 GB)
-    const int64_t n4 = n / 4;
+  if ((reinterpret_cast<uintptr_t>(x) & 15) == 0) {
+    const int64_t nv = n / kV;
 #pragma unroll 4
-    for (int64_t i = tid; i < n4; i += stride) {
-      const float4 v = reinterpret_cast<const float4*>(x)[i];
-      acc += static_cast<double>(v.x) * v.x + static_cast<double>(v.y) * v.y + static_cast<double>(v.z) * v.z +
-             static_cast<double>(v.w) * v.w;
+    for (int64_t i = tid; i < nv; i += stride) {
+      float v[kV];
+      vec16_f(x + i * kV, v);
+#pragma unroll
+      for (int e = 0; e < kV; ++e) acc += static_cast<double>(v[e]) * v[e];
     }
-    done = n4 * 4;
+    done = nv * kV;
   }
-  for (int64_t i = done + tid; i < n; i += stride) acc += static_cast<double>(x[i]) * x[i];
+  for (int64_t i = done + tid; i < n; i += stride) {
+    const double v = elem_f(x, i);
+    acc += v * v;
+  }
   double s = block_sum_d(acc);
   if (threadIdx.x == 0) partial[blockIdx.x] = s;
 }
 
-__global__ void nonfinite_partial(const float* x, int64_t n, double* partial) {
+// Per-block counts of non-finite elements (T float or bf16).
+template <class T>
+__global__ void nonfinite_partial(const T* x, int64_t n, double* partial) {
   double acc = 0;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-    acc += isfinite(x[i]) ? 0.0 : 1.0;
+    acc += isfinite(elem_f(x, i)) ? 0.0 : 1.0;
   double s = block_sum_d(acc);
   if (threadIdx.x == 0) partial[blockIdx.x] = s;
 }
 
+// The partials added by one block in a fixed tree (warp shuffles, then the warps in order):
+// deterministic for a fixed n. (One thread adding them in sequence waited on each load.)
 __global__ void sum_partials(const double* partial, int n, double* out) {
-  if (threadIdx.x == 0 && blockIdx.x == 0) {
-    double s = 0;
-    for (int i = 0; i < n; ++i) s += partial[i];
-    *out = s;
-  }
+  double v = 0;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) v += partial[i];
+  v = block_sum_d(v);
+  if (threadIdx.x == 0) *out = v;
 }
 
 // ---------------------------------------------------------------- embedding
@@ -127,6 +154,18 @@ __global__ void embedding_fwd_kernel(const int* ids, const float* table, float* 
     int64_t row = i / d, col = i % d;
     out[i] = table[static_cast<int64_t>(ids[row]) * d + col];
   }
+}
+
+// The same with a warp per token row and 16-byte accesses (d % 4 == 0, 16-byte aligned rows):
+// the scalar kernel's 64-bit division per element made it slower than its bytes.
+__global__ void embedding_fwd_rows(const int* __restrict__ ids, const float4* __restrict__ table,
+                                   float4* __restrict__ out, int64_t n, int64_t d4) {
+  const int64_t row = blockIdx.x * (int64_t)(blockDim.x / kWarp) + threadIdx.x / kWarp;
+  if (row >= n) return;
+  const float4* src = table + static_cast<int64_t>(ids[row]) * d4;
+  float4* dst = out + row * d4;
+#pragma unroll 4
+  for (int64_t c = threadIdx.x % kWarp; c < d4; c += kWarp) dst[c] = src[c];
 }
 
 __global__ void iota_kernel(int* x, int64_t n) {
@@ -491,6 +530,140 @@ __global__ void __launch_bounds__(32 * kDwRows) rmsnorm_dw_sum(const float* part
   double t = 0;
   for (int i = 0; i < kDwRows; ++i) t += part[i][threadIdx.x];
   dw[col] += static_cast<float>(t);
+}
+
+// The same backward through a cp.async pipeline: each warp owns STAGES row buffers in
+// shared memory and, while it computes row i from one of them, the copies of its next
+// STAGES − 1 rows (x, the old dx, dy and r: 12 KB a row at d = 1024) are in flight. The
+// register-staged kernel above holds one row per warp in registers (16 rows per SM, none in
+// flight while a warp reduces and stores); here loads never wait on a warp's own arithmetic
+// (H200, 32768 × 1024, bf16 dy: 179 → 152 µs plain, 195 → 167 µs with r; docs/perf.md,
+// "Training step, session 8"). dw's row terms stay in registers (lane-owned columns), then the block's warps
+// are summed in a fixed order into partial[block][col] as above. Rows go to warps
+// round-robin over a fixed grid: deterministic, no atomics. d % 8 == 0, d ≤ 128·KMAX, every
+// row 16-byte aligned.
+__device__ inline void cp_async16(void* smem, const void* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ inline void cp_async4(void* smem, const void* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ inline void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+// Bytes of one row buffer: x and the old dx (f32), dy (TD), r (TR) when given, then the
+// row's rstd (16 bytes, so that every buffer stays 16-byte aligned).
+template <class TD, class TR>
+__host__ __device__ inline int norm_pipe_row_bytes(int d, bool has_r) {
+  return d * (8 + static_cast<int>(sizeof(TD)) + (has_r ? static_cast<int>(sizeof(TR)) : 0)) + 16;
+}
+template <int KMAX, class TD, class TR, int WARPS, int STAGES>
+__global__ void __launch_bounds__(32 * WARPS, 1)
+    rmsnorm_bwd_pipe(const float* __restrict__ x, const TR* __restrict__ res, const float* __restrict__ w,
+                     const float* __restrict__ rstd, const TD* __restrict__ dy, float* __restrict__ dx,
+                     bf16* __restrict__ dx_out, float* __restrict__ partial, int64_t n, int d) {
+  extern __shared__ __align__(16) unsigned char pipe_smem[];
+  const int lane = threadIdx.x % kWarp, wid = threadIdx.x / kWarp;
+  const int d4 = d / 4;
+  const int row_bytes = norm_pipe_row_bytes<TD, TR>(d, res != nullptr);
+  unsigned char* mine = pipe_smem + static_cast<std::size_t>(wid) * STAGES * row_bytes;
+  const int64_t warps = (int64_t)gridDim.x * WARPS, first = blockIdx.x * (int64_t)WARPS + wid;
+  constexpr int kEy = 16 / sizeof(TD), kEr = 16 / sizeof(TR);
+  // One commit group per row, empty past the end, so the wait counts below hold throughout.
+  auto issue = [&](int64_t row, int stage) {
+    if (row < n) {
+      unsigned char* s = mine + stage * row_bytes;
+      const int64_t base = row * d;
+      for (int c = lane; c < d4; c += kWarp) {
+        cp_async16(s + 16 * c, x + base + 4 * c);
+        cp_async16(s + 4 * d + 16 * c, dx + base + 4 * c);
+      }
+      for (int c = lane; c < d / kEy; c += kWarp) cp_async16(s + 8 * d + 16 * c, dy + base + kEy * c);
+      if (res)
+        for (int c = lane; c < d / kEr; c += kWarp)
+          cp_async16(s + 8 * d + d * static_cast<int>(sizeof(TD)) + 16 * c, res + base + kEr * c);
+      if (lane == 0) cp_async4(s + row_bytes - 16, rstd + row);  // no dependent load per row
+    }
+    cp_async_commit();
+  };
+  float wv[KMAX][4], dwa[KMAX][4];
+#pragma unroll
+  for (int k = 0; k < KMAX; ++k) {
+    const int c = lane + kWarp * k;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dwa[k][e] = 0.f, wv[k][e] = 0.f;
+    if (c < d4) ld4(w + 4 * c, wv[k]);
+  }
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) issue(first + s * warps, s);
+  int it = 0;
+  for (int64_t row = first; row < n; row += warps, ++it) {
+    __syncwarp();  // every lane is done with the buffer that the next issue refills
+    issue(row + (STAGES - 1) * warps, (it + STAGES - 1) % STAGES);
+    cp_async_wait<STAGES - 1>();  // this row's copies (each lane's own) have landed
+    __syncwarp();                 // … and every other lane's
+    const unsigned char* s = mine + (it % STAGES) * row_bytes;
+    const float* sx = reinterpret_cast<const float*>(s);
+    const float* sdx = reinterpret_cast<const float*>(s + 4 * d);
+    const TD* sdy = reinterpret_cast<const TD*>(s + 8 * d);
+    const TR* sr = reinterpret_cast<const TR*>(s + 8 * d + d * static_cast<int>(sizeof(TD)));
+    const float r = *reinterpret_cast<const float*>(s + row_bytes - 16);
+    float xv[KMAX][4], gv[KMAX][4];
+    float gx = 0.f;
+#pragma unroll
+    for (int k = 0; k < KMAX; ++k) {
+      const int c = lane + kWarp * k;
+      if (c < d4) {
+        ld4(sx + 4 * c, xv[k]);
+        if (res) {
+          float b[4];
+          ld4(sr + 4 * c, b);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) xv[k][e] += b[e];
+        }
+        ld4(sdy + 4 * c, gv[k]);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          dwa[k][e] += gv[k][e] * xv[k][e] * r;
+          gv[k][e] *= wv[k][e];  // g = dy·w from here on
+          gx += gv[k][e] * xv[k][e];
+        }
+      }
+    }
+    gx = warp_sum(gx);
+    const float cc = (gx / d) * r * r * r;
+    const int64_t base = row * d;
+#pragma unroll
+    for (int k = 0; k < KMAX; ++k) {
+      const int c = lane + kWarp * k;
+      if (c < d4) {
+        float ov[4];
+        ld4(sdx + 4 * c, ov);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) ov[e] += r * gv[k][e] - xv[k][e] * cc;
+        st4(dx + base + 4 * c, ov);
+        if (dx_out) st4(dx_out + base + 4 * c, ov);
+      }
+    }
+  }
+  cp_async_wait<0>();  // the empty groups past the end
+  __syncthreads();
+  float* warp_dw = reinterpret_cast<float*>(pipe_smem);  // [WARPS][d]: fits in the row buffers
+#pragma unroll
+  for (int k = 0; k < KMAX; ++k) {
+    const int c = lane + kWarp * k;
+    if (c < d4) st4(warp_dw + wid * d + 4 * c, dwa[k]);
+  }
+  __syncthreads();
+  for (int col = threadIdx.x; col < d; col += blockDim.x) {
+    float t = 0.f;
+    for (int i = 0; i < WARPS; ++i) t += warp_dw[i * d + col];
+    partial[blockIdx.x * (int64_t)d + col] = t;
+  }
 }
 
 // ---------------------------------------------------------------- SwiGLU
@@ -1070,6 +1243,7 @@ CudaBackend::CudaBackend(int device) {
   LAR_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
   gpu_name_ = prop.name;
   gpu_sms_ = prop.multiProcessorCount;
+  smem_optin_ = prop.sharedMemPerBlockOptin;
   gpu_major_ = prop.major;
   device_ = device;
   total_mem_ = prop.totalGlobalMem;
@@ -1116,6 +1290,14 @@ void CudaBackend::set_options(const Options& o) {
   if (!gm.empty() && gm != "tune" && gm != "heuristic" && gm != "cublas")
     throw UserError("LAR_GEMM: '" + gm + "' is not one of tune, heuristic, cublas");
   h200_ = gpu_sms_ == 132 && gpu_major_ == 9;  // where kH200Gemms was measured
+  // The one-pass norm backward: LAR_NORM_BWD=pipe (the default: rows staged through shared
+  // memory by cp.async, 8 warps a block), pipe9 (9 warps at d > 896) or rows (the
+  // register-staged kernel of session 6; A/B measurements).
+  const char* nb = std::getenv("LAR_NORM_BWD");
+  const std::string nbs = nb ? nb : "";
+  if (!nbs.empty() && nbs != "pipe" && nbs != "pipe9" && nbs != "rows")
+    throw UserError("LAR_NORM_BWD: '" + nbs + "' is not one of pipe, pipe9, rows");
+  norm_pipe_warps_ = nbs == "rows" ? 0 : nbs == "pipe9" ? 9 : 8;
   gemm_mode_ = gm == "cublas" ? GemmMode::cublas
                : gm == "tune" && !o.deterministic ? GemmMode::tune
                                                   : GemmMode::heuristic;
@@ -1747,14 +1929,24 @@ void CudaBackend::axpy(double alpha, const Tensor& x, const Tensor& y) {
   LAR_CUDA_LAUNCHED();
 }
 
-// Runs a per-block partial kernel over x, adds the partials in a fixed order on the
-// device and returns the total (deterministic for a fixed grid).
-double CudaBackend::reduce_to_host(void (*partial_kernel)(const float*, int64_t, double*), const Tensor& x) {
+// Runs a per-block partial kernel (Σ x², or the count of non-finite elements) over an fp32
+// or bf16 tensor, adds the partials in a fixed order on the device and returns the total
+// (deterministic for a fixed grid).
+double CudaBackend::reduce_to_host(bool squares, const Tensor& x) {
   OpTimer timer(*this, "reduce (norms)");
+  if (x.dtype != DType::f32 && x.dtype != DType::bf16)
+    throw RuntimeError(std::string("cuda ") + (squares ? "sum_squares" : "all_finite") + ": needs an f32 or bf16 tensor");
   double* partial = scratch_doubles(kReduceBlocks + 1);
-  partial_kernel<<<kReduceBlocks, 256, 0, stream_>>>(x.ptr<float>(), x.numel(), partial);
+  const int64_t n = x.numel();
+  if (x.dtype == DType::bf16) {
+    if (squares) sum_squares_partial<<<kReduceBlocks, 256, 0, stream_>>>(x.ptr<bf16>(), n, partial);
+    else nonfinite_partial<<<kReduceBlocks, 256, 0, stream_>>>(x.ptr<bf16>(), n, partial);
+  } else {
+    if (squares) sum_squares_partial<<<kReduceBlocks, 256, 0, stream_>>>(x.ptr<float>(), n, partial);
+    else nonfinite_partial<<<kReduceBlocks, 256, 0, stream_>>>(x.ptr<float>(), n, partial);
+  }
   LAR_CUDA_LAUNCHED();
-  sum_partials<<<1, 32, 0, stream_>>>(partial, kReduceBlocks, partial + kReduceBlocks);
+  sum_partials<<<1, 1024, 0, stream_>>>(partial, kReduceBlocks, partial + kReduceBlocks);
   LAR_CUDA_LAUNCHED();
   double out = 0;
   LAR_CUDA_CHECK(cudaMemcpyAsync(&out, partial + kReduceBlocks, sizeof(double), cudaMemcpyDeviceToHost, stream_));
@@ -1762,15 +1954,21 @@ double CudaBackend::reduce_to_host(void (*partial_kernel)(const float*, int64_t,
   return out;
 }
 
-double CudaBackend::sum_squares(const Tensor& x) { return reduce_to_host(sum_squares_partial, x); }
+double CudaBackend::sum_squares(const Tensor& x) { return reduce_to_host(true, x); }
 
-bool CudaBackend::all_finite(const Tensor& x) { return reduce_to_host(nonfinite_partial, x) == 0; }
+bool CudaBackend::all_finite(const Tensor& x) { return reduce_to_host(false, x) == 0; }
 
 void CudaBackend::embedding_fwd(const Tensor& ids, const Tensor& table, const Tensor& out) {
   OpTimer timer(*this, "embedding");
   int64_t n = ids.numel(), d = table.last();
-  embedding_fwd_kernel<<<blocks_for(n * d, 256), 256, 0, stream_>>>(ids.ptr<int>(), table.ptr<float>(),
-                                                                    out.ptr<float>(), n, d);
+  if (n == 0) return;
+  if (d % 4 == 0 && aligned16(table) && aligned16(out)) {
+    embedding_fwd_rows<<<static_cast<unsigned>((n + 7) / 8), 256, 0, stream_>>>(
+        ids.ptr<int>(), reinterpret_cast<const float4*>(table.data), reinterpret_cast<float4*>(out.data), n, d / 4);
+  } else {
+    embedding_fwd_kernel<<<blocks_for(n * d, 256), 256, 0, stream_>>>(ids.ptr<int>(), table.ptr<float>(),
+                                                                      out.ptr<float>(), n, d);
+  }
   LAR_CUDA_LAUNCHED();
 }
 
@@ -1871,6 +2069,55 @@ void norm_bwd_k(const Tensor& x, const Tensor& r, const Tensor& w, const Tensor&
   rmsnorm_bwd_rows<K, TD, TO, TR><<<blocks, 32 * kNormWarps, kNormWarps * d * sizeof(float), st>>>(
       x.ptr<float>(), r.empty() ? nullptr : r.ptr<TR>(), w.ptr<float>(), rstd.ptr<float>(), dy.ptr<TD>(),
       dx.ptr<float>(), dx_out.empty() ? nullptr : dx_out.ptr<TO>(), partial, x.rows(), d);
+}
+// The pipelined backward (rmsnorm_bwd_pipe): a fixed grid of one block of WARPS warps per SM
+// of the H200 (the same partial sums, and bits, on any device).
+constexpr int kNormPipeBlocks = 132;
+int norm_pipe_blocks(int64_t n, int warps) {
+  return static_cast<int>(std::min<int64_t>(kNormPipeBlocks, (n + warps - 1) / warps));
+}
+// The pipeline's shape: 8 warps × 2 row buffers per SM (measured on the H200 at d = 1024:
+// 152 µs a plain backward against 154 for 6 warps × 3 and 156 for 4 × 4; docs/perf.md,
+// "Training step, session 8"; LAR_NORM_BWD=pipe9 runs 9 warps at d > 896) and its shared
+// memory. The warp count depends only on d, so x0 + r and the plain backward of the stored
+// sum share it (and their dw bits).
+constexpr int kPipeStages = 2;
+int norm_pipe_warps(int requested, int64_t d) { return norm_groups(d) == 8 ? requested : 8; }
+std::size_t norm_pipe_smem(int warps, int64_t d, std::size_t dy_bytes, std::size_t r_bytes) {
+  return static_cast<std::size_t>(warps) * kPipeStages * (static_cast<std::size_t>(d) * (8 + dy_bytes + r_bytes) + 16);
+}
+// Whether the pipelined backward takes this shape: d % 8 == 0, d ≤ 1024, buffers that fit.
+bool norm_pipe_fits(int warps, std::size_t smem_max, int64_t d, std::size_t dy_bytes, std::size_t r_bytes) {
+  return d > 0 && d % 8 == 0 && d <= 1024 &&
+         norm_pipe_smem(norm_pipe_warps(warps, d), d, dy_bytes, r_bytes) <= smem_max;
+}
+template <int K, class TD, class TR, int W>
+void norm_bwd_pipe_k(const Tensor& x, const Tensor& r, const Tensor& w, const Tensor& rstd, const Tensor& dy,
+                     const Tensor& dx, const Tensor& dx_out, float* partial, cudaStream_t st) {
+  const int d = static_cast<int>(x.last());
+  const std::size_t smem = norm_pipe_smem(W, d, sizeof(TD), r.empty() ? 0 : sizeof(TR));
+  auto kernel = rmsnorm_bwd_pipe<K, TD, TR, W, kPipeStages>;
+  LAR_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  kernel<<<norm_pipe_blocks(x.rows(), W), 32 * W, smem, st>>>(
+      x.ptr<float>(), r.empty() ? nullptr : r.ptr<TR>(), w.ptr<float>(), rstd.ptr<float>(), dy.ptr<TD>(),
+      dx.ptr<float>(), dx_out.empty() ? nullptr : dx_out.ptr<bf16>(), partial, x.rows(), d);
+}
+// Launches the pipelined backward (norm_pipe_fits checked by the caller); returns its grid.
+template <class TD, class TR>
+int norm_bwd_pipe(int warps, const Tensor& x, const Tensor& r, const Tensor& w, const Tensor& rstd, const Tensor& dy,
+                  const Tensor& dx, const Tensor& dx_out, float* partial, cudaStream_t st) {
+  const int W = norm_pipe_warps(warps, x.last());
+  if (W == 9) {
+    norm_bwd_pipe_k<8, TD, TR, 9>(x, r, w, rstd, dy, dx, dx_out, partial, st);
+    return norm_pipe_blocks(x.rows(), W);
+  }
+  switch (norm_groups(x.last())) {
+    case 1: norm_bwd_pipe_k<1, TD, TR, 8>(x, r, w, rstd, dy, dx, dx_out, partial, st); break;
+    case 2: norm_bwd_pipe_k<2, TD, TR, 8>(x, r, w, rstd, dy, dx, dx_out, partial, st); break;
+    case 4: norm_bwd_pipe_k<4, TD, TR, 8>(x, r, w, rstd, dy, dx, dx_out, partial, st); break;
+    default: norm_bwd_pipe_k<8, TD, TR, 8>(x, r, w, rstd, dy, dx, dx_out, partial, st); break;
+  }
+  return norm_pipe_blocks(x.rows(), W);
 }
 template <class TD, class TO, class TR>
 void norm_bwd_rows(int groups, const Tensor& x, const Tensor& r, const Tensor& w, const Tensor& rstd, const Tensor& dy,
@@ -1978,19 +2225,41 @@ void CudaBackend::norm_bwd(const Tensor& x, const Tensor& r, const Tensor& w, co
   if (n == 0) return;
   if (norm_rows_ok(x, {&r, &w, &dy, &dx, &dx_out}) && (dx_out.empty() || dx_out.dtype == DType::bf16)) {
     // One pass: dx, the bf16 copy and dw's per-block partials, then the partials in order.
-    const int blocks = norm_bwd_blocks(n), g = norm_groups(d);
-    float* partial = reinterpret_cast<float*>(scratch_doubles((static_cast<std::size_t>(blocks) * d + 1) / 2));
-    if (r.empty() && is_bf16(dy)) norm_bwd_rows<bf16, bf16, float>(g, x, r, w, rstd, dy, dx, dx_out, partial, blocks, stream_);
-    else if (r.empty()) norm_bwd_rows<float, bf16, float>(g, x, r, w, rstd, dy, dx, dx_out, partial, blocks, stream_);
-    else if (is_bf16(r) && is_bf16(dy)) norm_bwd_rows<bf16, bf16, bf16>(g, x, r, w, rstd, dy, dx, dx_out, partial, blocks, stream_);
-    else if (is_bf16(r)) norm_bwd_rows<float, bf16, bf16>(g, x, r, w, rstd, dy, dx, dx_out, partial, blocks, stream_);
-    else if (is_bf16(dy)) norm_bwd_rows<bf16, bf16, float>(g, x, r, w, rstd, dy, dx, dx_out, partial, blocks, stream_);
-    else norm_bwd_rows<float, bf16, float>(g, x, r, w, rstd, dy, dx, dx_out, partial, blocks, stream_);
-    LAR_CUDA_LAUNCHED();
-    rmsnorm_dw_sum<<<static_cast<unsigned>((d + kWarp - 1) / kWarp), dim3(kWarp, kDwRows), 0, stream_>>>(
-        partial, dw.ptr<float>(), static_cast<int>(d), blocks);
-    LAR_CUDA_LAUNCHED();
-    return;
+    const std::size_t dyb = dtype_size(dy.dtype), rb = r.empty() ? 0 : dtype_size(r.dtype);
+    if (norm_pipe_warps_ > 0 && norm_pipe_fits(norm_pipe_warps_, smem_optin_, d, dyb, rb)) {  // pipelined through shared memory
+      float* partial =
+          reinterpret_cast<float*>(scratch_doubles((static_cast<std::size_t>(kNormPipeBlocks) * d + 1) / 2));
+      int blocks = 0;
+      if (r.empty() && is_bf16(dy)) blocks = norm_bwd_pipe<bf16, float>(norm_pipe_warps_, x, r, w, rstd, dy, dx, dx_out, partial, stream_);
+      else if (r.empty()) blocks = norm_bwd_pipe<float, float>(norm_pipe_warps_, x, r, w, rstd, dy, dx, dx_out, partial, stream_);
+      else if (is_bf16(r) && is_bf16(dy)) blocks = norm_bwd_pipe<bf16, bf16>(norm_pipe_warps_, x, r, w, rstd, dy, dx, dx_out, partial, stream_);
+      else if (is_bf16(r)) blocks = norm_bwd_pipe<float, bf16>(norm_pipe_warps_, x, r, w, rstd, dy, dx, dx_out, partial, stream_);
+      else if (is_bf16(dy)) blocks = norm_bwd_pipe<bf16, float>(norm_pipe_warps_, x, r, w, rstd, dy, dx, dx_out, partial, stream_);
+      else blocks = norm_bwd_pipe<float, float>(norm_pipe_warps_, x, r, w, rstd, dy, dx, dx_out, partial, stream_);
+      LAR_CUDA_LAUNCHED();
+      rmsnorm_dw_sum<<<static_cast<unsigned>((d + kWarp - 1) / kWarp), dim3(kWarp, kDwRows), 0, stream_>>>(
+          partial, dw.ptr<float>(), static_cast<int>(d), blocks);
+      LAR_CUDA_LAUNCHED();
+      return;
+    }
+    // x + r whose buffers do not fit while x alone would: the sum in scratch, then the
+    // pipelined plain backward below (the same bits as the plain backward of the stored sum).
+    const bool sum_first = norm_pipe_warps_ > 0 && rb > 0 && norm_pipe_fits(norm_pipe_warps_, smem_optin_, d, dyb, 0);
+    if (!sum_first) {
+      const int blocks = norm_bwd_blocks(n), g = norm_groups(d);
+      float* partial = reinterpret_cast<float*>(scratch_doubles((static_cast<std::size_t>(blocks) * d + 1) / 2));
+      if (r.empty() && is_bf16(dy)) norm_bwd_rows<bf16, bf16, float>(g, x, r, w, rstd, dy, dx, dx_out, partial, blocks, stream_);
+      else if (r.empty()) norm_bwd_rows<float, bf16, float>(g, x, r, w, rstd, dy, dx, dx_out, partial, blocks, stream_);
+      else if (is_bf16(r) && is_bf16(dy)) norm_bwd_rows<bf16, bf16, bf16>(g, x, r, w, rstd, dy, dx, dx_out, partial, blocks, stream_);
+      else if (is_bf16(r)) norm_bwd_rows<float, bf16, bf16>(g, x, r, w, rstd, dy, dx, dx_out, partial, blocks, stream_);
+      else if (is_bf16(dy)) norm_bwd_rows<bf16, bf16, float>(g, x, r, w, rstd, dy, dx, dx_out, partial, blocks, stream_);
+      else norm_bwd_rows<float, bf16, float>(g, x, r, w, rstd, dy, dx, dx_out, partial, blocks, stream_);
+      LAR_CUDA_LAUNCHED();
+      rmsnorm_dw_sum<<<static_cast<unsigned>((d + kWarp - 1) / kWarp), dim3(kWarp, kDwRows), 0, stream_>>>(
+          partial, dw.ptr<float>(), static_cast<int>(d), blocks);
+      LAR_CUDA_LAUNCHED();
+      return;
+    }
   }
   if (!r.empty()) {  // the sum x + r in scratch, then the plain backward of it
     const Tensor h(scratch_bytes(x.bytes()), DType::f32, x.shape());

@@ -177,6 +177,8 @@ class CudaBackend final : public Backend {
   enum class GemmMode { tune, heuristic, cublas };
   GemmMode gemm_mode_ = GemmMode::heuristic;
   int gpu_sms_ = 0, gpu_major_ = 0;
+  std::size_t smem_optin_ = 0;  // shared memory a block may opt in to (bytes)
+  int norm_pipe_warps_ = 8;     // LAR_NORM_BWD: warps a block of the pipelined norm backward (0: the register kernel)
   bool h200_ = false;  // an sm_90 GPU with 132 SMs: the measured GEMM preferences apply
   cublasLtHandle_t lt_ = nullptr;
   void* lt_workspace_ = nullptr;  // shared by cuBLASLt and cuBLAS (one stream)
@@ -218,7 +220,8 @@ class CudaBackend final : public Backend {
   std::size_t live_bytes_ = 0, peak_bytes_ = 0;
   std::vector<std::pair<void*, std::size_t>> allocs_;  // live cudaMalloc blocks (few: arena, params, state)
   double* scratch_doubles(std::size_t n);  // device scratch for reductions
-  double reduce_to_host(void (*partial_kernel)(const float*, int64_t, double*), const Tensor& x);
+  // Σ x² (squares) or the number of non-finite elements of an f32 or bf16 tensor.
+  double reduce_to_host(bool squares, const Tensor& x);
   std::string name_;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;

@@ -2,13 +2,17 @@
 // several shapes: relative RMS error ≤ 1e-5 on the fp32 paths.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 #include <tuple>
 
+#include "core/error.hpp"
 #include "kernels/backend.hpp"
 
 using namespace lar::kernels;
@@ -150,6 +154,50 @@ TEST(CudaBackend, ReductionsAndAxpy) {
   float nan = NAN;
   p.gpu->upload(&nan, x.first.slice0(500, 1).view({37}).slice0(3, 1));
   EXPECT_FALSE(p.gpu->all_finite(x.first));
+}
+
+// sum_squares / all_finite on bf16 tensors (the linear layers' activations): n counts bf16
+// elements. Each tensor is the front of a buffer whose rest holds NaN, so a kernel that read
+// it as fp32 (twice its bytes) would see them; a NaN or Inf at the last element must be found
+// through the 16-byte path (n % 8 == 0), the scalar tail (n odd) and a 2-byte-offset view.
+TEST(CudaBackend, ReductionsOnBf16) {
+  Pair p("mixed");
+  for (int64_t n : {int64_t(4096) * 1024 + 8, int64_t(100003), int64_t(7)})
+    for (int64_t off : {int64_t(0), int64_t(1)}) {
+      Tensor g32 = p.ga.alloc(DType::f32, {2 * n + 16}), buf = p.ga.alloc(DType::bf16, {2 * n + 16});
+      p.gpu->fill(g32, NAN);
+      p.gpu->convert(g32, buf);
+      std::normal_distribution<double> nd(0.0, 1.5);
+      std::vector<float> h(n);
+      double ref = 0;
+      for (auto& x : h) x = Pair::round_bf16(static_cast<float>(nd(p.rng))), ref += double(x) * x;
+      Tensor hx = p.ga.alloc(DType::f32, {n});
+      const Tensor x(static_cast<char*>(buf.data) + 2 * off, DType::bf16, {n});
+      p.gpu->upload(h.data(), hx);
+      p.gpu->convert(hx, x);
+      const double got = p.gpu->sum_squares(x);
+      EXPECT_NEAR(got / ref, 1.0, 1e-12) << "n " << n << " offset " << off;
+      EXPECT_EQ(p.gpu->sum_squares(x), got) << "bit-reproducible";
+      EXPECT_TRUE(p.gpu->all_finite(x)) << "n " << n << " offset " << off;
+      for (float bad : {NAN, INFINITY, -INFINITY}) {
+        h[n - 1] = bad;
+        p.gpu->upload(h.data(), hx);
+        p.gpu->convert(hx, x);
+        EXPECT_FALSE(p.gpu->all_finite(x)) << bad << " at the last of " << n << ", offset " << off;
+        EXPECT_FALSE(std::isfinite(p.gpu->sum_squares(x))) << n;
+      }
+      h[n - 1] = 0.5f;
+      p.gpu->upload(h.data(), hx);
+      p.gpu->convert(hx, x);
+      EXPECT_TRUE(p.gpu->all_finite(x)) << "finite again, n " << n;
+    }
+  // f32 still works through the same entry (a NaN at the last element of an odd count).
+  auto x = p.randn({1001});
+  EXPECT_TRUE(p.gpu->all_finite(x.first));
+  float inf = INFINITY;
+  p.gpu->upload(&inf, x.first.slice0(1000, 1));
+  EXPECT_FALSE(p.gpu->all_finite(x.first));
+  EXPECT_THROW(p.gpu->sum_squares(p.ga.alloc(DType::i32, {4})), lar::RuntimeError);
 }
 
 TEST(CudaBackend, Embedding) {
@@ -601,6 +649,148 @@ TEST(CudaBackend, FusedNormPassesBf16) {
   }
 }
 
+// Every path of the one-pass norm backward (LAR_NORM_BWD: the cp.async pipeline at 8 and 9
+// warps, the register-staged kernel) against the CPU: plain (f32 and bf16 dy) and x0 + r (bf16 and f32
+// r), more rows than the pipeline's grid has warps (several rows per warp, a ragged last
+// round), d = 1024 / 256 / 64 / 1000 (d % 8 ≠ 0: the register kernel on both); x0 + r
+// bit-equal to the plain backward of the stored sum on the same path, and each path twice
+// from the same inputs gives the same bits.
+TEST(CudaBackend, NormBackwardPaths) {
+  Pair p("mixed");
+  for (auto [n, d] : {std::pair<int64_t, int64_t>{2113, 1024}, {1111, 256}, {1500, 64}, {77, 1000}})
+    for (int variant = 0; variant < 4; ++variant) {  // 0 plain bf16 dy, 1 plain f32 dy, 2 bf16 r, 3 f32 r
+      auto x = p.randn({n, d}), w = p.randn({d});
+      auto r = variant == 3 ? p.randn({n, d}) : p.randn_bf16({n, d});
+      auto h = p.poisoned({n, d}), y = p.poisoned_bf16({n, d}), rs = p.poisoned({n});
+      if (variant >= 2) {
+        p.gpu->add_rmsnorm_fwd(x.first, r.first, h.first, w.first, y.first, rs.first, 1e-5);
+        p.cpu->add_rmsnorm_fwd(x.second, r.second, h.second, w.second, y.second, rs.second, 1e-5);
+      } else {
+        p.gpu->rmsnorm_fwd(x.first, w.first, y.first, rs.first, 1e-5);
+        p.cpu->rmsnorm_fwd(x.second, w.second, y.second, rs.second, 1e-5);
+      }
+      auto dy = variant == 1 ? p.randn({n, d}) : p.randn_bf16({n, d});
+      auto dx = p.randn({n, d}), dw = p.randn({d});
+      auto dx_a = p.poisoned_bf16({n, d});
+      Tensor dx0 = p.ga.alloc(DType::f32, {n, d}), dw0 = p.ga.alloc(DType::f32, {d});
+      p.gpu->copy(dx.first, dx0);
+      p.gpu->copy(dw.first, dw0);
+      if (variant >= 2)
+        p.cpu->add_rmsnorm_bwd_convert(x.second, r.second, w.second, rs.second, dy.second, dx.second, dw.second,
+                                       dx_a.second);
+      else
+        p.cpu->rmsnorm_bwd_convert(x.second, w.second, rs.second, dy.second, dx.second, dw.second, dx_a.second);
+      Tensor dx2 = p.ga.alloc(DType::f32, {n, d}), dw2 = p.ga.alloc(DType::f32, {d});
+      Tensor dx_a2 = p.ga.alloc(DType::bf16, {n, d});
+      for (const char* path : {"pipe", "pipe9", "rows"}) {
+        ASSERT_EQ(setenv("LAR_NORM_BWD", path, 1), 0);
+        p.gpu->set_options(with_precision("mixed"));
+        const std::string what = std::string(path) + " " + std::to_string(n) + "x" + std::to_string(d) + " variant " +
+                                 std::to_string(variant);
+        for (auto [a, b] : {std::pair<Tensor, Tensor>{dx0, dx.first}, {dw0, dw.first}, {dx0, dx2}, {dw0, dw2}})
+          p.gpu->copy(a, b);
+        if (variant >= 2) {
+          p.gpu->add_rmsnorm_bwd_convert(x.first, r.first, w.first, rs.first, dy.first, dx.first, dw.first, dx_a.first);
+          p.gpu->rmsnorm_bwd_convert(h.first, w.first, rs.first, dy.first, dx2, dw2, dx_a2);
+        } else {
+          p.gpu->rmsnorm_bwd_convert(x.first, w.first, rs.first, dy.first, dx.first, dw.first, dx_a.first);
+          p.gpu->rmsnorm_bwd_convert(x.first, w.first, rs.first, dy.first, dx2, dw2, dx_a2);
+        }
+        EXPECT_LT(p.rel_rms(dx), kTol) << what;
+        EXPECT_LT(p.rel_rms(dw), kTol) << what;
+        EXPECT_LT(p.rel_rms(dx_a), 1e-2) << what;
+        EXPECT_TRUE(same_bits(*p.gpu, dx.first, dx2)) << what;
+        EXPECT_TRUE(same_bits(*p.gpu, dw.first, dw2)) << what;
+        EXPECT_TRUE(same_bits(*p.gpu, dx_a.first, dx_a2)) << what;
+      }
+    }
+  ASSERT_EQ(setenv("LAR_NORM_BWD", "bogus", 1), 0);
+  EXPECT_THROW(p.gpu->set_options(with_precision("mixed")), lar::UserError);
+  ASSERT_EQ(unsetenv("LAR_NORM_BWD"), 0);
+  p.gpu->set_options(with_precision("mixed"));
+}
+
+// Not a check: device µs of the model-level memory-bound passes at the 344M step's shapes
+// (N = 32768 tokens, d = 1024, V = 32000, 344M parameters) and copy / write / read
+// references for their byte floors. Run with --gtest_also_run_disabled_tests
+// --gtest_filter='*StepPassTimes*' (docs/perf.md, "Training step, session 8").
+TEST(CudaBackend, DISABLED_StepPassTimes) {
+  Pair p("mixed");
+  Backend& be = *p.gpu;
+  const int64_t N = 32768, d = 1024, V = 32000, P = 344400000, R = 8192;
+  Tensor one = p.ga.alloc(DType::f32, {1});
+  float probe = 0;
+  auto sync = [&] { be.download(one, &probe); };
+  auto time_us = [&](const std::string& what, double gbytes, int reps, const std::function<void()>& f) {
+    f();
+    sync();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < reps; ++i) f();
+    sync();
+    const double us = 1e6 * std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
+    std::printf("%-46s %9.1f us %7.3f GB %5.2f TB/s\n", what.c_str(), us, gbytes, gbytes / us * 1e3);
+  };
+  auto filled = [&](DType t, std::vector<int64_t> shape, float v) {
+    Tensor f = p.ga.alloc(DType::f32, shape);
+    be.fill(f, v);
+    if (t == DType::f32) return f;
+    Tensor b = p.ga.alloc(t, shape);
+    be.convert(f, b);
+    return b;
+  };
+  const double nd4 = N * d * 4e-9, nd2 = N * d * 2e-9;
+  {  // references: write, read, copy (1.38 GB: the gradients)
+    Tensor g = filled(DType::f32, {P}, 0.01f), g2 = p.ga.alloc(DType::f32, {P});
+    time_us("zero (memset) 344M f32", P * 4e-9, 5, [&] { be.zero(g2); });
+    time_us("sum_squares 344M f32 (read)", P * 4e-9, 5, [&] { be.sum_squares(g); });
+    time_us("copy (memcpy) 344M f32", P * 8e-9, 5, [&] { be.copy(g, g2); });
+    time_us("scale (clip) 344M f32", P * 8e-9, 5, [&] { be.scale(g2, 1.0); });
+  }
+  {  // AdamW over 344M parameters with the bf16 mirror (30 bytes a parameter)
+    Tensor w = filled(DType::f32, {P}, 0.02f), g = filled(DType::f32, {P}, 0.01f);
+    Tensor m = filled(DType::f32, {P}, 0.001f), v = filled(DType::f32, {P}, 1e-4f);
+    be.register_weights(w);
+    Backend::AdamWSegment seg;
+    seg.n = P;
+    seg.step.step_size = 1e-9f;
+    time_us("adamw_step 344M (grid-stride loop, + mirror)", P * 30e-9, 5, [&] { be.adamw_step(w, g, m, v, seg.step); });
+    time_us("adamw_step_multi 344M (+ mirror)", P * 30e-9, 5, [&] { be.adamw_step_multi(w, g, m, v, {seg}); });
+    seg.step.grad_scale = 0.5f;
+    time_us("adamw_step_multi 344M, grad_scale 0.5", P * 30e-9, 5, [&] { be.adamw_step_multi(w, g, m, v, {seg}); });
+  }
+  {  // norms at N × d
+    Tensor x = filled(DType::f32, {N, d}, 0.5f), h = filled(DType::f32, {N, d}, 0.5f), w = filled(DType::f32, {d}, 1.f);
+    Tensor r = filled(DType::bf16, {N, d}, 0.25f), dy = filled(DType::bf16, {N, d}, 0.1f);
+    Tensor dx = filled(DType::f32, {N, d}, 0.f), dxa = filled(DType::bf16, {N, d}, 0.f);
+    Tensor y = filled(DType::bf16, {N, d}, 0.f), rs = filled(DType::f32, {N}, 1.f), dw = filled(DType::f32, {d}, 0.f);
+    time_us("add_rmsnorm_fwd (h in place, bf16 r, y)", 2 * nd4 + 2 * nd2, 20,
+            [&] { be.add_rmsnorm_fwd(h, r, h, w, y, rs, 1e-5); });
+    for (const char* path : {"rows", "pipe", "pipe9"}) {
+      setenv("LAR_NORM_BWD", path, 1);
+      be.set_options(with_precision("mixed"));
+      time_us(std::string("rmsnorm_bwd_convert ") + path, 3 * nd4 + 2 * nd2, 20,
+              [&] { be.rmsnorm_bwd_convert(x, w, rs, dy, dx, dw, dxa); });
+      time_us(std::string("add_rmsnorm_bwd_convert ") + path, 3 * nd4 + 3 * nd2, 20,
+              [&] { be.add_rmsnorm_bwd_convert(x, r, w, rs, dy, dx, dw, dxa); });
+    }
+    unsetenv("LAR_NORM_BWD");
+    be.set_options(with_precision("mixed"));
+  }
+  {  // embedding forward (gather) and backward (sorted accumulate) of N tokens
+    Tensor table = filled(DType::f32, {V, d}, 0.01f), out = filled(DType::f32, {N, d}, 0.f);
+    Tensor dtable = filled(DType::f32, {V, d}, 0.f);
+    auto ids = p.ids({N}, static_cast<int>(V));
+    time_us("embedding_fwd 32768 x 1024", 2 * nd4, 10, [&] { be.embedding_fwd(ids.first, table, out); });
+    time_us("embedding_bwd 32768 x 1024", 3 * nd4, 10, [&] { be.embedding_bwd(ids.first, out, dtable); });
+  }
+  {  // cross-entropy on one chunk of 8192 bf16 logit rows, dlogits in place
+    Tensor lg = filled(DType::bf16, {R, V}, 0.3f), mk = filled(DType::f32, {R}, 1.f), ls = filled(DType::f32, {R}, 0.f);
+    auto tg = p.ids({R}, static_cast<int>(V));
+    time_us("cross_entropy_fwd_bwd 8192x32000 bf16", R * V * 4e-9, 10,
+            [&] { be.cross_entropy_fwd_bwd(lg, tg.first, mk, ls, 1.0 / N, lg); });
+  }
+}
+
 // swiglu_bwd_fwd: the backward and the recomputed hidden from one read of gate·up — the
 // same bits as swiglu_bwd + swiglu_fwd (16-byte path), and the CPU's values.
 TEST(CudaBackend, SwigluBackwardWithHidden) {
@@ -663,6 +853,30 @@ TEST(CudaBackend, CrossEntropyBf16Logits) {
     auto dl2 = p.poisoned_bf16({N, V});
     EXPECT_EQ(p.gpu->cross_entropy_fwd_bwd(keep, tg.first, mask.first, losses.first, 0.5, dl2.first), g) << V;
     EXPECT_TRUE(same_bits(*p.gpu, dl2.first, dl.first)) << V;
+  }
+  // 301 rows (more than two blocks per SM), with a masked-out row: the CPU's values, in
+  // place = into a separate buffer bit for bit.
+  for (int64_t V : {32000, 1000}) {
+    const int64_t N = 301;
+    auto logits = p.randn_bf16({N, V}, 3.0);
+    auto tg = p.ids({N}, static_cast<int>(V));
+    auto mask = p.randn({N});
+    const float zero = 0.f;
+    const double dz = 0;
+    p.gpu->upload(&zero, mask.first.slice0(7, 1));
+    p.cpu->upload(&dz, mask.second.slice0(7, 1));
+    Tensor keep = p.ga.alloc(DType::bf16, {N, V}), l2 = p.ga.alloc(DType::f32, {N});
+    p.gpu->copy(logits.first, keep);
+    auto losses = p.poisoned({N});
+    auto dl = p.poisoned_bf16({N, V});
+    const double g = p.gpu->cross_entropy_fwd_bwd(logits.first, tg.first, mask.first, losses.first, 0.5, dl.first);
+    const double c = p.cpu->cross_entropy_fwd_bwd(logits.second, tg.second, mask.second, losses.second, 0.5, dl.second);
+    EXPECT_NEAR(g, c, 1e-5 * std::abs(c) + 1e-6) << V;
+    EXPECT_LT(p.rel_rms(losses), kTol) << V;
+    EXPECT_LT(p.rel_rms(dl), 1e-2) << V;
+    EXPECT_EQ(p.gpu->cross_entropy_fwd_bwd(keep, tg.first, mask.first, l2, 0.5, keep), g) << V;
+    EXPECT_TRUE(same_bits(*p.gpu, keep, dl.first)) << "in place " << V;
+    EXPECT_TRUE(same_bits(*p.gpu, l2, losses.first)) << V;
   }
 }
 
@@ -762,6 +976,50 @@ TEST(CudaBackend, AdamWMultiSegment) {
   p.gpu->gemm(A.first, false, Wg, true, C.first);
   p.cpu->gemm(A.second, false, Wc, true, C.second);
   EXPECT_LT(p.rel_rms(C), 1e-2) << "the mirror after adamw_step_multi";
+}
+
+// The clip's factor folded into AdamW (AdamWStep::grad_scale): the same bits for w, m, v
+// and the mirror as scale(g) followed by the plain update, through adamw_step and
+// adamw_step_multi (vector and scalar tails: 10007 elements), and g left unscaled.
+TEST(CudaBackend, AdamWFoldsTheClipScale) {
+  Pair p("mixed");
+  const int64_t n = 10007;
+  auto w = p.randn({n}), g = p.randn({n}, 3.0), m = p.randn({n}, 0.1), v = p.randn({n}, 0.1);
+  std::vector<float> hv(n);
+  p.gpu->download(v.first, hv.data());
+  for (float& x : hv) x = std::abs(x);
+  p.gpu->upload(hv.data(), v.first);
+  Tensor g0 = p.ga.alloc(DType::f32, {n});
+  p.gpu->copy(g.first, g0);
+  Backend::AdamWStep st;
+  st.step_size = 0.01f, st.decay = 0.999f, st.inv_sqrt_bc2 = 1.3f;
+  const float cf = static_cast<float>(1.0 / 7.3);
+  for (bool multi : {false, true}) {
+    Tensor w1 = p.ga.alloc(DType::f32, {n}), m1 = p.ga.alloc(DType::f32, {n}), v1 = p.ga.alloc(DType::f32, {n});
+    Tensor w2 = p.ga.alloc(DType::f32, {n}), m2 = p.ga.alloc(DType::f32, {n}), v2 = p.ga.alloc(DType::f32, {n});
+    Tensor gs = p.ga.alloc(DType::f32, {n});
+    for (auto [a, b] : {std::pair<Tensor, Tensor>{w.first, w1}, {m.first, m1}, {v.first, v1}, {w.first, w2},
+                        {m.first, m2}, {v.first, v2}, {g.first, gs}})
+      p.gpu->copy(a, b);
+    p.gpu->scale(gs, cf);  // the separate clip pass
+    Backend::AdamWStep clipped = st;
+    clipped.grad_scale = cf;
+    if (multi) {
+      Backend::AdamWSegment s1, s2;
+      s1.n = n, s1.step = st;
+      s2.n = n, s2.step = clipped;
+      p.gpu->adamw_step_multi(w1, gs, m1, v1, {s1});
+      p.gpu->adamw_step_multi(w2, g.first, m2, v2, {s2});
+    } else {
+      p.gpu->adamw_step(w1, gs, m1, v1, st);
+      p.gpu->adamw_step(w2, g.first, m2, v2, clipped);
+    }
+    EXPECT_TRUE(same_bits(*p.gpu, w1, w2)) << multi;
+    EXPECT_TRUE(same_bits(*p.gpu, m1, m2)) << multi;
+    EXPECT_TRUE(same_bits(*p.gpu, v1, v2)) << multi;
+    EXPECT_TRUE(same_bits(*p.gpu, g.first, g0)) << "g is not scaled in memory";
+    EXPECT_FALSE(same_bits(*p.gpu, w1, w.first)) << "the update moved w";
+  }
 }
 
 // The norm backward of x0 + r (add_rmsnorm_bwd_convert: the model keeps the mixer output r

@@ -26,6 +26,8 @@ DeviceOptimizer::DeviceOptimizer(kernels::Backend& be, OptimizerConfig config, s
     end = p->offset + p->size();
   }
   covers_all_ = covers_all_ && end == total_size;
+  all_adamw_ = true;
+  for (std::size_t i = 0; i < host_.params_.size(); ++i) all_adamw_ = all_adamw_ && !host_.slots_[i].muon;
   for (std::size_t i = 0; i < host_.params_.size(); ++i)
     if (host_.slots_[i].muon) {
       const ParamView& p = host_.params_[i];
@@ -56,6 +58,7 @@ Tensor DeviceOptimizer::at(const Tensor& flat, std::size_t offset, std::size_t n
 }
 
 double DeviceOptimizer::clip_gradients(const Tensor& grads) {
+  pending_scale_ = 1.0f;
   double ss = 0;
   if (covers_all_) {
     ss = be_.sum_squares(grads);
@@ -68,7 +71,11 @@ double DeviceOptimizer::clip_gradients(const Tensor& grads) {
   const double coef = clip / (norm + 1e-6);
   if (coef < 1.0) {
     const double cf = static_cast<float>(coef);
-    if (covers_all_) {
+    if (all_adamw_) {
+      // Applied by the next step() as AdamW reads g (AdamWStep::grad_scale): the same bits
+      // as scaling here, without a read and write of every gradient (0.7 ms at 344M params).
+      pending_scale_ = static_cast<float>(cf);
+    } else if (covers_all_) {
       be_.scale(grads, cf);
     } else {
       for (const ParamView& p : host_.params_) be_.scale(at(grads, p.offset, p.size()), cf);
@@ -96,7 +103,7 @@ void DeviceOptimizer::step(const Tensor& params, const Tensor& grads, double lr_
   std::vector<kernels::Backend::AdamWSegment> segs;
   auto same = [](const kernels::Backend::AdamWStep& x, const kernels::Backend::AdamWStep& y) {
     return x.beta1 == y.beta1 && x.beta2 == y.beta2 && x.eps == y.eps && x.step_size == y.step_size &&
-           x.inv_sqrt_bc2 == y.inv_sqrt_bc2 && x.decay == y.decay;
+           x.inv_sqrt_bc2 == y.inv_sqrt_bc2 && x.decay == y.decay && x.grad_scale == y.grad_scale;
   };
   for (std::size_t i = 0; i < host_.params_.size(); ++i) {
     const ParamView& p = host_.params_[i];
@@ -114,6 +121,7 @@ void DeviceOptimizer::step(const Tensor& params, const Tensor& grads, double lr_
     a.step_size = static_cast<float>(lr / bc1);
     a.inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
     a.decay = static_cast<float>(1.0 - lr * s.wd);
+    a.grad_scale = pending_scale_;
     const int64_t n = static_cast<int64_t>(p.size()), off = static_cast<int64_t>(p.offset);
     const int64_t m_off = static_cast<int64_t>(s.m_off), v_off = static_cast<int64_t>(s.v_off);
     auto* last = segs.empty() ? nullptr : &segs.back();
@@ -127,6 +135,7 @@ void DeviceOptimizer::step(const Tensor& params, const Tensor& grads, double lr_
     }
   }
   if (!segs.empty()) be_.adamw_step_multi(params, grads, m, v, segs);
+  pending_scale_ = 1.0f;  // applied once
 }
 
 void DeviceOptimizer::muon_update(const ParamView& p, const Optimizer::Slot& s, const Tensor& params,

@@ -30,7 +30,10 @@ class DeviceOptimizer {
   DeviceOptimizer(const DeviceOptimizer&) = delete;
   DeviceOptimizer& operator=(const DeviceOptimizer&) = delete;
 
-  // As Optimizer::clip_gradients, on the flat gradient buffer in backend memory.
+  // As Optimizer::clip_gradients, on the flat gradient buffer in backend memory. When every
+  // parameter is updated by AdamW, the clip's factor is not applied to `grads` here but by
+  // the next step() as it reads them (the same bits, one pass fewer over the gradients):
+  // call step() next, with these grads; they stay unscaled in memory.
   double clip_gradients(const kernels::Tensor& grads);
   void step(const kernels::Tensor& params, const kernels::Tensor& grads, const Schedule& schedule,
             std::int64_t step);
@@ -50,6 +53,8 @@ class DeviceOptimizer {
   kernels::Backend& be_;
   Optimizer host_;  // config, slot layout and the state format; its m_/v_ stage save/load
   bool covers_all_ = false;  // the table tiles [0, total): one norm over the flat buffer
+  bool all_adamw_ = false;   // no Muon slot: the clip's factor goes into the AdamW step
+  float pending_scale_ = 1.0f;  // that factor, from clip_gradients to the next step()
   void* m_ = nullptr;        // moments / momentum buffers, host_.m_'s layout
   void* v_ = nullptr;        // second moments, host_.v_'s layout
   void* work_ = nullptr;     // Muon: u, o, X, Y (largest matrix each) and A, B (largest r²)

@@ -23,9 +23,11 @@ int grid_for(int64_t n, int threads) {
 #define LAR_GRID_LOOP(i, n) \
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
 
-// One AdamW element: updates m and v, returns the new w.
+// One AdamW element: updates m and v, returns the new w. gi is scaled by the clip factor
+// first (the bits of a separate scale pass; a uniform branch: no change when it is 1).
 __device__ inline float adamw_one(float wi, float gi, float& mi, float& vi, const Backend::AdamWStep& s, float one_b1,
                                   float one_b2) {
+  if (s.grad_scale != 1.0f) gi = __fmul_rn(gi, s.grad_scale);
   mi = __fadd_rn(__fmul_rn(s.beta1, mi), __fmul_rn(one_b1, gi));
   // (1−β2)·g·g evaluates left to right on the host: ((1−β2)·g)·g.
   vi = __fadd_rn(__fmul_rn(s.beta2, vi), __fmul_rn(__fmul_rn(one_b2, gi), gi));
@@ -77,6 +79,7 @@ __global__ void adamw_vec_kernel(float4* __restrict__ w, const float4* __restric
 // block; a block finds its segment by binary search over the segments' first blocks.
 constexpr int kAdamWSegs = 48;
 constexpr int kAdamWChunk = 4096;
+constexpr int kAdamWThreads = 256;
 struct AdamWSegDev {
   int64_t off, m_off, v_off, n;
   int block0;
@@ -86,7 +89,7 @@ struct AdamWTable {
   AdamWSegDev seg[kAdamWSegs];
   int count;
 };
-__global__ void __launch_bounds__(256) adamw_multi_kernel(float* __restrict__ w, const float* __restrict__ g,
+__global__ void __launch_bounds__(kAdamWThreads) adamw_multi_kernel(float* __restrict__ w, const float* __restrict__ g,
                                                           float* __restrict__ m, float* __restrict__ v,
                                                           __nv_bfloat16* __restrict__ mirror,
                                                           const __grid_constant__ AdamWTable t) {
@@ -108,7 +111,38 @@ __global__ void __launch_bounds__(256) adamw_multi_kernel(float* __restrict__ w,
   __nv_bfloat16* mr = mirror ? mirror + sg.off + begin : nullptr;
   const auto al = [](const void* p, unsigned a) { return reinterpret_cast<uintptr_t>(p) % a == 0; };
   int64_t done = 0;
-  if (al(ws, 16) && al(gs, 16) && al(ms, 16) && al(vs, 16) && (!mr || al(mr, 8))) {
+  const bool vec = al(ws, 16) && al(gs, 16) && al(ms, 16) && al(vs, 16) && (!mr || al(mr, 8));
+  if (vec && len == kAdamWChunk) {
+    // A whole chunk: each thread's four groups of four are loaded before any is computed
+    // (16 loads in flight per thread instead of 4 between the divisions and square roots).
+    constexpr int G = kAdamWChunk / 4 / kAdamWThreads;
+    const float4* g4 = reinterpret_cast<const float4*>(gs);
+    float4* w4 = reinterpret_cast<float4*>(ws);
+    float4* m4 = reinterpret_cast<float4*>(ms);
+    float4* v4 = reinterpret_cast<float4*>(vs);
+    float4 gi[G], wi[G], mi[G], vi[G];
+#pragma unroll
+    for (int k = 0; k < G; ++k) {
+      const int i = threadIdx.x + k * kAdamWThreads;
+      gi[k] = g4[i], wi[k] = w4[i], mi[k] = m4[i], vi[k] = v4[i];
+    }
+#pragma unroll
+    for (int k = 0; k < G; ++k) {
+      const int i = threadIdx.x + k * kAdamWThreads;
+      wi[k].x = adamw_one(wi[k].x, gi[k].x, mi[k].x, vi[k].x, s, one_b1, one_b2);
+      wi[k].y = adamw_one(wi[k].y, gi[k].y, mi[k].y, vi[k].y, s, one_b1, one_b2);
+      wi[k].z = adamw_one(wi[k].z, gi[k].z, mi[k].z, vi[k].z, s, one_b1, one_b2);
+      wi[k].w = adamw_one(wi[k].w, gi[k].w, mi[k].w, vi[k].w, s, one_b1, one_b2);
+      m4[i] = mi[k];
+      v4[i] = vi[k];
+      w4[i] = wi[k];
+      if (mr)
+        reinterpret_cast<Bf16x4*>(mr)[i] =
+            Bf16x4{__floats2bfloat162_rn(wi[k].x, wi[k].y), __floats2bfloat162_rn(wi[k].z, wi[k].w)};
+    }
+    return;
+  }
+  if (vec) {
     const int64_t n4 = len / 4;
     for (int64_t i = threadIdx.x; i < n4; i += blockDim.x)
       adamw_at4(reinterpret_cast<float4*>(ws), reinterpret_cast<const float4*>(gs), reinterpret_cast<float4*>(ms),
@@ -244,7 +278,7 @@ void adamw_step_multi(float* w, const float* g, float* m, float* v, const std::v
       blocks += static_cast<int>((s.n + kAdamWChunk - 1) / kAdamWChunk);
     }
     if (t.count == 0) continue;
-    adamw_multi_kernel<<<blocks, 256, 0, st>>>(w, g, m, v, reinterpret_cast<__nv_bfloat16*>(mirror), t);
+    adamw_multi_kernel<<<blocks, kAdamWThreads, 0, st>>>(w, g, m, v, reinterpret_cast<__nv_bfloat16*>(mirror), t);
     LAR_CUDA_LAUNCHED();
   }
 }
