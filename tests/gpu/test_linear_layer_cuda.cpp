@@ -256,41 +256,75 @@ TEST(LinearLayerCuda, CcqStepMatchesTheCpuBackend) {
                "mixed");
 }
 
-// The layer keeps P and recomputes og (LAR_LINEAR_KEEP_P=1, the default) or keeps og and
-// recomputes P (0): the same GEMMs on the same inputs, so the same step (compared on a
-// deterministic backend, mixed, with CCQ on gdn so that P's q columns feed λ in both passes
-// and cler so that the second readout runs too); any other value is an error naming it.
-TEST(LinearLayerCuda, KeptPAndKeptOgGiveTheSameStep) {
+// The layouts of what the layer keeps and of its projection GEMM: [P | og] from one GEMM
+// (the default), P and og from GEMMs of their own (LAR_LINEAR_FUSE_OG=0), P alone with og
+// recomputed (LAR_LINEAR_KEEP_OG=0), og alone with P recomputed (LAR_LINEAR_KEEP_P=0); gdn's
+// gate pre-activations in P (the default) or from GEMMs of their own (LAR_LINEAR_FOLD_GATES=0).
+// Each against the CPU (compare_step, mixed, with CCQ + cler on gdn so that P's q columns feed
+// λ and the second readout runs, a kda hybrid stack, CARVE; gdn with 3 heads — 2H = 6 gate
+// columns padded to 8 — against the CPU in fp32, where no step of it had a mixed baseline, and
+// between layouts in mixed). The three layouts with og from its own GEMM run the same GEMMs on the
+// same inputs: the same bits. Another GEMM shape (og beside P, the gates beside q, k, v)
+// changes the products' last bits, and the bf16 chunk kernels turn that into a different
+// rounding pattern of the same size as their error against the CPU (measured on the H200:
+// 3e-3 – 1e-2 between layouts, each layout's error against the CPU unchanged). Any other
+// value of the switches is an error naming it.
+TEST(LinearLayerCuda, EveryLayoutMatchesTheCpuAndTheRecomputesRepeatTheBits) {
+  const json models[] = {
+      {{"architecture", "gdn"}, {"stack", "pure"}, {"n_layers", 3}, {"routing", "cler"}, {"ccq", {{"enabled", true}}}},
+      {{"architecture", "kda"}, {"stack", "hybrid"}, {"n_layers", 4}, {"hybrid_ratio", 1}},
+      {{"architecture", "carve"}, {"stack", "pure"}},
+      {{"architecture", "gdn"}, {"stack", "pure"}, {"d_model", 192}, {"n_heads", 3}, {"n_kv_heads", 3}}};
+  struct Layout {
+    const char* name;
+    std::vector<std::pair<const char*, const char*>> env;
+  };
+  const Layout layouts[] = {{"[P|og] kept", {}},
+                            {"P, og kept", {{"LAR_LINEAR_FUSE_OG", "0"}}},
+                            {"P kept", {{"LAR_LINEAR_KEEP_OG", "0"}}},
+                            {"og kept", {{"LAR_LINEAR_KEEP_P", "0"}}},
+                            {"gates own GEMMs", {{"LAR_LINEAR_FOLD_GATES", "0"}}}};
   auto gpu = backend("cuda", "mixed", true);
   const auto batch = random_batch(4, 100, 96, 3, 7);
-  for (const json& model : {json{{"architecture", "gdn"}, {"stack", "pure"}, {"n_layers", 3}, {"routing", "cler"},
-                                 {"ccq", {{"enabled", true}}}},
-                            json{{"architecture", "kda"}, {"stack", "hybrid"}, {"n_layers", 4}, {"hybrid_ratio", 1}},
-                            json{{"architecture", "carve"}, {"stack", "pure"}}}) {
+  for (const json& model : models) {
     const json cfg = run_config(model);
-    setenv("LAR_LINEAR_KEEP_P", "1", 1);
-    const StepOut a = one_step(*gpu, cfg, batch);
-    setenv("LAR_LINEAR_KEEP_P", "0", 1);
-    const StepOut b = one_step(*gpu, cfg, batch);
-    unsetenv("LAR_LINEAR_KEEP_P");
-    const StepOut c = one_step(*gpu, cfg, batch);  // unset: the default, P kept
-    ASSERT_EQ(a.grads.size(), b.grads.size());
-    const double e = rel_rms(b.grads.data(), a.grads.data(), (int64_t)a.grads.size());
-    std::printf("keep P vs keep og, %s: loss %.9g / %.9g, grads rel RMS %.2e%s\n", model.dump().c_str(), a.loss, b.loss,
-                e, a.grads == b.grads ? " (bit-identical)" : "");
-    EXPECT_NEAR(b.loss, a.loss, 1e-6 * a.loss) << model.dump();
-    EXPECT_LT(e, 1e-5) << model.dump();
-    EXPECT_TRUE(c.grads == a.grads && c.loss == a.loss) << model.dump() << ": the default is not the kept-P layout";
+    std::vector<StepOut> outs;
+    for (const Layout& l : layouts) {
+      for (const auto& [var, val] : l.env) setenv(var, val, 1);
+      if (&model != &models[3])
+        compare_step(std::string(model.at("architecture").get<std::string>()) + " " + l.name, cfg, "mixed");
+      outs.push_back(one_step(*gpu, cfg, batch));
+      for (const auto& [var, val] : l.env) unsetenv(var);
+    }
+    // og from its own GEMM, kept or recomputed, with P kept or recomputed: the same bits
+    EXPECT_TRUE(outs[1].grads == outs[2].grads && outs[1].loss == outs[2].loss) << model.dump() << ": og recomputed";
+    EXPECT_TRUE(outs[1].grads == outs[3].grads && outs[1].loss == outs[3].loss) << model.dump() << ": P recomputed";
+    // the default repeats its bits (deterministic backend)
+    const StepOut again = one_step(*gpu, cfg, batch);
+    EXPECT_TRUE(again.grads == outs[0].grads && again.loss == outs[0].loss) << model.dump() << ": default not repeatable";
+    std::printf("layouts of %s: grads rel RMS to the default %.2e / %.2e / %.2e / %.2e\n", model.dump().c_str(),
+                rel_rms(outs[1].grads.data(), outs[0].grads.data(), (int64_t)outs[0].grads.size()),
+                rel_rms(outs[2].grads.data(), outs[0].grads.data(), (int64_t)outs[0].grads.size()),
+                rel_rms(outs[3].grads.data(), outs[0].grads.data(), (int64_t)outs[0].grads.size()),
+                rel_rms(outs[4].grads.data(), outs[0].grads.data(), (int64_t)outs[0].grads.size()));
   }
-  setenv("LAR_LINEAR_KEEP_P", "yes", 1);
-  try {
-    one_step(*gpu, run_config({{"architecture", "gdn"}, {"stack", "pure"}}), batch);
-    ADD_FAILURE() << "LAR_LINEAR_KEEP_P=yes: no error";
-  } catch (const UserError& err) {
-    EXPECT_NE(std::string(err.what()).find("LAR_LINEAR_KEEP_P: expected 0 or 1, got 'yes'"), std::string::npos)
-        << err.what();
+  // fp32 with gdn's padded gate columns (3 heads) against the CPU, folded and not
+  const json three = run_config(models[3]);
+  compare_step("gdn 3 heads folded", three, "fp32");
+  setenv("LAR_LINEAR_FOLD_GATES", "0", 1);
+  compare_step("gdn 3 heads own GEMMs", three, "fp32");
+  unsetenv("LAR_LINEAR_FOLD_GATES");
+  for (const char* var : {"LAR_LINEAR_KEEP_P", "LAR_LINEAR_KEEP_OG", "LAR_LINEAR_FOLD_GATES", "LAR_LINEAR_FUSE_OG"}) {
+    setenv(var, "yes", 1);
+    try {
+      one_step(*gpu, run_config({{"architecture", "gdn"}, {"stack", "pure"}}), batch);
+      ADD_FAILURE() << var << "=yes: no error";
+    } catch (const UserError& err) {
+      EXPECT_NE(std::string(err.what()).find(std::string(var) + ": expected 0 or 1, got 'yes'"), std::string::npos)
+          << err.what();
+    }
+    unsetenv(var);
   }
-  unsetenv("LAR_LINEAR_KEEP_P");
 }
 
 TEST(LinearLayerCuda, GdnLossCurveTracksTheCpuRun) {
@@ -385,8 +419,8 @@ TEST(LinearLayerCuda, WhatTheCudaPathDoesNotRunIsAClearError) {
 // random inputs, rounded to what the GPU reads: T not a multiple of a warp's 32-token run or
 // of a block's 256 tokens (and below one run, and over two blocks), conv widths 0, 1, 3, 4, 6, 8, several heads per part, a column count
 // that leaves half a block empty (ldp = 448), fp32 and bf16 P, cler's routed input and the
-// routing extras. Every output is poisoned with NaN first; the backward runs twice and must
-// give the same bits.
+// routing extras, P rows wider than q, k, v. Every output is poisoned with NaN first; the
+// backward runs twice and must give the same bits.
 namespace {
 
 namespace kl = lar::kernels::cuda::linear;
@@ -397,6 +431,7 @@ using lar::gpu_test::bf16;
 struct QkvCase {
   int B, T, Cq, Cv, W;
   bool l2, p_bf16, cler, extras;
+  int pad = 0;  // P's row stride 2Cq + Cv + pad (gdn's layer puts its gate columns there)
 };
 
 double sigmoid_d(double x) { return 1.0 / (1.0 + std::exp(-x)); }
@@ -405,7 +440,8 @@ void check_qkv_case(const QkvCase& c) {
   const int ldp = 2 * c.Cq + c.Cv, N = c.B * c.T, Wk = std::max(c.W, 1);
   const std::string what = "B" + std::to_string(c.B) + " T" + std::to_string(c.T) + " Cq" + std::to_string(c.Cq) +
                            " Cv" + std::to_string(c.Cv) + " W" + std::to_string(c.W) + (c.l2 ? " l2" : "") +
-                           (c.p_bf16 ? " bf16" : " fp32") + (c.cler ? " cler" : "") + (c.extras ? " extras" : "");
+                           (c.p_bf16 ? " bf16" : " fp32") + (c.cler ? " cler" : "") + (c.extras ? " extras" : "") +
+                           (c.pad ? " pad" + std::to_string(c.pad) : "");
   std::mt19937_64 rng(1000 + c.T * 7 + c.W);
   std::normal_distribution<double> nd(0.0, 1.0);
   auto randv = [&](std::size_t n, double scale, bool bf) {
@@ -510,11 +546,27 @@ void check_qkv_case(const QkvCase& c) {
         dPref[i] = d;
       }
 
-  // the GPU
-  Dev<float> Pf(c.p_bf16 ? 0 : (std::size_t)N * ldp), dPf((std::size_t)N * ldp);
-  Dev<bf16> Pb(c.p_bf16 ? (std::size_t)N * ldp : 0), dPb((std::size_t)N * ldp);
-  if (c.p_bf16) Pb.put(P);
-  else Pf.put(P);
+  // the GPU (P with row stride lds: the padding columns hold other values, and dP's must
+  // stay poisoned)
+  const int lds = ldp + c.pad;
+  auto widen = [&](const std::vector<double>& x) {
+    std::vector<double> w((std::size_t)N * lds, 3.0);
+    for (int n = 0; n < N; ++n) std::copy_n(x.begin() + (std::size_t)n * ldp, ldp, w.begin() + (std::size_t)n * lds);
+    return w;
+  };
+  auto narrow = [&](const std::vector<double>& w, bool& pad_untouched) {
+    std::vector<double> x((std::size_t)N * ldp);
+    pad_untouched = true;
+    for (int n = 0; n < N; ++n) {
+      std::copy_n(w.begin() + (std::size_t)n * lds, ldp, x.begin() + (std::size_t)n * ldp);
+      for (int j = ldp; j < lds; ++j) pad_untouched = pad_untouched && std::isnan(w[(std::size_t)n * lds + j]);
+    }
+    return x;
+  };
+  Dev<float> Pf(c.p_bf16 ? 0 : (std::size_t)N * lds), dPf((std::size_t)N * lds);
+  Dev<bf16> Pb(c.p_bf16 ? (std::size_t)N * lds : 0), dPb((std::size_t)N * lds);
+  if (c.p_bf16) Pb.put(widen(P));
+  else Pf.put(widen(P));
   Dev<float> dwq((std::size_t)c.Cq * Wk), dwk((std::size_t)c.Cq * Wk), dwv((std::size_t)c.Cv * Wk);
   Dev<float> gq((std::size_t)c.Cq * Wk), gk((std::size_t)c.Cq * Wk), gv((std::size_t)c.Cv * Wk);
   dwq.put(wq), dwk.put(wk), dwv.put(wv);
@@ -536,7 +588,7 @@ void check_qkv_case(const QkvCase& c) {
   a.B = c.B, a.T = c.T, a.Cq = c.Cq, a.Cv = c.Cv, a.W = c.W, a.l2 = c.l2;
   a.P = c.p_bf16 ? static_cast<const void*>(Pb.p) : static_cast<const void*>(Pf.p);
   a.p_bf16 = c.p_bf16;
-  a.ldp = ldp;
+  a.ldp = lds;
   if (c.W > 0) a.wq = dwq.p, a.wk = dwk.p, a.wv = dwv.p;
   if (c.cler) a.rin = drin.p, a.gamma = dgamma.p;
   kl::qkv_forward(a, q.p, k.p, v.p, vout.p, nullptr);
@@ -553,7 +605,9 @@ void check_qkv_case(const QkvCase& c) {
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
   };
   backward();
-  const auto dP1 = c.p_bf16 ? dPb.get() : dPf.get();
+  bool pad_untouched = true;
+  const auto dP1 = narrow(c.p_bf16 ? dPb.get() : dPf.get(), pad_untouched);
+  EXPECT_TRUE(pad_untouched) << what << ": dP's columns after v were written";
   std::vector<double> gw1 = gq.get(), gk1 = gk.get(), gv1 = gv.get();
   gw1.insert(gw1.end(), gk1.begin(), gk1.end());
   gw1.insert(gw1.end(), gv1.begin(), gv1.end());
@@ -588,7 +642,7 @@ void check_qkv_case(const QkvCase& c) {
   std::printf("qkv %-40s q %.1e k %.1e v %.1e vout %.1e dP %.1e dw %.1e\n", what.c_str(), eq, ekk, evv, evo, edp, egw);
   // bit-reproducible: the same call again gives the same bits
   backward();
-  const auto dP2 = c.p_bf16 ? dPb.get() : dPf.get();
+  const auto dP2 = narrow(c.p_bf16 ? dPb.get() : dPf.get(), pad_untouched);
   std::vector<double> gw2 = gq.get(), gk2 = gk.get(), gv2 = gv.get();
   gw2.insert(gw2.end(), gk2.begin(), gk2.end());
   gw2.insert(gw2.end(), gv2.begin(), gv2.end());
@@ -611,7 +665,10 @@ TEST(LinearLayerOps, ConvSiluL2MatchesTheCpuReference) {
                            QkvCase{2, 521, 128, 64, 4, true, true, false, false},
                            QkvCase{1, 291, 64, 128, 3, true, false, true, true},
                            QkvCase{2, 263, 64, 64, 8, true, true, false, true},
-                           QkvCase{1, 258, 64, 64, 0, true, true, false, false}})
+                           QkvCase{1, 258, 64, 64, 0, true, true, false, false},
+                           // P wider than q, k, v (gdn's folded gate columns): 32 and 8 more
+                           QkvCase{2, 300, 128, 128, 4, true, true, false, false, 32},
+                           QkvCase{1, 150, 64, 128, 3, true, false, true, true, 8}})
     check_qkv_case(c);
 }
 
@@ -716,6 +773,106 @@ TEST(LinearLayerOps, GateMapsMatchTheCpuReference) {
     }
 }
 
+// gdn's gates from the fused projection's columns (gdn_gates_forward / _backward) against
+// double on the CPU: fp32 and bf16 P, H = 16 / 2 / 3 (padding columns 0 / 4 / 2), N not a
+// multiple of the row splits. dP is filled with random values first: the q, k, v columns
+// must come back untouched, the padding as zeros; the sums accumulate onto their old
+// values; the backward twice gives the same bits.
+TEST(LinearLayerOps, GdnGatesFromTheFusedProjection) {
+  struct Case {
+    int N, H, off, more;  // more: columns after the padding (og beside P), not the kernel's
+  };
+  for (const bool bf : {false, true})
+    for (const Case& c : {Case{4100, 16, 192, 0}, Case{777, 2, 384, 64}, Case{1000, 3, 192, 128}}) {
+      const int width = (c.off + 2 * c.H + 7) / 8 * 8, ldp = width + c.more, N = c.N, H = c.H;
+      const std::string what = std::string(bf ? "bf16" : "fp32") + " N=" + std::to_string(N) + " H=" + std::to_string(H);
+      std::mt19937_64 rng(N + H + bf);
+      std::normal_distribution<double> nd(0.0, 1.0);
+      auto randv = [&](std::size_t n, double scale, bool round) {
+        std::vector<double> x(n);
+        for (auto& e : x) e = round ? to_bf(scale * nd(rng)) : static_cast<float>(scale * nd(rng));
+        return x;
+      };
+      const auto P = randv((std::size_t)N * ldp, 1.5, bf), dP0 = randv((std::size_t)N * ldp, 1.0, bf);
+      const auto dbeta = randv((std::size_t)N * H, 1.0, false), dg = randv((std::size_t)N * H, 1.0, false);
+      const auto alog = randv(H, 1.0, false), dtb = randv(H, 1.0, false), ddt0 = randv(H, 1.0, false),
+                 da0 = randv(H, 1.0, false);
+      std::vector<double> beta((std::size_t)N * H), g((std::size_t)N * H), dPref = dP0, ddt = ddt0, da = da0, ddtabs(H),
+          daabs(H);
+      for (int n = 0; n < N; ++n)
+        for (int h = 0; h < H; ++h) {
+          const std::size_t i = (std::size_t)n * H + h, row = (std::size_t)n * ldp;
+          const double fb = P[row + c.off + h], x = P[row + c.off + H + h] + dtb[h], A = std::exp(alog[h]);
+          const double sp = std::log1p(std::exp(x)), s = sigmoid_d(fb);
+          beta[i] = s;
+          g[i] = -A * sp;
+          dPref[row + c.off + h] = dbeta[i] * s * (1 - s);
+          const double dfa = -dg[i] * A * sigmoid_d(x);
+          dPref[row + c.off + H + h] = dfa;
+          ddt[h] += dfa, ddtabs[h] += std::fabs(dfa);
+          da[h] += dg[i] * g[i], daabs[h] += std::fabs(dg[i] * g[i]);
+        }
+      for (int n = 0; n < N; ++n)
+        for (int j = c.off + 2 * H; j < width; ++j) dPref[(std::size_t)n * ldp + j] = 0;
+      Dev<float> Pf(bf ? 0 : P.size()), dPf(bf ? 0 : P.size()), dbeta_(dbeta.size()), dg_(dg.size()), alog_(H), dtb_(H),
+          ddt_(H), da_(H), beta_((std::size_t)N * H), g_((std::size_t)N * H),
+          scratch(kl::gdn_gates_backward_scratch_floats(N, H));
+      Dev<bf16> Pb(bf ? P.size() : 0), dPb(bf ? P.size() : 0);
+      if (bf) Pb.put(P);
+      else Pf.put(P);
+      dbeta_.put(dbeta), dg_.put(dg), alog_.put(alog), dtb_.put(dtb);
+      beta_.poison(), g_.poison();
+      kl::GdnGateArgs a;
+      a.N = N, a.H = H, a.ldp = ldp, a.off = c.off, a.width = c.more ? width : 0, a.p_bf16 = bf, a.A_log = alog_.p,
+      a.dt_bias = dtb_.p;
+      a.P = bf ? static_cast<const void*>(Pb.p) : static_cast<const void*>(Pf.p);
+      kl::gdn_gates_forward(a, beta_.p, g_.p, nullptr);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
+      EXPECT_LT(gpu_test::rel_rms(beta_.get(), beta), 1e-5) << what << ": beta";
+      EXPECT_LT(gpu_test::rel_rms(g_.get(), g), 1e-5) << what << ": g";
+      std::vector<double> dP1, ddt1, da1;
+      for (int rep = 0; rep < 2; ++rep) {
+        if (bf) dPb.put(dP0);
+        else dPf.put(dP0);
+        ddt_.put(ddt0), da_.put(da0);
+        kl::gdn_gates_backward(a, dbeta_.p, dg_.p, bf ? static_cast<void*>(dPb.p) : static_cast<void*>(dPf.p), ddt_.p,
+                               da_.p, scratch.p, nullptr);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
+        const auto dPg = bf ? dPb.get() : dPf.get();
+        if (rep == 0) {
+          double worst_rest = 0;
+          for (int n = 0; n < N; ++n)
+            for (int j = 0; j < ldp; ++j)
+              if (j < c.off || j >= width)
+                worst_rest =
+                    std::max(worst_rest, std::fabs(dPg[(std::size_t)n * ldp + j] - dP0[(std::size_t)n * ldp + j]));
+          EXPECT_EQ(worst_rest, 0.0) << what << ": dP's q, k, v columns or the ones after the padding changed";
+          std::vector<double> gate_got, gate_ref;
+          for (int n = 0; n < N; ++n)
+            for (int j = c.off; j < width; ++j) {
+              gate_got.push_back(dPg[(std::size_t)n * ldp + j]);
+              gate_ref.push_back(dPref[(std::size_t)n * ldp + j]);
+              if (j >= c.off + 2 * H) {
+                EXPECT_EQ(dPg[(std::size_t)n * ldp + j], 0.0) << what << ": padding " << n << "," << j;
+              }
+            }
+          EXPECT_LT(gpu_test::rel_rms(gate_got, gate_ref), bf ? 5e-3 : 1e-5) << what << ": dP gate columns";
+          const auto ddtg = ddt_.get(), dag = da_.get();
+          for (int h = 0; h < H; ++h) {
+            EXPECT_NEAR(ddtg[h], ddt[h], 1e-5 * ddtabs[h] + 1e-6) << what << " ddt_bias " << h;
+            EXPECT_NEAR(dag[h], da[h], 1e-5 * daabs[h] + 1e-6) << what << " dA_log " << h;
+          }
+          dP1 = dPg, ddt1 = ddtg, da1 = dag;
+        } else {
+          EXPECT_EQ(dPg, dP1) << what;
+          EXPECT_EQ(ddt_.get(), ddt1) << what;
+          EXPECT_EQ(da_.get(), da1) << what;
+        }
+      }
+      std::printf("gdn gates %-16s checked (beta, g, dP columns and padding, ddt_bias, dA_log)\n", what.c_str());
+    }
+}
+
 // The per-head output RMSNorm × SiLU gate, forward and backward, against double on the
 // CPU (rows not a multiple of a warp's 8, og / ypre / dypre / dog in fp32 and in bf16).
 TEST(LinearLayerOps, OutNormGateMatchesTheCpuReference) {
@@ -778,5 +935,50 @@ TEST(LinearLayerOps, OutNormGateMatchesTheCpuReference) {
       EXPECT_LT(gpu_test::rel_rms(d_dwn.get(), dwn), 1e-5) << what << ": dwn";
       // the backward's ypre (the layer's recompute) is the forward's, bit for bit
       EXPECT_TRUE(act_bf16 ? y2b.get() == yb.get() : y2f.get() == yf.get()) << what << ": ypre from the backward";
+      // og and dog as columns of wider rows (the layer's [P | og]): 7 heads a token (203 and
+      // 70001 rows; 1 head for 1 row) at column 24 of rows of hd·64 + 40 — the same bits,
+      // and the other columns of the dog rows untouched
+      const int hd = rows % 7 == 0 ? 7 : 1;
+      const int64_t ld = hd * 64 + 40, col = 24, tok = rows / hd;
+      std::vector<double> ogw((std::size_t)tok * ld, 0.5);
+      for (int64_t r = 0; r < rows; ++r)
+        for (int e = 0; e < 64; ++e) ogw[(r / hd) * ld + col + (r % hd) * 64 + e] = og[r * 64 + e];
+      Dev<bf16> ogwb(ogw.size()), dogwb(ogw.size()), y3b(n), dO3(n);
+      Dev<float> ogwf(ogw.size()), dogwf(ogw.size()), y3f(n), ypf(n), rstd3(rows), dwn3(64);
+      if (act_bf16) ogwb.put(ogw);
+      else ogwf.put(ogw);
+      dogwb.poison(), dogwf.poison(), d_dwn.put(dwn0), dwn3.put(dwn0);
+      Dev<bf16> ypb(n);
+      const void* ogwp = act_bf16 ? static_cast<const void*>(ogwb.p + col) : static_cast<const void*>(ogwf.p + col);
+      void* dogwp = act_bf16 ? static_cast<void*>(dogwb.p + col) : static_cast<void*>(dogwf.p + col);
+      kl::out_gate_forward(rows, d_o.p, ogwp, d_wn.p, static_cast<float>(eps),
+                           act_bf16 ? static_cast<void*>(ypb.p) : static_cast<void*>(ypf.p), rstd3.p, act_bf16, nullptr,
+                           hd, ld);
+      kl::out_gate_backward(rows, d_o.p, ogwp, d_wn.p, d_rstd.p,
+                            act_bf16 ? static_cast<const void*>(dyb.p) : static_cast<const void*>(dyf.p), dO3.p, dogwp,
+                            act_bf16 ? static_cast<void*>(y3b.p) : static_cast<void*>(y3f.p), dwn3.p, scratch.p,
+                            act_bf16, nullptr, hd, ld);
+      // the contiguous backward again from dwn0, for dwn's bits
+      kl::out_gate_backward(rows, d_o.p, ogp, d_wn.p, d_rstd.p,
+                            act_bf16 ? static_cast<const void*>(dyb.p) : static_cast<const void*>(dyf.p), d_dO.p,
+                            act_bf16 ? static_cast<void*>(dogb.p) : static_cast<void*>(dogf.p),
+                            act_bf16 ? static_cast<void*>(y2b.p) : static_cast<void*>(y2f.p), d_dwn.p, scratch.p,
+                            act_bf16, nullptr);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
+      const auto dogw = act_bf16 ? dogwb.get() : dogwf.get(), dogc = act_bf16 ? dogb.get() : dogf.get();
+      bool same_dog = true, rest_untouched = true;
+      for (int64_t t = 0; t < tok; ++t)
+        for (int64_t j = 0; j < ld; ++j) {
+          const double v = dogw[t * ld + j];
+          if (j >= col && j < col + hd * 64) same_dog = same_dog && v == dogc[(t * hd + (j - col) / 64) * 64 + (j - col) % 64];
+          else rest_untouched = rest_untouched && std::isnan(v);
+        }
+      EXPECT_TRUE(same_dog) << what << ": strided dog";
+      EXPECT_TRUE(rest_untouched) << what << ": strided dog wrote other columns";
+      EXPECT_TRUE(act_bf16 ? ypb.get() == yb.get() : ypf.get() == yf.get()) << what << ": strided ypre";
+      EXPECT_TRUE(act_bf16 ? y3b.get() == yb.get() : y3f.get() == yf.get()) << what << ": strided ypre (backward)";
+      EXPECT_TRUE(rstd3.get() == d_rstd.get()) << what << ": strided rstd";
+      EXPECT_TRUE(dO3.get() == d_dO.get()) << what << ": strided dO";
+      EXPECT_TRUE(dwn3.get() == d_dwn.get()) << what << ": strided dwn";
     }
 }

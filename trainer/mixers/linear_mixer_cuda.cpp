@@ -45,18 +45,35 @@ using kernels::Tensor;
 
 constexpr float kNormEps = 1e-5f;  // output RMSNorm, as on the CPU
 
-// What the layer keeps from forward to backward besides o, the boundary states and the
-// small gates: P = x [Wq;Wk;Wv]ᵀ (LAR_LINEAR_KEEP_P=1, the default; og = x W_gᵀ is then
-// recomputed in the backward: a [Cv, d] GEMM instead of the [2Cq+Cv, d] one, for 2 more
-// bytes per token and channel pair kept — +128 MiB a layer at B·T = 32K, heads of 64, in
-// bf16) or og (0: P recomputed, the smaller layout). Both give the same values. Read at
-// every forward; any other value is an error.
-bool keep_p_setting() {
-  const char* v = std::getenv("LAR_LINEAR_KEEP_P");
-  if (!v || !*v || std::string(v) == "1") return true;
+// A 0/1 switch from the environment (unset or empty: `dflt`); any other value is an error
+// naming the variable.
+bool env_switch(const char* name, bool dflt) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return dflt;
+  if (std::string(v) == "1") return true;
   if (std::string(v) == "0") return false;
-  throw UserError("LAR_LINEAR_KEEP_P: expected 0 or 1, got '" + std::string(v) + "'");
+  throw UserError(std::string(name) + ": expected 0 or 1, got '" + std::string(v) + "'");
 }
+
+// What the layer keeps from forward to backward besides o, the boundary states and the
+// small gates: P = x [Wq;Wk;Wv]ᵀ (LAR_LINEAR_KEEP_P=1, the default) or not (0: P
+// recomputed in the backward, the smaller layout), and og = x W_gᵀ (always when P is not
+// kept; with P only while LAR_LINEAR_KEEP_OG=1, the default: else og is recomputed in the
+// backward, one [Cv, d] GEMM — 1.9 ms a step for the 344M GDN — for 64 MiB a layer less at
+// B·T = 32K in bf16). Every layout gives the same values. Read at every forward.
+bool keep_p_setting() { return env_switch("LAR_LINEAR_KEEP_P", true); }
+bool keep_og_setting() { return env_switch("LAR_LINEAR_KEEP_OG", true); }
+// gdn: the gate pre-activations x [W_β; W_a]ᵀ as 2H more columns of the q·k·v GEMM's P
+// (LAR_LINEAR_FOLD_GATES=1, the default) instead of GEMMs of their own (0: the forward's
+// x·[W_β; W_a]ᵀ and the backward's two, which re-read x and read-modify-write dx for 32
+// columns — memory-bound, 2.3 ms a step for the 344M GDN). Folded, fβ and fa are rounded
+// to act_dtype() with P (bf16 in mixed precision, like q, k, v before their conv).
+bool fold_gates_setting() { return env_switch("LAR_LINEAR_FOLD_GATES", true); }
+// With P and og both kept: og's columns in the same GEMM as P (LAR_LINEAR_FUSE_OG=1, the
+// default): x [Wq;Wk;Wv;(W_β;W_a;0);W_g]ᵀ → [P | og], one wider GEMM instead of two, and in the
+// backward one weight-gradient GEMM and one dx GEMM over [∂P | ∂og] (dog is written into
+// those columns) instead of two each; 0: og by a GEMM of its own.
+bool fuse_og_setting() { return env_switch("LAR_LINEAR_FUSE_OG", true); }
 
 // A bf16 buffer of n elements carved from the arena (which only knows f32/f64/i32).
 struct Bf {
@@ -85,9 +102,9 @@ class CudaLinearImpl final : public CudaLinear {
     if (k != q + P_[s_.wq].bytes() || v != k + P_[s_.wk].bytes() || gk != gq + G_[s_.wq].bytes() ||
         gv != gk + G_[s_.wk].bytes())
       throw RuntimeError("linear mixer (cuda): wq, wk, wv are not adjacent in the parameter buffer");
-    ldp_ = 2 * d_.Cq + d_.Cv;
-    Wqkv_ = Tensor(P_[s_.wq].data, DType::f32, {ldp_, d_.d});
-    Gqkv_ = Tensor(G_[s_.wq].data, DType::f32, {ldp_, d_.d});
+    nqkv_ = ldp_ = 2 * d_.Cq + d_.Cv;
+    Wqkv_ = Tensor(P_[s_.wq].data, DType::f32, {nqkv_, d_.d});
+    Gqkv_ = Tensor(G_[s_.wq].data, DType::f32, {nqkv_, d_.d});
     // gdn: w_beta and w_a, declared one after the other, make one [2H, d] projection
     if (d_.mixer == lk::Mixer::gdn) {
       const auto* b = static_cast<const char*>(P_[s_.wbeta].data);
@@ -104,12 +121,13 @@ class CudaLinearImpl final : public CudaLinear {
   // those; any dtype works: x and dy are converted here when they differ). Activations in
   // the backend's act_dtype() (bf16 in mixed precision) wherever they are GEMM operands or
   // outputs, so no GEMM converts an operand. Kept from forward to backward (per layer): o
-  // and the boundary states (the chunk kernels'), P = x [Wq;Wk;Wv]ᵀ or og = x W_gᵀ
-  // (keep_p_setting), the output norm's rstd and the small gate tensors ([N, H] or [N,
-  // rank]). Everything else of the forward lives above an arena mark and is released at its
-  // end: og or P, q, k, v, the channel mixers' [N, Cq] log-gates (and gdn2's b, w), ypre;
-  // the backward recomputes them (one GEMM, one qkv pass, the gate maps; ypre comes out of
-  // the norm × gate backward) instead of keeping ≈ 0.6 GB per layer at B·T = 32K.
+  // and the boundary states (the chunk kernels'), P = x [Wq;Wk;Wv]ᵀ and og = x W_gᵀ or one
+  // of them (keep_p_setting, keep_og_setting), gdn's folded weight copy, the output norm's
+  // rstd and the small gate tensors ([N, H] or [N, rank]). Everything else of the forward
+  // lives above an arena mark and is released at its end: og or P when not kept, q, k, v,
+  // the channel mixers' [N, Cq] log-gates (and gdn2's b, w), ypre; the backward recomputes
+  // them (a GEMM, one qkv pass, the gate maps; ypre comes out of the norm × gate backward)
+  // instead of keeping ≈ 0.6 GB per layer at B·T = 32K.
   void forward(ForwardContext& ctx, const Tensor& x, const Tensor& y, Routing& route) override {
     auto& be = ctx.be;
     auto& ar = ctx.arena;
@@ -127,13 +145,35 @@ class CudaLinearImpl final : public CudaLinear {
                            std::to_string(d_.Cv) + "]");
       rin_ = route.in;
     }
-    // kept for the backward (and the published side channel): o, the boundary states, and P
-    // or og (keep_p_setting)
+    // kept for the backward (and the published side channel): o, the boundary states, P
+    // and/or og (keep_p_setting, keep_og_setting)
     keep_p_ = keep_p_setting() && ctx.training;  // evaluation has no backward: keep the smaller og
+    keep_og_ = !keep_p_ || keep_og_setting();
+    // gdn's folded gates: P gets fβ, fa and zero padding to a multiple of 8 columns (16-byte
+    // bf16 rows), from a copy of [Wq; Wk; Wv; W_β; W_a; 0] in act_dtype() made here — the
+    // weights are tiny next to x — and kept for the backward's dx GEMM
+    fold_ = !Wba_.empty() && fold_gates_setting();
+    wide_ = keep_p_ && keep_og_ && fuse_og_setting();
+    pw_ = fold_ ? (nqkv_ + 2 * d_.H + 7) / 8 * 8 : nqkv_;
+    ldp_ = pw_ + (wide_ ? d_.Cv : 0);
+    wcat_ = Tensor();
+    if (fold_ || wide_) {
+      // the GEMM's weight [Wq; Wk; Wv; (W_β; W_a; 0); (W_g)] in act_dtype(), [ldp_, d]
+      wcat_ = ar.alloc(at_, {ldp_, d_.d});
+      const std::size_t es = wcat_.bytes() / wcat_.numel();
+      char* w = static_cast<char*>(wcat_.data);
+      be.convert(Wqkv_.view({nqkv_ * d_.d}), Tensor(w, at_, {nqkv_ * d_.d}));
+      if (fold_) {
+        be.convert(Wba_.view({2 * d_.H * d_.d}), Tensor(w + nqkv_ * d_.d * es, at_, {2 * d_.H * d_.d}));
+        const int64_t pad = pw_ - nqkv_ - 2 * d_.H;
+        if (pad > 0) be.zero(Tensor(w + (nqkv_ + 2 * d_.H) * d_.d * es, at_, {pad * d_.d}));
+      }
+      if (wide_) be.convert(P_[s_.wgate].view({d_.Cv * d_.d}), Tensor(w + pw_ * d_.d * es, at_, {d_.Cv * d_.d}));
+    }
     o_ = bf_alloc(ar, N * d_.Cv);
     bound_ = ar.alloc(DType::f32, {(int64_t)(cl::delta_boundary_bytes(shape()) + 3) / 4});
     P_qkv_ = keep_p_ ? ar.alloc(at_, {N, ldp_}) : Tensor();
-    og_ = keep_p_ ? Tensor() : ar.alloc(at_, {N, d_.Cv});
+    og_ = keep_og_ && !wide_ ? ar.alloc(at_, {N, d_.Cv}) : Tensor();  // wide_: og is in P_qkv_
     rstd_ = ar.alloc(DType::f32, {N * d_.H});
     saved_gates_alloc(ar, N);
     // CCQ: λ (and its pre-activation) kept; in training also q_c and the final key
@@ -195,13 +235,15 @@ class CudaLinearImpl final : public CudaLinear {
       cl::route_residual(route_args(), o2.p, route.out.ptr<float>(), st);
     }
     // output: RMSNorm_h(o) ⊙ SiLU(x W_gᵀ) → W_o
-    if (keep_p_) og_ = ar.alloc(at_, {N, d_.Cv});  // released at the end, recomputed in backward
-    be.gemm(Xa, false, P_[s_.wgate], true, og_);
+    if (!wide_) {
+      if (!keep_og_) og_ = ar.alloc(at_, {N, d_.Cv});  // released at the end, recomputed in backward
+      be.gemm(Xa, false, P_[s_.wgate], true, og_);
+    }
     Tensor ypre = ar.alloc(at_, {N, d_.Cv});
     {
       cl::LayerTimer tm("linear: out norm+gate (fwd)", st);
-      cl::out_gate_forward(N * d_.H, o_.p, og_.data, P_[s_.onorm].ptr<float>(), kNormEps, ypre.data, rstd_.ptr<float>(),
-                           act_bf16(), st);
+      cl::out_gate_forward(N * d_.H, o_.p, og_ptr(), P_[s_.onorm].ptr<float>(), kNormEps, ypre.data, rstd_.ptr<float>(),
+                           act_bf16(), st, d_.H, og_ld());
     }
     be.gemm(ypre, false, P_[s_.wo], true, y.view({N, d_.d}));
     ar.release(mark);
@@ -222,7 +264,7 @@ class CudaLinearImpl final : public CudaLinear {
     const Tensor dY = as_act(be, ar, dy.view({N, d_.d}));
     // what the forward released: P or og, q, k, v, the large gates, ypre
     inputs(be, ar, st, N, Xa, true, nullptr);
-    if (keep_p_) {
+    if (!keep_og_) {
       og_ = ar.alloc(at_, {N, d_.Cv});
       be.gemm(Xa, false, P_[s_.wgate], true, og_);
     }
@@ -239,16 +281,23 @@ class CudaLinearImpl final : public CudaLinear {
     be.gemm(dY, false, P_[s_.wo], false, dypre);
     Tensor ypre = ar.alloc(at_, {N, d_.Cv});
     Bf dO = bf_alloc(ar, N * d_.Cv);
-    Tensor dog = ar.alloc(at_, {N, d_.Cv});
+    // ∂L/∂P: gdn's folded gates write their columns (and the padding) here, the conv
+    // backward the q, k, v columns, and with wide_ the norm × gate backward dog
+    Tensor dP = ar.alloc(at_, {N, ldp_});
+    Tensor dog = wide_ ? Tensor() : ar.alloc(at_, {N, d_.Cv});
+    void* dogp = wide_ ? static_cast<char*>(dP.data) + pw_ * elem_bytes(dP) : dog.data;
     {
       cl::LayerTimer tm("linear: out norm+gate (bwd)", st);
       Tensor scratch = ar.alloc(DType::f32, {(int64_t)cl::out_gate_backward_scratch_floats(N * d_.H)});
-      cl::out_gate_backward(N * d_.H, o_.p, og_.data, P_[s_.onorm].ptr<float>(), rstd_.ptr<float>(), dypre.data, dO.p,
-                            dog.data, ypre.data, G_[s_.onorm].ptr<float>(), scratch.ptr<float>(), act_bf16(), st);
+      cl::out_gate_backward(N * d_.H, o_.p, og_ptr(), P_[s_.onorm].ptr<float>(), rstd_.ptr<float>(), dypre.data, dO.p,
+                            dogp, ypre.data, G_[s_.onorm].ptr<float>(), scratch.ptr<float>(), act_bf16(), st, d_.H,
+                            og_ld());
     }
     be.gemm(dY, true, ypre, false, G_[s_.wo], 1.0, 1.0);
-    be.gemm(dog, true, Xa, false, G_[s_.wgate], 1.0, 1.0);
-    be.gemm(dog, false, P_[s_.wgate], false, dX, 1.0, 0.0);  // dx overwritten
+    if (!wide_) {
+      be.gemm(dog, true, Xa, false, G_[s_.wgate], 1.0, 1.0);
+      be.gemm(dog, false, P_[s_.wgate], false, dX, 1.0, 0.0);  // dx overwritten
+    }
     // the recurrence
     Grads g = grads_alloc(ar, N);
     {
@@ -313,9 +362,10 @@ class CudaLinearImpl final : public CudaLinear {
       }
       cl::route_backward(route_args(), rg, st);
     }
-    gates_backward(be, ar, st, N, g, eb, ew, Xa, dX);
+    // gdn's folded gates write into dP; the others add into dx, which the W_g GEMM above
+    // wrote (wide_: the final dx GEMM writes it, they follow that)
+    if (fold_ || !wide_) gates_backward(be, ar, st, N, g, eb, ew, Xa, dX, dP);
     // conv + SiLU + L2 backward in one pass, then the fused projection
-    Tensor dP = ar.alloc(at_, {N, ldp_});
     {
       cl::LayerTimer tm("linear: conv+silu+l2 (bwd)", st);
       cl::QkvGrads qg;
@@ -343,8 +393,23 @@ class CudaLinearImpl final : public CudaLinear {
       }
     }
     if (!dflam.empty()) ccq_lambda_backward(be, ar, st, N, dflam, dP);
-    be.gemm(dP, true, Xa, false, Gqkv_, 1.0, 1.0);
-    be.gemm(dP, false, Wqkv_, false, dX, 1.0, 1.0);
+    if (!wcat_.empty()) {
+      // one weight-gradient GEMM for all of wcat_'s weights into a scratch (their gradients
+      // are not adjacent: the convs' lie between), added to each; one dx GEMM
+      Tensor dW = ar.alloc(DType::f32, {ldp_, d_.d});
+      be.gemm(dP, true, Xa, false, dW, 1.0, 0.0);
+      auto add_rows = [&](int64_t row, int64_t rows, const Tensor& grad) {
+        be.axpy(1.0, Tensor(dW.ptr<float>() + row * d_.d, DType::f32, {rows * d_.d}), grad.view({rows * d_.d}));
+      };
+      add_rows(0, nqkv_, Gqkv_);
+      if (fold_) add_rows(nqkv_, 2 * d_.H, Gba_);
+      if (wide_) add_rows(pw_, d_.Cv, G_[s_.wgate]);
+      be.gemm(dP, false, wcat_, false, dX, 1.0, wide_ ? 0.0 : 1.0);  // wide_: dx overwritten
+    } else {
+      be.gemm(dP, true, Xa, false, Gqkv_, 1.0, 1.0);
+      be.gemm(dP, false, Wqkv_, false, dX, 1.0, 1.0);
+    }
+    if (wide_ && !fold_) gates_backward(be, ar, st, N, g, eb, ew, Xa, dX, dP);
     ar.release(mark);
   }
 
@@ -523,6 +588,12 @@ class CudaLinearImpl final : public CudaLinear {
   }
 
   bool act_bf16() const { return at_ == DType::bf16; }
+  static std::size_t elem_bytes(const Tensor& t) { return t.bytes() / t.numel(); }
+  // og: its own [N, Cv] tensor, or (wide_) P_qkv_'s columns [pw_, pw_ + Cv), row stride ldp_
+  const void* og_ptr() const {
+    return wide_ ? static_cast<const char*>(P_qkv_.data) + pw_ * elem_bytes(P_qkv_) : og_.data;
+  }
+  int64_t og_ld() const { return wide_ ? ldp_ : 0; }
 
   // t in act_dtype(): t itself, or a converted copy in the arena.
   Tensor as_act(kernels::Backend& be, kernels::Arena& ar, const Tensor& t) const {
@@ -542,7 +613,9 @@ class CudaLinearImpl final : public CudaLinear {
       fws_ = ar.alloc(DType::f32, {N, d_.H});
       ws_ = ar.alloc(DType::f32, {N, d_.H});
     }
-    if (!Wba_.empty()) {
+    if (fold_) {
+      // gdn's folded gates: fβ and fa are columns of P (gdn_gate_args); β and g kept below
+    } else if (!Wba_.empty()) {
       // gdn's fused [W_β; W_a] projection: fbeta_ and fg_ are the two column blocks of one
       // [N, 2H] buffer (row stride pre_ld(), which gate_args passes on)
       Tensor f = ar.alloc(DType::f32, {N, 2 * d_.H});
@@ -554,7 +627,7 @@ class CudaLinearImpl final : public CudaLinear {
     if (m == lk::Mixer::gdn) g_ = ar.alloc(DType::f32, {N, d_.H});
     if (m == lk::Mixer::gla || m == lk::Mixer::kda || m == lk::Mixer::gdn2) h1_ = ar.alloc(at_, {N, d_.rank});
     if (lk::uses_beta(m)) {
-      if (fbeta_.empty()) fbeta_ = ar.alloc(DType::f32, {N, d_.H});
+      if (fbeta_.empty() && !fold_) fbeta_ = ar.alloc(DType::f32, {N, d_.H});
       beta_ = ar.alloc(DType::f32, {N, d_.H});
     }
   }
@@ -573,7 +646,7 @@ class CudaLinearImpl final : public CudaLinear {
     const lk::Mixer m = d_.mixer;
     if (!again || !keep_p_) {  // P: into its kept buffer (allocated by forward), or here
       if (!keep_p_) P_qkv_ = ar.alloc(at_, {N, ldp_});
-      be.gemm(Xa, false, Wqkv_, true, P_qkv_);
+      be.gemm(Xa, false, wcat_.empty() ? Wqkv_ : wcat_, true, P_qkv_);
     }
     q_ = bf_alloc(ar, N * d_.Cq);
     k_ = bf_alloc(ar, N * d_.Cq);
@@ -582,7 +655,12 @@ class CudaLinearImpl final : public CudaLinear {
       cl::LayerTimer tm(again ? "linear: conv+silu+l2 (recompute)" : "linear: conv+silu+l2 (fwd)", st);
       cl::qkv_forward(qkv_args(), q_.p, k_.p, v_.p, vout, st);
     }
-    if (m == lk::Mixer::gdn) {
+    if (m == lk::Mixer::gdn && fold_) {
+      if (!again) {
+        cl::LayerTimer tm("linear: gate maps (fwd)", st);
+        cl::gdn_gates_forward(gdn_gate_args(), beta_.ptr<float>(), g_.ptr<float>(), st);
+      }
+    } else if (m == lk::Mixer::gdn) {
       if (!again) {
         if (Wba_.empty()) be.gemm(Xa, false, P_[s_.wa], true, fg_);
         else be.gemm(Xa, false, Wba_, true, pre_ba());  // β's pre-activation too
@@ -601,7 +679,7 @@ class CudaLinearImpl final : public CudaLinear {
       // the channel kernel as gla with a zero log-gate: S_t = S_{t−1} + v_t k_tᵀ
       g_ = ar.zeros(DType::f32, {N, d_.Cq});
     }
-    if (lk::uses_beta(m) && !again) {
+    if (lk::uses_beta(m) && !again && !fold_) {
       if (Wba_.empty()) be.gemm(Xa, false, P_[s_.wbeta], true, fbeta_);
       gate_fwd(gate_args(cl::GateMap::sigmoid, fbeta_, -1, 1, pre_ld()), beta_.ptr<float>(), nullptr, st);
     }
@@ -662,8 +740,25 @@ class CudaLinearImpl final : public CudaLinear {
     be.gemm(df, false, P_[slot], false, dX, 1.0, 1.0);
   }
 
+  // gdn's folded gates: fβ, fa in P's columns [2Cq+Cv, 2Cq+Cv+2H).
+  cl::GdnGateArgs gdn_gate_args() const {
+    cl::GdnGateArgs a;
+    a.N = P_qkv_.size(0);
+    a.H = d_.H;
+    a.P = P_qkv_.data;
+    a.p_bf16 = P_qkv_.dtype == DType::bf16;
+    a.ldp = ldp_;
+    a.off = nqkv_;
+    a.width = pw_;
+    a.A_log = P_[s_.A_log].ptr<float>();
+    a.dt_bias = P_[s_.dt_bias].ptr<float>();
+    return a;
+  }
+
+  // dP: ∂L/∂P, where gdn's folded gates put ∂L/∂(fβ, fa) (their weights' gradients and dx
+  // then come from the q·k·v GEMMs).
   void gates_backward(kernels::Backend& be, kernels::Arena& ar, cudaStream_t st, int64_t N, const Grads& g,
-                      const Tensor& eb, const Tensor& ew, const Tensor& Xa, const Tensor& dX) {
+                      const Tensor& eb, const Tensor& ew, const Tensor& Xa, const Tensor& dX, const Tensor& dP) {
     const lk::Mixer m = d_.mixer;
     auto colsum = [&](const Tensor& M, int group, int slot, int64_t ld = 0) {
       Tensor scratch = ar.alloc(DType::f32, {(int64_t)cl::colsum_scratch_floats(M.size(0), (int)M.size(1))});
@@ -671,6 +766,13 @@ class CudaLinearImpl final : public CudaLinear {
       cl::colsum_accumulate(M.ptr<float>(), M.size(0), (int)M.size(1), ld > 0 ? ld : M.size(1), group,
                             G_[slot].ptr<float>(), scratch.ptr<float>(), st);
     };
+    if (fold_) {
+      Tensor scratch = ar.alloc(DType::f32, {(int64_t)cl::gdn_gates_backward_scratch_floats(N, d_.H)});
+      cl::LayerTimer tm("linear: gate maps (bwd)", st);
+      cl::gdn_gates_backward(gdn_gate_args(), g.dbeta.ptr<float>(), g.dg.ptr<float>(), dP.data,
+                             G_[s_.dt_bias].ptr<float>(), G_[s_.A_log].ptr<float>(), scratch.ptr<float>(), st);
+      return;
+    }
     if (!Wba_.empty()) {
       // gdn, fused [W_β; W_a]: both gates' ∂L/∂f into one [N, 2H] for one projection backward
       const int64_t H = d_.H;
@@ -789,7 +891,9 @@ class CudaLinearImpl final : public CudaLinear {
   Dims d_;
   Slots s_;
   std::vector<Tensor> P_, G_;
-  int64_t ldp_ = 0;
+  int64_t nqkv_ = 0;  // 2Cq + Cv: P's q, k, v columns
+  int64_t pw_ = 0;    // P's columns before og: nqkv_, or with gdn's folded gates and padding
+  int64_t ldp_ = 0;   // P's row stride: pw_, or pw_ + Cv with og beside it (wide_)
   Tensor Wqkv_, Gqkv_;
   Tensor Wba_, Gba_;  // gdn: [W_β; W_a] and its gradient (empty when not adjacent)
   // this step's cache (arena tensors, valid until the next forward)
@@ -800,7 +904,11 @@ class CudaLinearImpl final : public CudaLinear {
   Bf q_, k_, v_, o_, b_, w_, qr_;
   // CCQ: whether this forward applied it, λ [N, H] and its pre-activation (learned)
   bool ccq_on_ = false;
-  bool keep_p_ = true;  // this step keeps P (and recomputes og), see keep_p_setting
+  bool keep_p_ = true;   // this step keeps P, see keep_p_setting
+  bool keep_og_ = true;  // this step keeps og, see keep_og_setting
+  bool fold_ = false;    // gdn's gates come out of the q·k·v GEMM (fold_gates_setting)
+  bool wide_ = false;    // og comes out of the q·k·v GEMM too (fuse_og_setting)
+  Tensor wcat_;          // fold_ or wide_: [Wq; Wk; Wv; (W_β; W_a; 0); (W_g)] in act_dtype(), [ldp_, d]
   bool det_ = false;  // the backend promises bit-identical results (CARVE's dU1, dU2 per sequence)
   Tensor lam_, flam_;
   Bf qc_;                     // q_c (training forwards)

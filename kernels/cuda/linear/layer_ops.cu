@@ -40,6 +40,14 @@ __device__ __forceinline__ void st_bf2(bf16* p, float a, float b) {
   *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(a, b);
 }
 
+__device__ __forceinline__ float to_f(float x) { return x; }
+__device__ __forceinline__ float to_f(bf16 x) { return __bfloat162float(x); }
+template <class T>
+__device__ __forceinline__ T from_f(float x) {
+  if constexpr (std::is_same_v<T, bf16>) return __float2bfloat16(x);
+  else return x;
+}
+
 unsigned blocks_for(int64_t n, int per) { return static_cast<unsigned>((n + per - 1) / per); }
 
 void require(bool ok, const std::string& what) {
@@ -51,6 +59,8 @@ void require(bool ok, const std::string& what) {
 struct Part {
   int which, col;
 };
+// The conv's channels: q, k, v (P's row stride ldp may be wider, see QkvArgs).
+__host__ __device__ __forceinline__ int qkv_channels(const QkvArgs& a) { return 2 * a.Cq + a.Cv; }
 __device__ __forceinline__ Part part_of(int c, int Cq) {
   if (c < Cq) return {0, c};
   if (c < 2 * Cq) return {1, c - Cq};
@@ -180,7 +190,7 @@ __device__ __forceinline__ void cp_wait() {
 struct TileThread {
   int64_t b, tile, nb;
   int t0, c, warp, lane;
-  bool cok;       // c < ldp (uniform over each half-warp: ldp is a multiple of 64)
+  bool cok;       // c < 2Cq + Cv (uniform over each half-warp: the parts are multiples of 64)
   unsigned hmask; // the lanes of this thread's head
   Part pt;
 };
@@ -190,7 +200,7 @@ __device__ __forceinline__ TileThread tile_thread(const QkvArgs& a) {
   r.lane = threadIdx.x & 31;
   r.warp = threadIdx.x >> 5;
   r.c = (blockIdx.x * 32 + r.lane) * 4;
-  r.cok = r.c < a.ldp;
+  r.cok = r.c < qkv_channels(a);
   const int64_t tiles = (a.T + 8 * R - 1) / (8 * R);
   r.tile = blockIdx.y;
   r.b = blockIdx.y / tiles;
@@ -541,13 +551,13 @@ __global__ void __launch_bounds__(kThreads, kBwdBlocks) qkv_bwd_kernel(QkvArgs a
     for (int idx = threadIdx.x; idx < 32 * K; idx += blockDim.x) {
       const int l = idx % 32, j = idx / 32, m = j - (K - a.W);
       const int c = (blockIdx.x * 32 + l) * 4;
-      if (m < 0 || c >= a.ldp) continue;
+      if (m < 0 || c >= qkv_channels(a)) continue;
       float4 s = sm[j * 32 + l];
       for (int y = 1; y < 8; ++y) {
         const float4 v = sm[(y * K + j) * 32 + l];
         s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
       }
-      float* wp = wpartial + th.tile * a.ldp * a.W + (int64_t)c * a.W + m;
+      float* wp = wpartial + th.tile * qkv_channels(a) * a.W + (int64_t)c * a.W + m;
       wp[0] = s.x, wp[a.W] = s.y, wp[2 * a.W] = s.z, wp[3 * a.W] = s.w;
     }
   }
@@ -560,7 +570,7 @@ __global__ void conv_weight_finish(QkvArgs a, const float* partial, int64_t rang
   const int64_t i = blockIdx.x;
   const int c = static_cast<int>(i / a.W), j = static_cast<int>(i % a.W);
   float s = 0.f;
-  for (int64_t r = threadIdx.x; r < ranges; r += blockDim.x) s += partial[r * a.ldp * a.W + i];
+  for (int64_t r = threadIdx.x; r < ranges; r += blockDim.x) s += partial[r * qkv_channels(a) * a.W + i];
   red[threadIdx.x] = s;
   __syncthreads();
   for (int w = blockDim.x / 2; w > 0; w >>= 1) {
@@ -690,6 +700,62 @@ __global__ void colsum_finish(const float* partial, int splits, int C, int group
   if (threadIdx.x == 0) out[j] += red[0];
 }
 
+// ---------------------------------------------------------------- gdn's gates (fused projection)
+// One thread per (token, head): β and g from P's fβ, fa columns, with gate_value's maps.
+template <class TP>
+__global__ void gdn_gates_fwd_kernel(GdnGateArgs a, float* beta, float* g) {
+  const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= a.N * a.H) return;
+  const int64_t n = i / a.H;
+  const int h = static_cast<int>(i - n * a.H);
+  const TP* f = static_cast<const TP*>(a.P) + n * a.ldp + a.off + h;
+  beta[i] = sigm(to_f(f[0]));
+  g[i] = -__expf(a.A_log[h]) * softplus_fast(to_f(f[a.H]) + a.dt_bias[h]);
+}
+
+// The backward over a split of rows per block: a thread keeps one head h (threads t and
+// t + H·r share it) and walks every (256 / H)-th row of the split; its ∂dt_bias and ∂A_log
+// terms are summed in registers, then over the block's row lanes in order in shared memory:
+// one partial per (split, head), summed over the splits in order by colsum_finish. Replaces
+// two gate_bwd passes, two colsum passes (the fp32 [N, 2H] df and the [N, H] A-terms) and
+// the GEMMs' conversion of df (≈ 33 µs a layer at B·T = 32K, H = 16).
+template <class TP>
+__global__ void gdn_gates_bwd_kernel(GdnGateArgs a, const float* dbeta, const float* dg, TP* dP, float* pdt,
+                                     float* pa) {
+  __shared__ float red[2][kThreads];
+  const int R = kThreads / a.H;  // rows in flight per block (H ≤ 128)
+  const int t = threadIdx.x, h = t % a.H, r = t / a.H;
+  const int64_t per = (a.N + gridDim.x - 1) / gridDim.x;
+  const int64_t r0 = blockIdx.x * per, r1 = std::min<int64_t>(a.N, r0 + per);
+  const int pad = static_cast<int>((a.width ? a.width : a.ldp) - a.off - 2 * a.H);
+  float sdt = 0.f, sa = 0.f;
+  if (r < R) {
+    const float A = __expf(a.A_log[h]), bias = a.dt_bias[h];
+    for (int64_t n = r0 + r; n < r1; n += R) {
+      const TP* f = static_cast<const TP*>(a.P) + n * a.ldp + a.off + h;
+      TP* d = dP + n * a.ldp + a.off + h;
+      const int64_t i = n * a.H + h;
+      const float s = sigm(to_f(f[0]));
+      d[0] = from_f<TP>(dbeta[i] * s * (1.f - s));
+      const float x = to_f(f[a.H]) + bias, dy = dg[i];
+      const float dfa = -dy * A * sigm(x);
+      d[a.H] = from_f<TP>(dfa);
+      sdt += dfa;
+      sa += dy * (-A * softplus(x));
+      for (int j = h; j < pad; j += a.H) d[2 * a.H - h + j] = from_f<TP>(0.f);
+    }
+  }
+  red[0][t] = sdt;
+  red[1][t] = sa;
+  __syncthreads();
+  if (t < 2 * a.H) {
+    const int k = t / a.H, hh = t % a.H;
+    float sum = 0.f;
+    for (int y = 0; y < R; ++y) sum += red[k][y * a.H + hh];
+    (k == 0 ? pdt : pa)[(int64_t)blockIdx.x * a.H + hh] = sum;
+  }
+}
+
 // ---------------------------------------------------------------- fused channel-gate backward
 // decay / logsig16 over [N, C] (kda, gdn2: decay per head of 64; gla: logsig16) in one
 // pass: df = ∂L/∂f (fp32 or bf16, the GEMMs' operand dtype) and the per-column partial sums
@@ -756,9 +822,22 @@ __global__ void gate_bwd_fused_kernel(GateArgs a, const float* dy, TD* df, int64
 // row of 2 channels a lane per step left these passes at ≈ 60% of the bandwidth).
 constexpr int kRowsW = 8;
 
+// Where row r (token r / heads, head r % heads) of og and dog starts: contiguous rows of 64
+// (ld = 0), or heads of 64 at the front of rows of ld elements (the layer's wide GEMM output,
+// og beside P; rows < 2^32, checked by the host).
+struct OgRows {
+  uint32_t heads = 1;
+  int64_t ld = 0;
+  __device__ __forceinline__ int64_t at(int64_t r) const {
+    if (ld == 0) return r * kSeg;
+    const uint32_t n = static_cast<uint32_t>(r) / heads;
+    return n * ld + (static_cast<uint32_t>(r) - n * heads) * kSeg;
+  }
+};
+
 template <class TA>
-__global__ void out_fwd_kernel(int64_t rows, const bf16* o, const TA* og, const float* wn, float eps, TA* ypre,
-                               float* rstd) {
+__global__ void out_fwd_kernel(int64_t rows, const bf16* o, const TA* og, OgRows gl, const float* wn, float eps,
+                               TA* ypre, float* rstd) {
   const int lane = threadIdx.x & 31, half = lane >> 4, l4 = (lane & 15) * 4;
   const unsigned hmask = half ? 0xffff0000u : 0x0000ffffu;
   const int64_t r0 = ((int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32) * kRowsW + half;
@@ -772,7 +851,7 @@ __global__ void out_fwd_kernel(int64_t rows, const bf16* o, const TA* og, const 
   for (int j = 0; j < kRowsW / 2; ++j) {
     const int64_t r = r0 + 2 * j;
     x[j] = r < rows ? ld_raw4(o + r * kSeg + l4) : make_uint2(0u, 0u);
-    gt[j] = r < rows ? ld_raw4(og + r * kSeg + l4) : zero_raw4<TA>();
+    gt[j] = r < rows ? ld_raw4(og + gl.at(r) + l4) : zero_raw4<TA>();
   }
 #pragma unroll
   for (int j = 0; j < kRowsW / 2; ++j) {
@@ -799,7 +878,7 @@ int out_blocks(int64_t rows) {
 }
 
 template <class TA>
-__global__ void out_bwd_kernel(int64_t rows, const bf16* o, const TA* og, const float* wn, const float* rstd,
+__global__ void out_bwd_kernel(int64_t rows, const bf16* o, const TA* og, OgRows gl, const float* wn, const float* rstd,
                                const TA* dypre, bf16* dO, TA* dog, TA* ypre, float* dwn_partial) {
   __shared__ float red[kThreads / 32][2][kSeg];
   const int lane = threadIdx.x & 31, wib = threadIdx.x / 32, half = lane >> 4, l4 = (lane & 15) * 4;
@@ -818,7 +897,7 @@ __global__ void out_bwd_kernel(int64_t rows, const bf16* o, const TA* og, const 
       const int64_t r = r0 + 2 * j;
       const bool ok = r < rows;
       x[j] = ok ? ld_raw4(o + r * kSeg + l4) : make_uint2(0u, 0u);
-      gt[j] = ok ? ld_raw4(og + r * kSeg + l4) : zero_raw4<TA>();
+      gt[j] = ok ? ld_raw4(og + gl.at(r) + l4) : zero_raw4<TA>();
       dy[j] = ok ? ld_raw4(dypre + r * kSeg + l4) : zero_raw4<TA>();
       rs[j] = ok ? rstd[r] : 0.f;
     }
@@ -840,7 +919,7 @@ __global__ void out_bwd_kernel(int64_t rows, const bf16* o, const TA* og, const 
         dx[e] = don * w[e];  // on x̂
         m = fmaf(dx[e], xh[e], m);
       }
-      st4(dog + r * kSeg + l4, gg);
+      st4(dog + gl.at(r) + l4, gg);
       if (ypre) {  // the forward's output again, same expression (same bits) as out_fwd_kernel
 #pragma unroll
         for (int e = 0; e < 4; ++e) out[e] = xv[e] * rs[j] * w[e] * g[e] * sigm(g[e]);
@@ -998,7 +1077,9 @@ EventProfile& layer_profile() {
 namespace {
 
 void qkv_check(const QkvArgs& a) {
-  require(a.ldp == 2 * a.Cq + a.Cv && a.Cq % kSeg == 0 && a.Cv % kSeg == 0, "qkv: widths must be multiples of 64");
+  require(a.Cq % kSeg == 0 && a.Cv % kSeg == 0, "qkv: widths must be multiples of 64");
+  require(a.ldp >= qkv_channels(a) && a.ldp % 4 == 0,
+          "qkv: row stride " + std::to_string(a.ldp) + " below 2Cq+Cv or not a multiple of 4");
   require(a.W >= 0 && a.W <= kMaxConv, "qkv: conv width " + std::to_string(a.W) + " outside 0..8");
 }
 
@@ -1012,7 +1093,7 @@ dim3 qkv_grid(const QkvArgs& a) {
   const int64_t tiles = qkv_tiles<R>(a);
   require(tiles <= 65535, "qkv: B·⌈T/" + std::to_string(8 * R) + "⌉ = " + std::to_string(tiles) +
                               " tiles, more than a grid column holds");
-  return dim3(blocks_for(a.ldp, kTileCh), static_cast<unsigned>(tiles));
+  return dim3(blocks_for(qkv_channels(a), kTileCh), static_cast<unsigned>(tiles));
 }
 
 // Launch with dynamic shared memory, opting in above the default 48 KB (per call: the
@@ -1056,7 +1137,7 @@ void qkv_backward_with(const QkvArgs& a, const QkvGrads& g, void* dP, float* gwq
   if (a.p_bf16) launch(static_cast<bf16*>(dP));
   else launch(static_cast<float*>(dP));
   if (a.W == 0) return;
-  conv_weight_finish<<<static_cast<unsigned>(a.ldp * a.W), kThreads, 0, stream>>>(a, scratch, qkv_tiles<R>(a), gwq,
+  conv_weight_finish<<<static_cast<unsigned>(qkv_channels(a) * a.W), kThreads, 0, stream>>>(a, scratch, qkv_tiles<R>(a), gwq,
                                                                                     gwk, gwv);
   LAR_CUDA_LAUNCHED();
 }
@@ -1071,7 +1152,7 @@ void qkv_forward(const QkvArgs& a, bf16* q, bf16* k, bf16* v, float* vout, cudaS
 }
 
 std::size_t qkv_backward_scratch_floats(const QkvArgs& a) {
-  return static_cast<std::size_t>(qkv_tiles<kBwdRun>(a) * a.ldp * std::max(a.W, 1));
+  return static_cast<std::size_t>(qkv_tiles<kBwdRun>(a) * qkv_channels(a) * std::max(a.W, 1));
 }
 
 void qkv_backward(const QkvArgs& a, const QkvGrads& g, void* dP, float* gwq, float* gwk, float* gwv, float* scratch,
@@ -1105,6 +1186,23 @@ void gate_backward(const GateArgs& a, const float* dyf, const bf16* dyb, const f
   LAR_CUDA_LAUNCHED();
 }
 
+void gdn_gates_check(const GdnGateArgs& a) {
+  require(a.H >= 1 && 2 * a.H <= kThreads && a.P && a.A_log && a.dt_bias, "gdn gates: H outside 1..128 or a missing input");
+  const int64_t width = a.width ? a.width : a.ldp;
+  require(a.off >= 0 && width >= a.off + 2 * a.H && width <= a.ldp,
+          "gdn gates: columns [off, off + 2H) or the padding outside the row stride");
+}
+
+void gdn_gates_forward(const GdnGateArgs& a, float* beta, float* g, cudaStream_t stream) {
+  gdn_gates_check(a);
+  require(beta && g, "gdn gates forward: missing output");
+  if (a.N == 0) return;
+  const unsigned blocks = blocks_for(a.N * a.H, kThreads);
+  if (a.p_bf16) gdn_gates_fwd_kernel<bf16><<<blocks, kThreads, 0, stream>>>(a, beta, g);
+  else gdn_gates_fwd_kernel<float><<<blocks, kThreads, 0, stream>>>(a, beta, g);
+  LAR_CUDA_LAUNCHED();
+}
+
 int colsum_splits(int64_t N) { return static_cast<int>(std::clamp<int64_t>(N / 64, 1, kMaxSplits)); }
 
 std::size_t colsum_scratch_floats(int64_t N, int C) { return static_cast<std::size_t>(colsum_splits(N)) * C; }
@@ -1117,6 +1215,26 @@ void colsum_accumulate(const float* M, int64_t N, int C, int64_t ld, int group, 
   colsum_kernel<<<dim3(blocks_for(C, 32), splits), kThreads, 0, stream>>>(M, N, C, ld, scratch);
   LAR_CUDA_LAUNCHED();
   colsum_finish<<<C / group, kThreads, 0, stream>>>(scratch, splits, C, group, out);
+  LAR_CUDA_LAUNCHED();
+}
+
+std::size_t gdn_gates_backward_scratch_floats(int64_t N, int H) { return 2 * colsum_scratch_floats(N, H); }
+
+void gdn_gates_backward(const GdnGateArgs& a, const float* dbeta, const float* dg, void* dP, float* ddt, float* dA_log,
+                        float* scratch, cudaStream_t stream) {
+  gdn_gates_check(a);
+  require(dbeta && dg && dP && ddt && dA_log && scratch, "gdn gates backward: missing input or output");
+  if (a.N == 0) return;
+  const int splits = colsum_splits(a.N);
+  float *pdt = scratch, *pa = scratch + (std::size_t)splits * a.H;
+  if (a.p_bf16)
+    gdn_gates_bwd_kernel<bf16><<<splits, kThreads, 0, stream>>>(a, dbeta, dg, static_cast<bf16*>(dP), pdt, pa);
+  else
+    gdn_gates_bwd_kernel<float><<<splits, kThreads, 0, stream>>>(a, dbeta, dg, static_cast<float*>(dP), pdt, pa);
+  LAR_CUDA_LAUNCHED();
+  colsum_finish<<<a.H, kThreads, 0, stream>>>(pdt, splits, a.H, 1, ddt);
+  LAR_CUDA_LAUNCHED();
+  colsum_finish<<<a.H, kThreads, 0, stream>>>(pa, splits, a.H, 1, dA_log);
   LAR_CUDA_LAUNCHED();
 }
 
@@ -1151,15 +1269,29 @@ void gate_backward_fused(const GateArgs& a, const float* dy, void* df, bool df_b
   }
 }
 
+namespace {
+OgRows og_rows(int64_t rows, int og_heads, int64_t og_ld) {
+  OgRows g;
+  if (og_ld == 0) return g;
+  require(og_heads >= 1 && rows % og_heads == 0 && og_ld >= og_heads * kSeg && og_ld % 4 == 0 &&
+              rows < (int64_t(1) << 32),
+          "out norm × gate: og rows of " + std::to_string(og_heads) + " heads in a stride of " + std::to_string(og_ld));
+  g.heads = static_cast<uint32_t>(og_heads);
+  g.ld = og_ld;
+  return g;
+}
+}  // namespace
+
 void out_gate_forward(int64_t rows, const bf16* o, const void* og, const float* wn, float eps, void* ypre,
-                      float* rstd, bool act_bf16, cudaStream_t stream) {
+                      float* rstd, bool act_bf16, cudaStream_t stream, int og_heads, int64_t og_ld) {
   if (rows == 0) return;
+  const OgRows gl = og_rows(rows, og_heads, og_ld);
   const unsigned blocks = blocks_for(rows, kThreads / 32 * kRowsW);
   if (act_bf16)
-    out_fwd_kernel<<<blocks, kThreads, 0, stream>>>(rows, o, static_cast<const bf16*>(og), wn, eps,
+    out_fwd_kernel<<<blocks, kThreads, 0, stream>>>(rows, o, static_cast<const bf16*>(og), gl, wn, eps,
                                                     static_cast<bf16*>(ypre), rstd);
   else
-    out_fwd_kernel<<<blocks, kThreads, 0, stream>>>(rows, o, static_cast<const float*>(og), wn, eps,
+    out_fwd_kernel<<<blocks, kThreads, 0, stream>>>(rows, o, static_cast<const float*>(og), gl, wn, eps,
                                                     static_cast<float*>(ypre), rstd);
   LAR_CUDA_LAUNCHED();
 }
@@ -1170,15 +1302,16 @@ std::size_t out_gate_backward_scratch_floats(int64_t rows) {
 
 void out_gate_backward(int64_t rows, const bf16* o, const void* og, const float* wn, const float* rstd,
                        const void* dypre, bf16* dO, void* dog, void* ypre, float* dwn, float* scratch, bool act_bf16,
-                       cudaStream_t stream) {
+                       cudaStream_t stream, int og_heads, int64_t og_ld) {
   if (rows == 0) return;
+  const OgRows gl = og_rows(rows, og_heads, og_ld);
   const int blocks = out_blocks(rows);
   if (act_bf16)
-    out_bwd_kernel<<<blocks, kThreads, 0, stream>>>(rows, o, static_cast<const bf16*>(og), wn, rstd,
+    out_bwd_kernel<<<blocks, kThreads, 0, stream>>>(rows, o, static_cast<const bf16*>(og), gl, wn, rstd,
                                                     static_cast<const bf16*>(dypre), dO, static_cast<bf16*>(dog),
                                                     static_cast<bf16*>(ypre), scratch);
   else
-    out_bwd_kernel<<<blocks, kThreads, 0, stream>>>(rows, o, static_cast<const float*>(og), wn, rstd,
+    out_bwd_kernel<<<blocks, kThreads, 0, stream>>>(rows, o, static_cast<const float*>(og), gl, wn, rstd,
                                                     static_cast<const float*>(dypre), dO, static_cast<float*>(dog),
                                                     static_cast<float*>(ypre), scratch);
   LAR_CUDA_LAUNCHED();

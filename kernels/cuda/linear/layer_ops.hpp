@@ -26,7 +26,9 @@ namespace lar::kernels::cuda::linear {
 // ---- q, k, v: projections → conv + SiLU → (L2 norm) → bf16 kernel inputs ----
 // P [N, ldp] holds the projections (fp32, or bf16 when p_bf16: the GEMM's output in the
 // backend's act_dtype()): q in columns [0, Cq), k in [Cq, 2Cq), v in [2Cq, 2Cq+Cv) (one
-// fused GEMM). Conv weights [C, W] per part (W = 0: no conv, no SiLU).
+// fused GEMM). ldp ≥ 2Cq+Cv, a multiple of 4: the columns after v are neither read nor
+// written here (gdn's layer puts its gate pre-activations there, gdn_gates_* below). Conv
+// weights [C, W] per part (W = 0: no conv, no SiLU).
 struct QkvArgs {
   int64_t B = 0, T = 0;
   int Cq = 0, Cv = 0, W = 0;
@@ -91,6 +93,30 @@ std::size_t gate_backward_fused_scratch_floats(const GateArgs& a);
 void gate_backward_fused(const GateArgs& a, const float* dy, void* df, bool df_bf16, float* dbias, float* dA_log,
                          float* scratch, cudaStream_t stream);
 
+// ---- gdn's gates from the fused projection ----
+// gdn's layer computes its gate pre-activations in the q·k·v GEMM: P's columns [off, off+H)
+// hold fβ and [off+H, off+2H) fa (off = 2Cq + Cv; row stride ldp; P's dtype), the columns
+// [off+2H, width) are padding (zero weights; width 0: ldp; the layer keeps og after them).
+// β = σ(fβ) and g = −exp(A_log[h])·softplus(fa + dt_bias[h]), each fp32 [N, H] — the sigmoid
+// and decay maps of gate_forward.
+struct GdnGateArgs {
+  int64_t N = 0;
+  int H = 0;
+  const void* P = nullptr;
+  bool p_bf16 = false;
+  int64_t ldp = 0, off = 0, width = 0;
+  const float* A_log = nullptr;    // [H]
+  const float* dt_bias = nullptr;  // [H]
+};
+void gdn_gates_forward(const GdnGateArgs& a, float* beta, float* g, cudaStream_t stream);
+// The backward from dbeta, dg (fp32 [N, H]): dP's columns [off, off+2H) = ∂L/∂(fβ, fa) in
+// P's dtype and its padding columns [off+2H, width) zeroed (the fused GEMMs read them), the
+// rest of dP untouched; ∂L/∂dt_bias and ∂L/∂A_log accumulated into ddt [H] and dA_log [H]
+// (fixed-order sums over row splits in scratch: gdn_gates_backward_scratch_floats floats).
+std::size_t gdn_gates_backward_scratch_floats(int64_t N, int H);
+void gdn_gates_backward(const GdnGateArgs& a, const float* dbeta, const float* dg, void* dP, float* ddt, float* dA_log,
+                        float* scratch, cudaStream_t stream);
+
 // ---- deterministic column sums ----
 // out[j] += Σ_n Σ_{c ∈ [j·group, (j+1)·group)} M[n, c]  (M [N, C] with row stride ld).
 std::size_t colsum_scratch_floats(int64_t N, int C);
@@ -100,8 +126,10 @@ void colsum_accumulate(const float* M, int64_t N, int C, int64_t ld, int group, 
 // ---- output: per-head RMSNorm (weight wn [64]) × SiLU(og) ----
 // rows = N·H rows of 64: o bf16 (the kernel's output); og, ypre, dypre and dog all fp32, or
 // all bf16 when act_bf16 (GEMM operands in the backend's act_dtype()); rstd [rows] fp32.
+// og (and dog) contiguous [rows, 64], or with og_ld > 0 the first og_heads·64 columns of rows
+// of og_ld elements, a token's og_heads heads each (the layer's GEMM output [P | og]).
 void out_gate_forward(int64_t rows, const __nv_bfloat16* o, const void* og, const float* wn, float eps, void* ypre,
-                      float* rstd, bool act_bf16, cudaStream_t stream);
+                      float* rstd, bool act_bf16, cudaStream_t stream, int og_heads = 0, int64_t og_ld = 0);
 // From dypre: dO (bf16, the kernels' dout), dog, and ∂L/∂wn accumulated into dwn [64]
 // (per-block partials in scratch, out_gate_backward_scratch_floats(rows) floats, then a
 // fixed-order sum: no [rows, 64] terms buffer). ypre (may be null): out_gate_forward's
@@ -110,7 +138,7 @@ void out_gate_forward(int64_t rows, const __nv_bfloat16* o, const void* og, cons
 std::size_t out_gate_backward_scratch_floats(int64_t rows);
 void out_gate_backward(int64_t rows, const __nv_bfloat16* o, const void* og, const float* wn, const float* rstd,
                        const void* dypre, __nv_bfloat16* dO, void* dog, void* ypre, float* dwn, float* scratch,
-                       bool act_bf16, cudaStream_t stream);
+                       bool act_bf16, cudaStream_t stream, int og_heads = 0, int64_t og_ld = 0);
 
 // ---- cross-layer routing: the write residual r_t = z_t − S_{t−1}(a_t ⊙ e_t) ----
 // The chunk kernels read S_t after the update, so r comes from a second readout of the same
