@@ -15,6 +15,7 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "cli/bench.hpp"
@@ -52,6 +53,23 @@ struct Options {
   }
 };
 
+// Inputs at B=1 T=32K are 33M elements per tensor: generating them on one host thread took
+// ~6 s per problem, longer than a short device call. Blocks of 64K elements (whole rows of
+// 64) are filled in parallel, each from its own seed, so the values do not depend on the
+// thread count.
+constexpr size_t kBlock = size_t{1} << 16;
+template <class F>
+void parallel_blocks(size_t n, F&& f) {
+  const size_t blocks = (n + kBlock - 1) / kBlock;
+  const size_t threads = std::max<size_t>(1, std::min<size_t>(blocks, std::thread::hardware_concurrency()));
+  std::vector<std::thread> pool;
+  for (size_t t = 0; t < threads; ++t)
+    pool.emplace_back([&, t] {
+      for (size_t blk = t; blk < blocks; blk += threads) f(blk, blk * kBlock, std::min(n, (blk + 1) * kBlock));
+    });
+  for (auto& th : pool) th.join();
+}
+
 template <class T>
 struct DevBuf {
   T* p = nullptr;
@@ -62,7 +80,9 @@ struct DevBuf {
   DevBuf& operator=(const DevBuf&) = delete;
   void put(const std::vector<float>& h) {
     std::vector<T> x(n);
-    for (size_t i = 0; i < n; ++i) x[i] = static_cast<T>(h[i]);
+    parallel_blocks(n, [&](size_t, size_t a, size_t b) {
+      for (size_t i = a; i < b; ++i) x[i] = static_cast<T>(h[i]);
+    });
     LAR_CUDA_CHECK(cudaMemcpy(p, x.data(), n * sizeof(T), cudaMemcpyHostToDevice));
   }
   std::vector<float> get() const {
@@ -85,22 +105,40 @@ struct Rng {
   }
   double normal() { return std::sqrt(-2 * std::log(uniform() + 1e-300)) * std::cos(6.283185307179586 * uniform()); }
 };
+// Each generator takes the caller's Rng only to draw a seed for its blocks (one draw per call,
+// so successive tensors differ and the sequence stays deterministic).
 std::vector<float> rows_unit(size_t rows, Rng& r) {
   std::vector<float> h(rows * 64);
-  for (size_t i = 0; i < rows; ++i) {
-    double s = 0;
-    for (int c = 0; c < 64; ++c) s += (h[i * 64 + c] = static_cast<float>(r.normal())) * h[i * 64 + c];
-    for (int c = 0; c < 64; ++c) h[i * 64 + c] = static_cast<float>(h[i * 64 + c] / std::sqrt(s));
-  }
+  const uint64_t seed = r.x;
+  r.uniform();
+  parallel_blocks(h.size(), [&](size_t blk, size_t a, size_t b) {
+    Rng rb(seed + blk);
+    for (size_t i = a / 64; i < b / 64; ++i) {
+      double s = 0;
+      for (int c = 0; c < 64; ++c) s += (h[i * 64 + c] = static_cast<float>(rb.normal())) * h[i * 64 + c];
+      for (int c = 0; c < 64; ++c) h[i * 64 + c] = static_cast<float>(h[i * 64 + c] / std::sqrt(s));
+    }
+  });
   return h;
 }
-std::vector<float> normal(size_t n, Rng& r, double sd = 1.0) {
+// n values of lo + span * u (u uniform in [0, 1)), or of sd * N(0, 1) when normal is set
+std::vector<float> draw(size_t n, Rng& r, bool normal, double lo_or_sd, double span = 0) {
   std::vector<float> h(n);
-  for (auto& x : h) x = static_cast<float>(sd * r.normal());
+  const uint64_t seed = r.x;
+  r.uniform();
+  parallel_blocks(n, [&](size_t blk, size_t a, size_t b) {
+    Rng rb(seed + blk);
+    for (size_t i = a; i < b; ++i)
+      h[i] = static_cast<float>(normal ? lo_or_sd * rb.normal() : lo_or_sd + span * rb.uniform());
+  });
   return h;
 }
+std::vector<float> normal(size_t n, Rng& r, double sd = 1.0) { return draw(n, r, true, sd); }
+std::vector<float> uniform(size_t n, Rng& r, double lo, double span) { return draw(n, r, false, lo, span); }
 std::vector<float> bf_round(std::vector<float> h) {
-  for (auto& x : h) x = __bfloat162float(__float2bfloat16(x));
+  parallel_blocks(h.size(), [&](size_t, size_t a, size_t b) {
+    for (size_t i = a; i < b; ++i) h[i] = __bfloat162float(__float2bfloat16(h[i]));
+  });
   return h;
 }
 
@@ -166,28 +204,25 @@ struct Problem {
     Rng r(seed);
     q.put(bf_round(rows_unit(nr, r))), k.put(bf_round(rows_unit(nr, r)));
     v.put(bf_round(normal(nx, r))), dO.put(bf_round(normal(nx, r)));
-    std::vector<float> hb(nr), hg(g.n, 0.f);
-    for (auto& x : hb) x = static_cast<float>(0.05 + 0.9 * r.uniform());
-    if (gated)
-      for (auto& x : hg) x = static_cast<float>(std::log(0.9 + 0.1 * r.uniform()));
-    beta.put(hb), g.put(hg);
+    beta.put(uniform(nr, r, 0.05, 0.9));
+    std::vector<float> hg(g.n, 0.f);
+    if (gated) {
+      hg = uniform(g.n, r, 0.9, 0.1);
+      parallel_blocks(hg.size(), [&](size_t, size_t a, size_t b) {
+        for (size_t i = a; i < b; ++i) hg[i] = std::log(hg[i]);
+      });
+    }
+    g.put(hg);
     if (channel) {
-      std::vector<float> u(nx);
-      for (auto& x : u) x = static_cast<float>(0.05 + 0.9 * r.uniform());
-      bg.put(u);
-      for (auto& x : u) x = static_cast<float>(0.05 + 0.9 * r.uniform());
-      wg.put(u);
+      bg.put(uniform(nx, r, 0.05, 0.9));
+      wg.put(uniform(nx, r, 0.05, 0.9));
       if (carve) bg.put(bf_round(normal(nx, r)));  // erase logits
     }
     if (carve) {
-      for (auto& x : hb) x = static_cast<float>(0.05 + 0.9 * r.uniform());
-      wsc.put(hb);
+      wsc.put(uniform(nr, r, 0.05, 0.9));
       U1.put(normal(U1.n, r)), U2.put(normal(U2.n, r, 0.3));
     }
-    if (ccq) {
-      for (auto& x : hb) x = static_cast<float>(0.01 + 0.2 * r.uniform());
-      lam.put(hb);
-    }
+    if (ccq) lam.put(uniform(nr, r, 0.01, 0.2));
   }
   const bf16* qin() const { return ccq ? qc.p : q.p; }  // what the backbone reads
   ll::CcqInputs ccq_inputs() const {
@@ -304,14 +339,17 @@ int bench_linear(const Options& o) {
                                          : own(pass, t);
         table.rows.push_back({mixer, name, pass, fmt::format("{:.3f}", t), floor, a[0], a[1]});
       };
+      // one line as soon as a case is timed: a run stopped by a time limit keeps what it measured
+      std::cout << fmt::format("  {} {}: fwd {:.3f}  bwd {:.3f}  fwd+bwd {:.3f} ms\n", mixer, name, t_fwd, t_bwd, t_all)
+                << std::flush;
       row("fwd", t_fwd, floor_ms(fwd_bytes, fwd_flops), false);
       row("bwd", t_bwd, floor_ms(bwd_bytes, bwd_flops), false);
       row("fwd+bwd", t_all, floor_ms(fwd_bytes + bwd_bytes, fwd_flops + bwd_flops), anchored);
     }
   }
-  // recurrent single-token decode of the channel mixers: one launch per token, state read
+  // recurrent single-token decode of every mixer: one launch per token, state read
   // and written once (floor: 2 · B·H·16 KiB at the copy bandwidth)
-  for (const std::string mixer : {"gla", "kda", "gdn2", "carve"}) {
+  for (const std::string mixer : {"deltanet", "gdn", "gla", "kda", "gdn2", "carve"}) {
     if (!o.wants(mixer + "-decode")) continue;
     const int64_t B = o.quick ? 1 : 8, H = o.quick ? 4 : 16;
     Problem p(mixer, B, 1, H, 11);
@@ -320,6 +358,8 @@ int bench_linear(const Options& o) {
           if (p.carve) {
             ll::CarveInputs in = p.carve_inputs();
             ll::carve_decode(p.s, in, 5, p.S.p, p.content.p, p.o.p, nullptr);
+          } else if (!p.channel) {
+            ll::delta_decode(p.s, p.q.p, p.k.p, p.v.p, p.gated ? p.g.p : nullptr, p.beta.p, p.S.p, p.o.p, nullptr);
           } else {
             ll::channel_decode(p.cm, p.s, p.inputs(), p.S.p, p.o.p, nullptr);
           }
@@ -349,7 +389,7 @@ static lar::cli::BenchRegistration linear_cuda_reg{
       app.add_flag("!--no-short", o->short_seq, "Skip the B=8, T=4096 shape");
       app.add_option("--mixer", o->only,
                      "Only these cases, comma-separated (deltanet, gdn, gla, kda, gdn2, carve, gdn+ccq, gla+ccq, "
-                     "<gla|kda|gdn2|carve>-decode)");
+                     "<mixer>-decode for deltanet, gdn, gla, kda, gdn2, carve)");
       return [o] { return bench_linear(*o); };
     }};
 #endif  // LAR_HAVE_CUDA
