@@ -137,6 +137,42 @@ __device__ __forceinline__ void store_rows(bf16* dst, const Params& p, int b, in
     }
 }
 
+// store_rows through shared memory: the warp's 16×32 block of the fragment, times f, into its
+// block of the bf16 tile `stage` (which no other warp touches meanwhile), then out with 16-byte
+// stores, each warp instruction writing 8 rows × 64 contiguous bytes (store_rows: 8 × 16 bytes,
+// half sectors). stage == nullptr: store_rows.
+__device__ __forceinline__ void stage_out(bf16* dst, const Params& p, int b, int h, int t0, int n, const bf16* stage,
+                                          const Lane& L) {
+  __syncwarp();
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int k = L.lane + 32 * i, r = 16 * L.wm + (k >> 2), c = 32 * L.wn + 8 * (k & 3);
+    const uint4 x = *reinterpret_cast<const uint4*>(stage + r * LD + c);
+    if (r < n) *reinterpret_cast<uint4*>(dst + row_off(p, b, t0 + r, h) + c) = x;
+  }
+  __syncwarp();
+}
+__device__ __forceinline__ void store_rows_staged(bf16* dst, const Params& p, int b, int h, int t0, int n,
+                                                  const Acc& a, float f, bf16* stage, const Lane& L) {
+  if (!stage) {
+    store_rows(dst, p, b, h, t0, n, a, f, L);
+    return;
+  }
+  store_bf(stage, a, L, [f](float x, int, int) { return x * f; });
+  stage_out(dst, p, b, h, t0, n, stage, L);
+}
+// 8 bf16 (16 bytes) times f.
+__device__ __forceinline__ uint4 scale8(const uint4 x, float f) {
+  const uint32_t in[4] = {x.x, x.y, x.z, x.w};
+  uint32_t out[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&in[i]));
+    out[i] = pack(v.x * f, v.y * f);
+  }
+  return make_uint4(out[0], out[1], out[2], out[3]);
+}
+
 // This thread's values of a per-token [C] vector (gates, β) at its fragment rows L.row(0),
 // L.row(2) and columns L.col(nt, 0..1), loaded once instead of once per element.
 __device__ __forceinline__ void row_vals(const float* s, const Lane& L, float (&r)[2]) {
@@ -217,7 +253,7 @@ __device__ __forceinline__ void bwd_dkk_dqk(const bf16* sdR, const bf16* sU, con
 // Backward: dq = dQK K + scale e^G dO S0 (stored), its gate term into rowG.
 __device__ __forceinline__ void bwd_dq(const Params& p, const bf16* sdQK, const bf16* sK, const bf16* sdO,
                                        const bf16* sS0, const bf16* sQ, const float* sG, int b, int h, int t0,
-                                       int n, float (&rowG)[2], const Lane& L) {
+                                       int n, float (&rowG)[2], const Lane& L, bf16* stage = nullptr) {
   Acc a, c2;
   zero(a);
   zero(c2);
@@ -238,7 +274,7 @@ __device__ __forceinline__ void bwd_dq(const Params& p, const bf16* sdQK, const 
         a[nt][e] += y;
       }
     }
-  store_rows(p.dq, p, b, h, t0, n, a, 1.f, L);
+  store_rows_staged(p.dq, p, b, h, t0, n, a, 1.f, stage, L);
 }
 
 // Backward: dk (stored) and its gate terms. kStateTerm: also add G_last's term of the state
@@ -248,7 +284,7 @@ __device__ __forceinline__ void bwd_dk(const Params& p, const bf16* sdQK, const 
                                        const bf16* sdS, const bf16* sdKK, const bf16* sK, const bf16* sdR,
                                        const bf16* sS0, const float* sG, const float* sB, float Gl, float el,
                                        int b, int h, int t0, int n, float& gl, float (&rowG)[2], float (&rowB)[2],
-                                       const Lane& L) {
+                                       const Lane& L, bf16* stage = nullptr) {
   Acc a, c2, c3;
   zero(a);
   zero(c2);
@@ -281,7 +317,7 @@ __device__ __forceinline__ void bwd_dk(const Params& p, const bf16* sdQK, const 
         a[nt][e] += dl[hh] * c2[nt][e] + bt * y;
       }
     }
-  store_rows(p.dk, p, b, h, t0, n, a, 1.f, L);
+  store_rows_staged(p.dk, p, b, h, t0, n, a, 1.f, stage, L);
 }
 
 // The gate gradients' partial sums into shared memory, one slot per owner (no atomics, so
@@ -537,12 +573,14 @@ __device__ __forceinline__ void load_tile_b(bf16* s, const bf16* gsrc, size_t st
 // across chunks. The state-independent terms of the NEXT chunk (P, Aw and T⁻¹ need only its q, k
 // and gates) are built by group A while group B runs this chunk, so B's chain per chunk is three
 // GEMMs:
-//   phase 1  A: o = e^G Q S0ᵀ; the start state out;     B: X = V − e^G K S0ᵀ → β X (hi/lo),
-//              P, Aw, T⁻¹ of chunk c+1                      U = T⁻¹ β X, Û = e^{G_last − G} U
+//   phase 1  A: o = e^G Q S0ᵀ;                          B: X = V − e^G K S0ᵀ → β X (hi/lo),
+//              P, Aw, T⁻¹ of chunk c+1                      U = T⁻¹ β X, Û = e^{G_last − G} U;
+//                                                           the start state out, loads of c+2
 //   phase 2  A: o += P U, stored                        B: S ← e^{G_last} S + Ûᵀ K
-// q, k, v are loaded two chunks ahead (3 buffers, by group B only), the gates published one
-// chunk ahead (2 slots), P and T⁻¹ double-buffered. Barrier ids: 2 group B, 3 group A, 4–5 the
-// merge (group A's warps 1..3).
+// Group A is the longer path in both phases (LAR_DELTA_CLOCKS=2, H200), so group B also writes
+// the boundary states and issues the loads. q, k, v are loaded two chunks ahead (3 buffers), the
+// gates published one chunk ahead (2 slots), P and T⁻¹ double-buffered. Barrier ids: 2 group B,
+// 3 group A, 4–5 the merge (group A's warps 1..3).
 constexpr size_t kFwdSmem = 20 * TILE * sizeof(bf16) + (TILEF + 4 * C) * sizeof(float);
 
 __device__ __forceinline__ void group_a_sync() { asm volatile("bar.sync 3, %0;\n" ::"n"(NT) : "memory"); }
@@ -646,10 +684,9 @@ __global__ void __launch_bounds__(NT2, 1) fwd_kernel(const Params p) {
 
   for (int ci = 0; ci < p.nc; ++ci) {
     const int t0 = ci * C, n = min(C, p.T - t0), buf = ci % 3, sl = ci & 1;
-    prefetch(ci + 2);
     if (ci + 1 < p.nc) publish_gates(gr, sG + (sl ^ 1) * C, sB + (sl ^ 1) * C);
     if (ci + 2 < p.nc) gr = gates(ci + 2);
-    cp_async_wait<1>();
+    cp_async_wait<0>();  // chunk ci+1's tiles (group B issued them during chunk ci−1)
     phase_mark<kPh>(p, ci, 0);
     __syncthreads();  // (A) chunk ci+1's tiles and gates, chunk ci's P and T⁻¹, the bf16 state
     const bf16 *Q = sQ + buf * TILE, *K = sK + buf * TILE, *V = sV + buf * TILE;
@@ -665,13 +702,6 @@ __global__ void __launch_bounds__(NT2, 1) fwd_kernel(const Params p) {
       for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) keep[nt][e] *= eg[e >> 1];
-      if (p.bound) {  // the chunk's start state for the backward
-        bf16* dst = p.bound + (bh * p.nc + ci) * D * D;
-        for (int i = tid; i < D * 8; i += NT) {
-          const int r = i >> 3, c = i & 7;
-          *reinterpret_cast<uint4*>(dst + r * D + c * 8) = *reinterpret_cast<const uint4*>(sS + r * LD + c * 8);
-        }
-      }
       if (ci + 1 < p.nc) local_terms(ci + 1);
     } else {
       Acc x;
@@ -704,12 +734,24 @@ __global__ void __launch_bounds__(NT2, 1) fwd_kernel(const Params p) {
           const int t = L.row(2 * hh), c = L.col(nt, 0);
           *reinterpret_cast<uint32_t*>(sUh + t * LD + c) = pack(x[nt][2 * hh] * dl[hh], x[nt][2 * hh + 1] * dl[hh]);
         }
+      // Group B waits for group A's T⁻¹ merge at (C) anyway: the chunk's start state out for the
+      // backward, and chunk ci+2's tiles into buffer (ci+2) % 3 = (ci−1) % 3 (last read in chunk
+      // ci−1, before this chunk's (A)).
+      if (p.bound) {
+        bf16* dst = p.bound + (bh * p.nc + ci) * D * D;
+        for (int i = tid - NT; i < D * 8; i += NT) {
+          const int r = i >> 3, c = i & 7;
+          *reinterpret_cast<uint4*>(dst + r * D + c * 8) = *reinterpret_cast<const uint4*>(sS + r * LD + c * 8);
+        }
+      }
+      prefetch(ci + 2);
     }
     phase_mark<kPh>(p, ci, 2);
     __syncthreads();  // (C)
     if (grpA) {
       gemm<false, true>(keep, sP + sl * TILE, sU, L);  // + P U
-      store_rows(p.o, p, b, h, t0, n, keep, p.scale, L);
+      // out through the Aw tile (group A's, read only before (C)) as bf16
+      store_rows_staged(p.o, p, b, h, t0, n, keep, p.scale, reinterpret_cast<bf16*>(sAw), L);
       phase_mark<kPh>(p, ci, 3);
     } else {
       const float el = __expf(Gl);
@@ -738,21 +780,24 @@ __global__ void __launch_bounds__(NT2, 1) fwd_kernel(const Params p) {
 // registers and the next chunk's tiles loading (cp.async) while this one computes. Per chunk:
 //   P0  tiles in
 //   A   K Kᵀ → Aw (fp32), Q Kᵀ → P; the 4 warps owning a diagonal block of Aw invert it;
-//       X = V − e^G K S0ᵀ → β X (bf16); Q̃, K̃
-//   P1  B   warps 1..3 merge T⁻¹'s blocks below the diagonal; every warp:
+//       X = V − e^G K S0ᵀ → β X (bf16)
+//   P1  B   warps 1..3 merge T⁻¹'s blocks below the diagonal, the other 5 build Q̃, K̃; every warp:
 //           dU = e^{G_last − G} K dSᵀ + scale Pᵀ dO (bf16)
 //   P2  C   U = T⁻¹ β X (bf16 tile), dR = T⁻ᵀ dU (dv and dβ's v-term from its registers)
-//   P3  dKK, dQK;  P4  dq, dk, the dS update;  P5  dg, dβ.
-// Shared memory: 2×(Q K V dO S0), dS P U dR dQK dKK Q̃ K̃ T⁻¹(hi, lo) βX (bf16; dU in dQK's tile),
-// Aw (fp32), G, β, partial sums.
-constexpr size_t kBwdSmem = 21 * TILE * sizeof(bf16) + (TILEF + 10 * C + 8) * sizeof(float);
+//   P3  dKK, dQK;  P4  dq, dk, the dS update (into the other dS slot), the gate partial sums.
+// dg and dβ of a chunk are written from its partial sums by warp 5 during the next chunk's P1
+// (off the critical path; the partials are rewritten only after P3): 6 barriers per chunk.
+// Shared memory: 2×(Q K V dO S0), 2×dS, P U dR dQK dKK Q̃ K̃ T⁻¹(hi, lo) βX (bf16; dU in dQK's
+// tile), Aw (fp32), G, β, partial sums.
+constexpr size_t kBwdSmem = 22 * TILE * sizeof(bf16) + (TILEF + 10 * C + 8) * sizeof(float);
+static_assert(kBwdSmem <= 227 * 1024, "fused backward: one CTA per SM");
 
 template <bool kPh>
 __global__ void __launch_bounds__(NT, 1) bwd_kernel(const Params p) {
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* sIn = reinterpret_cast<bf16*>(smem);  // [2][5] tiles: Q K V dO S0 of chunks with parity 0, 1
-  bf16* sdS = sIn + 10 * TILE;
-  bf16* sP = sdS + TILE;
+  bf16* sdS2 = sIn + 10 * TILE;  // [2]: the gradient at the end of chunk ci in slot ci & 1
+  bf16* sP = sdS2 + 2 * TILE;
   bf16* sU = sP + TILE;
   bf16* sdR = sU + TILE;
   bf16* sdQK = sdR + TILE;
@@ -782,7 +827,7 @@ __global__ void __launch_bounds__(NT, 1) bwd_kernel(const Params p) {
 #pragma unroll
     for (int e = 0; e < 4; ++e)
       dS[nt][e] = p.dST ? p.dST[bh * D * D + L.row(e) * D + L.col(nt, e)] : 0.f;
-  store_bf(sdS, dS, L, [](float x, int, int) { return x; });
+  store_bf(sdS2 + ((p.nc - 1) & 1) * TILE, dS, L, [](float x, int, int) { return x; });
   // T⁻¹'s blocks above the diagonal stay 0 (the GEMMs skip them; zeroed for safety)
   for (int i = tid; i < C * C; i += NT) {
     const int r = i >> 6, c = i & 63;
@@ -813,6 +858,7 @@ __global__ void __launch_bounds__(NT, 1) bwd_kernel(const Params p) {
     __syncthreads();  // P0
     const bf16* sQ = sIn + (ci & 1) * 5 * TILE;
     const bf16 *sK = sQ + TILE, *sV = sQ + 2 * TILE, *sdO = sQ + 3 * TILE, *sS0 = sQ + 4 * TILE;
+    const bf16* sdS = sdS2 + (ci & 1) * TILE;
     const float Gl = sG[C - 1], el = __expf(Gl);
     float rowG[2] = {0.f, 0.f}, rowB[2] = {0.f, 0.f}, colG[4][2] = {}, gl = 0.f;
     Acc pf;  // P in fp32 (for dG)
@@ -868,13 +914,15 @@ __global__ void __launch_bounds__(NT, 1) bwd_kernel(const Params p) {
     if (warp == 0 || warp >= 4) {
       // Q̃ = e^G q, K̃ = β e^G k (operands of the dS update, read after P3), by the 5 warps that
       // do not merge T⁻¹'s blocks meanwhile
-      for (int i = (warp ? warp - 3 : 0) * 32 + L.lane; i < C * D / 2; i += 5 * 32) {
-        const int t = i >> 5, c = (i & 31) * 2;
-        const float eg = __expf(sG[t]), ek = sB[t] * eg;
-        const float2 q2 = bf2(sQ, t, c), k2 = bf2(sK, t, c);
-        *reinterpret_cast<uint32_t*>(sQt + t * LD + c) = pack(q2.x * eg, q2.y * eg);
-        *reinterpret_cast<uint32_t*>(sKt + t * LD + c) = pack(k2.x * ek, k2.y * ek);
+      for (int i = (warp ? warp - 3 : 0) * 32 + L.lane; i < 2 * C * 8; i += 5 * 32) {  // 16 bytes each
+        const int kt = i >> 9, t = (i >> 3) & (C - 1), c = (i & 7) * 8;
+        const float eg = __expf(sG[t]), f = kt ? sB[t] * eg : eg;
+        *reinterpret_cast<uint4*>((kt ? sKt : sQt) + t * LD + c) =
+            scale8(*reinterpret_cast<const uint4*>((kt ? sK : sQ) + t * LD + c), f);
       }
+      // dg, dβ of the previous chunk (ci + 1) from its partial sums
+      if (warp == 5 && ci + 1 < p.nc)
+        bwd_write_dg_dbeta(p, sRowG, sRowB, sColG, sGl, nullptr, b, h, t0 + C, min(C, p.T - t0 - C), L);
     }
     bwd_du(sK, sdS, sP, sdO, sG, Gl, scale, sdU, L);
     phase_mark<kPh>(p, p.nc - 1 - ci, 2);
@@ -898,8 +946,9 @@ __global__ void __launch_bounds__(NT, 1) bwd_kernel(const Params p) {
           const float r0 = r[nt][2 * hh], r1 = r[nt][2 * hh + 1];
           const float2 v2 = bf2(sV, t, c);
           rowB[hh] += r0 * v2.x + r1 * v2.y;
-          if (t < n) *reinterpret_cast<uint32_t*>(p.dv + row_off(p, b, t0 + t, h) + c) = pack(br[hh] * r0, br[hh] * r1);
+          *reinterpret_cast<uint32_t*>(sdKK + t * LD + c) = pack(br[hh] * r0, br[hh] * r1);
         }
+      stage_out(p.dv, p, b, h, t0, n, sdKK, L);  // through the dKK tile (written after P3)
     }
     phase_mark<kPh>(p, p.nc - 1 - ci, 3);
     __syncthreads();  // P3
@@ -907,8 +956,9 @@ __global__ void __launch_bounds__(NT, 1) bwd_kernel(const Params p) {
                 rowB, rowG, colG, sdKK, sdQK, L);
     phase_mark<kPh>(p, p.nc - 1 - ci, 4);
     __syncthreads();  // P4
-    bwd_dq(p, sdQK, sK, sdO, sS0, sQ, sG, b, h, t0, n, rowG, L);
-    bwd_dk<false>(p, sdQK, sQ, sU, sdS, sdKK, sK, sdR, sS0, sG, sB, Gl, el, b, h, t0, n, gl, rowG, rowB, L);
+    // dq, dk go out through the P and βX tiles (dead since P1, P2)
+    bwd_dq(p, sdQK, sK, sdO, sS0, sQ, sG, b, h, t0, n, rowG, L, sP);
+    bwd_dk<false>(p, sdQK, sQ, sU, sdS, sdKK, sK, sdR, sS0, sG, sB, Gl, el, b, h, t0, n, gl, rowG, rowB, L, sX);
     {
       Acc a, c2;  // dS at the chunk start
       zero(a);
@@ -928,13 +978,13 @@ __global__ void __launch_bounds__(NT, 1) bwd_kernel(const Params p) {
         }
     }
     bwd_publish_partials(rowG, rowB, colG, gl, sRowG, sRowB, sColG, sGl, L);
+    // the gradient at this chunk's start = at the end of chunk ci − 1: the other slot, whose last
+    // readers (chunk ci + 1) are behind barrier P0
+    store_bf(sdS2 + ((ci + 1) & 1) * TILE, dS, L, [](float x, int, int) { return x; });
     phase_mark<kPh>(p, p.nc - 1 - ci, 5);
-    __syncthreads();  // P5: every read of sdS, sS0 and the tiles is done
-    store_bf(sdS, dS, L, [](float x, int, int) { return x; });
-    if (warp == 0) bwd_write_dg_dbeta(p, sRowG, sRowB, sColG, sGl, nullptr, b, h, t0, n, L);
-    phase_mark<kPh>(p, p.nc - 1 - ci, 6);
-    __syncthreads();  // the next chunk overwrites the tiles, G and β
+    __syncthreads();  // the next chunk overwrites the tiles, G and β; dS and the partial sums are in
   }
+  if (warp == 0) bwd_write_dg_dbeta(p, sRowG, sRowB, sColG, sGl, nullptr, b, h, 0, min(C, p.T), L);
   if (p.dS0)
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)
@@ -1336,7 +1386,7 @@ __global__ void __launch_bounds__(NT, 2) fwd_main_kernel(const Params p) {
   }
   __syncthreads();
   gemm<false, true>(o, sP, sU, L);  // + P U
-  store_rows(p.o, p, b, h, t0, n, o, p.scale, L);
+  store_rows_staged(p.o, p, b, h, t0, n, o, p.scale, sK, L);  // through the K tile (read in phase A only)
 }
 
 // (3b) backward per chunk from its start state S0, end-of-chunk gradient dS and the prep's T⁻¹
@@ -1450,8 +1500,9 @@ __global__ void __launch_bounds__(NT, 2) bwd_main_kernel(const Params p) {
               },
               pf, scale, rowB, rowG, colG, sdKK, sdQK, L);
   __syncthreads();  // P4
-  bwd_dq(p, sdQK, sK, sdO, sS0, sQ, sG, b, h, t0, n, rowG, L);
-  bwd_dk<true>(p, sdQK, sQ, sU, sdS, sdKK, sK, sdR, sS0, sG, sB, Gl, el, b, h, t0, n, gl, rowG, rowB, L);
+  // dq, dk go out through the T⁻¹ tile (read in phase C only; each warp reuses its own block)
+  bwd_dq(p, sdQK, sK, sdO, sS0, sQ, sG, b, h, t0, n, rowG, L, sTi);
+  bwd_dk<true>(p, sdQK, sQ, sU, sdS, sdKK, sK, sdR, sS0, sG, sB, Gl, el, b, h, t0, n, gl, rowG, rowB, L, sTi);
   bwd_publish_partials(rowG, rowB, colG, gl, sRowG, sRowB, sColG, sGl, L);
   __syncthreads();  // P5
   if (warp == 0) bwd_write_dg_dbeta(p, sRowG, sRowB, sColG, sGl, nullptr, b, h, t0, n, L);
