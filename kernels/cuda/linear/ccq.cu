@@ -314,12 +314,16 @@ __global__ void __launch_bounds__(NT, 2) ccq_stats_bwd_kernel(const QParams p) {
     csync();
     // phase 2: GK += dAᵀQ, Y += EᵀQ; per row a = λ mq/t², b = λ mg/t² (in place of m·q, m·g)
     if (cen) {
-      mm2<true, true, true, true>(GK, sdA, sQ, Y, sE, sQ, L);
+      wg::begin();
+      wg::issue<true, true>(GK, sdA, sQ, L.wn);
+      wg::issue<true, true>(Y, sE, sQ, L.wn);
+      wg::commit();
       if (tid < C) {
         const float f = sLam[tid] * sInv[tid] * sInv[tid];
         sMq0[tid] = f * (sMq0[tid] + (sRs1[tid] + sRs1[C + tid]));
         sMg0[tid] = f * (sMg0[tid] + (sRse[tid] + sRse[C + tid]));
       }
+      wg::wait();
     } else {
       mm<true, true>(GK, sdA, sQ, L);
     }
@@ -739,10 +743,22 @@ __global__ void __launch_bounds__(NT, 2) ccq_bwd_kernel(const QParams p) {
     csync();
     // phase B: X = G K_prev, dq = g − (λ/t) X + S2' K + b m_prev; q·X; GK += dAᵀQ;
     // dk += S2'ᵀ Q + S1'ᵀ dA + K GKsym + Gm; Gm += Σ_i (a g + b q)
+    // (two commit groups: the dq epilogue runs while the tensor cores do the dk products)
     {
-      Acc X, dq;
-      zero(X), zero(dq);
-      mm2<false, true, false, true>(X, sG, sKs, dq, sS2, sK, L);
+      Acc X, dq, dk;
+      zero(X), zero(dq), zero(dk);
+      wg::begin();
+      wg::issue<false, true>(X, sG, sKs, L.wn);
+      wg::issue<false, true>(dq, sS2, sK, L.wn);
+      wg::commit();
+      // dk = S2'ᵀ Q + S1'ᵀ dA + K GK + K GKᵀ; GK += dAᵀ Q (unused after the last chunk)
+      wg::issue<true, true>(dk, sS2, sQ, L.wn);
+      wg::issue<true, true>(dk, sS1, sdA, L.wn);
+      wg::issue<false, true>(dk, sK, sGK, L.wn);
+      wg::issue<false, false>(dk, sK, sGK, L.wn);
+      wg::issue<true, true>(GK, sdA, sQ, L.wn);
+      wg::commit();
+      wg::wait<1>();
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const int i = L.row(2 * hh);
@@ -750,27 +766,17 @@ __global__ void __launch_bounds__(NT, 2) ccq_bwd_kernel(const QParams p) {
         const float xq = bwd_dq_row(X, dq, hh, fa, bb, sQ, sG, mprev, p.dq + qrow(p, b, t0 + i, h), n, L);
         if (L.tig == 0) sXq[L.wn * C + i] = xq;
       }
-    }
-    // this chunk's rows of the backbone's dk (CCQ's part is added below), read before the dk
-    // GEMMs so that the read's latency hides behind them (not earlier: 128 registers)
-    uint32_t dk_old[2][4];
+      // this chunk's rows of the backbone's dk (CCQ's part is added below; after the dq rows:
+      // 128 registers)
+      uint32_t dk_old[2][4];
 #pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const int j = L.row(2 * hh);
+      for (int hh = 0; hh < 2; ++hh) {
+        const int j = L.row(2 * hh);
 #pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
-        dk_old[hh][nt] = j < n ? *reinterpret_cast<const uint32_t*>(p.dk + qrow(p, b, t0 + j, h) + L.col(nt, 0)) : 0u;
-    }
-    {
-      Acc dk;
-      zero(dk);
-      wg::begin();  // dk = S2'ᵀ Q + S1'ᵀ dA + K GK + K GKᵀ; GK += dAᵀ Q (unused after the last chunk)
-      wg::issue<true, true>(dk, sS2, sQ, L.wn);
-      wg::issue<true, true>(dk, sS1, sdA, L.wn);
-      wg::issue<false, true>(dk, sK, sGK, L.wn);
-      wg::issue<false, false>(dk, sK, sGK, L.wn);
-      wg::issue<true, true>(GK, sdA, sQ, L.wn);
-      wg::end();
+        for (int nt = 0; nt < 4; ++nt)
+          dk_old[hh][nt] = j < n ? *reinterpret_cast<const uint32_t*>(p.dk + qrow(p, b, t0 + j, h) + L.col(nt, 0)) : 0u;
+      }
+      wg::wait<0>();
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const int j = L.row(2 * hh);
@@ -957,6 +963,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) ccq_bwd_ws_kernel(const QParams
         for (int nt = 0; nt < 4; ++nt)
           dk_old[hh][nt] = j < n ? *reinterpret_cast<const uint32_t*>(p.dk + qrow(p, b, t0 + j, h) + L.col(nt, 0)) : 0u;
       }
+      wg::wait<0>();  // (the previous chunk's GK update)
       st_tile(sGK, GK, L);  // (slot s: last read two chunks ago)
       bsync(kBarFull + s, kWsThreads);
       bsync(kBarB, NT);
@@ -964,11 +971,22 @@ __global__ void __launch_bounds__(kWsThreads, 1) ccq_bwd_ws_kernel(const QParams
         finish(it - 1);
         if (it + 1 < nc) barrive(kBarEmpty + (s ^ 1), kWsThreads);
       }
-      // X = G K_prev, dq = g − (λ/t) X + S2' K + b m_prev; q·X
+      // X = G K_prev, dq = g − (λ/t) X + S2' K + b m_prev and q·X (first commit group) while the
+      // tensor cores do dk = S2'ᵀ Q + S1'ᵀ dA + K GK + K GKᵀ (second)
+      Acc dk;
       {
         Acc X, dq;
-        zero(X), zero(dq);
-        mm2<false, true, false, true>(X, sG, sKs, dq, sS2, sK, L);
+        zero(X), zero(dq), zero(dk);
+        wg::begin();
+        wg::issue<false, true>(X, sG, sKs, L.wn);
+        wg::issue<false, true>(dq, sS2, sK, L.wn);
+        wg::commit();
+        wg::issue<true, true>(dk, sS2, sQ, L.wn);
+        wg::issue<true, true>(dk, sS1, sdA, L.wn);
+        wg::issue<false, true>(dk, sK, sGK, L.wn);
+        wg::issue<false, false>(dk, sK, sGK, L.wn);
+        wg::commit();
+        wg::wait<1>();
         const float *lamv = sLam(s), *invv = sInv(s), *bv = sB(s), *mprev = sMv(s ^ 1);
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
@@ -978,14 +996,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) ccq_bwd_ws_kernel(const QParams
           if (L.tig == 0) sXqb[s * 2 * C + L.wn * C + i] = xq;
         }
       }
-      Acc dk;
-      zero(dk);
-      wg::begin();  // dk = S2'ᵀ Q + S1'ᵀ dA + K GK + K GKᵀ (GK += dAᵀ Q below)
-      wg::issue<true, true>(dk, sS2, sQ, L.wn);
-      wg::issue<true, true>(dk, sS1, sdA, L.wn);
-      wg::issue<false, true>(dk, sK, sGK, L.wn);
-      wg::issue<false, false>(dk, sK, sGK, L.wn);
-      wg::end();
+      wg::wait<0>();
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const int j = L.row(2 * hh);
@@ -998,10 +1009,15 @@ __global__ void __launch_bounds__(kWsThreads, 1) ccq_bwd_ws_kernel(const QParams
               pack(old.x + (dk[nt][2 * hh] + gm[nt][0]), old.y + (dk[nt][2 * hh + 1] + gm[nt][1]));
         }
       }
-      mm<true, true>(GK, sdA, sQ, L);  // (after the dk stores: GK and dk in flight together spill at 128 registers)
+      // GK += dAᵀ Q, waited for at the next chunk's st_tile (after the dk stores: GK and dk in
+      // flight together spill at 128 registers; its tiles are released two chunks on)
+      wg::begin();
+      wg::issue<true, true>(GK, sdA, sQ, L.wn);
+      wg::commit();
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt) gm[nt][0] += sGinc(s)[L.col(nt, 0)], gm[nt][1] += sGinc(s)[L.col(nt, 1)];
     }
+    wg::wait<0>();
     bsync(kBarB, NT);
     finish(nc - 1);
   }
