@@ -15,10 +15,12 @@
 // Two implementations of gla / kda / gdn2, chosen per pass from the shape (use_two_phase; env
 // LAR_CHANNEL_PATH=fused|chunked|auto): the fused kernels (one CTA per (b, h) walks the chunks;
 // best when B·H fills the GPU) and the two-phase path ("two-phase" below; for long sequences
-// with few (b, h), e.g. B=1 T=32K). Both write and read the same boundary states. CARVE always
-// runs fused.
+// with few (b, h), e.g. B=1 T=32K). Both write and read the same boundary states. CARVE's
+// forward always runs fused (its content gate chains the chunks); its backward splits into a
+// chain pass and chunk CTAs beside it at small B·H (use_carve_split).
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <string>
@@ -171,7 +173,8 @@ __device__ __forceinline__ void build_tiles(const CParams& p, int b, int h, int 
       const float G = sGt[t * LDF + c + u], Gs = sGt[(t & ~15) * LDF + c + u], Gl = sGt[(C - 1) * LDF + c + u];
       const float qv = bf(Q, t, c + u), kv = bf(K, t, c + u);
       float ev = kv;
-      if (MODE == kGdn2) ev = t < n ? kv * __bfloat162float(p.bg[crow(p, b, t0 + t, h) + c + u]) : 0.f;
+      if (MODE == kGdn2)  // (sBx: the chunk's erase gate b in shared memory)
+        ev = t < n ? kv * (sBx ? bf(sBx, t, c + u) : __bfloat162float(p.bg[crow(p, b, t0 + t, h) + c + u])) : 0.f;
       if (MODE == kCarve) {  // (sBx: the chunk's erase logits already in shared memory, 0 past n)
         const float bxv = sBx ? bf(sBx, t, c + u) : t < n ? __bfloat162float(p.bx[crow(p, b, t0 + t, h) + c + u]) : 0.f;
         ev = t < n ? kv * sigm(bxv + sUc[c + u]) : 0.f;
@@ -207,8 +210,8 @@ __device__ __forceinline__ void load_beta(const CParams& p, int b, int h, int t0
 }
 
 // ---------------------------------------------------------------- forward
-// Q K V S P U Qb Eb Kb×4 Qt Et Kh Bx (bf16), G, Aw, X (fp32), β, and CARVE's w, u, column sums, h.
-constexpr size_t kCFwdSmem = 16 * TILE * sizeof(bf16) + (3 * TILEF + C + C + C + 4 * C + 32) * sizeof(float);
+// Q K V S P U Qb Eb Kb×4 Qt Et Kh Bx Wg (bf16), G, Aw, X (fp32), β, and CARVE's w, u, column sums, h.
+constexpr size_t kCFwdSmem = 17 * TILE * sizeof(bf16) + (3 * TILEF + C + C + C + 4 * C + 32) * sizeof(float);
 
 // β (kda) or CARVE's w of a chunk by cp.async (0 past n); the row mask sB = 1 / 0 otherwise.
 template <int MODE>
@@ -242,8 +245,9 @@ __global__ void __launch_bounds__(NT, 1) cfwd_kernel(const CParams p) {
   bf16* sQt = sKb + 4 * TILE;
   bf16* sEt = sQt + TILE;
   bf16* sKh = sEt + TILE;
-  bf16* sBx = sKh + TILE;  // CARVE: erase logits of the chunk
-  float* sGt = reinterpret_cast<float*>(sBx + TILE);
+  bf16* sBx = sKh + TILE;  // CARVE: erase logits of the chunk; gdn2: its erase gate b
+  bf16* sWg = sBx + TILE;  // gdn2: the chunk's write gate w
+  float* sGt = reinterpret_cast<float*>(sWg + TILE);
   float* sAw = sGt + TILEF;
   float* sX = sAw + TILEF;
   float* sB = sX + TILEF;
@@ -278,10 +282,12 @@ __global__ void __launch_bounds__(NT, 1) cfwd_kernel(const CParams p) {
     load_tile(sQ, p.q + crow(p, b, t1, h), stride, n1);
     load_tile(sK, p.k + crow(p, b, t1, h), stride, n1);
     if (MODE == kCarve) load_tile(sBx, p.bx + crow(p, b, t1, h), stride, n1);
+    if (MODE == kGdn2) load_tile(sBx, p.bg + crow(p, b, t1, h), stride, n1);
   };
   auto load_v = [&](int c0) {
     const int t1 = c0 * C, n1 = min(C, p.T - t1);
     load_tile(sV, p.v + crow(p, b, t1, h), stride, n1);
+    if (MODE == kGdn2) load_tile(sWg, p.wg + crow(p, b, t1, h), stride, n1);
   };
   auto load_gb = [&](int c0, float* gdst) {
     const int t1 = c0 * C, n1 = min(C, p.T - t1);
@@ -313,7 +319,7 @@ __global__ void __launch_bounds__(NT, 1) cfwd_kernel(const CParams p) {
     cumsum_cols(sGt);
     if (MODE == kCarve && ci > 0) carve_u(p, cU, sH, sUc);  // (chunk 0: u = 0)
     __syncthreads();
-    build_tiles<MODE>(p, b, h, t0, n, sQ, sK, sGt, sQb, sEb, sKb, sQt, sEt, sKh, sUc, sBx);
+    build_tiles<MODE>(p, b, h, t0, n, sQ, sK, sGt, sQb, sEb, sKb, sQt, sEt, sKh, sUc, PF ? sBx : nullptr);
     __syncthreads();
     const bool next = PF && ci + 1 < p.nc;
     if (next) load_qk(ci + 1);
@@ -332,7 +338,7 @@ __global__ void __launch_bounds__(NT, 1) cfwd_kernel(const CParams p) {
         gemm2<false, false, false, false>(a, sEt, sS, o, sQt, sS, L);  // Ẽ S0ᵀ, Q̃ S0ᵀ
         store_f(sX, a, L, [&](float x, int t, int c) {
           float z = bf(sV, t, c);
-          if (MODE == kGdn2) z = t < n ? z * __bfloat162float(p.wg[crow(p, b, t0 + t, h) + c]) : 0.f;
+          if (MODE == kGdn2) z = t < n ? z * bf(sWg, t, c) : 0.f;  // (PF: gdn2's w tile)
           if (MODE == kCarve) z *= sW[t];
           return z - x;
         });
@@ -907,10 +913,10 @@ __global__ void __launch_bounds__(NT, 1) cbwd_carve_split_kernel(const CParams p
 // stream through a ring of cp.async stages; it writes every chunk's start state (forward, the
 // boundary) or end-of-chunk gradient (backward); (3) one CTA per (b, h, chunk) does the rest
 // from those states: the forward's output by cfwd_main_kernel (U = U₀ − W S0ᵀ: no solve), the
-// backward's gradients by cbwd_kernel with CH = true (the fused chunk body without the dS
-// update, U from U₀ and W likewise). CARVE stays on the fused
-// path: its content gate makes chunk c's erase depend on chunk c − 1's output, so the chunk
-// terms cannot be built before the recurrence has run.
+// backward's gradients by cbwd_kernel<MODE, kBwdTwoPhase> (the fused chunk body without the dS
+// update, U from U₀ and W likewise). CARVE cannot take this path: its content gate makes chunk
+// c's erase depend on chunk c − 1's output, so the chunk terms cannot be built before the
+// recurrence has run (its backward has its own split, cbwd_carve_split_kernel).
 
 __device__ __forceinline__ size_t coff(const CParams& p, size_t bh, int ci) { return (bh * p.nc + ci) * D * D; }
 // Fragment → global [64][64] bf16, row stride 64.
@@ -1496,19 +1502,23 @@ void check_carve(const CarveInputs& in, const char* what) {
 // CARVE's backward, split (chain pass + chunk pass) or fused. The content gradient chains the
 // chunks in reverse (dm of chunk c enters chunk c − 1's dO), so no chunk's gradients can be made
 // before the later chunks' have been walked; what can wait is everything the chain does not
-// need (dq, dk, dv, dg, dbx, dw: the P-gradient GEMMs, the four dk products, the gate scans and
-// most global writes). The chain pass does the rest in one CTA per (b, h) and hands each
-// chunk's dS_end and dm on; the chunk pass recomputes the chunk from them over every SM. With
-// few (b, h) that trades idle SMs for the recompute; with B·H near the SM count the fused
-// kernel's single walk is cheaper. Cost model in units of one fused chunk: chain kChainCost,
-// chunk pass kParCost spread over the SMs. LAR_CHANNEL_PATH=fused|chunked|auto overrides.
-constexpr double kChainCost = 0.65, kParCost = 1.1;
+// need (dq, dk, dv, dg, dbx, dw: the dP product, the dq and dk products, the gate scans and most
+// global writes). The chain pass does the rest in one CTA per (b, h) and hands each chunk's
+// dS_end and dm on; the chunk CTAs recompute their chunk from them on the other SMs while the
+// chain goes on (one launch, cbwd_carve_split_kernel). Fitted on the H200 (T·B = 32K, H = 16;
+// docs/perf.md, "Channel rule, session 8"), in units of the fused kernel's time: split / fused
+// = 0.86, 0.90, 0.96 at B·H = 16, 32, 64 (the chain pass ≈ 0.86–0.9 of the fused walk; the chunk
+// CTAs, one chunk step each, share the SMs the chains leave) and 1.73 at B·H = 128. So the split
+// while max(kChainCost, kParCost · B·H / (SMs − B·H)) stays below the fused kernel's waves.
+// LAR_CHANNEL_PATH=fused|chunked|auto overrides.
+constexpr double kChainCost = 0.9, kParCost = 1.0;
 bool use_carve_split(const CParams& p) {
   const PathChoice want = path_override("LAR_CHANNEL_PATH");
   if (want != PathChoice::automatic) return want == PathChoice::chunked;
   const int sms = sm_count();
   const double bh = static_cast<double>(p.B) * p.H;
-  return kChainCost * std::ceil(bh / sms) + kParCost * bh / sms < std::ceil(bh / sms);
+  if (bh >= 0.75 * sms) return false;
+  return std::max(kChainCost, kParCost * bh / (sms - bh)) < 0.97 * std::ceil(bh / sms);
 }
 }  // namespace
 
@@ -1546,12 +1556,6 @@ void carve_bwd(const DeltaShape& s, const CarveInputs& in, const __nv_bfloat16* 
   Scratch scratch(stream);
   p.dSend = scratch.get<bf16>(chunks * D * D);
   p.dmc = scratch.get<float>(chunks * C);
-  const char* overlap = std::getenv("LAR_CARVE_OVERLAP");  // "0": the two passes one after the other (A/B timing)
-  if (overlap && std::string(overlap) == "0") {
-    launch(cbwd_kernel<kCarve, kBwdCarveChain>, kCBwdSmem, p, stream);
-    launch(cbwd_kernel<kCarve, kBwdCarvePar>, kCBwdSmem, p, stream, dim3(p.nc, p.H, p.B));
-    return;
-  }
   p.flags = scratch.get<unsigned>(chunks);
   LAR_CUDA_CHECK(cudaMemsetAsync(p.flags, 0, chunks * sizeof(unsigned), stream));
   if (chunks + static_cast<size_t>(p.B) * p.H > 0x7fffffffu) throw RuntimeError("carve_bwd: too many chunks");
