@@ -418,9 +418,10 @@ TEST(LinearLayerCuda, WhatTheCudaPathDoesNotRunIsAClearError) {
 // conv + SiLU + L2 (qkv_forward / qkv_backward) against a CPU reference in double on fresh
 // random inputs, rounded to what the GPU reads: T not a multiple of a warp's 32-token run or
 // of a block's 256 tokens (and below one run, and over two blocks), conv widths 0, 1, 3, 4, 6, 8, several heads per part, a column count
-// that leaves half a block empty (ldp = 448), fp32 and bf16 P, cler's routed input and the
-// routing extras, P rows wider than q, k, v. Every output is poisoned with NaN first; the
-// backward runs twice and must give the same bits.
+// that leaves half a block empty (ldp = 448), fp32 and bf16 P (bf16 with W ≤ 4 runs the
+// 8-channel forward, the rest the 4-channel one), cler's routed input and the routing extras,
+// P rows wider than q, k, v. Every output is poisoned with NaN first; the backward runs twice
+// and must give the same bits.
 namespace {
 
 namespace kl = lar::kernels::cuda::linear;
@@ -592,6 +593,28 @@ void check_qkv_case(const QkvCase& c) {
   if (c.W > 0) a.wq = dwq.p, a.wk = dwk.p, a.wv = dwv.p;
   if (c.cler) a.rin = drin.p, a.gamma = dgamma.p;
   kl::qkv_forward(a, q.p, k.p, v.p, vout.p, nullptr);
+  // bf16: the 4-channel forward too (LAR_QKV_LANE_CHANNELS=4) — the same values within the
+  // L2 sums' order (q, k, v in bf16: at most one rounding step apart)
+  if (c.p_bf16) {
+    Dev<bf16> q4((std::size_t)N * c.Cq), k4((std::size_t)N * c.Cq), v4((std::size_t)N * c.Cv);
+    Dev<float> vout4((std::size_t)N * c.Cv);
+    setenv("LAR_QKV_LANE_CHANNELS", "4", 1);
+    kl::qkv_forward(a, q4.p, k4.p, v4.p, vout4.p, nullptr);
+    unsetenv("LAR_QKV_LANE_CHANNELS");
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
+    EXPECT_LT(gpu_test::rel_rms(q4.get(), q.get()), 5e-3) << what << ": q, 4 vs 8 channels a lane";
+    EXPECT_LT(gpu_test::rel_rms(k4.get(), k.get()), 5e-3) << what << ": k, 4 vs 8 channels a lane";
+    EXPECT_TRUE(v4.get() == v.get()) << what << ": v (no L2), 4 vs 8 channels a lane";
+    EXPECT_LT(gpu_test::rel_rms(vout4.get(), vout.get()), 1e-6) << what << ": vout, 4 vs 8 channels a lane";
+    setenv("LAR_QKV_LANE_CHANNELS", "2", 1);
+    try {
+      kl::qkv_forward(a, q4.p, k4.p, v4.p, vout4.p, nullptr);
+      ADD_FAILURE() << "LAR_QKV_LANE_CHANNELS=2: no error";
+    } catch (const RuntimeError& e) {
+      EXPECT_NE(std::string(e.what()).find("LAR_QKV_LANE_CHANNELS=2: expected 4 or 8"), std::string::npos) << e.what();
+    }
+    unsetenv("LAR_QKV_LANE_CHANNELS");
+  }
   kl::QkvGrads g;
   g.dq = gdq.p, g.dk = gdk.p, g.dv = gdv.p;
   if (c.extras) g.ek = dek.p, g.ev = dev.p, g.dvout = ddvout.p;
@@ -668,7 +691,9 @@ TEST(LinearLayerOps, ConvSiluL2MatchesTheCpuReference) {
                            QkvCase{1, 258, 64, 64, 0, true, true, false, false},
                            // P wider than q, k, v (gdn's folded gate columns): 32 and 8 more
                            QkvCase{2, 300, 128, 128, 4, true, true, false, false, 32},
-                           QkvCase{1, 150, 64, 128, 3, true, false, true, true, 8}})
+                           QkvCase{1, 150, 64, 128, 3, true, false, true, true, 8},
+                           // bf16 with cler and the extras (the 8-channel forward's routed input)
+                           QkvCase{2, 333, 64, 128, 3, true, true, true, true, 16}})
     check_qkv_case(c);
 }
 

@@ -346,6 +346,152 @@ __global__ void __launch_bounds__(kThreads, kFwdBlocks) qkv_fwd_kernel(QkvArgs a
   }
 }
 
+// The forward with 8 channels a lane (bf16 P; the layer's mixed-precision path): 16-byte
+// rows, one cp.async and one ring read per row and lane, 8 lanes a head (3 butterfly rounds
+// for the L2 sums), a warp 4 heads, a block 256 channels × 8 runs of R tokens. The 4-channel
+// kernel above issued ≈ 140 instructions per token and thread and was bound by them (ncu:
+// 0.74 warps issued per scheduler and cycle, DRAM 56%); per channel this one issues the
+// addressing, cp.async, ring and shuffle work once for 8 channels instead of twice for 4.
+// Otherwise the same walk (runs, groups of G, a ring of S groups, K−1 halo rows in
+// registers) and the same per-element math.
+constexpr int kTileCh8 = 32 * 8;  // channels per block: 256 (four heads)
+constexpr int kFwd8Blocks = 2;    // ≤ 128 registers (W ≤ 4: 128, no spills)
+__device__ __forceinline__ void unpack8(uint4 u, float* f) {
+  unpack4(make_uint2(u.x, u.y), f);
+  unpack4(make_uint2(u.z, u.w), f + 4);
+}
+__device__ __forceinline__ void st8(bf16* p, const float* f) {
+  uint4 u;
+  unsigned* w = &u.x;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(f[2 * e], f[2 * e + 1]);
+    w[e] = *reinterpret_cast<const unsigned*>(&h);
+  }
+  *reinterpret_cast<uint4*>(p) = u;
+}
+
+template <int K, int G, int S, int R>
+__global__ void __launch_bounds__(kThreads, kFwd8Blocks) qkv_fwd8_kernel(QkvArgs a, bf16* q, bf16* k, bf16* v,
+                                                                        float* vout) {
+  static_assert(R % G == 0, "a run is whole groups");
+  extern __shared__ uint4 qkv_smem[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int c = (blockIdx.x * 32 + lane) * 8;
+  const int64_t tiles = (a.T + 8 * R - 1) / (8 * R);
+  const int64_t nb = blockIdx.y / tiles * a.T;
+  const int t0 = static_cast<int>(blockIdx.y % tiles) * 8 * R + warp * R;
+  // uniform per head (8 lanes; the parts are multiples of 64) and per warp; no barrier follows
+  if (c >= qkv_channels(a) || t0 >= a.T) return;
+  const unsigned hmask = 0xffu << (lane & 24);
+  const Part pt = part_of(c, a.Cq);
+  const bf16* p0 = static_cast<const bf16*>(a.P) + (nb + t0) * a.ldp + c;  // row t0
+  const int n = static_cast<int>(std::min<int64_t>(R, a.T - t0));
+  const int groups = (n + G - 1) / G;
+  const uint4* ring = qkv_smem + threadIdx.x;
+  const unsigned sring = static_cast<unsigned>(__cvta_generic_to_shared(ring));
+  auto issue = [&](int grp, int slot) {
+    if (grp < groups) {
+      const bf16* src = p0 + (int64_t)grp * G * a.ldp;
+#pragma unroll
+      for (int r = 0; r < G; ++r, src += a.ldp) {
+        const bool ok = t0 + grp * G + r < a.T;
+        cp_row<uint4>(sring + (slot * G + r) * kThreads * sizeof(uint4), ok ? src : p0, ok);
+      }
+    }
+    cp_commit();
+  };
+#pragma unroll
+  for (int s = 0; s < S; ++s) issue(s, s);
+  float w[K][8];
+  if constexpr (K == 1) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) w[0][e] = 1.f;
+  } else {
+    const float* base = (pt.which == 0 ? a.wq : pt.which == 1 ? a.wk : a.wv) + (int64_t)pt.col * a.W;
+    const int lead = K - a.W;
+#pragma unroll
+    for (int j = 0; j < K; ++j)
+#pragma unroll
+      for (int e = 0; e < 8; ++e) w[j][e] = j >= lead ? base[e * a.W + j - lead] : 0.f;
+  }
+  uint4 x[G + K - 1];
+#pragma unroll
+  for (int j = 0; j < K - 1; ++j)
+    x[j] = t0 - (K - 1) + j >= 0 ? *reinterpret_cast<const uint4*>(p0 - (int64_t)(K - 1 - j) * a.ldp)
+                                 : make_uint4(0u, 0u, 0u, 0u);
+  const int64_t ldo = pt.which == 2 ? a.Cv : a.Cq;
+  bf16* orow = (pt.which == 0 ? q : pt.which == 1 ? k : v) + (nb + t0) * ldo + pt.col;
+  int slot = 0;
+#pragma unroll 1
+  for (int grp = 0; grp < groups; ++grp) {
+    cp_wait<S - 1>();
+#pragma unroll
+    for (int r = 0; r < G; ++r) x[K - 1 + r] = ring[(slot * G + r) * kThreads];
+    const int t = t0 + grp * G;
+    float act[G][8];
+#pragma unroll
+    for (int i = 0; i < G; ++i) {
+      float s8[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) s8[e] = 0.f;
+#pragma unroll
+      for (int j = 0; j < K; ++j) {
+        float f[8];
+        unpack8(x[i + j], f);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) s8[e] = fmaf(w[j][e], f[e], s8[e]);
+      }
+#pragma unroll
+      for (int e = 0; e < 8; ++e) act[i][e] = K > 1 ? s8[e] * sigm_fast<bf16>(s8[e]) : s8[e];
+      if (pt.which == 2 && a.rin && t + i < a.T) {
+        const float gm = *a.gamma;
+        const float* rp = a.rin + (nb + t + i) * a.Cv + pt.col;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const float4 r4 = *reinterpret_cast<const float4*>(rp + 4 * h);
+          act[i][4 * h] = fmaf(gm, r4.x, act[i][4 * h]), act[i][4 * h + 1] = fmaf(gm, r4.y, act[i][4 * h + 1]);
+          act[i][4 * h + 2] = fmaf(gm, r4.z, act[i][4 * h + 2]), act[i][4 * h + 3] = fmaf(gm, r4.w, act[i][4 * h + 3]);
+        }
+      }
+    }
+    if (pt.which < 2 && a.l2) {  // uniform per head
+      float ss[G];
+#pragma unroll
+      for (int i = 0; i < G; ++i) {
+        ss[i] = 0.f;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) ss[i] = fmaf(act[i][e], act[i][e], ss[i]);
+      }
+#pragma unroll
+      for (int o = 4; o > 0; o >>= 1)
+#pragma unroll
+        for (int i = 0; i < G; ++i) ss[i] += __shfl_xor_sync(hmask, ss[i], o);
+#pragma unroll
+      for (int i = 0; i < G; ++i) {
+        const float rn = rsqrt_ftz(ss[i] + 1e-6f);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) act[i][e] *= rn;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < G; ++i) {
+      if (grp * G + i >= n) break;  // uniform over the warp
+      st8(orow + i * ldo, act[i]);
+      if (pt.which == 2 && vout) {
+        float* vo = vout + (nb + t + i) * a.Cv + pt.col;
+        st4(vo, act[i]);
+        st4(vo + 4, act[i] + 4);
+      }
+    }
+    orow += G * ldo;
+    issue(grp + S, slot);
+    slot = slot + 1 == S ? 0 : slot + 1;
+#pragma unroll
+    for (int j = 0; j < K - 1; ++j) x[j] = x[G + j];
+  }
+}
+
 // The gradient arriving on the activation of token n: the kernels' dq / dk / dv plus the
 // routing extras.
 template <class TD>
@@ -1121,6 +1267,17 @@ void qkv_forward_with(const QkvArgs& a, bf16* q, bf16* k, bf16* v, float* vout, 
   else launch(float{});
 }
 
+template <int G, int S, int R>
+void qkv_forward8_with(const QkvArgs& a, bf16* q, bf16* k, bf16* v, float* vout, cudaStream_t stream) {
+  const int64_t tiles = qkv_tiles<R>(a);
+  require(tiles <= 65535, "qkv: B·⌈T/" + std::to_string(8 * R) + "⌉ = " + std::to_string(tiles) +
+                              " tiles, more than a grid column holds");
+  const dim3 grid(blocks_for(qkv_channels(a), kTileCh8), static_cast<unsigned>(tiles));
+  const std::size_t smem = sizeof(uint4) * S * G * kThreads;
+  if (a.W == 0) launch_smem(qkv_fwd8_kernel<1, G, S, R>, grid, smem, stream, a, q, k, v, vout);
+  else launch_smem(qkv_fwd8_kernel<4, G, S, R>, grid, smem, stream, a, q, k, v, vout);
+}
+
 template <int G, int S, int B, int R>
 void qkv_backward_with(const QkvArgs& a, const QkvGrads& g, void* dP, float* gwq, float* gwk, float* gwv,
                        float* scratch, cudaStream_t stream) {
@@ -1144,11 +1301,26 @@ void qkv_backward_with(const QkvArgs& a, const QkvGrads& g, void* dP, float* gwq
 
 }  // namespace
 
+// LAR_QKV_LANE_CHANNELS=8 (the default) or 4: the forward's channels per lane where both
+// kernels apply (A/B timing; any other value is an error).
+static int lane_channels_setting() {
+  const char* e = std::getenv("LAR_QKV_LANE_CHANNELS");
+  if (!e || !*e || std::string(e) == "8") return 8;
+  if (std::string(e) == "4") return 4;
+  throw RuntimeError(std::string("LAR_QKV_LANE_CHANNELS=") + e + ": expected 4 or 8");
+}
+
 void qkv_forward(const QkvArgs& a, bf16* q, bf16* k, bf16* v, float* vout, cudaStream_t stream) {
   qkv_check(a);
   require(!a.rin || a.gamma, "qkv: cler needs gamma");
+  const int lane_channels = lane_channels_setting();  // checked on every call
   if (a.B * a.T == 0) return;
-  qkv_forward_with<kFwdG, kFwdS, kFwdRun>(a, q, k, v, vout, stream);
+  // bf16 P in 16-byte rows and convs up to 4 wide: 8 channels a lane (with the 8-tap
+  // weights of W = 5..8 that kernel would spill: the 4-channel one takes them)
+  if (a.p_bf16 && a.W <= 4 && a.ldp % 8 == 0 && reinterpret_cast<uintptr_t>(a.P) % 16 == 0 && lane_channels == 8)
+    qkv_forward8_with<kFwdG, kFwdS, kFwdRun>(a, q, k, v, vout, stream);
+  else
+    qkv_forward_with<kFwdG, kFwdS, kFwdRun>(a, q, k, v, vout, stream);
 }
 
 std::size_t qkv_backward_scratch_floats(const QkvArgs& a) {
