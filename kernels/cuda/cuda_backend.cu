@@ -1291,13 +1291,12 @@ void CudaBackend::set_options(const Options& o) {
     throw UserError("LAR_GEMM: '" + gm + "' is not one of tune, heuristic, cublas");
   h200_ = gpu_sms_ == 132 && gpu_major_ == 9;  // where kH200Gemms was measured
   // The one-pass norm backward: LAR_NORM_BWD=pipe (the default: rows staged through shared
-  // memory by cp.async, 8 warps a block), pipe9 (9 warps at d > 896) or rows (the
-  // register-staged kernel of session 6; A/B measurements).
+  // memory by cp.async) or rows (the register-staged kernel of session 6; A/B measurements).
   const char* nb = std::getenv("LAR_NORM_BWD");
   const std::string nbs = nb ? nb : "";
-  if (!nbs.empty() && nbs != "pipe" && nbs != "pipe9" && nbs != "rows")
-    throw UserError("LAR_NORM_BWD: '" + nbs + "' is not one of pipe, pipe9, rows");
-  norm_pipe_warps_ = nbs == "rows" ? 0 : nbs == "pipe9" ? 9 : 8;
+  if (!nbs.empty() && nbs != "pipe" && nbs != "rows")
+    throw UserError("LAR_NORM_BWD: '" + nbs + "' is not one of pipe, rows");
+  norm_pipe_ = nbs != "rows";
   gemm_mode_ = gm == "cublas" ? GemmMode::cublas
                : gm == "tune" && !o.deterministic ? GemmMode::tune
                                                   : GemmMode::heuristic;
@@ -2076,48 +2075,41 @@ constexpr int kNormPipeBlocks = 132;
 int norm_pipe_blocks(int64_t n, int warps) {
   return static_cast<int>(std::min<int64_t>(kNormPipeBlocks, (n + warps - 1) / warps));
 }
-// The pipeline's shape: 8 warps × 2 row buffers per SM (measured on the H200 at d = 1024:
-// 152 µs a plain backward against 154 for 6 warps × 3 and 156 for 4 × 4; docs/perf.md,
-// "Training step, session 8"; LAR_NORM_BWD=pipe9 runs 9 warps at d > 896) and its shared
-// memory. The warp count depends only on d, so x0 + r and the plain backward of the stored
-// sum share it (and their dw bits).
-constexpr int kPipeStages = 2;
-int norm_pipe_warps(int requested, int64_t d) { return norm_groups(d) == 8 ? requested : 8; }
-std::size_t norm_pipe_smem(int warps, int64_t d, std::size_t dy_bytes, std::size_t r_bytes) {
-  return static_cast<std::size_t>(warps) * kPipeStages * (static_cast<std::size_t>(d) * (8 + dy_bytes + r_bytes) + 16);
+// The pipeline's shape: 8 warps × 2 row buffers per SM (measured on the H200 at d = 1024,
+// plain / with r: 151.9 / 167.5 µs, against 153.8 / 171.1 for 6 warps × 3 buffers, 155.6 /
+// 172.8 for 4 × 4 and 153.6 / 171.2 for 9 × 2; docs/perf.md, "Training step, session 8"), and
+// its shared memory.
+constexpr int kPipeWarps = 8, kPipeStages = 2;
+std::size_t norm_pipe_smem(int64_t d, std::size_t dy_bytes, std::size_t r_bytes) {
+  return static_cast<std::size_t>(kPipeWarps) * kPipeStages *
+         (static_cast<std::size_t>(d) * (8 + dy_bytes + r_bytes) + 16);
 }
 // Whether the pipelined backward takes this shape: d % 8 == 0, d ≤ 1024, buffers that fit.
-bool norm_pipe_fits(int warps, std::size_t smem_max, int64_t d, std::size_t dy_bytes, std::size_t r_bytes) {
-  return d > 0 && d % 8 == 0 && d <= 1024 &&
-         norm_pipe_smem(norm_pipe_warps(warps, d), d, dy_bytes, r_bytes) <= smem_max;
+bool norm_pipe_fits(std::size_t smem_max, int64_t d, std::size_t dy_bytes, std::size_t r_bytes) {
+  return d > 0 && d % 8 == 0 && d <= 1024 && norm_pipe_smem(d, dy_bytes, r_bytes) <= smem_max;
 }
-template <int K, class TD, class TR, int W>
+template <int K, class TD, class TR>
 void norm_bwd_pipe_k(const Tensor& x, const Tensor& r, const Tensor& w, const Tensor& rstd, const Tensor& dy,
                      const Tensor& dx, const Tensor& dx_out, float* partial, cudaStream_t st) {
   const int d = static_cast<int>(x.last());
-  const std::size_t smem = norm_pipe_smem(W, d, sizeof(TD), r.empty() ? 0 : sizeof(TR));
-  auto kernel = rmsnorm_bwd_pipe<K, TD, TR, W, kPipeStages>;
+  const std::size_t smem = norm_pipe_smem(d, sizeof(TD), r.empty() ? 0 : sizeof(TR));
+  auto kernel = rmsnorm_bwd_pipe<K, TD, TR, kPipeWarps, kPipeStages>;
   LAR_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  kernel<<<norm_pipe_blocks(x.rows(), W), 32 * W, smem, st>>>(
+  kernel<<<norm_pipe_blocks(x.rows(), kPipeWarps), 32 * kPipeWarps, smem, st>>>(
       x.ptr<float>(), r.empty() ? nullptr : r.ptr<TR>(), w.ptr<float>(), rstd.ptr<float>(), dy.ptr<TD>(),
       dx.ptr<float>(), dx_out.empty() ? nullptr : dx_out.ptr<bf16>(), partial, x.rows(), d);
 }
 // Launches the pipelined backward (norm_pipe_fits checked by the caller); returns its grid.
 template <class TD, class TR>
-int norm_bwd_pipe(int warps, const Tensor& x, const Tensor& r, const Tensor& w, const Tensor& rstd, const Tensor& dy,
+int norm_bwd_pipe(const Tensor& x, const Tensor& r, const Tensor& w, const Tensor& rstd, const Tensor& dy,
                   const Tensor& dx, const Tensor& dx_out, float* partial, cudaStream_t st) {
-  const int W = norm_pipe_warps(warps, x.last());
-  if (W == 9) {
-    norm_bwd_pipe_k<8, TD, TR, 9>(x, r, w, rstd, dy, dx, dx_out, partial, st);
-    return norm_pipe_blocks(x.rows(), W);
-  }
   switch (norm_groups(x.last())) {
-    case 1: norm_bwd_pipe_k<1, TD, TR, 8>(x, r, w, rstd, dy, dx, dx_out, partial, st); break;
-    case 2: norm_bwd_pipe_k<2, TD, TR, 8>(x, r, w, rstd, dy, dx, dx_out, partial, st); break;
-    case 4: norm_bwd_pipe_k<4, TD, TR, 8>(x, r, w, rstd, dy, dx, dx_out, partial, st); break;
-    default: norm_bwd_pipe_k<8, TD, TR, 8>(x, r, w, rstd, dy, dx, dx_out, partial, st); break;
+    case 1: norm_bwd_pipe_k<1, TD, TR>(x, r, w, rstd, dy, dx, dx_out, partial, st); break;
+    case 2: norm_bwd_pipe_k<2, TD, TR>(x, r, w, rstd, dy, dx, dx_out, partial, st); break;
+    case 4: norm_bwd_pipe_k<4, TD, TR>(x, r, w, rstd, dy, dx, dx_out, partial, st); break;
+    default: norm_bwd_pipe_k<8, TD, TR>(x, r, w, rstd, dy, dx, dx_out, partial, st); break;
   }
-  return norm_pipe_blocks(x.rows(), W);
+  return norm_pipe_blocks(x.rows(), kPipeWarps);
 }
 template <class TD, class TO, class TR>
 void norm_bwd_rows(int groups, const Tensor& x, const Tensor& r, const Tensor& w, const Tensor& rstd, const Tensor& dy,
@@ -2226,16 +2218,16 @@ void CudaBackend::norm_bwd(const Tensor& x, const Tensor& r, const Tensor& w, co
   if (norm_rows_ok(x, {&r, &w, &dy, &dx, &dx_out}) && (dx_out.empty() || dx_out.dtype == DType::bf16)) {
     // One pass: dx, the bf16 copy and dw's per-block partials, then the partials in order.
     const std::size_t dyb = dtype_size(dy.dtype), rb = r.empty() ? 0 : dtype_size(r.dtype);
-    if (norm_pipe_warps_ > 0 && norm_pipe_fits(norm_pipe_warps_, smem_optin_, d, dyb, rb)) {  // pipelined through shared memory
+    if (norm_pipe_ && norm_pipe_fits(smem_optin_, d, dyb, rb)) {  // pipelined through shared memory
       float* partial =
           reinterpret_cast<float*>(scratch_doubles((static_cast<std::size_t>(kNormPipeBlocks) * d + 1) / 2));
       int blocks = 0;
-      if (r.empty() && is_bf16(dy)) blocks = norm_bwd_pipe<bf16, float>(norm_pipe_warps_, x, r, w, rstd, dy, dx, dx_out, partial, stream_);
-      else if (r.empty()) blocks = norm_bwd_pipe<float, float>(norm_pipe_warps_, x, r, w, rstd, dy, dx, dx_out, partial, stream_);
-      else if (is_bf16(r) && is_bf16(dy)) blocks = norm_bwd_pipe<bf16, bf16>(norm_pipe_warps_, x, r, w, rstd, dy, dx, dx_out, partial, stream_);
-      else if (is_bf16(r)) blocks = norm_bwd_pipe<float, bf16>(norm_pipe_warps_, x, r, w, rstd, dy, dx, dx_out, partial, stream_);
-      else if (is_bf16(dy)) blocks = norm_bwd_pipe<bf16, float>(norm_pipe_warps_, x, r, w, rstd, dy, dx, dx_out, partial, stream_);
-      else blocks = norm_bwd_pipe<float, float>(norm_pipe_warps_, x, r, w, rstd, dy, dx, dx_out, partial, stream_);
+      if (r.empty() && is_bf16(dy)) blocks = norm_bwd_pipe<bf16, float>(x, r, w, rstd, dy, dx, dx_out, partial, stream_);
+      else if (r.empty()) blocks = norm_bwd_pipe<float, float>(x, r, w, rstd, dy, dx, dx_out, partial, stream_);
+      else if (is_bf16(r) && is_bf16(dy)) blocks = norm_bwd_pipe<bf16, bf16>(x, r, w, rstd, dy, dx, dx_out, partial, stream_);
+      else if (is_bf16(r)) blocks = norm_bwd_pipe<float, bf16>(x, r, w, rstd, dy, dx, dx_out, partial, stream_);
+      else if (is_bf16(dy)) blocks = norm_bwd_pipe<bf16, float>(x, r, w, rstd, dy, dx, dx_out, partial, stream_);
+      else blocks = norm_bwd_pipe<float, float>(x, r, w, rstd, dy, dx, dx_out, partial, stream_);
       LAR_CUDA_LAUNCHED();
       rmsnorm_dw_sum<<<static_cast<unsigned>((d + kWarp - 1) / kWarp), dim3(kWarp, kDwRows), 0, stream_>>>(
           partial, dw.ptr<float>(), static_cast<int>(d), blocks);
@@ -2244,7 +2236,7 @@ void CudaBackend::norm_bwd(const Tensor& x, const Tensor& r, const Tensor& w, co
     }
     // x + r whose buffers do not fit while x alone would: the sum in scratch, then the
     // pipelined plain backward below (the same bits as the plain backward of the stored sum).
-    const bool sum_first = norm_pipe_warps_ > 0 && rb > 0 && norm_pipe_fits(norm_pipe_warps_, smem_optin_, d, dyb, 0);
+    const bool sum_first = norm_pipe_ && rb > 0 && norm_pipe_fits(smem_optin_, d, dyb, 0);
     if (!sum_first) {
       const int blocks = norm_bwd_blocks(n), g = norm_groups(d);
       float* partial = reinterpret_cast<float*>(scratch_doubles((static_cast<std::size_t>(blocks) * d + 1) / 2));

@@ -178,7 +178,7 @@ class CudaBackend final : public Backend {
   GemmMode gemm_mode_ = GemmMode::heuristic;
   int gpu_sms_ = 0, gpu_major_ = 0;
   std::size_t smem_optin_ = 0;  // shared memory a block may opt in to (bytes)
-  int norm_pipe_warps_ = 8;     // LAR_NORM_BWD: warps a block of the pipelined norm backward (0: the register kernel)
+  bool norm_pipe_ = true;       // LAR_NORM_BWD: the pipelined norm backward (else the register kernel)
   bool h200_ = false;  // an sm_90 GPU with 132 SMs: the measured GEMM preferences apply
   cublasLtHandle_t lt_ = nullptr;
   void* lt_workspace_ = nullptr;  // shared by cuBLASLt and cuBLAS (one stream)
