@@ -783,6 +783,29 @@ TEST(CudaBackend, DISABLED_StepPassTimes) {
     time_us("embedding_fwd 32768 x 1024", 2 * nd4, 10, [&] { be.embedding_fwd(ids.first, table, out); });
     time_us("embedding_bwd 32768 x 1024", 3 * nd4, 10, [&] { be.embedding_bwd(ids.first, out, dtable); });
   }
+  if (const char* e = std::getenv("LAR_STEP_GEMMS"); e && std::string(e) == "1") {
+    // LAR_GEMM=tune, LAR_GEMM_LOG=1: every cuBLASLt candidate's µs (stderr) for the linear
+    // layer's fused [P | og] GEMMs (N = 3072 + 32 + 1024 = 4128) and the q·k·v projection
+    // beside them. Operands are constant here: absolute times run below the step's (clocks).
+    setenv("LAR_GEMM", "tune", 1);
+    setenv("LAR_GEMM_LOG", "1", 1);
+    be.set_options(with_precision("mixed"));
+    struct Shape {
+      int64_t M, N, K;
+      bool ta, tb, bf16_c;
+    };
+    for (const Shape& g : {Shape{N, 4128, 1024, false, true, true}, Shape{N, 3072, 1024, false, true, true},
+                           Shape{N, 1024, 4128, false, false, true}, Shape{4128, 1024, N, true, false, false}}) {
+      Tensor A = filled(DType::bf16, g.ta ? std::vector<int64_t>{g.K, g.M} : std::vector<int64_t>{g.M, g.K}, 0.01f);
+      Tensor B = filled(DType::bf16, g.tb ? std::vector<int64_t>{g.N, g.K} : std::vector<int64_t>{g.K, g.N}, 0.01f);
+      Tensor C = filled(g.bf16_c ? DType::bf16 : DType::f32, {g.M, g.N}, 0.f);
+      be.gemm(A, g.ta, B, g.tb, C);
+      sync();
+    }
+    unsetenv("LAR_GEMM");
+    unsetenv("LAR_GEMM_LOG");
+    be.set_options(with_precision("mixed"));
+  }
   {  // cross-entropy on one chunk of 8192 bf16 logit rows, dlogits in place
     Tensor lg = filled(DType::bf16, {R, V}, 0.3f), mk = filled(DType::f32, {R}, 1.f), ls = filled(DType::f32, {R}, 0.f);
     auto tg = p.ids({R}, static_cast<int>(V));
