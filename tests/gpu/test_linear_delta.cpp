@@ -255,6 +255,47 @@ TEST(LinearDeltaCuda, BackwardIsBitReproducible) {
   }
 }
 
+// The fused forward's two orders of group A's work (LAR_DELTA_QS0=early computes o's state term
+// inside the slack of the next chunk's T⁻¹ build instead of before it) give the same bits: o,
+// the final state and every boundary state.
+TEST(LinearDeltaCuda, FusedForwardOrdersAgree) {
+  std::mt19937_64 rng{std::random_device{}()};
+  const ScopedPath forced("fused");
+  for (const Case& c : {Case{2, 300, 3, true, true}, Case{1, 129, 2, false, false}, Case{1, 64, 2, true, true}}) {
+    const Inputs in = make_inputs(rng, c);
+    Buffers d(in);
+    auto& [s, q, k, v, o, dO, dq, dk, dv, bound, g, beta, dg, dbeta, S0, S, dST, dS0] = d;
+    std::vector<std::vector<double>> first;
+    for (const char* order : {"late", "early"}) {
+      setenv("LAR_DELTA_QS0", order, 1);
+      o.poison(), S.poison(), bound.poison();
+      gl::delta_fwd(s, q.p, k.p, v.p, c.gated ? g.p : nullptr, beta.p, c.with_state ? S0.p : nullptr, o.p, S.p,
+                    bound.p, nullptr);
+      const cudaError_t err = cudaDeviceSynchronize();
+      unsetenv("LAR_DELTA_QS0");
+      ASSERT_EQ(err, cudaSuccess) << order << " " << name(c);
+      std::vector<std::vector<double>> out = {o.get(), S.get(), bound.get()};
+      for (const auto& x : out[0]) ASSERT_TRUE(std::isfinite(x)) << order << " " << name(c);
+      if (first.empty()) {
+        first = std::move(out);
+        continue;
+      }
+      const char* names[] = {"o", "S", "boundary"};
+      for (size_t i = 0; i < out.size(); ++i) EXPECT_EQ(out[i], first[i]) << name(c) << " " << names[i];
+    }
+  }
+  setenv("LAR_DELTA_QS0", "soon", 1);
+  const Inputs in = make_inputs(rng, Case{1, 64, 2, true, false});
+  Buffers d(in);
+  try {
+    gl::delta_fwd(d.s, d.q.p, d.k.p, d.v.p, d.g.p, d.beta.p, nullptr, d.o.p, nullptr, d.bound.p, nullptr);
+    ADD_FAILURE() << "LAR_DELTA_QS0=soon was accepted";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("LAR_DELTA_QS0=soon"), std::string::npos) << e.what();
+  }
+  unsetenv("LAR_DELTA_QS0");
+}
+
 TEST(LinearDeltaCuda, RejectsBadPathSetting) {
   gl::DeltaShape s;
   s.B = 1, s.T = 16, s.H = 2;

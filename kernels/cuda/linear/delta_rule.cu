@@ -578,14 +578,17 @@ __device__ __forceinline__ void load_tile_b(bf16* s, const bf16* gsrc, size_t st
 //                                                           the start state out, loads of c+2
 //   phase 2  A: o += P U, stored                        B: S ← e^{G_last} S + Ûᵀ K
 // Group A is the longer path in both phases (LAR_DELTA_CLOCKS=2, H200), so group B also writes
-// the boundary states and issues the loads. q, k, v are loaded two chunks ahead (3 buffers), the
+// the boundary states and issues the loads; LAR_DELTA_QS0=early (A/B) moves group A's Q S0ᵀ into
+// the slack of its T⁻¹ build. q, k, v are loaded two chunks ahead (3 buffers), the
 // gates published one chunk ahead (2 slots), P and T⁻¹ double-buffered. Barrier ids: 2 group B,
 // 3 group A, 4–5 the merge (group A's warps 1..3).
 constexpr size_t kFwdSmem = 20 * TILE * sizeof(bf16) + (TILEF + 4 * C) * sizeof(float);
 
 __device__ __forceinline__ void group_a_sync() { asm volatile("bar.sync 3, %0;\n" ::"n"(NT) : "memory"); }
 
-template <bool kPh>
+// kEarlyQS0 (LAR_DELTA_QS0=early, A/B): group A computes o = e^G Q S0ᵀ inside local_terms' slack
+// instead of before it (see local_terms); same arithmetic, bit-identical results.
+template <bool kPh, bool kEarlyQS0>
 __global__ void __launch_bounds__(NT2, 1) fwd_kernel(const Params p) {
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* sQ = reinterpret_cast<bf16*>(smem);  // [3] each
@@ -634,7 +637,10 @@ __global__ void __launch_bounds__(NT2, 1) fwd_kernel(const Params p) {
   };
   auto gates = [&](int ci) { return fetch_gates(p, b, h, ci * C, min(C, p.T - ci * C)); };
   // Group A: P, Aw and T⁻¹ of chunk ci (its tiles and gates in place).
-  auto local_terms = [&](int ci) {
+  // own(): this warp's part of the current chunk's o = e^G Q S0ᵀ, run where the warp has slack —
+  // before the group barrier by the warps that invert no diagonal block, after it by the others
+  // (warp 1 after its one-step merge), so T⁻¹'s chain (diagonal blocks → merge) starts earlier.
+  auto local_terms = [&](int ci, auto&& own) {
     const bf16 *Q = sQ + (ci % 3) * TILE, *K = sK + (ci % 3) * TILE;
     const float *G = sG + (ci & 1) * C, *Bt = sB + (ci & 1) * C;
     bf16 *TiH = sTiH + (ci & 1) * TILE, *TiL = sTiL + (ci & 1) * TILE;
@@ -663,15 +669,19 @@ __global__ void __launch_bounds__(NT2, 1) fwd_kernel(const Params p) {
         *reinterpret_cast<uint32_t*>(P + t * LD + j) = pack(pv[0], pv[1]);
         *reinterpret_cast<float2*>(sAw + t * LDF + j) = make_float2(aw[0], aw[1]);
       }
-    if (L.wn == (L.wm >> 1)) {  // this warp holds the diagonal block wm of Aw
+    const bool diag = L.wn == (L.wm >> 1);  // this warp holds the diagonal block wm of Aw
+    if (diag) {
       __syncwarp();
       diag_inverse16(sAw, Bt, TiH, TiL, L.wm, L.lane);
+    } else {
+      own();
     }
     phase_mark<kPh>(p, ci - 1, 1);
     group_a_sync();
     if (warp == 1) merge_row<1>(sAw, Bt, TiH, TiL, L.lane, 4);
     if (warp == 2) merge_row<2>(sAw, Bt, TiH, TiL, L.lane, 4);
     if (warp == 3) merge_row<3>(sAw, Bt, TiH, TiL, L.lane, 4);
+    if (diag) own();
   };
   prefetch(0);
   prefetch(1);
@@ -680,7 +690,7 @@ __global__ void __launch_bounds__(NT2, 1) fwd_kernel(const Params p) {
   if (p.nc > 1) gr = gates(1);
   cp_async_wait<1>();
   __syncthreads();
-  if (grpA) local_terms(0);
+  if (grpA) local_terms(0, [] {});
 
   for (int ci = 0; ci < p.nc; ++ci) {
     const int t0 = ci * C, n = min(C, p.T - t0), buf = ci % 3, sl = ci & 1;
@@ -693,16 +703,26 @@ __global__ void __launch_bounds__(NT2, 1) fwd_kernel(const Params p) {
     const float *G = sG + sl * C, *Bt = sB + sl * C;
     const float Gl = G[C - 1];
     if (grpA) {
-      zero(keep);
-      gemm<false, false>(keep, Q, sS, L);  // Q S0ᵀ
-      float gr[2];
-      row_vals(G, L, gr);
-      const float eg[2] = {__expf(gr[0]), __expf(gr[1])};
+      auto q_s0 = [&] {
+        zero(keep);
+        gemm<false, false>(keep, Q, sS, L);  // Q S0ᵀ
+        float gr[2];
+        row_vals(G, L, gr);
+        const float eg[2] = {__expf(gr[0]), __expf(gr[1])};
 #pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
+        for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) keep[nt][e] *= eg[e >> 1];
-      if (ci + 1 < p.nc) local_terms(ci + 1);
+          for (int e = 0; e < 4; ++e) keep[nt][e] *= eg[e >> 1];
+      };
+      if constexpr (kEarlyQS0) {
+        if (ci + 1 < p.nc)
+          local_terms(ci + 1, q_s0);
+        else
+          q_s0();
+      } else {
+        q_s0();
+        if (ci + 1 < p.nc) local_terms(ci + 1, [] {});
+      }
     } else {
       Acc x;
       zero(x);
@@ -785,7 +805,7 @@ __global__ void __launch_bounds__(NT2, 1) fwd_kernel(const Params p) {
 //           dU = e^{G_last − G} K dSᵀ + scale Pᵀ dO (bf16)
 //   P2  C   U = T⁻¹ β X (bf16 tile), dR = T⁻ᵀ dU (dv and dβ's v-term from its registers)
 //   P3  dKK, dQK;  P4  dq, dk, the dS update (into the other dS slot), the gate partial sums.
-// dg and dβ of a chunk are written from its partial sums by warp 5 during the next chunk's P1
+// dg and dβ of a chunk are written from its partial sums by warp 1 during the next chunk's P1
 // (off the critical path; the partials are rewritten only after P3): 6 barriers per chunk.
 // Shared memory: 2×(Q K V dO S0), 2×dS, P U dR dQK dKK Q̃ K̃ T⁻¹(hi, lo) βX (bf16; dU in dQK's
 // tile), Aw (fp32), G, β, partial sums.
@@ -908,7 +928,12 @@ __global__ void __launch_bounds__(NT, 1) bwd_kernel(const Params p) {
     }
     phase_mark<kPh>(p, p.nc - 1 - ci, 1);
     __syncthreads();  // P1
-    if (warp == 1) merge_row<1>(sAw, sB, sTiH, sTiL, L.lane, 1);
+    if (warp == 1) {
+      merge_row<1>(sAw, sB, sTiH, sTiL, L.lane, 1);
+      // dg, dβ of the previous chunk (ci + 1) from its partial sums (warp 1's merge is one step:
+      // the most slack in this phase, H200 phase marks)
+      if (ci + 1 < p.nc) bwd_write_dg_dbeta(p, sRowG, sRowB, sColG, sGl, nullptr, b, h, t0 + C, min(C, p.T - t0 - C), L);
+    }
     if (warp == 2) merge_row<2>(sAw, sB, sTiH, sTiL, L.lane, 1);
     if (warp == 3) merge_row<3>(sAw, sB, sTiH, sTiL, L.lane, 1);
     if (warp == 0 || warp >= 4) {
@@ -920,9 +945,6 @@ __global__ void __launch_bounds__(NT, 1) bwd_kernel(const Params p) {
         *reinterpret_cast<uint4*>((kt ? sKt : sQt) + t * LD + c) =
             scale8(*reinterpret_cast<const uint4*>((kt ? sK : sQ) + t * LD + c), f);
       }
-      // dg, dβ of the previous chunk (ci + 1) from its partial sums
-      if (warp == 5 && ci + 1 < p.nc)
-        bwd_write_dg_dbeta(p, sRowG, sRowB, sColG, sGl, nullptr, b, h, t0 + C, min(C, p.T - t0 - C), L);
     }
     bwd_du(sK, sdS, sP, sdO, sG, Gl, scale, sdU, L);
     phase_mark<kPh>(p, p.nc - 1 - ci, 2);
@@ -1672,6 +1694,16 @@ void clock_report() {
   for (int kind = 0; kind < 2; ++kind) phase_report(*l, kind, ph);
 }
 
+// LAR_DELTA_QS0=early: the fused forward's kEarlyQS0 order (A/B timing; unset or "late": the
+// default order). Read at every launch, so that a test can switch it.
+bool qs0_early() {
+  const char* env = std::getenv("LAR_DELTA_QS0");
+  const std::string want = env ? env : "";
+  if (want == "early") return true;
+  if (!want.empty() && want != "late") throw RuntimeError("LAR_DELTA_QS0=" + want + ": expected early or late");
+  return false;
+}
+
 // One launch with its dynamic shared memory (the limit must be raised above 48 KB first).
 void launch(void (*kernel)(Params), dim3 grid, size_t smem, const Params& p, cudaStream_t stream, int threads = NT) {
   LAR_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
@@ -1706,7 +1738,10 @@ void delta_fwd(const DeltaShape& s, const bf16* q, const bf16* k, const bf16* v,
   p.q = q, p.k = k, p.v = v, p.g = g, p.beta = beta, p.S0 = S0, p.o = o, p.S_out = S_out, p.bound = boundary;
   if (!use_two_phase(p, false)) {
     clock_slot(p, 0);
-    launch(p.ph ? fwd_kernel<true> : fwd_kernel<false>, dim3(p.H, p.B), kFwdSmem, p, stream, NT2);
+    const bool early = qs0_early();
+    launch(p.ph ? (early ? fwd_kernel<true, true> : fwd_kernel<true, false>)
+                : (early ? fwd_kernel<false, true> : fwd_kernel<false, false>),
+           dim3(p.H, p.B), kFwdSmem, p, stream, NT2);
     return;
   }
   const size_t chunks = static_cast<size_t>(p.B) * p.H * p.nc;
