@@ -296,6 +296,50 @@ TEST(LinearDeltaCuda, FusedForwardOrdersAgree) {
   unsetenv("LAR_DELTA_QS0");
 }
 
+// The fused backward's two placements of the next chunk's loads (LAR_DELTA_BWD_LOADS=merge issues
+// them in P1 by warps 1 and 2 instead of by every warp at the top of a chunk) give the same bits.
+TEST(LinearDeltaCuda, FusedBackwardLoadPlacementsAgree) {
+  std::mt19937_64 rng{std::random_device{}()};
+  const ScopedPath forced("fused");
+  for (const Case& c : {Case{2, 300, 3, true, true}, Case{1, 129, 2, false, false}, Case{2, 1, 2, true, true}}) {
+    const Inputs in = make_inputs(rng, c);
+    Buffers d(in);
+    auto& [s, q, k, v, o, dO, dq, dk, dv, bound, g, beta, dg, dbeta, S0, S, dST, dS0] = d;
+    const float* gp = c.gated ? g.p : nullptr;
+    gl::delta_fwd(s, q.p, k.p, v.p, gp, beta.p, c.with_state ? S0.p : nullptr, o.p, S.p, bound.p, nullptr);
+    std::vector<std::vector<double>> first;
+    for (const char* where : {"top", "merge"}) {
+      setenv("LAR_DELTA_BWD_LOADS", where, 1);
+      d.poison_grads();
+      gl::delta_bwd(s, q.p, k.p, v.p, gp, beta.p, bound.p, dO.p, c.with_state ? dST.p : nullptr, dq.p, dk.p, dv.p,
+                    c.gated ? dg.p : nullptr, dbeta.p, dS0.p, nullptr);
+      const cudaError_t err = cudaDeviceSynchronize();
+      unsetenv("LAR_DELTA_BWD_LOADS");
+      ASSERT_EQ(err, cudaSuccess) << where << " " << name(c);
+      std::vector<std::vector<double>> out = {dq.get(), dk.get(), dv.get(), dbeta.get(), dS0.get()};
+      if (c.gated) out.push_back(dg.get());
+      for (const auto& x : out[0]) ASSERT_TRUE(std::isfinite(x)) << where << " " << name(c);
+      if (first.empty()) {
+        first = std::move(out);
+        continue;
+      }
+      const char* names[] = {"dq", "dk", "dv", "dbeta", "dS0", "dg"};
+      for (size_t i = 0; i < out.size(); ++i) EXPECT_EQ(out[i], first[i]) << name(c) << " " << names[i];
+    }
+  }
+  setenv("LAR_DELTA_BWD_LOADS", "later", 1);
+  const Inputs in = make_inputs(rng, Case{1, 64, 2, true, false});
+  Buffers d(in);
+  try {
+    gl::delta_bwd(d.s, d.q.p, d.k.p, d.v.p, d.g.p, d.beta.p, d.bound.p, d.dO.p, nullptr, d.dq.p, d.dk.p, d.dv.p,
+                  d.dg.p, d.dbeta.p, nullptr, nullptr);
+    ADD_FAILURE() << "LAR_DELTA_BWD_LOADS=later was accepted";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("LAR_DELTA_BWD_LOADS=later"), std::string::npos) << e.what();
+  }
+  unsetenv("LAR_DELTA_BWD_LOADS");
+}
+
 TEST(LinearDeltaCuda, RejectsBadPathSetting) {
   gl::DeltaShape s;
   s.B = 1, s.T = 16, s.H = 2;

@@ -812,7 +812,10 @@ __global__ void __launch_bounds__(NT2, 1) fwd_kernel(const Params p) {
 constexpr size_t kBwdSmem = 22 * TILE * sizeof(bf16) + (TILEF + 10 * C + 8) * sizeof(float);
 static_assert(kBwdSmem <= 227 * 1024, "fused backward: one CTA per SM");
 
-template <bool kPh>
+// kMergeLoads (LAR_DELTA_BWD_LOADS=merge, A/B): the next chunk's tiles are issued in P1 by warps 1
+// and 2 after their T⁻¹ merge steps (the warps with the most slack there) instead of by all warps
+// at the top of the chunk (≈ 2 k cycles a chunk, H200 phase marks); same results, bit for bit.
+template <bool kPh, bool kMergeLoads>
 __global__ void __launch_bounds__(NT, 1) bwd_kernel(const Params p) {
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* sIn = reinterpret_cast<bf16*>(smem);  // [2][5] tiles: Q K V dO S0 of chunks with parity 0, 1
@@ -863,17 +866,39 @@ __global__ void __launch_bounds__(NT, 1) bwd_kernel(const Params p) {
     load_tile(dst + 3 * TILE, p.dout + row_off(p, b, t0, h), stride, n);
     load_tile(dst + 4 * TILE, p.bound_in + (bh * p.nc + ci) * D * D, D, C);
   };
+  // kMergeLoads: chunk ci's five tiles by the `count` threads from threadIdx.x = `first`
+  auto prefetch_part = [&](int ci, int first, int count) {
+    const int t0 = ci * C, n = min(C, p.T - t0);
+    bf16* dst = sIn + (ci & 1) * 5 * TILE;
+    const bf16* src[5] = {p.q + row_off(p, b, t0, h), p.k + row_off(p, b, t0, h), p.v + row_off(p, b, t0, h),
+                          p.dout + row_off(p, b, t0, h), p.bound_in + (bh * p.nc + ci) * D * D};
+#pragma unroll
+    for (int j = 0; j < 5; ++j) {
+      const size_t st = j < 4 ? stride : D;
+      const int rows = j < 4 ? n : C;
+      for (int i = threadIdx.x - first; i < C * 8; i += count) {
+        const int r = i >> 3, c = i & 7;
+        const bool ok = r < rows;
+        cp_async16(dst + j * TILE + r * LD + c * 8, ok ? src[j] + r * st + c * 8 : src[j], ok);
+      }
+    }
+  };
   prefetch(p.nc - 1);
   cp_async_commit();
   GateRegs gr = fetch_gates(p, b, h, (p.nc - 1) * C, p.T - (p.nc - 1) * C);
 
   for (int ci = p.nc - 1; ci >= 0; --ci) {
     const int t0 = ci * C, n = min(C, p.T - t0);
-    if (ci > 0) prefetch(ci - 1);
-    cp_async_commit();
+    if (!kMergeLoads) {
+      if (ci > 0) prefetch(ci - 1);
+      cp_async_commit();
+    }
     publish_gates(gr, sG, sB);
     if (ci > 0) gr = fetch_gates(p, b, h, t0 - C, C);
-    cp_async_wait<1>();
+    if (kMergeLoads)
+      cp_async_wait<0>();  // chunk ci's tiles (issued in chunk ci+1's P1)
+    else
+      cp_async_wait<1>();
     phase_mark<kPh>(p, p.nc - 1 - ci, 0);
     __syncthreads();  // P0
     const bf16* sQ = sIn + (ci & 1) * 5 * TILE;
@@ -936,6 +961,11 @@ __global__ void __launch_bounds__(NT, 1) bwd_kernel(const Params p) {
     }
     if (warp == 2) merge_row<2>(sAw, sB, sTiH, sTiL, L.lane, 1);
     if (warp == 3) merge_row<3>(sAw, sB, sTiH, sTiL, L.lane, 1);
+    if (kMergeLoads && (warp == 1 || warp == 2)) {
+      // chunk ci−1's tiles into the other parity (last read in chunk ci+1, before P0)
+      if (ci > 0) prefetch_part(ci - 1, 32, 64);
+      cp_async_commit();
+    }
     if (warp == 0 || warp >= 4) {
       // Q̃ = e^G q, K̃ = β e^G k (operands of the dS update, read after P3), by the 5 warps that
       // do not merge T⁻¹'s blocks meanwhile
@@ -1704,6 +1734,16 @@ bool qs0_early() {
   return false;
 }
 
+// LAR_DELTA_BWD_LOADS=merge: the fused backward's kMergeLoads placement (A/B timing; unset or
+// "top": the default). Read at every launch, so that a test can switch it.
+bool bwd_merge_loads() {
+  const char* env = std::getenv("LAR_DELTA_BWD_LOADS");
+  const std::string want = env ? env : "";
+  if (want == "merge") return true;
+  if (!want.empty() && want != "top") throw RuntimeError("LAR_DELTA_BWD_LOADS=" + want + ": expected merge or top");
+  return false;
+}
+
 // One launch with its dynamic shared memory (the limit must be raised above 48 KB first).
 void launch(void (*kernel)(Params), dim3 grid, size_t smem, const Params& p, cudaStream_t stream, int threads = NT) {
   LAR_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
@@ -1764,7 +1804,10 @@ void delta_bwd(const DeltaShape& s, const bf16* q, const bf16* k, const bf16* v,
   p.dq = dq, p.dk = dk, p.dv = dv, p.dg = dg, p.dbeta = dbeta, p.dS0 = dS0;
   if (!use_two_phase(p, true)) {
     clock_slot(p, 1);
-    launch(p.ph ? bwd_kernel<true> : bwd_kernel<false>, dim3(p.H, p.B), kBwdSmem, p, stream);
+    const bool merge = bwd_merge_loads();
+    launch(p.ph ? (merge ? bwd_kernel<true, true> : bwd_kernel<true, false>)
+                : (merge ? bwd_kernel<false, true> : bwd_kernel<false, false>),
+           dim3(p.H, p.B), kBwdSmem, p, stream);
     return;
   }
   const size_t chunks = static_cast<size_t>(p.B) * p.H * p.nc;
