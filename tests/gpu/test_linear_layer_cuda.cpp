@@ -798,6 +798,70 @@ TEST(LinearLayerOps, GateMapsMatchTheCpuReference) {
     }
 }
 
+// The layer's packed weight copy and its gradient's scatter (pack_pieces / scatter_add_pieces):
+// pieces with 16-byte and 4-byte aligned sources, a count not a multiple of 4, a zero piece
+// (no source) and a dropped one (no destination); fp32 and bf16 packed buffers. Exact: the
+// copy rounds to nearest like the weight mirror, the scatter adds one float.
+TEST(LinearLayerOps, PackedWeightPiecesCopyAndScatter) {
+  std::mt19937_64 rng(77);
+  std::normal_distribution<double> nd(0.0, 1.0);
+  const int64_t n[4] = {4096, 1027, 520, 2048};
+  const int64_t shift[4] = {0, 1, 0, 3};  // floats past a 16-byte boundary
+  int64_t total = 0;
+  for (int64_t v : n) total += v;
+  std::vector<double> src_all(8192 + 16), dst0_all(8192 + 16);
+  for (auto& e : src_all) e = static_cast<float>(nd(rng));
+  for (auto& e : dst0_all) e = static_cast<float>(nd(rng));
+  Dev<float> src(src_all.size()), dst(dst0_all.size());
+  src.put(src_all);
+  kl::Pieces p;
+  p.count = 4;
+  int64_t base[4], at = 0;
+  for (int k = 0; k < 4; ++k) {
+    base[k] = at + shift[k];
+    at = (base[k] + n[k] + 3) / 4 * 4;
+    p.src[k] = k == 2 ? nullptr : src.p + base[k];  // piece 2: zeros
+    p.dst[k] = k == 3 ? nullptr : dst.p + base[k];  // piece 3: dropped
+    p.n[k] = n[k];
+  }
+  ASSERT_LE(at, (int64_t)src_all.size());
+  for (const bool bf : {false, true}) {
+    Dev<float> pf(total);
+    Dev<bf16> pb(total);
+    pf.poison(), pb.poison();
+    kl::pack_pieces(p, bf ? static_cast<void*>(pb.p) : static_cast<void*>(pf.p), bf, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const auto got = bf ? pb.get() : pf.get();
+    int64_t off = 0, bad = 0;
+    for (int k = 0; k < 4; ++k) {
+      for (int64_t i = 0; i < n[k]; ++i) {
+        const double want = k == 2 ? 0.0 : (bf ? to_bf(src_all[base[k] + i]) : src_all[base[k] + i]);
+        bad += got[off + i] != want;
+      }
+      off += n[k];
+    }
+    EXPECT_EQ(bad, 0) << (bf ? "bf16" : "fp32") << " pack";
+  }
+  // scatter: a packed fp32 gradient added into the pieces with a destination
+  std::vector<double> packed(total);
+  for (auto& e : packed) e = static_cast<float>(nd(rng));
+  Dev<float> pk(total);
+  pk.put(packed);
+  dst.put(dst0_all);
+  kl::scatter_add_pieces(p, pk.p, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const auto d = dst.get();
+  std::vector<double> want = dst0_all;
+  int64_t off = 0;
+  for (int k = 0; k < 4; ++k) {
+    if (k != 3)
+      for (int64_t i = 0; i < n[k]; ++i)
+        want[base[k] + i] = static_cast<float>(static_cast<float>(dst0_all[base[k] + i]) + static_cast<float>(packed[off + i]));
+    off += n[k];
+  }
+  EXPECT_TRUE(d == want) << "scatter: sums or untouched elements differ";
+}
+
 // gdn's gates from the fused projection's columns (gdn_gates_forward / _backward) against
 // double on the CPU: fp32 and bf16 P, H = 16 / 2 / 3 (padding columns 0 / 4 / 2), N not a
 // multiple of the row splits. dP is filled with random values first: the q, k, v columns

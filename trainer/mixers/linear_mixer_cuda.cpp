@@ -160,15 +160,8 @@ class CudaLinearImpl final : public CudaLinear {
     if (fold_ || wide_) {
       // the GEMM's weight [Wq; Wk; Wv; (W_β; W_a; 0); (W_g)] in act_dtype(), [ldp_, d]
       wcat_ = ar.alloc(at_, {ldp_, d_.d});
-      const std::size_t es = wcat_.bytes() / wcat_.numel();
-      char* w = static_cast<char*>(wcat_.data);
-      be.convert(Wqkv_.view({nqkv_ * d_.d}), Tensor(w, at_, {nqkv_ * d_.d}));
-      if (fold_) {
-        be.convert(Wba_.view({2 * d_.H * d_.d}), Tensor(w + nqkv_ * d_.d * es, at_, {2 * d_.H * d_.d}));
-        const int64_t pad = pw_ - nqkv_ - 2 * d_.H;
-        if (pad > 0) be.zero(Tensor(w + (nqkv_ + 2 * d_.H) * d_.d * es, at_, {pad * d_.d}));
-      }
-      if (wide_) be.convert(P_[s_.wgate].view({d_.Cv * d_.d}), Tensor(w + pw_ * d_.d * es, at_, {d_.Cv * d_.d}));
+      cl::LayerTimer tm("linear: weight copy", st);
+      cl::pack_pieces(wcat_pieces(), wcat_.data, act_bf16(), st);
     }
     o_ = bf_alloc(ar, N * d_.Cv);
     bound_ = ar.alloc(DType::f32, {(int64_t)(cl::delta_boundary_bytes(shape()) + 3) / 4});
@@ -398,12 +391,10 @@ class CudaLinearImpl final : public CudaLinear {
       // are not adjacent: the convs' lie between), added to each; one dx GEMM
       Tensor dW = ar.alloc(DType::f32, {ldp_, d_.d});
       be.gemm(dP, true, Xa, false, dW, 1.0, 0.0);
-      auto add_rows = [&](int64_t row, int64_t rows, const Tensor& grad) {
-        be.axpy(1.0, Tensor(dW.ptr<float>() + row * d_.d, DType::f32, {rows * d_.d}), grad.view({rows * d_.d}));
-      };
-      add_rows(0, nqkv_, Gqkv_);
-      if (fold_) add_rows(nqkv_, 2 * d_.H, Gba_);
-      if (wide_) add_rows(pw_, d_.Cv, G_[s_.wgate]);
+      {
+        cl::LayerTimer tm("linear: weight gradient scatter", st);
+        cl::scatter_add_pieces(wcat_pieces(), dW.ptr<float>(), st);
+      }
       be.gemm(dP, false, wcat_, false, dX, 1.0, wide_ ? 0.0 : 1.0);  // wide_: dx overwritten
     } else {
       be.gemm(dP, true, Xa, false, Gqkv_, 1.0, 1.0);
@@ -588,6 +579,24 @@ class CudaLinearImpl final : public CudaLinear {
   }
 
   bool act_bf16() const { return at_ == DType::bf16; }
+  // wcat_'s rows as pieces of the parameter (src) and gradient (dst) buffers: [Wq;Wk;Wv],
+  // (fold_: [W_β;W_a] and zero padding rows), (wide_: W_g).
+  cl::Pieces wcat_pieces() const {
+    cl::Pieces p;
+    auto add = [&](const Tensor& w, const Tensor& g, int64_t rows) {
+      p.src[p.count] = w.empty() ? nullptr : w.ptr<float>();
+      p.dst[p.count] = g.empty() ? nullptr : g.ptr<float>();
+      p.n[p.count] = rows * d_.d;
+      ++p.count;
+    };
+    add(Wqkv_, Gqkv_, nqkv_);
+    if (fold_) {
+      add(Wba_, Gba_, 2 * d_.H);
+      if (pw_ > nqkv_ + 2 * d_.H) add(Tensor(), Tensor(), pw_ - nqkv_ - 2 * d_.H);  // padding: zeros, dropped
+    }
+    if (wide_) add(P_[s_.wgate], G_[s_.wgate], d_.Cv);
+    return p;
+  }
   static std::size_t elem_bytes(const Tensor& t) { return t.bytes() / t.numel(); }
   // og: its own [N, Cv] tensor, or (wide_) P_qkv_'s columns [pw_, pw_ + Cv), row stride ldp_
   const void* og_ptr() const {

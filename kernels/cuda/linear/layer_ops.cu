@@ -846,6 +846,50 @@ __global__ void colsum_finish(const float* partial, int splits, int C, int group
   if (threadIdx.x == 0) out[j] += red[0];
 }
 
+// ---------------------------------------------------------------- packed weight pieces
+// Block row y = piece y; its offset in the packed buffer and whether 4-element (16-byte
+// source) accesses apply come from the host.
+struct PieceLaunch {
+  Pieces p;
+  int64_t off[kMaxPieces];
+  bool vec[kMaxPieces];
+};
+template <class TO>
+__global__ void pack_pieces_kernel(PieceLaunch l, TO* out) {
+  const int k = blockIdx.y;
+  const float* s = l.p.src[k];
+  TO* o = out + l.off[k];
+  const int64_t n = l.p.n[k], tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x,
+                stride = (int64_t)gridDim.x * blockDim.x;
+  if (l.vec[k]) {
+    for (int64_t i = tid; i < n / 4; i += stride) {
+      const float4 v = s ? reinterpret_cast<const float4*>(s)[i] : make_float4(0.f, 0.f, 0.f, 0.f);
+      const float f[4] = {v.x, v.y, v.z, v.w};
+      st4(o + 4 * i, f);
+    }
+  } else {
+    for (int64_t i = tid; i < n; i += stride) o[i] = from_f<TO>(s ? s[i] : 0.f);
+  }
+}
+__global__ void scatter_add_pieces_kernel(PieceLaunch l, const float* packed) {
+  const int k = blockIdx.y;
+  float* d = l.p.dst[k];
+  if (!d) return;  // a piece without a destination (the padding rows) is dropped
+  const float* s = packed + l.off[k];
+  const int64_t n = l.p.n[k], tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x,
+                stride = (int64_t)gridDim.x * blockDim.x;
+  if (l.vec[k]) {
+    for (int64_t i = tid; i < n / 4; i += stride) {
+      float4 v = reinterpret_cast<float4*>(d)[i];
+      const float4 a = reinterpret_cast<const float4*>(s)[i];
+      v.x += a.x, v.y += a.y, v.z += a.z, v.w += a.w;
+      reinterpret_cast<float4*>(d)[i] = v;
+    }
+  } else {
+    for (int64_t i = tid; i < n; i += stride) d[i] += s[i];
+  }
+}
+
 // ---------------------------------------------------------------- gdn's gates (fused projection)
 // One thread per (token, head): β and g from P's fβ, fa columns, with gate_value's maps.
 template <class TP>
@@ -1372,6 +1416,50 @@ void gdn_gates_forward(const GdnGateArgs& a, float* beta, float* g, cudaStream_t
   const unsigned blocks = blocks_for(a.N * a.H, kThreads);
   if (a.p_bf16) gdn_gates_fwd_kernel<bf16><<<blocks, kThreads, 0, stream>>>(a, beta, g);
   else gdn_gates_fwd_kernel<float><<<blocks, kThreads, 0, stream>>>(a, beta, g);
+  LAR_CUDA_LAUNCHED();
+}
+
+namespace {
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+// Offsets and access widths of the pieces; packed: the packed buffer, es its element size.
+PieceLaunch piece_launch(const Pieces& p, const void* packed, std::size_t es, bool pack, int64_t& longest) {
+  require(p.count >= 1 && p.count <= kMaxPieces, "pieces: 1 to " + std::to_string(kMaxPieces) + " pieces");
+  PieceLaunch l;
+  l.p = p;
+  int64_t off = 0;
+  longest = 0;
+  for (int k = 0; k < p.count; ++k) {
+    require(p.n[k] >= 0, "pieces: a negative count");
+    l.off[k] = off;
+    const auto* at = static_cast<const char*>(packed) + off * es;
+    const void* other = pack ? static_cast<const void*>(p.src[k]) : static_cast<const void*>(p.dst[k]);
+    l.vec[k] = p.n[k] % 4 == 0 && (other == nullptr || aligned16(other)) &&
+               reinterpret_cast<uintptr_t>(at) % (4 * es) == 0;
+    off += p.n[k];
+    longest = std::max(longest, p.n[k]);
+  }
+  return l;
+}
+dim3 piece_grid(int64_t longest, int count) {
+  return dim3(static_cast<unsigned>(std::clamp<int64_t>((longest / 4 + kThreads - 1) / kThreads, 1, 1024)),
+              static_cast<unsigned>(count));
+}
+}  // namespace
+
+void pack_pieces(const Pieces& p, void* packed, bool packed_bf16, cudaStream_t stream) {
+  int64_t longest = 0;
+  const PieceLaunch l = piece_launch(p, packed, packed_bf16 ? 2 : 4, true, longest);
+  if (longest == 0) return;
+  if (packed_bf16) pack_pieces_kernel<<<piece_grid(longest, p.count), kThreads, 0, stream>>>(l, static_cast<bf16*>(packed));
+  else pack_pieces_kernel<<<piece_grid(longest, p.count), kThreads, 0, stream>>>(l, static_cast<float*>(packed));
+  LAR_CUDA_LAUNCHED();
+}
+
+void scatter_add_pieces(const Pieces& p, const float* packed, cudaStream_t stream) {
+  int64_t longest = 0;
+  const PieceLaunch l = piece_launch(p, packed, 4, false, longest);
+  if (longest == 0) return;
+  scatter_add_pieces_kernel<<<piece_grid(longest, p.count), kThreads, 0, stream>>>(l, packed);
   LAR_CUDA_LAUNCHED();
 }
 

@@ -119,6 +119,24 @@ std::size_t gdn_gates_backward_scratch_floats(int64_t N, int H);
 void gdn_gates_backward(const GdnGateArgs& a, const float* dbeta, const float* dg, void* dP, float* ddt, float* dA_log,
                         float* scratch, cudaStream_t stream);
 
+// ---- the layer's packed projection weight and its gradient ----
+// Up to kMaxPieces fp32 pieces laid end to end in a packed buffer: piece k has n[k] elements,
+// copied from src[k] (pack; null: zeros) or added into dst[k] (scatter). One launch each for
+// the layer's [Wq;Wk;Wv;(W_β;W_a;0);W_g] copy and its weight gradient's split (the pieces are
+// not adjacent in the parameter buffer), 16-byte accesses where a piece allows them.
+constexpr int kMaxPieces = 4;
+struct Pieces {
+  int count = 0;
+  const float* src[kMaxPieces] = {};
+  float* dst[kMaxPieces] = {};
+  int64_t n[kMaxPieces] = {};
+};
+// packed = the pieces' src end to end, in bf16 (rounded to nearest, as the backend's weight
+// mirror) when packed_bf16, else fp32.
+void pack_pieces(const Pieces& p, void* packed, bool packed_bf16, cudaStream_t stream);
+// dst[k][i] += packed[off_k + i] (packed fp32; off_k = n[0] + … + n[k−1]; dst[k] null: dropped).
+void scatter_add_pieces(const Pieces& p, const float* packed, cudaStream_t stream);
+
 // ---- deterministic column sums ----
 // out[j] += Σ_n Σ_{c ∈ [j·group, (j+1)·group)} M[n, c]  (M [N, C] with row stride ld).
 std::size_t colsum_scratch_floats(int64_t N, int C);
