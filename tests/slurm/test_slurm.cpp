@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdio>
 #include <functional>
+#include <map>
 #include <thread>
 
 #include "core/fs.hpp"
@@ -109,20 +110,44 @@ std::vector<std::string> job_ids(const fs::path& launch) {
 }
 
 // Slurm holds a requeued job for 2 minutes (EligibleTime, reason BeginTime); the tests
-// let it start at once so that the `slurm` label stays short. Returns true when it did.
-bool hurry_requeued(const std::string& task) {
+// let it start at once so that the `slurm` label stays short. That hold is also what
+// keeps a requeued job clear of its previous incarnation: slurmd revokes the job's
+// credential when it tears the old one down, and a restart launched before that revoke
+// is killed as "non-startable: Job credential revoked" (state FAILED). So the hurry waits
+// until the old incarnation is gone: its `lar slurm-task` wrote its exit event, the node
+// is no longer COMPLETING, and a 2 s margin for slurmd's own bookkeeping has passed.
+// Returns true when it hurried.
+bool hurry_requeued(const std::string& task, const fs::path& run_dir) {
+  static std::map<std::string, std::chrono::steady_clock::time_point> settled_since;
   auto q = runner::query_queue({task});
-  if (!q || !q->count(task) || (*q)[task].reason != "BeginTime") return false;
+  if (!q || !q->count(task) || (*q)[task].reason != "BeginTime") {
+    settled_since.erase(task);
+    return false;
+  }
+  int starts = 0, exits = 0;
+  for (const auto& l : read_metrics(run_dir / "slurm.jsonl").lines) {
+    starts += l["event"] == "start";
+    exits += l["event"] == "exit";
+  }
+  std::string node = runner::run_command({"sinfo", "-h", "-o", "%T"}).out;
+  if (exits < starts || node.find("completing") != std::string::npos) {
+    settled_since.erase(task);
+    return false;
+  }
+  auto now = std::chrono::steady_clock::now();
+  auto [it, first] = settled_since.emplace(task, now);
+  if (now - it->second < 2s) return false;
+  settled_since.erase(task);
   return runner::run_command({"scontrol", "update", "JobId=" + task, "StartTime=now"}).exit_code == 0;
 }
 
 // Waits for the launch `pid` to exit while hurrying its requeued task along.
-int wait_hurrying(pid_t pid, const std::string& task, int* hurried = nullptr) {
+int wait_hurrying(pid_t pid, const std::string& task, const fs::path& run_dir, int* hurried = nullptr) {
   for (;;) {
     int st = 0;
     pid_t r = ::waitpid(pid, &st, WNOHANG);
     if (r == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-    if (hurry_requeued(task) && hurried) ++*hurried;
+    if (hurry_requeued(task, run_dir) && hurried) ++*hurried;
     std::this_thread::sleep_for(500ms);
   }
 }
@@ -265,7 +290,7 @@ TEST_F(Slurm, PreemptedTaskResumesFromItsCheckpointWithTheSameFinalLoss) {
   std::string task = job_ids(h.launches("pre")[0])[0] + "_0";
   auto r = runner::run_command({"scontrol", "requeue", task});
   ASSERT_EQ(r.exit_code, 0) << r.out;
-  EXPECT_EQ(wait_hurrying(pid, task), 0) << read_file(h.dir / "launch.log");
+  EXPECT_EQ(wait_hurrying(pid, task, rd), 0) << read_file(h.dir / "launch.log");
   auto st = status_of(rd);
   ASSERT_TRUE(st.has_value());
   EXPECT_EQ(st->state, RunState::completed) << st->reason;
@@ -419,10 +444,10 @@ TEST_F(Slurm, TimeLimitWarningRequeuesUpToTheCapThenRecordsTimeout) {
                         h.dir / "launch.log");
   ASSERT_TRUE(wait_until([&] { return !h.launches("tl").empty() && fs::exists(h.launches("tl")[0] / "jobs.json"); }, 60s));
   int hurried = 0;
-  EXPECT_EQ(wait_hurrying(pid, job_ids(h.launches("tl")[0])[0] + "_0", &hurried), 1);
+  fs::path rd = h.run_dir("tl", "s0");
+  EXPECT_EQ(wait_hurrying(pid, job_ids(h.launches("tl")[0])[0] + "_0", rd, &hurried), 1);
   EXPECT_EQ(hurried, 1) << "one requeue after the first time limit, none after the second";
   Output o{0, read_file(h.dir / "launch.log")};
-  fs::path rd = h.run_dir("tl", "s0");
   auto st = status_of(rd);
   ASSERT_TRUE(st.has_value());
   EXPECT_EQ(st->state, RunState::timeout) << st->reason;
