@@ -11,7 +11,6 @@
 #include <chrono>
 #include <cstdio>
 #include <functional>
-#include <map>
 #include <thread>
 
 #include "core/fs.hpp"
@@ -109,45 +108,47 @@ std::vector<std::string> job_ids(const fs::path& launch) {
   return ids;
 }
 
+// How many `event` lines `lar slurm-task` wrote into the run's slurm.jsonl.
+int count_events(const fs::path& run_dir, const std::string& event) {
+  int n = 0;
+  for (const auto& l : read_metrics(run_dir / "slurm.jsonl").lines) n += l["event"] == event;
+  return n;
+}
+
 // Slurm holds a requeued job for 2 minutes (EligibleTime, reason BeginTime); the tests
 // let it start at once so that the `slurm` label stays short. That hold is also what
 // keeps a requeued job clear of its previous incarnation: slurmd revokes the job's
 // credential when it tears the old one down, and a restart launched before that revoke
-// is killed as "non-startable: Job credential revoked" (state FAILED). So the hurry waits
-// until the old incarnation is gone: its `lar slurm-task` wrote its exit event, the node
-// is no longer COMPLETING, and a 2 s margin for slurmd's own bookkeeping has passed.
-// Returns true when it hurried.
-bool hurry_requeued(const std::string& task, const fs::path& run_dir) {
-  static std::map<std::string, std::chrono::steady_clock::time_point> settled_since;
+// is killed as "non-startable: Job credential revoked" (state FAILED). So a task may be
+// hurried only once it waits on the hold alone: its old `lar slurm-task` wrote its exit
+// event and the node is no longer COMPLETING.
+bool held_and_settled(const std::string& task, const fs::path& run_dir) {
   auto q = runner::query_queue({task});
-  if (!q || !q->count(task) || (*q)[task].reason != "BeginTime") {
-    settled_since.erase(task);
-    return false;
-  }
-  int starts = 0, exits = 0;
-  for (const auto& l : read_metrics(run_dir / "slurm.jsonl").lines) {
-    starts += l["event"] == "start";
-    exits += l["event"] == "exit";
-  }
-  std::string node = runner::run_command({"sinfo", "-h", "-o", "%T"}).out;
-  if (exits < starts || node.find("completing") != std::string::npos) {
-    settled_since.erase(task);
-    return false;
-  }
-  auto now = std::chrono::steady_clock::now();
-  auto [it, first] = settled_since.emplace(task, now);
-  if (now - it->second < 2s) return false;
-  settled_since.erase(task);
-  return runner::run_command({"scontrol", "update", "JobId=" + task, "StartTime=now"}).exit_code == 0;
+  if (!q || !q->count(task) || (*q)[task].reason != "BeginTime") return false;
+  if (count_events(run_dir, "exit") < count_events(run_dir, "start")) return false;
+  return runner::run_command({"sinfo", "-h", "-o", "%T"}).out.find("completing") == std::string::npos;
 }
 
-// Waits for the launch `pid` to exit while hurrying its requeued task along.
+// Waits for the launch `pid` to exit while hurrying its requeued task along, once it has
+// been held and settled for 2 s (a margin for slurmd's own bookkeeping).
 int wait_hurrying(pid_t pid, const std::string& task, const fs::path& run_dir, int* hurried = nullptr) {
+  bool settled = false;
+  std::chrono::steady_clock::time_point settled_since;
   for (;;) {
     int st = 0;
     pid_t r = ::waitpid(pid, &st, WNOHANG);
     if (r == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-    if (hurry_requeued(task, run_dir) && hurried) ++*hurried;
+    const auto now = std::chrono::steady_clock::now();
+    if (!held_and_settled(task, run_dir)) {
+      settled = false;
+    } else if (!settled) {
+      settled = true;
+      settled_since = now;
+    } else if (now - settled_since >= 2s) {
+      settled = false;
+      if (runner::run_command({"scontrol", "update", "JobId=" + task, "StartTime=now"}).exit_code == 0 && hurried)
+        ++*hurried;
+    }
     std::this_thread::sleep_for(500ms);
   }
 }
@@ -298,9 +299,7 @@ TEST_F(Slurm, PreemptedTaskResumesFromItsCheckpointWithTheSameFinalLoss) {
   bool saw_preempted = false;
   for (const auto& e : st->history) saw_preempted |= e.state == RunState::preempted;
   EXPECT_TRUE(saw_preempted);
-  int starts = 0;
-  for (const auto& l : read_metrics(rd / "slurm.jsonl").lines) starts += l["event"] == "start";
-  EXPECT_EQ(starts, 2);
+  EXPECT_EQ(count_events(rd, "start"), 2);
   EXPECT_EQ(st->summary["final_loss"].get<double>(), reference) << "resume must be bit-identical";
 }
 
@@ -459,14 +458,11 @@ TEST_F(Slurm, TimeLimitWarningRequeuesUpToTheCapThenRecordsTimeout) {
     EXPECT_NE(e.state, RunState::cancelled);
   }
   EXPECT_EQ(preempted_by_usr2, 2) << "both attempts checkpointed on the warning";
-  int starts = 0, requeues = 0, usr2_exits = 0;
-  for (const auto& l : read_metrics(rd / "slurm.jsonl").lines) {
-    starts += l["event"] == "start";
-    requeues += l["event"] == "requeue";
+  int usr2_exits = 0;
+  for (const auto& l : read_metrics(rd / "slurm.jsonl").lines)
     usr2_exits += l["event"] == "exit" && l.value("usr2", false) && l.value("rc", 0) == 3;
-  }
-  EXPECT_EQ(starts, 2);
-  EXPECT_EQ(requeues, 1);
+  EXPECT_EQ(count_events(rd, "start"), 2);
+  EXPECT_EQ(count_events(rd, "requeue"), 1);
   EXPECT_EQ(usr2_exits, 2);
   EXPECT_NE(o.text.find("  timeout  s0: time limit reached 2 times (max_timeout_requeues 1)"), std::string::npos)
       << o.text;
