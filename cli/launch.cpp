@@ -1,4 +1,5 @@
 // `lar launch SPEC` — run every cell of an experiment spec (runner::launch does the work).
+#include <cstdlib>
 #include <iostream>
 #include <memory>
 #include <filesystem>
@@ -74,7 +75,14 @@ void check_slurm_flags(const LaunchArgs& a) {
 int run_launch(const LaunchArgs& a) {
   using namespace lar;
   check_slurm_flags(a);
-  experiments::Plan plan = experiments::load_plan(a.spec, a.scale);  // UserError on a bad spec
+  // UserError on a bad spec or cell, before anything is written. lar's own trainer in a
+  // local launch needs the data here; a Slurm job reads it on the cluster's file system, a
+  // dry run not at all, and what another --trainer-cmd reads lar cannot know.
+  const char* other_trainer = std::getenv("LAR_TRAINER_CMD");  // runner/local_executor.hpp
+  const bool data_here = !a.dry_run && a.executor == "local" && a.trainer_cmd.empty() &&
+                         !(other_trainer && *other_trainer);
+  experiments::Plan plan = experiments::load_plan(a.spec, a.scale, {.require_data = data_here});
+  for (const auto& w : plan.notes) std::cerr << w << "\n";
   for (const auto& w : plan.warnings) std::cerr << w << "\n";
 
   runner::LaunchOptions o;

@@ -5,6 +5,7 @@
 //   changed  run directory exists with a different config hash (the spec changed)
 //   new      no run directory
 // Reads run directories only ($LAR_HOME/runs/<experiment>/<cell-id>/); writes nothing.
+#include <algorithm>
 #include <filesystem>
 #include <iostream>
 #include <map>
@@ -15,6 +16,7 @@
 #include "core/run_dir.hpp"
 #include "experiments/cell.hpp"
 #include "experiments/ids.hpp"
+#include "trainer/mixer.hpp"
 
 namespace {
 
@@ -74,8 +76,8 @@ void print_table(const std::vector<std::vector<std::string>>& rows) {
 int run_plan(const PlanOptions& o) {
   if (o.format != "table" && o.format != "json" && o.format != "csv")
     throw lar::UserError("--format: unknown format '" + o.format + "' (table, json, csv)");
-  // Tables only list cells: skip building every resolved config (large matrices).
-  Plan plan = lar::experiments::load_plan(o.spec, o.scale, {.configs = o.format == "json"});
+  Plan plan = lar::experiments::load_plan(o.spec, o.scale);
+  for (const auto& w : plan.notes) std::cerr << "lar: " << w << "\n";
   for (const auto& w : plan.warnings) std::cerr << "lar: " << w << "\n";
 
   std::vector<std::string> status;
@@ -88,6 +90,10 @@ int run_plan(const PlanOptions& o) {
   }
   std::vector<std::string> axes;
   for (const auto& a : plan.meta.value("axes", json::array())) axes.push_back(a.get<std::string>());
+  // Whether the CUDA backend of this build runs each cell ("" = yes), the one rule that
+  // `backend: cuda` enforces and `backend: auto` follows (trainer::cuda_unsupported).
+  std::vector<std::string> no_cuda;
+  for (const auto& c : plan.cells) no_cuda.push_back(lar::trainer::cuda_unsupported(c.config.at("model")));
 
   if (o.format == "json") {
     json cells = json::array();
@@ -104,6 +110,8 @@ int run_plan(const PlanOptions& o) {
                        {"status", status[i]},
                        {"run_dir", lar::run_dir_for(plan.experiment, c.id).string()},
                        {"reference", c.reference},
+                       {"cuda", no_cuda[i].empty() ? json{{"covered", true}}
+                                                   : json{{"covered", false}, {"why", no_cuda[i]}}},
                        {"config", c.config}});
     }
     json out = {{"experiment", plan.experiment}, {"scale", plan.scale}, {"spec", plan.spec_path.string()},
@@ -114,13 +122,13 @@ int run_plan(const PlanOptions& o) {
   }
 
   if (o.format == "csv") {
-    std::cout << "id,hash,role,baseline,status";
+    std::cout << "id,hash,role,baseline,status,cuda";
     for (const auto& a : axes) std::cout << "," << csv_field(a);
     std::cout << "\n";
     for (size_t i = 0; i < plan.cells.size(); ++i) {
       const Cell& c = plan.cells[i];
       std::cout << csv_field(c.id) << "," << c.hash << "," << c.role << "," << csv_field(c.baseline.value_or(""))
-                << "," << status[i];
+                << "," << status[i] << "," << csv_field(no_cuda[i].empty() ? "yes" : "no: " + no_cuda[i]);
       for (const auto& [k, v] : c.axes) std::cout << "," << csv_field(v.is_string() ? v.get<std::string>() : v.dump());
       std::cout << "\n";
     }
@@ -132,16 +140,27 @@ int run_plan(const PlanOptions& o) {
   head.insert(head.end(), axes.begin(), axes.end());
   if (any_baseline) head.push_back("baseline");
   head.push_back("status");
+  head.push_back("cuda");
   rows.push_back(head);
+  std::vector<std::string> reasons;  // footnotes of the cuda column
   for (size_t i = 0; i < plan.cells.size(); ++i) {
     const Cell& c = plan.cells[i];
     std::vector<std::string> r{c.id, c.short_hash(), c.role};
     for (const auto& [k, v] : c.axes) r.push_back(show(v));
     if (any_baseline) r.push_back(c.baseline.value_or("-"));
     r.push_back(status[i]);
+    if (no_cuda[i].empty()) {
+      r.push_back("yes");
+    } else {
+      auto it = std::find(reasons.begin(), reasons.end(), no_cuda[i]);
+      if (it == reasons.end()) it = reasons.insert(reasons.end(), no_cuda[i]);
+      r.push_back("no [" + std::to_string(it - reasons.begin() + 1) + "]");
+    }
     rows.push_back(std::move(r));
   }
   print_table(rows);
+  if (!reasons.empty()) std::cout << "\ncuda: no = backend auto trains the cell on the CPU, backend cuda refuses it:\n";
+  for (size_t k = 0; k < reasons.size(); ++k) std::cout << "  [" << k + 1 << "] " << reasons[k] << "\n";
   std::cout << "\n"
             << plan.cells.size() << " cells (experiment " << plan.experiment
             << (plan.scale.empty() ? "" : ", scale " + plan.scale) << "): " << counts["done"] << " done, "

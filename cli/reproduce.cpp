@@ -65,6 +65,7 @@ int run_reproduce(const ReproduceArgs& a) {
   using namespace lar;
   const auto spec = report::resolve_paper_spec(a.table);
   experiments::Plan plan = report::load_paper_plan(spec, a.scale, a.seeds);
+  for (const auto& w : plan.notes) std::cerr << w << "\n";
   for (const auto& w : plan.warnings) std::cerr << w << "\n";
 
   runner::LaunchOptions o;

@@ -32,6 +32,7 @@ struct Plan {
   std::filesystem::path spec_path;
   std::vector<Cell> cells;
   std::vector<std::string> warnings;   // e.g. an exclude that matched nothing (file:line:col)
+  std::vector<std::string> notes;      // true of this machine, not of the spec (data not prepared here yet)
   json meta;                           // spec-level extras: description, reference source/metrics
 };
 
@@ -47,6 +48,12 @@ struct LoadOptions {
   // values are still exact). For tools that only list cells of very large matrices
   // (`lar plan`, `lar bench plan`): a resolved config costs ~8 KB and ~100 allocations.
   bool configs = true;
+  // false: skip the trainer's rules on every cell (trainer/config_check.hpp); only for
+  // measuring expansion alone (`lar bench plan`).
+  bool check = true;
+  // true: an lm cell whose prepared data is not on this machine is an error (a local
+  // launch); false: a warning (planning, dry runs, a cluster's file system).
+  bool require_data = false;
 };
 Plan load_plan(const std::filesystem::path& spec, const std::string& scale, const LoadOptions& options);
 }  // namespace lar::experiments

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <map>
 #include <regex>
 #include <set>
 #include <unordered_map>
@@ -21,6 +22,7 @@
 #include "experiments/cell.hpp"
 #include "experiments/ids.hpp"
 #include "experiments/yaml_tree.hpp"
+#include "trainer/config_check.hpp"
 
 namespace lar::experiments {
 
@@ -388,6 +390,7 @@ class Builder {
     expand_includes();
     if (drafts_.empty()) fail(matrix_loc(), "the matrix expands to zero cells");
     make_cells();
+    if (options_.check) check_cells();
     apply_roles();
     apply_baselines();
     apply_reference();
@@ -446,14 +449,31 @@ class Builder {
 
   void read_base() {
     json base = validated_config(root_->get("base"), "base");
+    record_set_at(root_->get("base"), "", kSetByBase);
     if (scale_node_) {
       json over = validated_config(scale_node_->get("base"), "scales." + plan_.scale + ".base");
       merge_json(base, over);
+      record_set_at(scale_node_->get("base"), "", kSetByScale);
     }
     template_ = with_defaults(base);
     normalize(template_, config_schema());
     auto issues = validate_config(template_);  // defaults + validated parts: must be clean
     if (!issues.empty()) throw RuntimeError("internal: resolved base config invalid at " + issues.front().path);
+  }
+
+  // Where each leaf of the template was written (base, possibly in an extended file, or
+  // the scale's base), so that a cell's error points at the line that set the value.
+  void record_set_at(const YNode* node, const std::string& prefix, int level) {
+    if (!node || !node->is_map()) return;
+    for (const auto& [k, v] : node->entries) {
+      const std::string path = prefix.empty() ? k->text : prefix + "." + k->text;
+      const SchemaNode* s = schema_lookup(path);
+      if (!s) continue;
+      if (s->type == SchemaType::map)
+        record_set_at(v.get(), path, level);
+      else  // the spec's own base outranks the file it extends
+        template_set_at_[path] = {v->loc, level == kSetByBase && v->loc.file != file_ ? kSetByExtended : level};
+    }
   }
 
   SourceLoc matrix_loc() const {
@@ -1003,7 +1023,7 @@ class Builder {
       if (id.empty()) id = "base";
       c.id = std::move(id);
       bool fast_hash = splice && d.include < 0;
-      if (options_.configs || !fast_hash) {
+      if (options_.configs || options_.check || !fast_hash) {
         c.config = template_;
         for (size_t a = 0; a < axes_.size(); ++a) set_leaf(c.config, axes_[a].parts, axes_[a].values[V(d)[a]].value);
         if (d.include >= 0)
@@ -1019,7 +1039,6 @@ class Builder {
         c.hash = sha.hex(text);
       } else {
         c.hash = sha.hex(canonical_dump(c.config));
-        if (!options_.configs) c.config = nullptr;
       }
       check_architecture(c, d, arch, stack);
       plan_.cells.push_back(std::move(c));
@@ -1083,6 +1102,59 @@ class Builder {
                     "' (use a conditional axis: stack: {by: architecture, softmax: [dense], default: [hybrid, pure]})");
     fail(loc, "cell '" + c.id + "': architecture '" + arch +
                   "' needs stack 'pure' or 'hybrid' (stack 'dense' makes every layer softmax)");
+  }
+
+  // ---------------------------------------------------------------- the trainer's rules
+  // Every cell through the trainer's own checks, before anything is written. The error
+  // names the line that set the value to blame: of the keys the message names, the one
+  // set most specifically (an include, then an axis value, the scale's base, the base).
+  void check_cells() {
+    const trainer::CheckOptions check{.require_data = options_.require_data};
+    auto checked = [&](size_t i, auto&& check_one) {
+      try {
+        return check_one(plan_.cells[i].config);
+      } catch (const UserError& e) {
+        fail(blame(drafts_[i], e.what()), "cell '" + plan_.cells[i].id + "': " + e.what());
+      }
+    };
+    // The spec's own mistakes first, over all cells; then what the data on this machine
+    // says (opening it is the costly part, and most cells of a sweep share their data).
+    for (size_t i = 0; i < plan_.cells.size(); ++i) checked(i, trainer::check_config_without_data);
+    std::set<std::string> noted, data_checked;
+    for (size_t i = 0; i < plan_.cells.size(); ++i) {
+      if (data_checked.insert(canonical_dump(trainer::data_check_key(plan_.cells[i].config))).second)
+        for (const auto& n : checked(i, [&](const json& c) { return trainer::check_data(c, check); }))
+          if (noted.insert(n).second) plan_.notes.push_back(file_ + ": warning: " + n);
+    }
+    if (!options_.configs)
+      for (auto& c : plan_.cells) c.config = nullptr;
+  }
+
+  SourceLoc blame(const CellDraft& d, const std::string& message) const {
+    SourceLoc best = origin(d);
+    int best_level = kSetByDefault;
+    for (const auto& key : trainer::config_keys_named(message)) {
+      auto [loc, level] = set_at(d, split_path(key));
+      if (level > best_level) {
+        best = loc;
+        best_level = level;
+      }
+    }
+    return best;
+  }
+
+  std::pair<SourceLoc, int> set_at(const CellDraft& d, const std::vector<std::string>& parts) const {
+    if (d.include >= 0) {
+      for (const auto& o : includes_[d.include].overrides)
+        if (o.parts == parts) return {o.loc, kSetByInclude};
+      for (const auto& [a, vid] : includes_[d.include].pins)
+        if (axes_[a].parts == parts) return {axes_[a].values[vid].loc, kSetByInclude};
+    }
+    for (size_t a = 0; a < axes_.size(); ++a)
+      if (axes_[a].parts == parts) return {axes_[a].values[V(d)[a]].loc, kSetByAxis};
+    auto it = template_set_at_.find(join(parts, "."));
+    if (it != template_set_at_.end()) return it->second;
+    return {SourceLoc{}, kSetByDefault};
   }
 
   void apply_roles() {
@@ -1190,6 +1262,10 @@ class Builder {
     Matcher match;
     json values;
   };
+
+  static constexpr int kSetByDefault = 0, kSetByExtended = 1, kSetByBase = 2, kSetByScale = 3, kSetByAxis = 4,
+                       kSetByInclude = 5;
+  std::map<std::string, std::pair<SourceLoc, int>> template_set_at_;  // leaf path → where, level
 
   fs::path spec_path_;
   std::string scale_arg_;

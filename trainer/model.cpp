@@ -51,6 +51,7 @@ void validate_model_config(const json& config) {
   non_negative(m, "model.", "value_dim");
   non_negative(m, "model.", "d_ff");
   non_negative(m, "model.", "window");
+  non_negative(m, "model.", "routing_rank");
   positive(m, "model.", "hybrid_ratio");
   positive(m, "model.", "chunk_size");
   if (positive(m, "model.", "vocab_size") < 2) throw UserError("model.vocab_size: must be ≥ 2");
@@ -66,7 +67,8 @@ void validate_model_config(const json& config) {
   for (std::size_t l = 0; l < kinds.size(); ++l) {
     MixerConfig mc = mixer_config(m, static_cast<int>(l));
     if (kinds[l] == "softmax" && mc.head_dim % 2 != 0)
-      throw UserError("model.head_dim: RoPE needs an even head dimension, got " + std::to_string(mc.head_dim));
+      throw UserError("model.head_dim: RoPE needs an even head dimension, got " + std::to_string(mc.head_dim) +
+                      (hd == 0 ? " (model.d_model / model.n_heads)" : ""));
     if (!mixer_registered(kinds[l])) {
       std::string all;
       for (const auto& k : registered_mixers()) all += (all.empty() ? "" : ", ") + k;
@@ -144,7 +146,6 @@ Model::Model(const json& config, kernels::Backend& be)
       last_publisher = l;
       const int64_t side = mixers_.back()->side_dim();
       const int64_t rank = m.value("routing_rank", 0);
-      if (rank < 0) throw UserError("model.routing_rank: must be ≥ 0, got " + std::to_string(rank));
       if ((shape_.routing == "cler_h" || shape_.routing == "clvr") && rank == 0)
         ly.route_p = ps.add({"route_p", {d, side}, ParamKind::matrix_hidden, InitRule::Constant(0.0)}, pre, l);
       if ((shape_.routing == "cler_h" || shape_.routing == "clvr") && rank > 0) {

@@ -391,8 +391,13 @@ Report build_report(const TableInput& in) {
       if (rc != chosen.end() && rb != chosen.end()) {
         diffs = config_differences(rc->second->config, rb->second->config, allowed);
         const json &sa = rc->second->summary, &sb = rb->second->summary;
-        if (diffs.empty() && sa.contains("data_slice") && sb.contains("data_slice") && sa["data_slice"] != sb["data_slice"])
-          diffs.push_back("data slice (summary.data_slice): " + show(sa["data_slice"]) + " vs " + show(sb["data_slice"]));
+        // Equal configs can still read different data (data.path re-prepared, another
+        // tokenizer): the trainer records the slice and tokenizer of every run.
+        for (const char* key : {"data_slice", "tokenizer"})
+          if (diffs.empty() && sa.contains(key) && sb.contains(key) && sa[key] != sb[key])
+            diffs.push_back(std::string(key == std::string("data_slice") ? "data slice" : "tokenizer") + " (summary." +
+                            key + "): run " + rc->second->run_id + " trained on " + show(sa[key]) + ", run " +
+                            rb->second->run_id + " on " + show(sb[key]));
       } else {
         diffs = config_differences(c->config, bc->config, allowed);
       }

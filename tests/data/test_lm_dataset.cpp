@@ -38,6 +38,10 @@ TEST(LmDataset, WindowsComeFromTheShards) {
   auto ds = make_dataset(lm_config(dir.string()));
   EXPECT_EQ(ds->vocab_needed(), 256);
   EXPECT_EQ(ds->slice_id(), read_manifest(dir)["slice_id"]);
+  // What the trainer records with the run (summary.tokenizer, summary.epochs).
+  EXPECT_EQ(ds->tokenizer_id(), "byte");
+  EXPECT_EQ(ds->train_tokens(), read_manifest(dir)["train"]["tokens"].get<uint64_t>());
+  EXPECT_GT(ds->train_tokens(), 0u);
   EXPECT_TRUE(ds->score(Batch{}, {}).empty());
   for (int step = 0; step < 5; ++step) {
     Batch b = ds->next_train();

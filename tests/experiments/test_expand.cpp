@@ -181,7 +181,7 @@ matrix:
 name: child
 base:
   model: {d_model: 256}
-  optimizer: {ns_coefficients: [4, 5]}
+  optimizer: {ns_coefficients: [4, 5, 6]}
 matrix:
   seed: [7]
 )");
@@ -192,7 +192,7 @@ matrix:
   const json& c = p.cells[0].config;
   EXPECT_EQ(c["model"]["n_layers"], 4);    // kept from the parent (maps merge)
   EXPECT_EQ(c["model"]["d_model"], 256);   // overridden
-  EXPECT_EQ(c["optimizer"]["ns_coefficients"], json::array({4.0, 5.0}));  // replaced, not merged
+  EXPECT_EQ(c["optimizer"]["ns_coefficients"], json::array({4.0, 5.0, 6.0}));  // replaced, not merged
 }
 
 TEST(Expand, ExtendsChains) {

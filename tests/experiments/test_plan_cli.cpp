@@ -80,8 +80,11 @@ TEST(PlanCli, JsonListsCellsWithStatus) {
   EXPECT_EQ(j["cells"][2]["status"], "changed");
   EXPECT_EQ(j["cells"][3]["status"], "new");
   EXPECT_EQ(j["summary"], json({{"done", 1}, {"partial", 1}, {"changed", 1}, {"new", 1}}));
-  // The exclude that matches nothing is a warning on stderr, with its location.
-  EXPECT_EQ(r.err, "lar: s.yaml:6:5: warning: exclude[0] matches no cell\n");
+  // The exclude that matches nothing is a warning on stderr, with its location; so is
+  // the corpus this test folder has not prepared (once, not once per cell).
+  EXPECT_EQ(r.err, "lar: s.yaml: warning: data.path: no prepared data at " + (d.dir() / "data" / "brown").string() +
+                       " on this machine yet (prepare it before launching; docs/data.md)\n"
+                       "lar: s.yaml:6:5: warning: exclude[0] matches no cell\n");
 }
 
 TEST(PlanCli, TableAndCsv) {
@@ -91,13 +94,67 @@ TEST(PlanCli, TableAndCsv) {
   ASSERT_EQ(t.code, 0) << t.err;
   experiments::Plan p = experiments::load_plan(d.dir() / "s.yaml", "");
   // Header, one aligned row per cell, summary.
-  EXPECT_NE(t.out.find("id         hash          role  lr    seed  status"), std::string::npos) << t.out;
-  EXPECT_NE(t.out.find("lr3e-4.s1  " + p.cells[3].short_hash() + "  main  3e-4  1     new"), std::string::npos) << t.out;
+  EXPECT_NE(t.out.find("id         hash          role  lr    seed  status  cuda"), std::string::npos) << t.out;
+  EXPECT_NE(t.out.find("lr3e-4.s1  " + p.cells[3].short_hash() + "  main  3e-4  1     new     yes"), std::string::npos) << t.out;
   EXPECT_NE(t.out.find("4 cells (experiment cli): 0 done, 0 partial, 0 changed, 4 new"), std::string::npos) << t.out;
   Result c = run_lar(d, "plan s.yaml --format csv");
   ASSERT_EQ(c.code, 0) << c.err;
-  EXPECT_EQ(c.out.substr(0, c.out.find('\n')), "id,hash,role,baseline,status,lr,seed");
-  EXPECT_NE(c.out.find("lr1e-3.s0," + p.cells[0].hash + ",main,,new,0.001,0\n"), std::string::npos) << c.out;
+  EXPECT_EQ(c.out.substr(0, c.out.find('\n')), "id,hash,role,baseline,status,cuda,lr,seed");
+  EXPECT_NE(c.out.find("lr1e-3.s0," + p.cells[0].hash +  ",main,,new,yes,0.001,0\n"), std::string::npos) << c.out;
   Result bad = run_lar(d, "plan s.yaml --format xml");
   EXPECT_EQ(bad.code, 2);
+}
+
+// The cuda column: which cells the CUDA backend of this build runs, and why not.
+TEST(PlanCli, CudaCoverageColumnWithReasons) {
+  SpecDir d;
+  d.write("s.yaml", "name: cov\nbase:\n  model: {stack: pure, n_layers: 2, d_model: 64}\nmatrix:\n"
+                    "  architecture: [gdn]\n  model.n_heads: [1, 4]\n");
+  Result t = run_lar(d, "plan s.yaml");
+  ASSERT_EQ(t.code, 0) << t.err;
+  // n_heads 4: heads of 16; n_heads 1: one head of 64.
+  EXPECT_NE(t.out.find("gdn.n_heads1  "), std::string::npos) << t.out;
+  EXPECT_NE(t.out.find("cuda: no = backend auto trains the cell on the CPU, backend cuda refuses it:\n  [1] "),
+            std::string::npos)
+      << t.out;
+  EXPECT_NE(t.out.find("no [1]"), std::string::npos) << t.out;
+  Result j = run_lar(d, "plan s.yaml --format json");
+  ASSERT_EQ(j.code, 0) << j.err;
+  json cells = json::parse(j.out)["cells"];
+  ASSERT_EQ(cells.size(), 2u);
+  EXPECT_EQ(cells[1]["cuda"]["covered"], false);
+  EXPECT_FALSE(cells[1]["cuda"]["why"].get<std::string>().empty());
+}
+
+// A cell the trainer would refuse stops `lar launch` and `lar reproduce`-style launches
+// before anything exists: no registry, no run folder, no script; exit 2 with the place.
+TEST(PlanCli, LaunchOfABadCellWritesNothing) {
+  SpecDir d;
+  d.write("bad.yaml", "name: bad\nmatrix:\n  lr: [1.0e-3, -1.0e-3]\n");
+  for (const char* extra : {"", " --dry-run", " --executor slurm --dry-run"}) {
+    Result r = run_lar(d, std::string("launch bad.yaml") + extra);
+    EXPECT_EQ(r.code, 2) << extra << ": " << r.out << r.err;
+    EXPECT_NE(r.err.find("bad.yaml:3:16: error: cell 'lr-1e-3': optimizer.lr: must be > 0, got -0.001"),
+              std::string::npos)
+        << r.err;
+  }
+  EXPECT_FALSE(std::filesystem::exists(d.dir() / "lar.db"));
+  EXPECT_FALSE(std::filesystem::exists(d.dir() / "runs"));
+}
+
+// lar's own trainer in a local launch needs the data on this machine: missing shards are an
+// error before anything is written; `lar plan` and dry runs only warn.
+TEST(PlanCli, LocalLaunchNeedsTheDataPlanOnlyWarns) {
+  SpecDir d;
+  d.write("lm.yaml", "name: lm\nbase:\n  data: {path: shards}\n");
+  Result r = run_lar(d, "launch lm.yaml");
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("lm.yaml:3:16: error: cell 'base': data.path: no prepared data at shards"), std::string::npos)
+      << r.err;
+  EXPECT_FALSE(std::filesystem::exists(d.dir() / "lar.db"));
+  EXPECT_FALSE(std::filesystem::exists(d.dir() / "runs"));
+  Result p = run_lar(d, "plan lm.yaml");
+  EXPECT_EQ(p.code, 0) << p.err;
+  EXPECT_NE(p.err.find("warning: data.path: no prepared data at shards on this machine yet"), std::string::npos)
+      << p.err;
 }

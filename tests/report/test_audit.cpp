@@ -248,8 +248,18 @@ TEST(Audit, BaselineDifferingOnlyInTheComparedAxisIsMatched) {
   in.runs[0].summary["data_slice"] = "brown:train[0:90%]";
   in.runs[1].summary["data_slice"] = "brown:train[0:80%]";
   auto rep2 = build_report(in);
+  EXPECT_FALSE(rep2.rows[1].deltas.at("final_loss").matched);
   EXPECT_EQ(rep2.rows[1].deltas.at("final_loss").mismatch,
-            "data slice (summary.data_slice): brown:train[0:80%] vs brown:train[0:90%]");
+            "data slice (summary.data_slice): run " + in.runs[1].run_id + " trained on brown:train[0:80%], run " +
+                in.runs[0].run_id + " on brown:train[0:90%]");
+  // So does another tokenizer over the same slice.
+  in.runs[1].summary["data_slice"] = "brown:train[0:90%]";
+  in.runs[0].summary["tokenizer"] = "byte";
+  in.runs[1].summary["tokenizer"] = "sp:llama2-32000";
+  auto rep3 = build_report(in);
+  EXPECT_EQ(rep3.rows[1].deltas.at("final_loss").mismatch,
+            "tokenizer (summary.tokenizer): run " + in.runs[1].run_id + " trained on sp:llama2-32000, run " +
+                in.runs[0].run_id + " on byte");
 }
 
 TEST(Audit, ExploratoryRowsNeverFail) {

@@ -9,7 +9,9 @@
 #include "core/fs.hpp"
 #include "core/hash.hpp"
 #include "core/run_dir.hpp"
+#include "core/config_schema.hpp"
 #include "trainer/checkpoint.hpp"
+#include "trainer/data/dataset.hpp"
 #include "trainer/train.hpp"
 #include "tests/temp_dir.hpp"
 #include "tests/trainer/run_test_helpers.hpp"
@@ -100,6 +102,11 @@ TEST(Train, WritesProtocolFilesAndSummary) {
   for (const char* k : {"final_loss", "saturation_loss", "params", "tokens_per_s", "peak_mem_mb", "acc"})
     EXPECT_TRUE(s.contains(k)) << k << " in " << s.dump();
   EXPECT_GT(s["params"].get<long>(), 10000);
+  // The data the run trained on, for the audit's matched pairs: the dataset's own slice id;
+  // a synthetic task has no tokenizer and no epochs.
+  EXPECT_EQ(s.at("data_slice").get<std::string>(), data::make_dataset(with_defaults(tiny_run()))->slice_id());
+  EXPECT_FALSE(s.contains("tokenizer"));
+  EXPECT_FALSE(s.contains("epochs"));
   // wsd with decay_fraction 0.2 of 12 steps: the stable phase ends after step 10.
   auto lines = read_metrics(rd.metrics_path()).lines;
   double val10 = NAN;

@@ -2,6 +2,7 @@
 // Where training batches come from: token shards (LM) or synthetic tasks generated from
 // the seed. The trainer sees only this interface. See SPEC §6.
 #include <cstdint>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,6 +30,8 @@ class Dataset {
   virtual Batch val_batch(int index, int seq_len) = 0;  // deterministic held-out batch
   virtual int vocab_needed() const = 0;            // smallest vocab that covers the data
   virtual std::string slice_id() const = 0;        // identifies data + split (matched baselines)
+  virtual std::string tokenizer_id() const { return ""; }  // "" for synthetic tasks (ids are the task's)
+  virtual uint64_t train_tokens() const { return 0; }      // size of one epoch; 0 = generated, no epochs
   // Position in the data stream and RNG state, for checkpoints; restore continues exactly.
   virtual lar::json state() const = 0;
   virtual void restore(const lar::json& state) = 0;
@@ -40,5 +43,8 @@ class Dataset {
 // Build the dataset a run config asks for (config with schema defaults applied).
 // Throws lar::UserError for a bad data section (missing path, vocab too small, …).
 std::unique_ptr<Dataset> make_dataset(const lar::json& config);
+
+// The folder of prepared shards an lm config reads (data.path, or the embedded corpus).
+std::filesystem::path lm_data_dir(const lar::json& config);
 
 }  // namespace lar::data

@@ -94,6 +94,8 @@ class LmDataset final : public Dataset {
   uint64_t val_tokens() const { return val_.size(); }
   int vocab_needed() const override { return manifest_.at("tokenizer").at("vocab_size").get<int>(); }
   std::string slice_id() const override { return manifest_.at("slice_id").get<std::string>(); }
+  std::string tokenizer_id() const override { return manifest_.at("tokenizer").at("id").get<std::string>(); }
+  uint64_t train_tokens() const override { return manifest_.at("train").at("tokens").get<uint64_t>(); }
   json state() const override { return {{"kind", "lm"}, {"next_sequence", next_}, {"seed", seed_}, {"slice_id", slice_id()}}; }
   void restore(const json& st) override {
     if (st.value("kind", "") != "lm" || st.value("slice_id", "") != slice_id())
@@ -185,6 +187,11 @@ class TaskDataset final : public Dataset {
 
 }  // namespace
 
+fs::path lm_data_dir(const json& config) {
+  const std::string p = config.at("data").at("path").get<std::string>();
+  return p.empty() ? data_root() / "brown" : fs::path(p);
+}
+
 std::unique_ptr<Dataset> make_dataset(const json& config_in) {
   const json config = with_defaults(config_in);
   const json& d = config.at("data");
@@ -200,13 +207,13 @@ std::unique_ptr<Dataset> make_dataset(const json& config_in) {
   std::unique_ptr<Dataset> ds;
   if (task == "lm") {
     const std::string p = d.at("path").get<std::string>();
-    const fs::path dir = p.empty() ? data_root() / "brown" : fs::path(p);
+    const fs::path dir = lm_data_dir(config);
     std::error_code ec;
     if (!fs::exists(dir / "manifest.json", ec))
       throw UserError("data.path: no prepared data at " + dir.string() +
                       (p.empty() ? " (the default corpus); run scripts/prepare_brown.sh to install it"
-                                 : "; create it with `lar data prepare --input FILES --out " + dir.string() + "`") +
-                      " (or scripts/prepare_brown.sh for the embedded Brown corpus)");
+                                 : "; create it with `lar data prepare --input FILES --out " + dir.string() +
+                                       "` (or scripts/prepare_brown.sh for the embedded Brown corpus)"));
     const json manifest = read_manifest(dir);
     auto lm = std::make_unique<LmDataset>(dir, manifest, seed, L, B);
     const int eval_batches = config.at("eval").at("batches").get<int>();
