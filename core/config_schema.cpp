@@ -48,6 +48,8 @@ SchemaNode build_schema() {
       {"n_kv_heads", integer(0, "softmax key/value heads (GQA groups); 0 = n_heads")},
       {"head_dim", integer(0, "key/query head dimension dk; 0 = d_model / n_heads")},
       {"value_dim", integer(0, "linear mixers: value head dimension dv; 0 = head_dim")},
+      {"linear_heads", integer(0, "linear mixers: query/key heads; 0 = n_heads (softmax layers keep n_heads)")},
+      {"n_v_heads", integer(0, "linear mixers: value heads (grouped value heads: value head j reads the q, k of key head j·heads/n_v_heads; v, β, the gates and the output gate are per value head); 0 = the key heads; a multiple of them")},
       {"d_ff", integer(0, "SwiGLU hidden width; 0 = 8/3·d_model rounded up to a multiple of 32")},
       {"vocab_size", integer(256, "vocabulary size (must cover the data's tokens)")},
       {"rope_base", number(10000.0, "RoPE base of softmax layers")},
@@ -58,6 +60,8 @@ SchemaNode build_schema() {
       {"gate_rank", integer(16, "low rank of the GLA / KDA / GDN2 gate projections")},
       {"routing", choice({"none", "cler", "cler_h", "clvr"}, "none", "cross-layer routing (LAA §4)")},
       {"routing_rank", integer(0, "low-rank routing projections; 0 = full rank")},
+      {"routing_inject", choice({"mixer", "layer"}, "mixer", "cler_h / clvr: add P_l·side to the residual stream after the mixer (mixer) or after the whole layer, mixer and FFN (layer: the LAA authors' code)")},
+      {"routing_signal", choice({"residual", "update"}, "residual", "cler / cler_h: the published write residual, v − αSk (residual) or the written update β·(v − αSk) (update: fla's v_new, the LAA authors' code; deltanet/gdn/kda — gdn2 and carve have no β and publish their residual either way)")},
       {"init_std", number(0.02, "std of the normal init of projection weights")},
       {"ccq", map("Curvature-Conditioned Query read correction", {
         {"enabled", boolean(false, "apply CCQ on the linear mixer's read")},
