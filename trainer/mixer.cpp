@@ -116,11 +116,13 @@ MixerConfig mixer_config(const json& model, int layer) {
   if (c.n_kv_heads <= 0) c.n_kv_heads = c.n_heads;
   c.head_dim = model.at("head_dim").get<int>();
   if (c.head_dim <= 0) c.head_dim = c.d_model / c.n_heads;
-  // Linear layers may have their own key-head count and grouped value heads (the LAA
-  // launchers' GDN: 4 key heads, 8 value heads, beside 16 softmax heads).
+  // Linear layers may have their own key-head count and size and grouped value heads (the
+  // LAA launchers' GDN: 4 key heads of 64, 8 value heads, beside 16 softmax heads; at 1.3B
+  // 8 key heads of 64 beside 16 softmax heads of 128).
   if (c.kind != "softmax") {
-    const int lh = model.value("linear_heads", 0);
+    const int lh = model.value("linear_heads", 0), ld = model.value("linear_head_dim", 0);
     if (lh > 0) c.n_heads = lh;
+    if (ld > 0) c.head_dim = ld;
     c.n_v_heads = model.value("n_v_heads", 0);
   }
   if (c.n_v_heads <= 0) c.n_v_heads = c.n_heads;

@@ -60,14 +60,14 @@ void validate_model_config(const json& config) {
   if (kv > 0 && h % kv != 0)
     throw UserError("model.n_heads: " + std::to_string(h) + " is not divisible by model.n_kv_heads = " +
                     std::to_string(kv) + " (GQA groups)");
+  // The linear layers' own head layout (ignored, like value_dim, by a model without one).
   const long lh = non_negative(m, "model.", "linear_heads");
   const long nv = non_negative(m, "model.", "n_v_heads");
-  const bool any_linear = m.at("architecture").get<std::string>() != "softmax" && m.at("stack").get<std::string>() != "dense";
-  if ((lh > 0 || nv > 0) && !any_linear)
-    throw UserError(std::string(lh > 0 ? "model.linear_heads" : "model.n_v_heads") +
-                    ": only linear mixers have their own key / value heads, and this model has no linear layer");
+  non_negative(m, "model.", "linear_head_dim");
   const long key_heads = lh > 0 ? lh : h;
-  if (nv > 0 && nv % key_heads != 0)
+  bool any_linear = false;
+  for (const auto& k : layer_kinds(m)) any_linear = any_linear || k != "softmax";
+  if (any_linear && nv > 0 && nv % key_heads != 0)
     throw UserError("model.n_v_heads: " + std::to_string(nv) + " is not a multiple of the " + std::to_string(key_heads) +
                     " query/key heads of the linear layers (" + (lh > 0 ? "model.linear_heads" : "model.n_heads") + ")");
   if (m.at("rope_base").get<double>() <= 0) throw UserError("model.rope_base: must be > 0");

@@ -286,7 +286,18 @@ TEST(RoutingModel, HeadCountsAreValidated) {
   EXPECT_NE(msg({{"n_v_heads", 3}}).find("model.n_v_heads: 3 is not a multiple of the 2 query/key heads"),
             std::string::npos);
   EXPECT_NE(msg({{"linear_heads", 2}, {"n_v_heads", 3}}, "gdn").find("(model.linear_heads)"), std::string::npos);
-  EXPECT_NE(msg({{"n_v_heads", 4}}, "softmax", "dense").find("no linear layer"), std::string::npos);
+  EXPECT_EQ(msg({{"n_v_heads", 3}}, "softmax", "dense"), "");  // no linear layer: ignored, like value_dim
+  // hybrid gdn, gdn, softmax, gdn: the linear layers take their own heads, the softmax layer keeps n_heads
+  const json m = config("gdn", "hybrid", "none", 0, {{"linear_heads", 1}, {"linear_head_dim", 6}, {"n_v_heads", 3}})["model"];
+  const auto lin = trainer::mixer_config(m, 0), soft = trainer::mixer_config(m, 2);
+  EXPECT_EQ(lin.n_heads, 1);
+  EXPECT_EQ(lin.head_dim, 6);
+  EXPECT_EQ(lin.value_dim, 6);
+  EXPECT_EQ(lin.n_v_heads, 3);
+  EXPECT_EQ(soft.kind, "softmax");
+  EXPECT_EQ(soft.n_heads, 2);
+  EXPECT_EQ(soft.head_dim, 4);
+  EXPECT_NE(msg({{"linear_head_dim", -1}}).find("model.linear_head_dim: must be ≥ 0"), std::string::npos);
 }
 
 }  // namespace
