@@ -55,6 +55,7 @@ SchemaNode build_schema() {
       {"vocab_size", integer(256, "vocabulary size (must cover the data's tokens)")},
       {"rope_base", number(10000.0, "RoPE base of softmax layers")},
       {"window", integer(0, "softmax sliding window in tokens; 0 = full causal")},
+      {"qk_l2norm", boolean(false, "L2-normalise q, k per head in every linear mixer (the delta rules and CCQ always do): GLA's matched control for CCQ")},
       {"short_conv", boolean(true, "short causal depthwise conv + SiLU on q, k, v of linear mixers")},
       {"conv_size", integer(4, "width of the short conv")},
       {"chunk_size", integer(64, "chunk length of the chunkwise-parallel form")},

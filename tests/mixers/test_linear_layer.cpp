@@ -86,6 +86,9 @@ std::vector<Variant> variants() {
   v.push_back({"kda grouped v heads", grouped(config("kda"))});
   v.push_back({"gdn2 grouped v heads", grouped(config("gdn2"))});
   v.push_back({"carve grouped v heads", grouped(config("carve"))});
+  auto l2 = config("gla");
+  l2.model["qk_l2norm"] = true;
+  v.push_back({"gla qk_l2norm", l2});
   v.push_back({"gla+ccq grouped v heads",
                grouped(config("gla", true, json{{"enabled", true}, {"lambda", "learned"}, {"lambda_init", 0.3}}))});
   auto update = [&](const char* kind, const char* routing) {
@@ -392,6 +395,18 @@ TEST(LinearLayer, CcqDisableAtEvalReadsWithoutCorrection) {
   std::vector<double> y_zero(x.size());
   zero->forward(train, X, Tensor(y_zero.data(), DType::f64, {B, T, d}), route);
   EXPECT_EQ(y_eval, y_zero);
+  // ... which is GLA with q, k L2-normalised and no CCQ (model.qk_l2norm): CCQ's matched control
+  auto l2cfg = config("gla");
+  l2cfg.model["qk_l2norm"] = true;
+  auto l2 = tr::make_mixer(l2cfg);
+  Params<double> L2P(*l2, 10);
+  auto ls = l2->params();
+  for (size_t i = 0; i < ls.size(); ++i)
+    for (size_t j = 0; j < ws.size(); ++j)
+      if (ws[j].name == ls[i].name) L2P.p[i] = P.p[j];
+  std::vector<double> y_l2(x.size());
+  l2->forward(eval, X, Tensor(y_l2.data(), DType::f64, {B, T, d}), route);
+  EXPECT_LE(rel_err(y_l2, y_eval), 1e-12);
   EXPECT_GT(rel_err(y_train, y_eval), 1e-3);
   EXPECT_GT(rel_err(y_plain, y_eval), 1e-3);  // normalised q, k make it a different layer
 }

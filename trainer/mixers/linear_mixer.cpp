@@ -1,7 +1,8 @@
 // The linear-attention mixer layer (SPEC §2) around the recurrences of kernels/cpu/linear:
 //   q,k,v = projections of the normed input x
 //   optional short causal depthwise conv (width model.conv_size) + SiLU on q, k, v
-//   delta rules (deltanet, gdn, kda, gdn2): q, k L2-normalised per head; scale 1/sqrt(dk)
+//   delta rules (deltanet, gdn, kda, gdn2), CCQ and model.qk_l2norm: q, k L2-normalised per
+//   head; scale 1/sqrt(dk)
 //   gates (per token, per head):
 //     gla       g = logsigmoid(W₂W₁x + b₂)/16                  per key channel, rank gate_rank
 //     deltanet  β = σ(w_βᵀx)
@@ -861,7 +862,7 @@ class LinearMixer final : public Mixer {
     if (dm_.carve && dm_.L <= 0) dm_.L = dm_.chunk;
     if (dm_.carve && (dm_.crank < 1 || dm_.crank > 32))
       throw UserError("model.carve.content_rank: must be in 1..32, got " + std::to_string(dm_.crank));
-    dm_.l2 = lk::is_delta_rule(dm_.mixer) || dm_.ccq;
+    dm_.l2 = lk::is_delta_rule(dm_.mixer) || dm_.ccq || mo.value("qk_l2norm", false);
     if (dm_.conv && dm_.W < 1)
       throw UserError("model.conv_size: must be ≥ 1, got " + std::to_string(dm_.W));
     if (dm_.chunk < 1)
