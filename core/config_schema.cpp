@@ -77,6 +77,7 @@ SchemaNode build_schema() {
         {"content_chunk", integer(0, "content chunk L; 0 = chunk_size")},
         {"content_grad", boolean(true, "let gradients flow through the content signal m_c")},
         {"freeze_content", boolean(false, "keep W_U2 at zero (the frozen-content ablation)")},
+        {"qkv", choice({"gdn2", "paper"}, "gdn2", "gdn2: the gdn2 layer's q, k, v (short conv + SiLU, L2 norm of q, k); paper: q, k, v = SiLU(W h) as the paper prints them (no conv, no L2 norm)")},
       })},
     })},
     {"optimizer", map("optimiser", {

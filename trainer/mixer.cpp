@@ -58,6 +58,8 @@ std::string cuda_unsupported(const json& model) {
       return "model.carve.content_chunk: the CUDA CARVE kernel uses content chunks of 64, got " + std::to_string(L);
     const std::string r = model.value("routing", "none");
     if (r == "cler" || r == "cler_h") return "model.routing: '" + r + "' with CARVE has no CUDA path (clvr has)";
+    if (model.contains("carve") && model["carve"].is_object() && model["carve"].value("qkv", "gdn2") == "paper")
+      return "model.carve.qkv: 'paper' (no conv, no L2 norm) has no CUDA path yet";
   }
   if (c.n_v_heads != c.n_heads)
     return "model.n_v_heads: grouped value heads (" + std::to_string(c.n_v_heads) + " value heads over " +

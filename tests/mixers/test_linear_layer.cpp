@@ -89,6 +89,7 @@ std::vector<Variant> variants() {
   auto l2 = config("gla");
   l2.model["qk_l2norm"] = true;
   v.push_back({"gla qk_l2norm", l2});
+  v.push_back({"carve paper qkv", config("carve", true, json{{"enabled", false}}, json{{"qkv", "paper"}})});
   v.push_back({"gla+ccq grouped v heads",
                grouped(config("gla", true, json{{"enabled", true}, {"lambda", "learned"}, {"lambda_init", 0.3}}))});
   auto update = [&](const char* kind, const char* routing) {
@@ -434,6 +435,9 @@ TEST(LinearLayer, CcqAndCarveParameters) {
   EXPECT_EQ(find(config("carve"), "w_write")->shape, (std::vector<int64_t>{2, 10}));
   EXPECT_FALSE(find(config("carve", true, json{{"enabled", false}}, json{{"freeze_content", true}}),
                     "content_u2"));
+  // the paper's q, k, v: no conv parameters (and no L2 norm, checked by the gradients)
+  EXPECT_FALSE(find(config("carve", true, json{{"enabled", false}}, json{{"qkv", "paper"}}), "conv_q"));
+  EXPECT_TRUE(find(config("carve"), "conv_q"));
   auto bad = config("carve", true, json{{"enabled", false}}, json{{"content_rank", 33}});
   try {
     tr::make_mixer(bad);
@@ -634,4 +638,10 @@ TEST(LinearLayer, CudaRefusesTheOptionsItLacks) {
   clvr["routing_inject"] = "layer";
   EXPECT_NE(tr::cuda_unsupported(clvr).find("model.routing_inject"), std::string::npos);
   EXPECT_EQ(with("linear_heads", 4), "");
+  json carve = plain;
+  carve["architecture"] = "carve";
+  carve["routing"] = "clvr";
+  EXPECT_EQ(tr::cuda_unsupported(carve), "");
+  carve["carve"]["qkv"] = "paper";
+  EXPECT_NE(tr::cuda_unsupported(carve).find("model.carve.qkv"), std::string::npos);
 }

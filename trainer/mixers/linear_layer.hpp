@@ -21,6 +21,7 @@ struct Dims {
   // head (decay and erase gates); Cv = H·dv.
   int d = 0, H = 0, Hk = 0, dk = 0, dv = 0, Cqk = 0, Cq = 0, Cv = 0, W = 0, rank = 0, chunk = 64;
   bool conv = true, l2 = false;
+  bool silu_only = false;  // no conv, q, k, v = SiLU(W x) (CARVE's printed form, model.carve.qkv: paper)
   // CCQ
   bool ccq = false, ccq_centered = true, ccq_learned = true, ccq_disable_eval = false;
   double ccq_lambda = 0.01;  // fixed λ, or λ at init when learned
@@ -48,7 +49,7 @@ struct Slots {
 
 // Why the CUDA implementation cannot run this layer ("" when it can): head dims other than
 // 64, a conv wider than 8, CARVE with a content chunk other than 64 or with cler/cler_h
-// routing, grouped value heads, the β-scaled routing signal. The message names the offending value.
+// routing, grouped value heads, the β-scaled routing signal, CARVE's printed q, k, v form. The message names the offending value.
 std::string cuda_linear_unsupported(const Dims& d);
 
 // The CUDA implementation (linear_mixer_cuda.cpp): forward/backward of the Mixer contract

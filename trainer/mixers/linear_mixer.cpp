@@ -10,7 +10,8 @@
 //     kda       β; g = −exp(A_log)·softplus(W₂W₁x + dt_bias)   per key channel
 //     gdn2      g as kda; b = σ(W_b x) per key channel; w = σ(W_w x) per value channel
 //     carve     g as kda; erase logits W_b x + U2 tanh(U1 m_c) (content, per head); w = σ(w_wᵀx)
-//               scalar per head (kernels/cpu/linear/carve.hpp)
+//               scalar per head (kernels/cpu/linear/carve.hpp); model.carve.qkv: paper
+//               takes q, k, v = SiLU(W x) as the paper prints them (no conv, no L2 norm)
 //   CCQ (model.ccq.enabled, any of them): q ← (I − λΣ)q on L2-normalised q, k with
 //     λ = σ(W_λ p_q + b_λ) from the raw query projection p_q, or a fixed λ
 //   o → per-head RMSNorm (weight [dv] shared by the heads) × SiLU(W_g x) → W_o.
@@ -506,6 +507,8 @@ class Impl {
     a.resize(p.size());
     if (!dm_.conv) {
       a = p;
+      if (dm_.silu_only)
+        for (auto& e : a) e = silu(e);
       return;
     }
     const int W = dm_.W;
@@ -540,6 +543,8 @@ class Impl {
                 std::vector<T>& dp, int slot, int C, int B, int len) {
     if (!dm_.conv) {
       dp = da;
+      if (dm_.silu_only)
+        for (size_t i = 0; i < dp.size(); ++i) dp[i] *= silu_grad(p[i]);
       return;
     }
     const int W = dm_.W;
@@ -858,11 +863,18 @@ class LinearMixer final : public Mixer {
       dm_.L = cv.value("content_chunk", 0);
       dm_.content_grad = cv.value("content_grad", true);
       dm_.freeze_content = cv.value("freeze_content", false);
+      const std::string qkv = cv.value("qkv", "gdn2");
+      if (qkv != "gdn2" && qkv != "paper")
+        throw UserError("model.carve.qkv: unknown value '" + qkv + "' (choices: gdn2, paper)");
+      if (qkv == "paper") {
+        dm_.conv = false;
+        dm_.silu_only = true;
+      }
     }
     if (dm_.carve && dm_.L <= 0) dm_.L = dm_.chunk;
     if (dm_.carve && (dm_.crank < 1 || dm_.crank > 32))
       throw UserError("model.carve.content_rank: must be in 1..32, got " + std::to_string(dm_.crank));
-    dm_.l2 = lk::is_delta_rule(dm_.mixer) || dm_.ccq || mo.value("qk_l2norm", false);
+    dm_.l2 = (lk::is_delta_rule(dm_.mixer) && !dm_.silu_only) || dm_.ccq || mo.value("qk_l2norm", false);
     if (dm_.conv && dm_.W < 1)
       throw UserError("model.conv_size: must be ≥ 1, got " + std::to_string(dm_.W));
     if (dm_.chunk < 1)
@@ -1082,6 +1094,7 @@ std::string cuda_linear_unsupported(const Dims& d) {
     return "model.n_v_heads: grouped value heads (" + std::to_string(d.H) + " value heads over " +
            std::to_string(d.Hk) + " key heads) have no CUDA path yet";
   if (d.resid_update) return "model.routing_signal: 'update' has no CUDA path yet";
+  if (d.silu_only) return "model.carve.qkv: 'paper' has no CUDA path yet";
   if (d.dk != 64) return "model.head_dim: the CUDA kernels need 64, got " + std::to_string(d.dk);
   if (d.dv != 64) return "model.value_dim: the CUDA kernels need 64, got " + std::to_string(d.dv);
   if (d.conv && d.W > 8) return "model.conv_size: the CUDA conv is at most 8 wide, got " + std::to_string(d.W);
