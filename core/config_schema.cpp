@@ -100,7 +100,7 @@ SchemaNode build_schema() {
     {"schedule", map("learning-rate schedule", {
       {"name", choice({"wsd", "cosine", "constant"}, "wsd", "wsd: warmup-stable-decay (minus_sqrt); cosine; constant after warmup")},
       {"warmup_steps", integer(0, "linear warmup steps")},
-      {"decay_fraction", number(0.2, "wsd: fraction of steps in the decay phase")},
+      {"decay_fraction", number(0.2, "wsd: fraction of steps in the decay phase; above 1 the decay began before the run (Megatron's WSD with a decay longer than the run)")},
       {"min_lr", number(0.0, "lr at the end of the decay")},
     })},
     {"data", map("training data", {
