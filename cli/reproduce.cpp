@@ -114,8 +114,9 @@ static lar::cli::CommandRegistration reg{
       app.add_option("--format", a->format, "table format: md | latex | csv | json")
           ->check(CLI::IsMember({"md", "latex", "csv", "json"}));
       app.add_flag("--no-audit", a->no_audit, "print the table only");
-      app.footer("Tables: laa/table2 laa/lr_sweep laa/fig6 laa/table6 laa/table7 ccq/table2 ccq/table3\n"
-                 "ccq/table7 carve/main carve/table3 carve/table7 (experiments/papers/). Exit code: 0\n"
+      app.footer("Tables: laa/table2 laa/lr_sweep laa/fig6 laa/table3 laa/table6 laa/table7 laa/table8\n"
+                 "laa/gdn2_3to1 ccq/table2 ccq/table3 ccq/table7 ccq/appendix_e ccq/fig5 carve/main carve/table3\n"
+                 "carve/table7 carve/table8 (experiments/papers/). Exit code: 0\n"
                  "when every main cell has an included run, 1 otherwise, 130 when interrupted.\n"
                  "See docs/reproduce.md.");
       return [a] { return run_reproduce(*a); };

@@ -58,7 +58,20 @@ std::string cuda_unsupported(const json& model) {
       return "model.carve.content_chunk: the CUDA CARVE kernel uses content chunks of 64, got " + std::to_string(L);
     const std::string r = model.value("routing", "none");
     if (r == "cler" || r == "cler_h") return "model.routing: '" + r + "' with CARVE has no CUDA path (clvr has)";
+    if (model.contains("carve") && model["carve"].is_object() && model["carve"].value("qkv", "gdn2") == "paper")
+      return "model.carve.qkv: 'paper' (no conv, no L2 norm) has no CUDA path yet";
   }
+  if (c.n_v_heads != c.n_heads)
+    return "model.n_v_heads: grouped value heads (" + std::to_string(c.n_v_heads) + " value heads over " +
+           std::to_string(c.n_heads) + " key heads) have no CUDA path yet";
+  const std::string routing = model.value("routing", "none");
+  const std::string arch = model.value("architecture", "");
+  const bool beta_mixer = arch == "deltanet" || arch == "gdn" || arch == "kda";
+  if (model.value("routing_signal", "residual") == "update" && beta_mixer &&
+      (routing == "cler" || routing == "cler_h"))
+    return "model.routing_signal: 'update' (the β-scaled write residual) has no CUDA path yet";
+  if (model.value("routing_inject", "mixer") == "layer" && (routing == "cler_h" || routing == "clvr"))
+    return "model.routing_inject: 'layer' (the side channel added after the FFN) has no CUDA path yet";
   if (model.value("short_conv", true) && model.value("conv_size", 4) > 8)
     return "model.conv_size: the CUDA conv is at most 8 wide, got " + std::to_string(model.value("conv_size", 4));
   return "";
@@ -105,6 +118,16 @@ MixerConfig mixer_config(const json& model, int layer) {
   if (c.n_kv_heads <= 0) c.n_kv_heads = c.n_heads;
   c.head_dim = model.at("head_dim").get<int>();
   if (c.head_dim <= 0) c.head_dim = c.d_model / c.n_heads;
+  // Linear layers may have their own key-head count and size and grouped value heads (the
+  // LAA launchers' GDN: 4 key heads of 64, 8 value heads, beside 16 softmax heads; at 1.3B
+  // 8 key heads of 64 beside 16 softmax heads of 128).
+  if (c.kind != "softmax") {
+    const int lh = model.value("linear_heads", 0), ld = model.value("linear_head_dim", 0);
+    if (lh > 0) c.n_heads = lh;
+    if (ld > 0) c.head_dim = ld;
+    c.n_v_heads = model.value("n_v_heads", 0);
+  }
+  if (c.n_v_heads <= 0) c.n_v_heads = c.n_heads;
   c.value_dim = model.at("value_dim").get<int>();
   if (c.value_dim <= 0) c.value_dim = c.head_dim;
   c.init_std = model.at("init_std").get<double>();

@@ -47,7 +47,8 @@ struct MixerConfig {
   int linear_index = -1; // index among the linear (non-softmax) layers, -1 for softmax
   int n_layers = 0;
   int d_model = 0;
-  int n_heads = 0;
+  int n_heads = 0;       // softmax: query heads; linear mixers: query/key heads (model.linear_heads)
+  int n_v_heads = 0;     // linear mixers: value heads, a multiple of n_heads; 0 = n_heads
   int n_kv_heads = 0;    // softmax GQA groups
   int head_dim = 0;      // dk
   int value_dim = 0;     // dv (linear mixers); softmax uses head_dim

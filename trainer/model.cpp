@@ -61,6 +61,16 @@ void validate_model_config(const json& config) {
   if (kv > 0 && h % kv != 0)
     throw UserError("model.n_heads: " + std::to_string(h) + " is not divisible by model.n_kv_heads = " +
                     std::to_string(kv) + " (GQA groups)");
+  // The linear layers' own head layout (ignored, like value_dim, by a model without one).
+  const long lh = non_negative(m, "model.", "linear_heads");
+  const long nv = non_negative(m, "model.", "n_v_heads");
+  non_negative(m, "model.", "linear_head_dim");
+  const long key_heads = lh > 0 ? lh : h;
+  bool any_linear = false;
+  for (const auto& k : layer_kinds(m)) any_linear = any_linear || k != "softmax";
+  if (any_linear && nv > 0 && nv % key_heads != 0)
+    throw UserError("model.n_v_heads: " + std::to_string(nv) + " is not a multiple of the " + std::to_string(key_heads) +
+                    " query/key heads of the linear layers (" + (lh > 0 ? "model.linear_heads" : "model.n_heads") + ")");
   if (m.at("rope_base").get<double>() <= 0) throw UserError("model.rope_base: must be > 0");
   if (m.at("init_std").get<double>() < 0) throw UserError("model.init_std: must be ≥ 0");
   auto kinds = layer_kinds(m);
@@ -96,6 +106,9 @@ struct Model::Layer {
   // D_l [r, side] zero (model.routing_rank = r > 0): only one factor is zeroed, so D_l
   // learns from the first step.
   int route_p = -1, route_u = -1, route_d = -1;
+  // model.routing_inject: layer — the projection adds to the stream after the FFN (h2), not
+  // after the mixer (h1)
+  bool inject_after_ffn = false;
   std::vector<int> mixer_params;
   int prev_linear = -1;  // p(l): the nearest lower layer that publishes a side channel
 };
@@ -152,6 +165,8 @@ Model::Model(const json& config, kernels::Backend& be)
         ly.route_u = ps.add({"route_u", {d, rank}, ParamKind::matrix_hidden, InitRule::Normal(std_)}, pre, l);
         ly.route_d = ps.add({"route_d", {rank, side}, ParamKind::matrix_hidden, InitRule::Constant(0.0)}, pre, l);
       }
+      ly.inject_after_ffn = (shape_.routing == "cler_h" || shape_.routing == "clvr") &&
+                            m.value("routing_inject", "mixer") == "layer";
     }
     ly.norm2 = ps.add({"norm2", {d}, ParamKind::norm, InitRule::Constant(1.0)}, pre, l);
     // w_gate and w_up are adjacent: together they are the [2F, d] matrix of one GEMM.
@@ -244,7 +259,7 @@ StepResult Model::forward(const data::Batch& batch, bool training, std::vector<i
     }
     Routing& r = A.route[l];
     if (ly.prev_linear >= 0) r.in = A.route[ly.prev_linear].out;
-    const bool keep_y = ly.route_p < 0 && ly.route_d < 0;
+    const bool keep_y = (ly.route_p < 0 && ly.route_d < 0) || ly.inject_after_ffn;
     const Tensor y = keep_y ? ar.alloc(at, {B, T, d}) : A.mix_y;
     if (keep_y) A.ymix[l] = y;
     mixers_[l]->forward(ctx, A.xn1[l], y, r);
@@ -281,6 +296,16 @@ StepResult Model::forward(const data::Batch& batch, bool training, std::vector<i
     if (keep_act) A.act[l] = act;
     be_.swiglu_fwd(A.gu[l], act);
     be_.gemm(act, false, ps.param(ly.w_down), true, ffn_y);  // h2 = h1 + ffn_y: added by the next norm
+    if (ly.inject_after_ffn) {  // routing_inject: layer — h2 += side·P_lᵀ, through ffn_y
+      if (r.out.empty()) throw RuntimeError("layer " + std::to_string(l) + " publishes no side channel");
+      if (ly.route_p >= 0) be_.gemm(r.out, false, ps.param(ly.route_p), true, ffn_y, 1.0, 1.0);
+      if (ly.route_d >= 0) {
+        const Tensor& D = ps.param(ly.route_d);
+        A.route_low[l] = ar.alloc(dt, {N, D.size(0)});
+        be_.gemm(r.out, false, D, true, A.route_low[l]);
+        be_.gemm(A.route_low[l], false, ps.param(ly.route_u), true, ffn_y, 1.0, 1.0);
+      }
+    }
   }
   if (A.h[2 * L].empty()) A.h[2 * L] = ar.alloc(dt, {B, T, d});
   A.hf = A.h[2 * L];
@@ -363,8 +388,25 @@ void Model::backward() {
   for (int l = 0; l < L; ++l)
     if (layers_[l].prev_linear >= 0) A.route[l].d_in = A.route[layers_[l].prev_linear].d_out;
   ForwardContext ctx{be_, ar, true};
+  auto route_bwd = [&](const Layer& ly, Routing& r, int l) {  // h += side·Pᵀ (or low·Uᵀ, low = side·Dᵀ)
+    if (ly.route_p >= 0) {
+      be_.gemm(dh, true, r.out, false, ps.grad(ly.route_p), 1.0, 1.0);
+      be_.gemm(dh, false, ps.param(ly.route_p), false, r.d_out, 1.0, 1.0);
+    }
+    if (ly.route_d >= 0) {
+      const Tensor& low = A.route_low[l];
+      Tensor dlow = ar.alloc(dt, low.shape());
+      be_.gemm(dh, true, low, false, ps.grad(ly.route_u), 1.0, 1.0);
+      be_.gemm(dh, false, ps.param(ly.route_u), false, dlow);
+      be_.gemm(dlow, true, r.out, false, ps.grad(ly.route_d), 1.0, 1.0);
+      be_.gemm(dlow, false, ps.param(ly.route_d), false, r.d_out, 1.0, 1.0);
+    }
+  };
   for (int l = L - 1; l >= 0; --l) {
     const Layer& ly = layers_[l];
+    Routing& r = A.route[l];
+    // routing_inject: layer — h2 += side·Pᵀ; dh is ∂L/∂h2 here
+    if (ly.inject_after_ffn) route_bwd(ly, r, l);
     // SwiGLU branch: h2 = h1 + act·W_downᵀ.
     be_.gemm(dh_a, false, ps.param(ly.w_down), false, dact);
     Tensor act = A.act[l];
@@ -384,20 +426,8 @@ void Model::backward() {
                                   ps.grad(ly.norm2), at != dt ? dh_a : Tensor());
     else
       norm_bwd(A.h[2 * l + 1], ly.norm2, A.rstd2[l], dxn_a, true);
-    // Routing projection: h1 += side·Pᵀ.
-    Routing& r = A.route[l];
-    if (ly.route_p >= 0) {
-      be_.gemm(dh, true, r.out, false, ps.grad(ly.route_p), 1.0, 1.0);
-      be_.gemm(dh, false, ps.param(ly.route_p), false, r.d_out, 1.0, 1.0);
-    }
-    if (ly.route_d >= 0) {  // h1 += low·Uᵀ, low = side·Dᵀ
-      const Tensor& low = A.route_low[l];
-      Tensor dlow = ar.alloc(dt, low.shape());
-      be_.gemm(dh, true, low, false, ps.grad(ly.route_u), 1.0, 1.0);
-      be_.gemm(dh, false, ps.param(ly.route_u), false, dlow);
-      be_.gemm(dlow, true, r.out, false, ps.grad(ly.route_d), 1.0, 1.0);
-      be_.gemm(dlow, false, ps.param(ly.route_d), false, r.d_out, 1.0, 1.0);
-    }
+    // Routing projection after the mixer: h1 += side·Pᵀ.
+    if (!ly.inject_after_ffn) route_bwd(ly, r, l);
     // Mixer branch: h1 = h0 + Mixer(RMSNorm(h0)).
     mixers_[l]->backward(ctx, at != dt ? Tensor(dh_a.data, at, {A.B, A.T, d}) : dh, dxn_a, r);
     norm_bwd(A.h[2 * l], ly.norm1, A.rstd1[l], dxn_a, l > 0);

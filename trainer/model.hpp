@@ -1,7 +1,8 @@
 #pragma once
 // The language model (SPEC §3): untied embedding; per block
 //     h ← h + Mixer_l(RMSNorm(h));  [cler_h/clvr: h ← h + P_l·side_l];  h ← h + SwiGLU(RMSNorm(h))
-// (P_l full rank and zero at init, or U_l·D_l with D_l zero when model.routing_rank > 0)
+// (P_l full rank and zero at init, or U_l·D_l with D_l zero when model.routing_rank > 0;
+// model.routing_inject: layer adds P_l·side_l after the SwiGLU branch instead)
 // final RMSNorm, LM head, cross-entropy with a loss mask. Explicit forward and backward
 // per module (no autograd); every tensor op goes through kernels::Backend; parameters
 // and gradients live in one ParamStore (flat buffers).

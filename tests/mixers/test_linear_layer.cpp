@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "core/config_schema.hpp"
 #include "core/error.hpp"
 #include "kernels/backend.hpp"
 #include "trainer/mixer.hpp"
@@ -44,7 +45,17 @@ tr::MixerConfig config(const std::string& kind, bool conv = true, json ccq = jso
   return c;
 }
 
-// The layer variants every test runs: each mixer, plus CCQ and CARVE options.
+// Width of the layer's side channel / value projection: value heads × dv.
+int cv_of(const tr::MixerConfig& c) { return (c.n_v_heads > 0 ? c.n_v_heads : c.n_heads) * c.value_dim; }
+
+// Grouped value heads: 2 query/key heads, 4 value heads.
+tr::MixerConfig grouped(tr::MixerConfig c) {
+  c.n_v_heads = 4;
+  return c;
+}
+
+// The layer variants every test runs: each mixer, plus CCQ, CARVE, grouped-value-head and
+// routing-signal options.
 struct Variant {
   std::string name;
   tr::MixerConfig cfg;
@@ -71,6 +82,23 @@ std::vector<Variant> variants() {
   v.push_back({"deltanet clvr", routed("deltanet", "clvr")});
   v.push_back({"gdn2 cler", routed("gdn2", "cler")});
   v.push_back({"carve cler", routed("carve", "cler")});
+  v.push_back({"gdn grouped v heads", grouped(config("gdn"))});
+  v.push_back({"kda grouped v heads", grouped(config("kda"))});
+  v.push_back({"gdn2 grouped v heads", grouped(config("gdn2"))});
+  v.push_back({"carve grouped v heads", grouped(config("carve"))});
+  auto l2 = config("gla");
+  l2.model["qk_l2norm"] = true;
+  v.push_back({"gla qk_l2norm", l2});
+  v.push_back({"carve paper qkv", config("carve", true, json{{"enabled", false}}, json{{"qkv", "paper"}})});
+  v.push_back({"gla+ccq grouped v heads",
+               grouped(config("gla", true, json{{"enabled", true}, {"lambda", "learned"}, {"lambda_init", 0.3}}))});
+  auto update = [&](const char* kind, const char* routing) {
+    auto c = routed(kind, routing);
+    c.model["routing_signal"] = "update";
+    return c;
+  };
+  v.push_back({"deltanet cler update", update("deltanet", "cler")});
+  v.push_back({"gdn cler_h update grouped", grouped(update("gdn", "cler_h"))});
   return v;
 }
 
@@ -138,7 +166,7 @@ TEST(LinearLayer, FiniteDifferenceGradientsFp64) {
       // routing: the side channel published (into the loss through R2) and, for cler,
       // the one received from p(l)
       const bool pub = m->publishes(), cler = var.cfg.routing == "cler";
-      const int Cv = 6;
+      const int Cv = cv_of(var.cfg);
       std::vector<double> rin(B * T * Cv), drin(B * T * Cv, 0.0), R2(B * T * Cv);
       for (auto& e : rin) e = nd(rng);
       for (auto& e : R2) e = nd(rng);
@@ -206,7 +234,7 @@ TEST(LinearLayer, DecodeStepByStepEqualsForward) {
         Params<F> P(*m, 3);
         std::vector<F> x(B * T * d), y(B * T * d), xs(B * d), ys(B * d);
         for (auto& e : x) e = (F)nd(rng);
-        const int Cv = 6;
+        const int Cv = cv_of(var.cfg);
         const bool pub = m->publishes(), cler = var.cfg.routing == "cler";
         std::vector<F> rin(B * T * Cv), rs(B * Cv), side(B * T * Cv);
         for (auto& e : rin) e = (F)nd(rng);
@@ -368,6 +396,18 @@ TEST(LinearLayer, CcqDisableAtEvalReadsWithoutCorrection) {
   std::vector<double> y_zero(x.size());
   zero->forward(train, X, Tensor(y_zero.data(), DType::f64, {B, T, d}), route);
   EXPECT_EQ(y_eval, y_zero);
+  // ... which is GLA with q, k L2-normalised and no CCQ (model.qk_l2norm): CCQ's matched control
+  auto l2cfg = config("gla");
+  l2cfg.model["qk_l2norm"] = true;
+  auto l2 = tr::make_mixer(l2cfg);
+  Params<double> L2P(*l2, 10);
+  auto ls = l2->params();
+  for (size_t i = 0; i < ls.size(); ++i)
+    for (size_t j = 0; j < ws.size(); ++j)
+      if (ws[j].name == ls[i].name) L2P.p[i] = P.p[j];
+  std::vector<double> y_l2(x.size());
+  l2->forward(eval, X, Tensor(y_l2.data(), DType::f64, {B, T, d}), route);
+  EXPECT_LE(rel_err(y_l2, y_eval), 1e-12);
   EXPECT_GT(rel_err(y_train, y_eval), 1e-3);
   EXPECT_GT(rel_err(y_plain, y_eval), 1e-3);  // normalised q, k make it a different layer
 }
@@ -395,6 +435,9 @@ TEST(LinearLayer, CcqAndCarveParameters) {
   EXPECT_EQ(find(config("carve"), "w_write")->shape, (std::vector<int64_t>{2, 10}));
   EXPECT_FALSE(find(config("carve", true, json{{"enabled", false}}, json{{"freeze_content", true}}),
                     "content_u2"));
+  // the paper's q, k, v: no conv parameters (and no L2 norm, checked by the gradients)
+  EXPECT_FALSE(find(config("carve", true, json{{"enabled", false}}, json{{"qkv", "paper"}}), "conv_q"));
+  EXPECT_TRUE(find(config("carve"), "conv_q"));
   auto bad = config("carve", true, json{{"enabled", false}}, json{{"content_rank", 33}});
   try {
     tr::make_mixer(bad);
@@ -410,9 +453,10 @@ TEST(LinearLayer, RoutingIsCausal) {
   auto be = lar::kernels::make_backend("cpu", 1, DType::f64);
   lar::kernels::Arena arena(*be);
   tr::ForwardContext ctx{*be, arena, true};
-  const int B = 1, T = 12, d = 10, Cv = 6, t0 = 6;
+  const int B = 1, T = 12, d = 10, t0 = 6;
   for (const auto& var : variants()) {
     if (var.cfg.routing == "none") continue;
+    const int Cv = cv_of(var.cfg);
     auto m = tr::make_mixer(var.cfg);
     Params<double> P(*m, 6);
     std::mt19937 rng(5);
@@ -458,4 +502,146 @@ TEST(LinearLayer, RoutingNeedsADeltaRule) {
   for (auto& s : m->params())
     if (s.name == "cler_gamma") has_gamma = s.init.kind == tr::InitRule::constant && s.init.a == 0.0;
   EXPECT_TRUE(has_gamma);
+}
+
+// Grouped value heads are the ordinary layer over n_v_heads heads with q, k (projection and
+// conv rows) repeated per group: same output from the same parameters.
+TEST(LinearLayer, GroupedValueHeadsEqualRepeatedKeyHeads) {
+  auto be = lar::kernels::make_backend("cpu", 1, DType::f64);
+  lar::kernels::Arena arena(*be);
+  tr::ForwardContext ctx{*be, arena, false};
+  const int B = 2, T = 9, d = 10, dk = 4, Hk = 2, H = 4, G = H / Hk;
+  for (const char* kind : {"deltanet", "gdn", "kda", "gdn2", "carve", "gla"}) {
+    auto g = tr::make_mixer(grouped(config(kind)));
+    auto plain_cfg = config(kind);
+    plain_cfg.n_heads = H;
+    auto p = tr::make_mixer(plain_cfg);
+    Params<double> PG(*g, 11), PP(*p, 12);
+    auto gs = g->params(), ps = p->params();
+    ASSERT_EQ(gs.size(), ps.size()) << kind;
+    for (size_t i = 0; i < ps.size(); ++i) {
+      ASSERT_EQ(gs[i].name, ps[i].name) << kind;
+      const bool qk = ps[i].name == "wq" || ps[i].name == "wk" || ps[i].name == "conv_q" || ps[i].name == "conv_k";
+      if (!qk) {
+        ASSERT_EQ(gs[i].shape, ps[i].shape) << kind << " " << ps[i].name;
+        PP.p[i] = PG.p[i];
+        continue;
+      }
+      EXPECT_EQ(gs[i].shape[0], Hk * dk) << kind << " " << ps[i].name;
+      EXPECT_EQ(ps[i].shape[0], H * dk) << kind << " " << ps[i].name;
+      const int64_t cols = ps[i].shape[1];
+      for (int h = 0; h < H; ++h)
+        for (int r = 0; r < dk; ++r)
+          for (int64_t c = 0; c < cols; ++c)
+            PP.p[i][(h * dk + r) * cols + c] = PG.p[i][((h / G) * dk + r) * cols + c];
+    }
+    std::mt19937 rng(3);
+    std::normal_distribution<double> nd(0, 1);
+    std::vector<double> x(B * T * d), yg(x.size()), yp(x.size());
+    for (auto& e : x) e = nd(rng);
+    tr::Routing r1, r2;
+    arena.reset();
+    g->forward(ctx, Tensor(x.data(), DType::f64, {B, T, d}), Tensor(yg.data(), DType::f64, {B, T, d}), r1);
+    p->forward(ctx, Tensor(x.data(), DType::f64, {B, T, d}), Tensor(yp.data(), DType::f64, {B, T, d}), r2);
+    EXPECT_LE(rel_err(yg, yp), 1e-12) << kind;
+    EXPECT_GT(rel_err(yp, std::vector<double>(yp.size(), 0.0)), 0.1) << kind;
+  }
+}
+
+TEST(LinearLayer, GroupedValueHeadShapesAndErrors) {
+  auto find = [](const tr::MixerConfig& c, const std::string& name) -> std::vector<int64_t> {
+    for (auto& s : tr::make_mixer(c)->params())
+      if (s.name == name) return s.shape;
+    return {};
+  };
+  auto c = grouped(config("kda"));  // 2 key heads, 4 value heads, dk 4, dv 3
+  EXPECT_EQ(find(c, "wq"), (std::vector<int64_t>{8, 10}));
+  EXPECT_EQ(find(c, "wv"), (std::vector<int64_t>{12, 10}));
+  EXPECT_EQ(find(c, "w_beta"), (std::vector<int64_t>{4, 10}));
+  EXPECT_EQ(find(c, "gate_w2"), (std::vector<int64_t>{16, 3}));  // per key channel of a value head
+  EXPECT_EQ(find(c, "A_log"), (std::vector<int64_t>{4}));
+  EXPECT_EQ(find(c, "w_gate"), (std::vector<int64_t>{12, 10}));
+  EXPECT_EQ(tr::make_mixer(c)->side_dim(), 0);
+  auto bad = config("gdn");
+  bad.n_v_heads = 3;
+  try {
+    tr::make_mixer(bad);
+    FAIL() << "expected UserError";
+  } catch (const lar::UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("model.n_v_heads: 3 value heads are not a multiple of the 2"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// routing_signal: update publishes β·r (fla's v_new) where residual publishes r, with the
+// same parameters; gdn2 has no β and publishes its residual either way.
+TEST(LinearLayer, RoutingSignalUpdateIsBetaTimesResidual) {
+  auto be = lar::kernels::make_backend("cpu", 1, DType::f64);
+  lar::kernels::Arena arena(*be);
+  tr::ForwardContext ctx{*be, arena, true};
+  const int B = 2, T = 7, d = 10, H = 2, dv = 3;
+  for (const char* kind : {"deltanet", "gdn", "kda", "gdn2"}) {
+    auto base = config(kind);
+    base.routing = "cler_h";
+    base.model["routing"] = "cler_h";
+    auto upd = base;
+    upd.model["routing_signal"] = "update";
+    auto mr = tr::make_mixer(base), mu = tr::make_mixer(upd);
+    Params<double> PR(*mr, 4), PU(*mu, 5);
+    PU.p = PR.p;
+    std::mt19937 rng(8);
+    std::normal_distribution<double> nd(0, 1);
+    std::vector<double> x(B * T * d), y(x.size());
+    for (auto& e : x) e = nd(rng);
+    tr::Routing rr, ru;
+    Tensor X(x.data(), DType::f64, {B, T, d}), Y(y.data(), DType::f64, {B, T, d});
+    arena.reset();
+    mr->forward(ctx, X, Y, rr);
+    std::vector<double> sr(rr.out.ptr<double>(), rr.out.ptr<double>() + B * T * H * dv);
+    mu->forward(ctx, X, Y, ru);
+    const double* su = ru.out.ptr<double>();
+    const auto specs = mr->params();
+    const std::vector<double>* wb = nullptr;
+    for (size_t i = 0; i < specs.size(); ++i)
+      if (specs[i].name == "w_beta") wb = &PR.p[i];
+    for (int n = 0; n < B * T; ++n)
+      for (int h = 0; h < H; ++h) {
+        double beta = 1;
+        if (wb) {
+          double z = 0;
+          for (int i = 0; i < d; ++i) z += (*wb)[h * d + i] * x[n * d + i];
+          beta = 1 / (1 + std::exp(-z));
+        }
+        for (int i = 0; i < dv; ++i) {
+          const int j = (n * H + h) * dv + i;
+          EXPECT_NEAR(su[j], beta * sr[j], 1e-12) << kind << " token " << n << " head " << h;
+        }
+      }
+  }
+}
+
+// What the CUDA layer cannot run yet is named by trainer::cuda_unsupported (CUDA builds).
+TEST(LinearLayer, CudaRefusesTheOptionsItLacks) {
+  json plain = lar::with_defaults(json{{"model", {{"architecture", "gdn"}, {"stack", "pure"}, {"d_model", 128},
+                                                  {"n_heads", 2}, {"routing", "cler_h"}}}})["model"];
+  if (!tr::cuda_unsupported(plain).empty()) GTEST_SKIP() << "no CUDA linear mixers: " << tr::cuda_unsupported(plain);
+  auto with = [&](const char* key, json v) {
+    json m = plain;
+    m[key] = v;
+    return tr::cuda_unsupported(m);
+  };
+  EXPECT_NE(with("n_v_heads", 4).find("model.n_v_heads"), std::string::npos);
+  EXPECT_NE(with("routing_signal", "update").find("model.routing_signal"), std::string::npos);
+  json clvr = plain;
+  clvr["routing"] = "clvr";
+  clvr["routing_inject"] = "layer";
+  EXPECT_NE(tr::cuda_unsupported(clvr).find("model.routing_inject"), std::string::npos);
+  EXPECT_EQ(with("linear_heads", 4), "");
+  json carve = plain;
+  carve["architecture"] = "carve";
+  carve["routing"] = "clvr";
+  EXPECT_EQ(tr::cuda_unsupported(carve), "");
+  carve["carve"]["qkv"] = "paper";
+  EXPECT_NE(tr::cuda_unsupported(carve).find("model.carve.qkv"), std::string::npos);
 }

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/config_schema.hpp"
+#include "core/error.hpp"
 #include "kernels/cpu/cpu_backend.hpp"
 #include "../trainer/grad_check.hpp"
 #include "trainer/model.hpp"
@@ -33,7 +34,8 @@ const std::vector<std::string> kRoutings = {"cler", "cler_h", "clvr"};
 // p(l) is layer 1, the softmax layer in between passes the side channel through.
 // chunk_size 4 < seq_len 8: the chunkwise form crosses a chunk boundary (and CARVE's
 // content chunk, = chunk_size, feeds m_1 into the second chunk).
-json config(const std::string& arch, const std::string& stack, const std::string& routing, int routing_rank = 0) {
+json config(const std::string& arch, const std::string& stack, const std::string& routing, int routing_rank = 0,
+            const json& extra = json::object()) {
   json c = {{"model",
              {{"architecture", arch},
               {"stack", stack},
@@ -50,6 +52,7 @@ json config(const std::string& arch, const std::string& stack, const std::string
               {"init_std", 0.4},
               {"carve", {{"content_rank", 3}}}}},
             {"data", {{"seq_len", kLen}, {"batch_size", kBatch}}}};
+  for (auto& [k, v] : extra.items()) c["model"][k] = v;
   return with_defaults(c);
 }
 
@@ -204,6 +207,97 @@ TEST(RoutingModel, ChangingTokenTPlusOneLeavesPositionsUpToTUnchanged) {
           EXPECT_GT(std::abs(loss_at(m, pb, t + 1) - ref[t + 1]), 1e-6) << what << ": position " << t + 1;
         }
       }
+}
+
+// The LAA authors' variants: the side channel added after the whole layer (routing_inject:
+// layer), the β-scaled routed update (routing_signal: update), grouped value heads with
+// their own key-head count beside the softmax heads — zero at init (bitwise the `none`
+// model), finite-difference gradients with every parameter randomised, and the two
+// injection points giving different models once P_l is non-zero.
+struct AuthorsVariant {
+  std::string arch, stack, routing;
+  int rank;
+  json extra;
+};
+const std::vector<AuthorsVariant> kAuthors = {
+    {"gdn", "hybrid", "clvr", 0, {{"routing_inject", "layer"}}},
+    {"deltanet", "pure", "cler_h", 3, {{"routing_inject", "layer"}, {"routing_signal", "update"}}},
+    {"gdn", "hybrid", "cler", 0, {{"routing_signal", "update"}, {"linear_heads", 1}, {"n_v_heads", 2}}},
+    {"kda", "hybrid", "clvr", 0, {{"routing_inject", "layer"}, {"n_v_heads", 4}}},
+};
+
+TEST(RoutingModel, AuthorsVariantsStartAsNoneAndHaveExactGradients) {
+  kernels::cpu::CpuBackend<double> be(1);
+  const auto batch = random_batch(5);
+  for (const auto& v : kAuthors) {
+    const std::string what = label(v.arch, v.stack, v.routing) + " " + v.extra.dump();
+    json none_extra = v.extra;
+    none_extra.erase("routing_inject");
+    none_extra.erase("routing_signal");
+    trainer::Model base(config(v.arch, v.stack, "none", 0, none_extra), be);
+    base.init(3);
+    base.params().zero_grads();
+    const double base_loss = base.forward_backward(batch).loss;
+    trainer::Model m(config(v.arch, v.stack, v.routing, v.rank, v.extra), be);
+    m.init(3);
+    m.params().zero_grads();
+    const double loss = m.forward_backward(batch).loss;
+    EXPECT_EQ(std::memcmp(&loss, &base_loss, sizeof loss), 0) << what << ": " << loss << " vs " << base_loss;
+    randomise(m, 0.1);
+    m.params().zero_grads();
+    m.forward_backward(batch);
+    auto* p = static_cast<double*>(m.params().params().data);
+    const auto* g = static_cast<const double*>(m.params().grads().data);
+    for (const auto& info : m.params().table()) {
+      std::vector<double> analytic(g + info.offset, g + info.offset + info.numel);
+      const std::string name = what + ":" + info.name;
+      const std::size_t checks = is_routing_param(info.name) ? 0 : 6;
+      test::check_grad(name.c_str(), p + info.offset, info.numel, analytic,
+                       [&] { return m.evaluate(batch).loss; }, 1e-6, checks, 1e-6);
+    }
+  }
+}
+
+TEST(RoutingModel, InjectionPointChangesTheModel) {
+  kernels::cpu::CpuBackend<double> be(1);
+  const auto batch = random_batch(6);
+  for (const std::string routing : {"cler_h", "clvr"}) {
+    double loss[2];
+    for (int i = 0; i < 2; ++i) {
+      trainer::Model m(config("gdn", "pure", routing, 0, {{"routing_inject", i ? "layer" : "mixer"}}), be);
+      m.init(3);
+      randomise(m, 0.3);  // same noise: the same parameters in both models
+      loss[i] = m.evaluate(batch).loss;
+    }
+    EXPECT_GT(std::abs(loss[0] - loss[1]), 1e-6) << routing;
+  }
+}
+
+TEST(RoutingModel, HeadCountsAreValidated) {
+  auto msg = [](const json& extra, const std::string& arch = "gdn", const std::string& stack = "hybrid") {
+    try {
+      trainer::validate_model_config(config(arch, stack, "none", 0, extra));
+    } catch (const UserError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_EQ(msg({{"linear_heads", 1}, {"n_v_heads", 2}}), "");
+  EXPECT_NE(msg({{"n_v_heads", 3}}).find("model.n_v_heads: 3 is not a multiple of the 2 query/key heads"),
+            std::string::npos);
+  EXPECT_NE(msg({{"linear_heads", 2}, {"n_v_heads", 3}}, "gdn").find("(model.linear_heads)"), std::string::npos);
+  EXPECT_EQ(msg({{"n_v_heads", 3}}, "softmax", "dense"), "");  // no linear layer: ignored, like value_dim
+  // hybrid gdn, gdn, softmax, gdn: the linear layers take their own heads, the softmax layer keeps n_heads
+  const json m = config("gdn", "hybrid", "none", 0, {{"linear_heads", 1}, {"linear_head_dim", 6}, {"n_v_heads", 3}})["model"];
+  const auto lin = trainer::mixer_config(m, 0), soft = trainer::mixer_config(m, 2);
+  EXPECT_EQ(lin.n_heads, 1);
+  EXPECT_EQ(lin.head_dim, 6);
+  EXPECT_EQ(lin.value_dim, 6);
+  EXPECT_EQ(lin.n_v_heads, 3);
+  EXPECT_EQ(soft.kind, "softmax");
+  EXPECT_EQ(soft.n_heads, 2);
+  EXPECT_EQ(soft.head_dim, 4);
+  EXPECT_NE(msg({{"linear_head_dim", -1}}).find("model.linear_head_dim: must be ≥ 0"), std::string::npos);
 }
 
 }  // namespace

@@ -92,11 +92,12 @@ TEST(Schedule, ConfigFromJsonAndErrors) {
   EXPECT_EQ(c.warmup_steps, 7);
   EXPECT_DOUBLE_EQ(c.min_lr, 1e-5);
   try {
-    ScheduleConfig::from_json(json{{"schedule", {{"decay_fraction", 1.5}}}});
+    ScheduleConfig::from_json(json{{"schedule", {{"decay_fraction", -0.5}}}});
     FAIL() << "no error";
   } catch (const UserError& e) {
-    EXPECT_STREQ(e.what(), "schedule.decay_fraction: must be in [0, 1], got 1.5");
+    EXPECT_STREQ(e.what(), "schedule.decay_fraction: must be ≥ 0, got -0.5");
   }
+  EXPECT_DOUBLE_EQ(ScheduleConfig::from_json(json{{"schedule", {{"decay_fraction", 3.0}}}}).decay_fraction, 3.0);
   try {
     Schedule(cfg(ScheduleName::wsd, 0, 0.2, 0.01), 0.001, 10);
     FAIL() << "no error";
@@ -114,4 +115,20 @@ TEST(Schedule, FromRunConfigUsesOptimizerLrAsPeak) {
   EXPECT_DOUBLE_EQ(s.lr(0), 0.002);
   EXPECT_EQ(*s.stable_end_step(), 5);
   EXPECT_DOUBLE_EQ(s.lr(9), 0.0);
+}
+
+// decay_fraction 3 over S = 10 with W = 2: D = 30, s_d = −20 — Megatron's WSD when
+// --lr-wsd-decay-samples is three times the run: after the warmup the lr is already deep in
+// the minus-sqrt decay, and it reaches min_lr at the last step.
+TEST(Schedule, WsdDecayLongerThanTheRunBeganBeforeIt) {
+  const double peak = 1e-3, lo = 1e-4;
+  const Schedule s(cfg(ScheduleName::wsd, 2, 3.0, lo), peak, 10);
+  EXPECT_DOUBLE_EQ(s.lr(0), peak / 2);
+  EXPECT_DOUBLE_EQ(s.lr(1), peak);
+  for (int k = 2; k < 10; ++k) {
+    const double frac = (k + 1 + 20) / 30.0;
+    EXPECT_NEAR(s.lr(k), lo + (peak - lo) * (1 - std::sqrt(frac)), 1e-15) << k;
+  }
+  EXPECT_DOUBLE_EQ(s.lr(9), lo);
+  EXPECT_LT(*s.stable_end_step(), 0);  // no stable phase: no saturation loss
 }

@@ -15,8 +15,13 @@ namespace lar::trainer::mixers {
 // Shapes and switches of one layer, resolved from the MixerConfig.
 struct Dims {
   kernels::cpu::linear::Mixer mixer;
-  int d = 0, H = 0, dk = 0, dv = 0, Cq = 0, Cv = 0, W = 0, rank = 0, chunk = 64;
+  // H: heads of the recurrence (the value heads); Hk: query/key heads, H a multiple of Hk
+  // (grouped value heads: head h reads the q, k of key head h / (H / Hk)). Cqk = Hk·dk is
+  // the width of the q, k projections; Cq = H·dk of everything per key channel of a value
+  // head (decay and erase gates); Cv = H·dv.
+  int d = 0, H = 0, Hk = 0, dk = 0, dv = 0, Cqk = 0, Cq = 0, Cv = 0, W = 0, rank = 0, chunk = 64;
   bool conv = true, l2 = false;
+  bool silu_only = false;  // no conv, q, k, v = SiLU(W x) (CARVE's printed form, model.carve.qkv: paper)
   // CCQ
   bool ccq = false, ccq_centered = true, ccq_learned = true, ccq_disable_eval = false;
   double ccq_lambda = 0.01;  // fixed λ, or λ at init when learned
@@ -26,6 +31,8 @@ struct Dims {
   // Cross-layer routing (LAA §4): none, cler (ṽ = v + Γ r_{p(l)}), cler_h / clvr (the model
   // projects the published side channel into the residual stream)
   enum class Route { none, cler, cler_h, clvr } route = Route::none;
+  // cler / cler_h with a β mixer: publish the written update β·r instead of r (model.routing_signal)
+  bool resid_update = false;
 };
 
 // Parameter indices (into the bound vectors), -1 when the mixer has no such parameter.
@@ -42,7 +49,7 @@ struct Slots {
 
 // Why the CUDA implementation cannot run this layer ("" when it can): head dims other than
 // 64, a conv wider than 8, CARVE with a content chunk other than 64 or with cler/cler_h
-// routing. The message names the offending value.
+// routing, grouped value heads, the β-scaled routing signal, CARVE's printed q, k, v form. The message names the offending value.
 std::string cuda_linear_unsupported(const Dims& d);
 
 // The CUDA implementation (linear_mixer_cuda.cpp): forward/backward of the Mixer contract

@@ -1,7 +1,8 @@
 // The linear-attention mixer layer (SPEC §2) around the recurrences of kernels/cpu/linear:
 //   q,k,v = projections of the normed input x
 //   optional short causal depthwise conv (width model.conv_size) + SiLU on q, k, v
-//   delta rules (deltanet, gdn, kda, gdn2): q, k L2-normalised per head; scale 1/sqrt(dk)
+//   delta rules (deltanet, gdn, kda, gdn2), CCQ and model.qk_l2norm: q, k L2-normalised per
+//   head; scale 1/sqrt(dk)
 //   gates (per token, per head):
 //     gla       g = logsigmoid(W₂W₁x + b₂)/16                  per key channel, rank gate_rank
 //     deltanet  β = σ(w_βᵀx)
@@ -9,10 +10,14 @@
 //     kda       β; g = −exp(A_log)·softplus(W₂W₁x + dt_bias)   per key channel
 //     gdn2      g as kda; b = σ(W_b x) per key channel; w = σ(W_w x) per value channel
 //     carve     g as kda; erase logits W_b x + U2 tanh(U1 m_c) (content, per head); w = σ(w_wᵀx)
-//               scalar per head (kernels/cpu/linear/carve.hpp)
+//               scalar per head (kernels/cpu/linear/carve.hpp); model.carve.qkv: paper
+//               takes q, k, v = SiLU(W x) as the paper prints them (no conv, no L2 norm)
 //   CCQ (model.ccq.enabled, any of them): q ← (I − λΣ)q on L2-normalised q, k with
 //     λ = σ(W_λ p_q + b_λ) from the raw query projection p_q, or a fixed λ
 //   o → per-head RMSNorm (weight [dv] shared by the heads) × SiLU(W_g x) → W_o.
+//   grouped value heads (model.n_v_heads = H, a multiple of the Hk query/key heads): q, k
+//   have Hk heads; v, β, the gates, the recurrence and the output gate have H; value head h
+//   reads key head h / (H/Hk) — the same as repeating q, k per group (fla's GVA).
 // Initialisation and the choices above are documented in docs/architectures.md.
 //
 // This file is the CPU implementation (f32 for training, f64 for the gradient checks): the
@@ -89,7 +94,7 @@ template <class T>
 struct Cache {
   int B = 0, T_ = 0;
   std::vector<T> x;                      // [N,d] the layer input
-  std::vector<T> pq, pk, pv;             // projections before the conv [N,C]
+  std::vector<T> pq, pk, pv;             // projections before the conv [N,Cqk] / [N,Cv]
   std::vector<T> aq, ak, av;             // after conv + SiLU (= p without conv)
   std::vector<T> rq, rk;                 // 1/‖a‖ per (token, head) for L2 norm [N,H]
   std::vector<T> hq, hk, hv;             // per-(b,h) kernel inputs [B,H,T,·]
@@ -125,14 +130,14 @@ class Impl {
     c.x.assign(x, x + (size_t)N * d.d);
     Tensor X = tv(c.x, {N, d.d});
     // projections
-    c.pq.resize((size_t)N * d.Cq);
-    c.pk.resize((size_t)N * d.Cq);
+    c.pq.resize((size_t)N * d.Cqk);
+    c.pk.resize((size_t)N * d.Cqk);
     c.pv.resize((size_t)N * d.Cv);
-    be.gemm(X, false, P_[sl_.wq], true, tv(c.pq, {N, d.Cq}));
-    be.gemm(X, false, P_[sl_.wk], true, tv(c.pk, {N, d.Cq}));
+    be.gemm(X, false, P_[sl_.wq], true, tv(c.pq, {N, d.Cqk}));
+    be.gemm(X, false, P_[sl_.wk], true, tv(c.pk, {N, d.Cqk}));
     be.gemm(X, false, P_[sl_.wv], true, tv(c.pv, {N, d.Cv}));
-    conv_fwd(c.pq, c.aq, sl_.cq, d.Cq, B, len, st ? &st->tail_q : nullptr);
-    conv_fwd(c.pk, c.ak, sl_.ck, d.Cq, B, len, st ? &st->tail_k : nullptr);
+    conv_fwd(c.pq, c.aq, sl_.cq, d.Cqk, B, len, st ? &st->tail_q : nullptr);
+    conv_fwd(c.pk, c.ak, sl_.ck, d.Cqk, B, len, st ? &st->tail_k : nullptr);
     conv_fwd(c.pv, c.av, sl_.cv, d.Cv, B, len, st ? &st->tail_v : nullptr);
     // CLER: the written value gets p(l)'s write residual, ṽ = v + Γ_l r_{p(l)}
     c.rin.clear();
@@ -176,6 +181,7 @@ class Impl {
       }
       auto in = inputs(bh, len, scale);
       in.resid = resid;
+      in.resid_update = d.resid_update;
       if (st) {
         T* S = &st->S[(size_t)bh * ss];
         lk::mixer_forward(d.mixer, in, lk::Form::recurrent, d.chunk, S, o, S);
@@ -291,6 +297,7 @@ class Impl {
       }
       auto in = inputs(bh, len, scale);
       in.dresid = dres;
+      in.resid_update = d.resid_update;
       lk::MixerGrads<T> gr;
       gr.dq = &dq[bh * nk];
       gr.dk = &dk[bh * nk];
@@ -314,14 +321,22 @@ class Impl {
     std::vector<T> dpq_ccq;
     if (c.ccq_active) ccq_bwd(be, X, dX, B, len, dq, dk, dpq_ccq);
     // scatter back to [N, C] and undo the L2 normalisation
-    std::vector<T> daq((size_t)N * d.Cq), dak((size_t)N * d.Cq), dav((size_t)N * d.Cv);
+    // (grouped value heads: the value heads of one group add up on their key head)
+    std::vector<T> daq((size_t)N * d.Cqk, T(0)), dak((size_t)N * d.Cqk, T(0)), dav((size_t)N * d.Cv);
+    std::vector<T> tq(d.dk), tk(d.dk);
+    const int grp = d.H / d.Hk;
     for (int b = 0; b < B; ++b)
       for (int h = 0; h < d.H; ++h)
         for (int t = 0; t < len; ++t) {
           const size_t hi = ((size_t)b * d.H + h) * len + t, n = (size_t)b * len + t;
+          const size_t kc = n * d.Cqk + (size_t)(h / grp) * d.dk;
           const T* qn = c.ccq_active ? &c.hq_pre[hi * d.dk] : &c.hq[hi * d.dk];
-          l2_bwd(&dq[hi * d.dk], qn, c.rq[n * d.H + h], &daq[n * d.Cq + h * d.dk]);
-          l2_bwd(&dk[hi * d.dk], &c.hk[hi * d.dk], c.rk[n * d.H + h], &dak[n * d.Cq + h * d.dk]);
+          l2_bwd(&dq[hi * d.dk], qn, c.rq[n * d.H + h], tq.data());
+          l2_bwd(&dk[hi * d.dk], &c.hk[hi * d.dk], c.rk[n * d.H + h], tk.data());
+          for (int i = 0; i < d.dk; ++i) {
+            daq[kc + i] += tq[i];
+            dak[kc + i] += tk[i];
+          }
           std::copy_n(&dv[hi * d.dv], d.dv, &dav[n * d.Cv + h * d.dv]);
         }
     if (has_dout && d.route == Dims::Route::clvr) {  // published ṽ = v
@@ -341,11 +356,11 @@ class Impl {
     gates_bwd(be, X, dX, N, dg, dbeta, db, dw, dbx, dws);
     // conv + SiLU, then the projections
     std::vector<T> dp;
-    conv_bwd(c.pq, c.aq, daq, dp, sl_.cq, d.Cq, B, len);
+    conv_bwd(c.pq, c.aq, daq, dp, sl_.cq, d.Cqk, B, len);
     for (size_t i = 0; i < dpq_ccq.size(); ++i) dp[i] += dpq_ccq[i];  // λ reads p_q
-    proj_bwd(be, X, dX, dp, sl_.wq, N, d.Cq);
-    conv_bwd(c.pk, c.ak, dak, dp, sl_.ck, d.Cq, B, len);
-    proj_bwd(be, X, dX, dp, sl_.wk, N, d.Cq);
+    proj_bwd(be, X, dX, dp, sl_.wq, N, d.Cqk);
+    conv_bwd(c.pk, c.ak, dak, dp, sl_.ck, d.Cqk, B, len);
+    proj_bwd(be, X, dX, dp, sl_.wk, N, d.Cqk);
     conv_bwd(c.pv, c.av, dav, dp, sl_.cv, d.Cv, B, len);
     proj_bwd(be, X, dX, dp, sl_.wv, N, d.Cv);
   }
@@ -354,8 +369,8 @@ class Impl {
     auto s = std::make_unique<LinearState<T>>();
     s->S.assign((size_t)B * dm_.H * dm_.dv * dm_.dk, T(0));
     const int w1 = std::max(dm_.W - 1, 0);
-    s->tail_q.assign((size_t)B * w1 * dm_.Cq, T(0));
-    s->tail_k.assign((size_t)B * w1 * dm_.Cq, T(0));
+    s->tail_q.assign((size_t)B * w1 * dm_.Cqk, T(0));
+    s->tail_k.assign((size_t)B * w1 * dm_.Cqk, T(0));
     s->tail_v.assign((size_t)B * w1 * dm_.Cv, T(0));
     if (dm_.ccq) s->ccq.assign((size_t)B * dm_.H, lk::CcqState<T>(dm_.dk));
     if (dm_.carve) s->carve.assign((size_t)B * dm_.H, lk::CarveState<T>(dm_.dk, dm_.dv));
@@ -420,7 +435,7 @@ class Impl {
     c.lam.resize((size_t)N * d.H);
     if (d.ccq_learned) {
       c.lam_pre.resize((size_t)N * d.H);
-      be.gemm(tv(c.pq, {N, d.Cq}), false, P_[sl_.wlam], true, tv(c.lam_pre, {N, d.H}));
+      be.gemm(tv(c.pq, {N, d.Cqk}), false, P_[sl_.wlam], true, tv(c.lam_pre, {N, d.H}));
     }
     for (int b = 0; b < B; ++b)
       for (int h = 0; h < d.H; ++h)
@@ -448,7 +463,7 @@ class Impl {
   }
 
   // dq arrives on the corrected q: replaced by the gradient on the normalised q; dk gets
-  // the statistics' share; dpq receives the λ gate's gradient on p_q ([N, Cq]).
+  // the statistics' share; dpq receives the λ gate's gradient on p_q ([N, Cqk]).
   void ccq_bwd(kernels::Backend& be, const Tensor& X, const Tensor& dX, int B, int len,
                std::vector<T>& dq, std::vector<T>& dk, std::vector<T>& dpq) {
     Cache<T>& c = c_;
@@ -481,9 +496,9 @@ class Impl {
           dpre[n * d.H + h] = dlam[hi] * l * (T(1) - l);
           grad(sl_.blam)[h] += dpre[n * d.H + h];
         }
-    dpq.assign((size_t)N * d.Cq, T(0));
-    be.gemm(tv(dpre, {N, d.H}), true, tv(c.pq, {N, d.Cq}), false, G_[sl_.wlam], 1.0, 1.0);
-    be.gemm(tv(dpre, {N, d.H}), false, P_[sl_.wlam], false, tv(dpq, {N, d.Cq}));
+    dpq.assign((size_t)N * d.Cqk, T(0));
+    be.gemm(tv(dpre, {N, d.H}), true, tv(c.pq, {N, d.Cqk}), false, G_[sl_.wlam], 1.0, 1.0);
+    be.gemm(tv(dpre, {N, d.H}), false, P_[sl_.wlam], false, tv(dpq, {N, d.Cqk}));
   }
 
   // a[t,c] = silu(Σ_i w[c,i] p[t−W+1+i, c]) per sequence; p before t=0 comes from the tail.
@@ -492,6 +507,8 @@ class Impl {
     a.resize(p.size());
     if (!dm_.conv) {
       a = p;
+      if (dm_.silu_only)
+        for (auto& e : a) e = silu(e);
       return;
     }
     const int W = dm_.W;
@@ -526,6 +543,8 @@ class Impl {
                 std::vector<T>& dp, int slot, int C, int B, int len) {
     if (!dm_.conv) {
       dp = da;
+      if (dm_.silu_only)
+        for (size_t i = 0; i < dp.size(); ++i) dp[i] *= silu_grad(p[i]);
       return;
     }
     const int W = dm_.W;
@@ -648,12 +667,13 @@ class Impl {
     c.hw.resize(g2 ? BH * len * d.dv : 0);
     c.hbx.resize(d.carve ? BH * len * d.dk : 0);
     c.hws.resize(d.carve ? BH * len : 0);
+    const int grp = d.H / d.Hk;
     for (int b = 0; b < B; ++b)
       for (int h = 0; h < d.H; ++h)
         for (int t = 0; t < len; ++t) {
           const size_t hi = ((size_t)b * d.H + h) * len + t, n = (size_t)b * len + t;
-          const T* aq = &c.aq[n * d.Cq + h * d.dk];
-          const T* ak = &c.ak[n * d.Cq + h * d.dk];
+          const T* aq = &c.aq[n * d.Cqk + (size_t)(h / grp) * d.dk];
+          const T* ak = &c.ak[n * d.Cqk + (size_t)(h / grp) * d.dk];
           if (d.l2) {
             T sq = 0, sk = 0;
             for (int i = 0; i < d.dk; ++i) {
@@ -806,9 +826,14 @@ class LinearMixer final : public Mixer {
     dm_.mixer = *m;
     dm_.carve = cfg.kind == "carve";
     dm_.d = cfg.d_model;
-    dm_.H = cfg.n_heads;
+    dm_.Hk = cfg.n_heads;
+    dm_.H = cfg.n_v_heads > 0 ? cfg.n_v_heads : cfg.n_heads;
+    if (dm_.Hk < 1 || dm_.H % dm_.Hk != 0)
+      throw UserError("model.n_v_heads: " + std::to_string(dm_.H) + " value heads are not a multiple of the " +
+                      std::to_string(dm_.Hk) + " query/key heads");
     dm_.dk = cfg.head_dim;
     dm_.dv = cfg.value_dim;
+    dm_.Cqk = dm_.Hk * dm_.dk;
     dm_.Cq = dm_.H * dm_.dk;
     dm_.Cv = dm_.H * dm_.dv;
     const json& mo = cfg.model;
@@ -838,11 +863,18 @@ class LinearMixer final : public Mixer {
       dm_.L = cv.value("content_chunk", 0);
       dm_.content_grad = cv.value("content_grad", true);
       dm_.freeze_content = cv.value("freeze_content", false);
+      const std::string qkv = cv.value("qkv", "gdn2");
+      if (qkv != "gdn2" && qkv != "paper")
+        throw UserError("model.carve.qkv: unknown value '" + qkv + "' (choices: gdn2, paper)");
+      if (qkv == "paper") {
+        dm_.conv = false;
+        dm_.silu_only = true;
+      }
     }
     if (dm_.carve && dm_.L <= 0) dm_.L = dm_.chunk;
     if (dm_.carve && (dm_.crank < 1 || dm_.crank > 32))
       throw UserError("model.carve.content_rank: must be in 1..32, got " + std::to_string(dm_.crank));
-    dm_.l2 = lk::is_delta_rule(dm_.mixer) || dm_.ccq;
+    dm_.l2 = (lk::is_delta_rule(dm_.mixer) && !dm_.silu_only) || dm_.ccq || mo.value("qk_l2norm", false);
     if (dm_.conv && dm_.W < 1)
       throw UserError("model.conv_size: must be ≥ 1, got " + std::to_string(dm_.W));
     if (dm_.chunk < 1)
@@ -854,6 +886,11 @@ class LinearMixer final : public Mixer {
     else if (cfg.routing == "clvr") dm_.route = Dims::Route::clvr;
     else if (cfg.routing != "none" && !cfg.routing.empty())
       throw UserError("model.routing: unknown value '" + cfg.routing + "'");
+    const std::string signal = mo.value("routing_signal", "residual");
+    if (signal != "residual" && signal != "update")
+      throw UserError("model.routing_signal: unknown value '" + signal + "' (choices: residual, update)");
+    dm_.resid_update = signal == "update" && lk::uses_beta(dm_.mixer) && !dm_.carve &&
+                       (dm_.route == Dims::Route::cler || dm_.route == Dims::Route::cler_h);
     if (dm_.route != Dims::Route::none && !lk::is_delta_rule(dm_.mixer))
       throw UserError("model.routing: '" + cfg.routing + "' needs a delta-rule mixer (deltanet, gdn, "
                       "kda, gdn2, carve); '" + cfg.kind + "' has no write residual");
@@ -965,8 +1002,8 @@ class LinearMixer final : public Mixer {
     auto mat = [&](const char* name, int64_t rows, int64_t cols) {
       return add({name, {rows, cols}, ParamKind::matrix_hidden, InitRule::Normal(sd)});
     };
-    sl_.wq = mat("wq", d.Cq, d.d);
-    sl_.wk = mat("wk", d.Cq, d.d);
+    sl_.wq = mat("wq", d.Cqk, d.d);
+    sl_.wk = mat("wk", d.Cqk, d.d);
     sl_.wv = mat("wv", d.Cv, d.d);
     if (d.conv) {
       // PyTorch's Conv1d default for a depthwise conv: U(±1/sqrt(width)).
@@ -974,8 +1011,8 @@ class LinearMixer final : public Mixer {
       auto conv = [&](const char* name, int64_t C) {
         return add({name, {C, d.W}, ParamKind::scalar, InitRule::Uniform(-bound, bound)});
       };
-      sl_.cq = conv("conv_q", d.Cq);
-      sl_.ck = conv("conv_k", d.Cq);
+      sl_.cq = conv("conv_q", d.Cqk);
+      sl_.ck = conv("conv_k", d.Cqk);
       sl_.cv = conv("conv_v", d.Cv);
     }
     const lk::Mixer m = d.mixer;
@@ -1012,7 +1049,7 @@ class LinearMixer final : public Mixer {
       sl_.gamma = add({"cler_gamma", {1}, ParamKind::scalar, InitRule::Constant(0.0)});
     if (d.ccq && d.ccq_learned) {
       // λ = σ(W_λ p_q + b_λ): W_λ zero, b_λ = logit(lambda_init) so λ starts at lambda_init.
-      sl_.wlam = add({"ccq_w_lambda", {d.H, d.Cq}, ParamKind::matrix_hidden, InitRule::Constant(0.0)});
+      sl_.wlam = add({"ccq_w_lambda", {d.H, d.Cqk}, ParamKind::matrix_hidden, InitRule::Constant(0.0)});
       sl_.blam = add({"ccq_b_lambda", {d.H}, ParamKind::bias,
                       InitRule::Constant(std::log(d.ccq_lambda / (1.0 - d.ccq_lambda)))});
     }
@@ -1053,6 +1090,11 @@ std::string cuda_linear_unsupported(const Dims& d) {
     return "model.carve.content_chunk: the CUDA CARVE kernel uses content chunks of 64, got " + std::to_string(d.L);
   if (d.carve && (d.route == Dims::Route::cler || d.route == Dims::Route::cler_h))
     return "model.routing: cler/cler_h with CARVE have no CUDA path (clvr has)";
+  if (d.H != d.Hk)
+    return "model.n_v_heads: grouped value heads (" + std::to_string(d.H) + " value heads over " +
+           std::to_string(d.Hk) + " key heads) have no CUDA path yet";
+  if (d.resid_update) return "model.routing_signal: 'update' has no CUDA path yet";
+  if (d.silu_only) return "model.carve.qkv: 'paper' has no CUDA path yet";
   if (d.dk != 64) return "model.head_dim: the CUDA kernels need 64, got " + std::to_string(d.dk);
   if (d.dv != 64) return "model.value_dim: the CUDA kernels need 64, got " + std::to_string(d.dv);
   if (d.conv && d.W > 8) return "model.conv_size: the CUDA conv is at most 8 wide, got " + std::to_string(d.W);

@@ -25,8 +25,8 @@ ScheduleConfig ScheduleConfig::from_json(const json& run_config) {
   c.min_lr = s.at("min_lr").get<double>();
   if (c.warmup_steps < 0)
     throw UserError(fmt::format("schedule.warmup_steps: must be ≥ 0, got {}", c.warmup_steps));
-  if (!(c.decay_fraction >= 0 && c.decay_fraction <= 1))
-    throw UserError(fmt::format("schedule.decay_fraction: must be in [0, 1], got {}", c.decay_fraction));
+  if (!(c.decay_fraction >= 0 && std::isfinite(c.decay_fraction)))
+    throw UserError(fmt::format("schedule.decay_fraction: must be ≥ 0, got {}", c.decay_fraction));
   if (!(c.min_lr >= 0)) throw UserError(fmt::format("schedule.min_lr: must be ≥ 0, got {}", c.min_lr));
   return c;
 }
@@ -41,7 +41,10 @@ Schedule::Schedule(ScheduleConfig config, double peak_lr, std::int64_t total_ste
   warmup_ = std::min(cfg_.warmup_steps, total_);
   if (cfg_.name == ScheduleName::wsd) {
     const auto d = static_cast<std::int64_t>(std::llround(cfg_.decay_fraction * static_cast<double>(total_)));
-    decay_ = std::clamp<std::int64_t>(d, 0, total_ - warmup_);
+    // Above 1 the decay is longer than the run: it began before step 1, as Megatron's WSD
+    // does when --lr-wsd-decay-samples exceeds the run (the LAA 1B runs); the warmup still
+    // comes first.
+    decay_ = cfg_.decay_fraction > 1 ? d : std::clamp<std::int64_t>(d, 0, total_ - warmup_);
   }
 }
 

@@ -10,7 +10,10 @@
 //           decay  (s > s_d): lr = min_lr + (peak − min_lr)·(1 − sqrt((s − s_d)/(S − s_d)))
 //   cosine  (s > W):          lr = min_lr + (peak − min_lr)·½(1 + cos(π (s − W)/(S − W)))
 //   constant(s > W):          lr = peak
-// D is clamped to [0, S − W] (the decay never eats into the warmup). docs/optimizers.md.
+// D is clamped to [0, S − W] (the decay never eats into the warmup) — except for
+// decay_fraction > 1: then D > S, s_d < 0, and the run starts inside a decay that began
+// before it (Megatron's WSD with a decay longer than the run), after its warmup.
+// docs/optimizers.md.
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -27,7 +30,7 @@ struct ScheduleConfig {
   double decay_fraction = 0.2;
   double min_lr = 0.0;
   // Reads config["schedule"] (missing keys take the schema defaults); throws UserError
-  // naming the key for negative warmup, decay_fraction outside [0, 1], negative min_lr.
+  // naming the key for negative warmup, negative decay_fraction, negative min_lr.
   static ScheduleConfig from_json(const json& run_config);
 };
 

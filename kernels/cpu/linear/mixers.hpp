@@ -76,6 +76,8 @@ struct MixerInputs {
   // the gradient dresid on it. Not defined for linear/gla (no residual).
   T* resid = nullptr;
   const T* dresid = nullptr;
+  // β mixers: resid (and dresid) is the written update u_t = β_t·r_t instead (fla's v_new)
+  bool resid_update = false;
 };
 
 // Gradient outputs, overwritten; nullptr = not wanted. Only the gradients of inputs the
@@ -164,7 +166,7 @@ void mixer_forward(Mixer m, const MixerInputs<T>& in, Form form, int chunk, cons
     recurrent_forward(p.core, S0, o, S_out);
   else
     chunk_forward(p.core, chunk, S0, o, S_out, boundary);
-  if (in.resid && uses_beta(m))  // u = β r
+  if (in.resid && uses_beta(m) && !in.resid_update)  // u = β r
     for (int t = 0; t < in.len; ++t)
       for (int i = 0; i < in.dv; ++i) in.resid[(std::size_t)t * in.dv + i] /= in.beta[t];
 }
@@ -188,7 +190,7 @@ void mixer_backward(Mixer m, const MixerInputs<T>& in, Form form, int chunk, con
   // routing: r = u/β for the β mixers (u the core's residual), so du = dr/β plus a direct
   // −dr·u/β² on β (the core's backward adds u's own dependence on β through e and z)
   std::vector<T> du, u, dbeta_r;
-  if (in.dresid && uses_beta(m)) {
+  if (in.dresid && uses_beta(m) && !in.resid_update) {
     du.resize(nv);
     for (int t = 0; t < in.len; ++t)
       for (int i = 0; i < in.dv; ++i)
