@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/json.hpp"
+#include "experiments/claims.hpp"
 
 namespace lar::experiments {
 
@@ -33,6 +34,7 @@ struct Plan {
   std::vector<Cell> cells;
   std::vector<std::string> warnings;   // e.g. an exclude that matched nothing (file:line:col)
   json meta;                           // spec-level extras: description, reference source/metrics
+  std::vector<Claim> claims;           // the paper's conclusions, audited by registry/report
 };
 
 }  // namespace lar::experiments
