@@ -385,7 +385,7 @@ ClaimResult audit_one(const Report& rep, const Claim& c) {
         for (size_t l = 0; l < links; ++l) {
           ClaimPair p = make_pair(t[l]->id, t[l + 1]->id, ours(*t[l], c.metric), ours(*t[l + 1], c.metric),
                                   published(*t[l], c.metric), published(*t[l + 1], c.metric), c.lower_is_better,
-                                  seed + l);
+                                  seed + 1000 + l);
           p.link = static_cast<int>(l);
           by_link[l].push_back(p);
           res.pairs.push_back(std::move(p));

@@ -150,6 +150,14 @@ std::vector<std::string> footnotes(const Report& r) {
 
 json opt(const std::optional<double>& v) { return v ? json(*v) : json(); }
 
+std::string epochs_text(const Row& row) {
+  if (!row.epochs) return "—";
+  std::string s = *row.epochs < 10 ? fmt::format("{:.2f}", *row.epochs) : fmt::format("{:.1f}", *row.epochs);
+  if (*row.epochs > 1) s += " ⚠ >1";
+  if (row.epochs_planned) s += " (planned)";
+  return s;
+}
+
 std::string g4(double v) { return fmt::format("{:.4g}", v); }
 std::string signed_g4(double v) { return fmt::format("{:+.4g}", v); }
 std::string p_text(double p) { return p < 1e-4 ? fmt::format("{:.1e}", p) : fmt::format("{:.3g}", p); }
@@ -217,7 +225,8 @@ std::string claims_markdown(const Report& r) {
       agree = std::to_string(s->agree) + "/" + std::to_string(s->measured) +
               (s->measured < s->expected ? " (of " + std::to_string(s->expected) + ")" : "");
       delta = delta_se_text(*s);
-      p = s->p ? p_text(*s->p) : "— (sign p " + p_text(s->sign_p) + ")";
+      const bool pairwise = c.claim.kind == experiments::Claim::Kind::better || c.claim.kind == experiments::Claim::Kind::no_gain;
+      p = s->p ? p_text(*s->p) : pairwise ? "— (sign p " + p_text(s->sign_p) + ")" : "—";
       ci = ci_text(s->ci);
     } else if (!single) {
       agree = "per link ↓";
@@ -329,6 +338,8 @@ std::string table_markdown(const Report& r) {
       head.push_back("Δ " + m + " (ours)");
       head.push_back("Δ " + m + " (paper)");
     }
+  const bool epochs = std::any_of(r.rows.begin(), r.rows.end(), [](const Row& row) { return row.epochs.has_value(); });
+  if (epochs) head.push_back("epochs");
   head.push_back("status");
   os << "|";
   for (const auto& h : head) os << " " << h << " |";
@@ -345,10 +356,14 @@ std::string table_markdown(const Report& r) {
         os << " " << (d == row.deltas.end() ? "—" : format_delta(d->second, r.decimals.at(m))) << " | "
            << published_delta_text(row, m, r.decimals.at(m)) << " |";
       }
+    if (epochs) os << " " << epochs_text(row) << " |";
     os << " " << row.status << (row.role == "main" ? "" : " (" + row.role + ")") << " |\n";
   }
   os << "\n";
   for (const auto& f : footnotes(r)) os << "- " << f << "\n";
+  if (epochs)
+    os << "- epochs: tokens trained / the corpus's train tokens (the most of a row's seeds; \"planned\" before any "
+          "run): ⚠ marks more than one pass over the data, where the loss partly measures memorisation.\n";
   return os.str();
 }
 
@@ -482,6 +497,8 @@ json table_json(const Report& r) {
       jr["deltas"][m] = jd;
     }
     jr["notes"] = row.notes;
+    jr["epochs"] = opt(row.epochs);
+    jr["epochs_planned"] = row.epochs_planned;
     j["rows"].push_back(jr);
   }
   return j;
