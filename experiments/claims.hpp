@@ -1,5 +1,5 @@
 #pragma once
-// A paper's conclusions as data: the `claims:` block of a spec (docs/specs.md, "Claims").
+// A paper's conclusions as data: the `claims:` block of a spec (docs/reproduce.md, "Claims").
 // A claim names rows of the table by axis values (selectors) and says how they compare on
 // one metric; the audit (registry/report/claims.hpp) tests it over the matched rows.
 #include <string>
