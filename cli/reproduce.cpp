@@ -18,10 +18,12 @@
 #include "registry/report/bundle.hpp"
 #include "registry/report/render.hpp"
 #include "registry/report/results.hpp"
+#include "registry/report/timing.hpp"
 #include "runner/console.hpp"
 #include "runner/devices.hpp"
 #include "runner/launch.hpp"
 #include "runner/registry_hooks.hpp"
+#include "trainer/mixer.hpp"
 
 namespace {
 
@@ -37,7 +39,33 @@ struct ReproduceArgs {
   std::string bundle;
   long checkpoint_every = 0;
   bool no_run = false;
+  bool estimate = false;
 };
+
+// --estimate: the timing model's H200 prediction for this table at -j N, with the fraction
+// of the paper's tokens and parameters, and the cells the GPU would refuse (they train on
+// the CPU under backend: auto, so a GPU budget does not cover them).
+int print_estimate(const ReproduceArgs& a, const lar::experiments::Plan& plan, const std::filesystem::path& spec) {
+  using namespace lar;
+  const int jobs = a.jobs > 0 ? a.jobs : 1;
+  std::optional<experiments::Plan> paper;
+  try {
+    paper = report::load_paper_plan(spec, "paper", a.seeds);
+  } catch (const UserError&) {
+  }
+  const report::TableTiming t = report::estimate_table(plan, jobs);
+  std::cout << "predicted H200 time of " << a.table << " at scale " << (plan.scale.empty() ? "(none)" : plan.scale)
+            << " (timing model, docs/reproduce.md \"Sizing a scale\"):\n\n"
+            << report::timing_markdown(t, plan, paper ? &*paper : nullptr);
+  int cpu = 0;
+  for (const auto& c : plan.cells)
+    if (c.config.is_object() && c.config.contains("model"))
+      if (const std::string why = trainer::cuda_unsupported(c.config["model"]); !why.empty()) {
+        if (cpu++ == 0) std::cout << "\nCells the CUDA backend refuses (backend auto trains them on the CPU):\n";
+        std::cout << "- " << c.id << ": " << why << "\n";
+      }
+  return 0;
+}
 
 // The command line a results folder names (what another machine runs to add to it).
 std::string command_line(const ReproduceArgs& a, int jobs) {
@@ -139,6 +167,7 @@ int run_reproduce(const ReproduceArgs& a) {
   experiments::Plan plan = report::load_paper_plan(spec, a.scale, a.seeds);
   for (const auto& w : plan.warnings) std::cerr << w << "\n";
   set_checkpoint_every(plan, a.checkpoint_every);
+  if (a.estimate) return print_estimate(a, plan, spec);
   if (a.no_run) {
     report::Report rep = report::build_report(report::make_table_input(plan, spec, default_db_path()));
     std::cout << report::render_table(rep, a.format);
@@ -208,6 +237,9 @@ static lar::cli::CommandRegistration reg{
                      "checkpoint every N steps (default: the spec's checkpoint.every); part of the config hash, "
                      "so give the same N on every call of one reproduction")
           ->check(CLI::PositiveNumber);
+      app.add_flag("--estimate", a->estimate,
+                   "train nothing: predict the H200 wall time of every cell and of the table at -j N "
+                   "(timing model), with the fraction of the paper's tokens and parameters");
       app.add_flag("--no-run", a->no_run, "train nothing: print, and write --report / --bundle from the runs there are");
       app.footer("Tables: laa/table2 laa/lr_sweep laa/fig6 laa/table6 laa/table7 ccq/table2 ccq/table3\n"
                  "ccq/table7 carve/main carve/table3 carve/table7 (experiments/papers/). Exit code: 0\n"
