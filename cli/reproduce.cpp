@@ -1,20 +1,29 @@
 // `lar reproduce PAPER/TABLE` — the one command: plan the paper's matrix at a scale, run
 // every cell that is not done yet (live progress), sync the registry, print our table
 // beside the published one and the audit. Re-running a finished reproduction only
-// re-renders (every cell is skipped as completed).
+// re-renders (every cell is skipped as completed); an interrupted one resumes (partial
+// cells continue from their last checkpoint). --report DIR writes the results folder,
+// --bundle FILE the runs without checkpoints in one .tar.gz.
 #include <algorithm>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <thread>
 
 #include "cli/command.hpp"
+#include "core/error.hpp"
+#include "core/hash.hpp"
 #include "core/paths.hpp"
 #include "registry/report/adapter.hpp"
+#include "registry/report/bundle.hpp"
 #include "registry/report/render.hpp"
+#include "registry/report/results.hpp"
+#include "registry/report/timing.hpp"
 #include "runner/console.hpp"
 #include "runner/devices.hpp"
 #include "runner/launch.hpp"
 #include "runner/registry_hooks.hpp"
+#include "trainer/mixer.hpp"
 
 namespace {
 
@@ -26,7 +35,98 @@ struct ReproduceArgs {
   int jobs = 0;
   std::string format = "md";
   bool no_audit = false;
+  std::string report_dir;
+  std::string bundle;
+  long checkpoint_every = 0;
+  bool no_run = false;
+  bool estimate = false;
 };
+
+// --estimate: the timing model's H200 prediction for this table at -j N, with the fraction
+// of the paper's tokens and parameters, and the cells the GPU would refuse (they train on
+// the CPU under backend: auto, so a GPU budget does not cover them).
+int print_estimate(const ReproduceArgs& a, const lar::experiments::Plan& plan, const std::filesystem::path& spec) {
+  using namespace lar;
+  const int jobs = a.jobs > 0 ? a.jobs : 1;
+  std::optional<experiments::Plan> paper;
+  try {
+    paper = report::load_paper_plan(spec, "paper", a.seeds);
+  } catch (const UserError&) {
+  }
+  const report::TableTiming t = report::estimate_table(plan, jobs);
+  std::cout << "predicted H200 time of " << a.table << " at scale " << (plan.scale.empty() ? "(none)" : plan.scale)
+            << " (timing model, docs/reproduce.md \"Sizing a scale\"):\n\n"
+            << report::timing_markdown(t, plan, paper ? &*paper : nullptr);
+  int cpu = 0;
+  for (const auto& c : plan.cells)
+    if (c.config.is_object() && c.config.contains("model"))
+      if (const std::string why = trainer::cuda_unsupported(c.config["model"]); !why.empty()) {
+        if (cpu++ == 0) std::cout << "\nCells the CUDA backend refuses (backend auto trains them on the CPU):\n";
+        std::cout << "- " << c.id << ": " << why << "\n";
+      }
+  return 0;
+}
+
+// The command line a results folder names (what another machine runs to add to it).
+std::string command_line(const ReproduceArgs& a, int jobs) {
+  std::string c = "lar reproduce " + a.table;
+  if (!a.scale.empty()) c += " --scale " + a.scale;
+  if (a.seeds > 0) c += " --seeds " + std::to_string(a.seeds);
+  if (jobs > 0) c += " -j " + std::to_string(jobs);
+  if (a.checkpoint_every > 0) c += " --checkpoint-every " + std::to_string(a.checkpoint_every);
+  return c;
+}
+
+// --checkpoint-every N: every cell checkpoints each N steps, so that a reproduction cut
+// off hard (SIGKILL, a machine taken back) loses at most N steps per cell. It is part of
+// the run config, hence of the cell hash: give the same N on every call of one
+// reproduction (another N is another config, and its cells start over).
+void set_checkpoint_every(lar::experiments::Plan& plan, long every) {
+  if (every <= 0) return;
+  for (auto& c : plan.cells) {
+    if (!c.config.is_object()) continue;
+    c.config["checkpoint"]["every"] = every;
+    c.hash = lar::sha256_hex(lar::canonical_dump(c.config));
+  }
+}
+
+std::filesystem::path self_exe() {
+  std::error_code ec;
+  auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? std::filesystem::path() : p;
+}
+
+// The results folder and the bundle, from what the registry holds now.
+int write_outputs(const ReproduceArgs& a, const lar::experiments::Plan& plan, const std::filesystem::path& spec, int jobs,
+                  const lar::report::Report* rep_done) {
+  using namespace lar;
+  if (!a.report_dir.empty()) {
+    report::PaperReport p;
+    p.spec = spec;
+    p.plan = plan;
+    std::optional<registry::Registry> reg;
+    if (std::filesystem::exists(default_db_path())) reg.emplace(registry::Registry::open(default_db_path(), true));
+    p.input = report::make_table_input(plan, spec, reg ? &*reg : nullptr);
+    p.report = rep_done ? *rep_done : report::build_report(p.input);
+    report::ResultsOptions o;
+    o.table = a.table;
+    o.scale = plan.scale;
+    o.seeds = a.seeds;
+    o.lar_exe = self_exe();
+    o.command = command_line(a, jobs);
+    auto s = report::write_results(p, reg ? &*reg : nullptr, a.report_dir, o);
+    std::cout << "wrote the results folder " << a.report_dir << " (" << s.files.size() << " files)\n";
+    for (const auto& w : s.warnings) std::cout << "  note: " << w << "\n";
+  }
+  if (!a.bundle.empty()) {
+    json meta = {{"table", a.table}, {"scale", plan.scale}, {"seeds", a.seeds}, {"command", command_line(a, jobs)},
+                 {"machine", report::machine_provenance()}};
+    auto s = report::export_bundle(plan.experiment, runs_root(), a.bundle, meta);
+    std::cout << "wrote the bundle " << a.bundle << ": " << s.cells.size() << " runs without checkpoints, "
+              << s.bytes / 1024 << " KiB (import with `lar bundle import " << a.bundle << "`)\n";
+  }
+  return 0;
+}
 
 // CPU cells that pin their thread count (smoke scales: threads 1) can share the cores;
 // otherwise the runner's default (one per GPU, or one CPU trainer using every core).
@@ -67,6 +167,15 @@ int run_reproduce(const ReproduceArgs& a) {
   experiments::Plan plan = report::load_paper_plan(spec, a.scale, a.seeds);
   for (const auto& w : plan.notes) std::cerr << w << "\n";
   for (const auto& w : plan.warnings) std::cerr << w << "\n";
+  set_checkpoint_every(plan, a.checkpoint_every);
+  if (a.estimate) return print_estimate(a, plan, spec);
+  if (a.no_run) {
+    report::Report rep = report::build_report(report::make_table_input(plan, spec, default_db_path()));
+    std::cout << report::render_table(rep, a.format);
+    if (!a.no_audit) std::cout << "\n" << report::audit_markdown(rep);
+    write_outputs(a, plan, spec, a.jobs, &rep);
+    return rep.failed_main_rows().empty() ? 0 : 1;
+  }
 
   runner::LaunchOptions o;
   o.jobs = a.jobs > 0 ? a.jobs : default_jobs(plan);
@@ -84,7 +193,11 @@ int run_reproduce(const ReproduceArgs& a) {
   runner::LaunchSummary s = runner::launch(plan, o, [console](const runner::ProgressEvent& ev) { (*console)(ev); });
   console->finish();
   const int launch_rc = runner::print_summary(std::cout, s);
-  if (s.interrupted) return launch_rc;
+  if (s.interrupted) {
+    // What is done so far still comes back; the next call resumes the rest.
+    if (!a.report_dir.empty() || !a.bundle.empty()) write_outputs(a, plan, spec, o.jobs, nullptr);
+    return launch_rc;
+  }
   if (s.followup && s.followup->ok())
     std::cout << "the follow-up job wrote the table and audit to " << (runs_root() / plan.experiment).string() << "/\n";
 
@@ -92,6 +205,7 @@ int run_reproduce(const ReproduceArgs& a) {
   report::Report rep = report::build_report(in);
   std::cout << "\n" << report::render_table(rep, a.format);
   if (!a.no_audit) std::cout << "\n" << report::audit_markdown(rep);
+  write_outputs(a, plan, spec, o.jobs, &rep);
   return rep.failed_main_rows().empty() ? 0 : 1;
 }
 
@@ -114,10 +228,28 @@ static lar::cli::CommandRegistration reg{
       app.add_option("--format", a->format, "table format: md | latex | csv | json")
           ->check(CLI::IsMember({"md", "latex", "csv", "json"}));
       app.add_flag("--no-audit", a->no_audit, "print the table only");
+      app.add_option("--report", a->report_dir,
+                     "write the results folder DIR: README.md (table beside the paper's, epochs, claims), "
+                     "audit.md/.json, table.csv, the figures as SVG, provenance.md/.json");
+      app.add_option("--bundle", a->bundle,
+                     "write FILE (.tar.gz): this experiment's run folders without checkpoints plus a registry "
+                     "of them (lar bundle import FILE reads it back)");
+      app.add_option("--checkpoint-every", a->checkpoint_every,
+                     "checkpoint every N steps (default: the spec's checkpoint.every); part of the config hash, "
+                     "so give the same N on every call of one reproduction")
+          ->check(CLI::PositiveNumber);
+      app.add_flag("--estimate", a->estimate,
+                   "train nothing: predict the H200 wall time of every cell and of the table at -j N "
+                   "(timing model), with the fraction of the paper's tokens and parameters");
+      app.add_flag("--no-run", a->no_run, "train nothing: print, and write --report / --bundle from the runs there are");
       app.footer("Tables: laa/table2 laa/lr_sweep laa/fig6 laa/table3 laa/table6 laa/table7 laa/table8\n"
                  "laa/gdn2_3to1 ccq/table2 ccq/table3 ccq/table7 ccq/appendix_e ccq/fig5 carve/main carve/table3\n"
                  "carve/table7 carve/table8 (experiments/papers/). Exit code: 0\n"
                  "when every main cell has an included run, 1 otherwise, 130 when interrupted.\n"
+                 "Resuming: run the same command again; completed cells are skipped and partial ones\n"
+                 "continue from their last checkpoint (taken every checkpoint.every steps and on\n"
+                 "SIGTERM/SIGINT, so `timeout 570 lar reproduce …` stops cleanly). --report and --bundle\n"
+                 "are written even when the run is interrupted.\n"
                  "See docs/reproduce.md.");
       return [a] { return run_reproduce(*a); };
     }};

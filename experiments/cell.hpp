@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/json.hpp"
+#include "experiments/claims.hpp"
 
 namespace lar::experiments {
 
@@ -34,6 +35,7 @@ struct Plan {
   std::vector<std::string> warnings;   // e.g. an exclude that matched nothing (file:line:col)
   std::vector<std::string> notes;      // true of this machine, not of the spec (data not prepared here yet)
   json meta;                           // spec-level extras: description, reference source/metrics
+  std::vector<Claim> claims;           // the paper's conclusions, audited by registry/report
 };
 
 }  // namespace lar::experiments

@@ -375,7 +375,7 @@ class Builder {
     root_ = load_tree(spec_path_, spec_path_.string(), chain, nullptr);
     file_ = spec_path_.string();
     check_keys(*root_, {"name", "description", "base", "matrix", "zip", "exclude", "include", "scales",
-                        "default_scale", "roles", "baselines", "reference"},
+                        "default_scale", "roles", "baselines", "reference", "claims"},
                "spec");
     plan_.spec_path = spec_path_;
     read_name();
@@ -394,6 +394,7 @@ class Builder {
     apply_roles();
     apply_baselines();
     apply_reference();
+    if (const YNode* claims = root_->get("claims")) plan_.claims = parse_claims(*claims, plan_, metric_names_);
     warn_unmatched();
     return std::move(plan_);
   }

@@ -6,10 +6,14 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
+#include <cmath>
+#include <fstream>
 #include <map>
+#include <mutex>
 
 #include "core/error.hpp"
 #include "core/hash.hpp"
+#include "core/paths.hpp"
 
 #ifndef LAR_PAPERS_DIR
 #define LAR_PAPERS_DIR ""
@@ -205,6 +209,38 @@ std::vector<KnownIssue> load_known_issues(const fs::path& spec) {
   return out;
 }
 
+double planned_tokens(const json& config) {
+  const json* d = config.is_object() && config.contains("data") ? &config["data"] : nullptr;
+  const json* b = config.is_object() && config.contains("budget") ? &config["budget"] : nullptr;
+  if (!d || !b) return 0;
+  const double per_step = d->value("batch_size", 0.0) * d->value("seq_len", 0.0);
+  const double tokens = b->value("tokens", 0.0);
+  const double steps = tokens > 0 && per_step > 0 ? std::max(1.0, std::ceil(tokens / per_step)) : b->value("steps", 0.0);
+  return steps * per_step;
+}
+
+std::optional<double> corpus_train_tokens(const json& config) {
+  if (!config.is_object() || !config.contains("data")) return std::nullopt;
+  const json& d = config["data"];
+  if (d.value("task", std::string("lm")) != "lm") return std::nullopt;
+  const std::string p = d.value("path", std::string());
+  const fs::path dir = p.empty() ? data_root() / "brown" : fs::path(p);
+  static std::mutex mu;
+  static std::map<std::string, std::optional<double>> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  auto [it, fresh] = cache.try_emplace(dir.string());
+  if (!fresh) return it->second;
+  std::ifstream f(dir / "manifest.json");
+  if (!f) return std::nullopt;
+  try {
+    const json m = json::parse(f);
+    if (m.contains("train") && m["train"].contains("tokens") && m["train"]["tokens"].is_number())
+      it->second = m["train"]["tokens"].get<double>();
+  } catch (const json::exception&) {
+  }
+  return it->second;
+}
+
 ReportCell to_report_cell(const experiments::Cell& c) {
   ReportCell r;
   r.id = c.id;
@@ -214,6 +250,7 @@ ReportCell to_report_cell(const experiments::Cell& c) {
   r.role = c.role;
   r.baseline = c.baseline;
   r.reference = c.reference;
+  if (auto corpus = corpus_train_tokens(c.config); corpus && *corpus > 0) r.epochs = planned_tokens(c.config) / *corpus;
   return r;
 }
 
@@ -231,6 +268,11 @@ ReportRun to_report_run(const registry::RunRecord& rec, std::optional<long> chec
   r.config = rec.config;
   r.summary = rec.summary.is_object() ? rec.summary : json::object();
   r.updated_at = rec.updated_at;
+  if (auto corpus = corpus_train_tokens(rec.config); corpus && *corpus > 0) {
+    const double tokens = r.summary.contains("tokens") && r.summary["tokens"].is_number() ? r.summary["tokens"].get<double>()
+                                                                                         : planned_tokens(rec.config);
+    r.epochs = tokens / *corpus;
+  }
   return r;
 }
 
@@ -247,6 +289,7 @@ TableInput make_table_input(const experiments::Plan& plan, const fs::path& spec,
   in.title = paper + " " + in.source.value("table", spec.stem().string());
   for (const auto& c : plan.cells) in.cells.push_back(to_report_cell(c));
   in.known_issues = load_known_issues(spec);
+  in.claims = plan.claims;
   if (!reg) return in;
   registry::RunFilter f;
   f.experiment = plan.experiment;

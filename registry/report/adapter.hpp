@@ -40,6 +40,15 @@ experiments::Plan with_seeds(const experiments::Plan& plan, int n);
 // The paper's inconsistencies for one table, from <paper dir>/notes.yaml ([] when absent).
 std::vector<KnownIssue> load_known_issues(const fs::path& spec);
 
+// Tokens a run config trains: its steps (the trainer's rule: ceil(budget.tokens /
+// (batch_size · seq_len)) when budget.tokens > 0, else budget.steps) × batch_size × seq_len.
+double planned_tokens(const json& config);
+
+// Train tokens of the LM corpus a config reads (manifest.json's train.tokens; data.path ""
+// is the embedded Brown corpus under $LAR_DATA); nullopt for synthetic tasks or data that
+// is not prepared here. Cached per folder.
+std::optional<double> corpus_train_tokens(const json& config);
+
 ReportCell to_report_cell(const experiments::Cell& c);
 // checkpoint_step: the step the final metrics belong to (see make_table_input).
 ReportRun to_report_run(const registry::RunRecord& r, std::optional<long> checkpoint_step);

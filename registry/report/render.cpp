@@ -150,7 +150,162 @@ std::vector<std::string> footnotes(const Report& r) {
 
 json opt(const std::optional<double>& v) { return v ? json(*v) : json(); }
 
+std::string epochs_text(const Row& row) {
+  if (!row.epochs) return "—";
+  std::string s = *row.epochs < 10 ? fmt::format("{:.2f}", *row.epochs) : fmt::format("{:.1f}", *row.epochs);
+  if (*row.epochs > 1) s += " ⚠ >1";
+  if (row.epochs_planned) s += " (planned)";
+  return s;
+}
+
+std::string g4(double v) { return fmt::format("{:.4g}", v); }
+std::string signed_g4(double v) { return fmt::format("{:+.4g}", v); }
+std::string p_text(double p) { return p < 1e-4 ? fmt::format("{:.1e}", p) : fmt::format("{:.3g}", p); }
+
+std::string selector_text(const experiments::Selector& s) {
+  std::string out;
+  for (const auto& [a, v] : s) out += (out.empty() ? "" : ", ") + a + "=" + axis_text(v);
+  return out;
+}
+
+std::string claim_statement(const experiments::Claim& c) {
+  using K = experiments::Claim::Kind;
+  std::string s;
+  switch (c.kind) {
+    case K::better: s = selector_text(c.sides[0]) + " beats " + selector_text(c.sides[1]); break;
+    case K::no_gain: s = selector_text(c.sides[0]) + " no reliable gain over " + selector_text(c.sides[1]); break;
+    case K::order:
+      for (size_t i = 0; i < c.sides.size(); ++i) s += (i ? " < " : "") + selector_text(c.sides[i]);
+      s += " (best first)";
+      break;
+    case K::lowest: s = selector_text(c.sides[0]) + " lowest"; break;
+    case K::highest: s = selector_text(c.sides[0]) + " highest"; break;
+    case K::grows_least: s = selector_text(c.sides[0]) + " grows least along " + c.along; break;
+  }
+  s += " in " + c.metric + " (" + (c.lower_is_better ? "lower" : "higher") + " is better)";
+  if (!c.where.empty()) s += ", where " + selector_text(c.where);
+  if (!c.among.empty()) s += ", among " + selector_text(c.among);
+  return s;
+}
+
+std::string delta_se_text(const PairSummary& s) {
+  if (!s.mean_delta) return "—";
+  std::string t = signed_g4(*s.mean_delta);
+  if (s.se) t += " ± " + g4(*s.se) + (s.se_across_pairs ? " (across pairs)" : "");
+  return t;
+}
+
+std::string ci_text(const std::optional<Interval>& ci) {
+  return ci ? "[" + signed_g4(ci->lo) + ", " + signed_g4(ci->hi) + "]" : "—";
+}
+
+json pair_summary_json(const PairSummary& s) {
+  json j = {{"expected", s.expected}, {"measured", s.measured}, {"agree", s.agree},
+            {"mean_delta", opt(s.mean_delta)}, {"se", opt(s.se)}, {"se_across_pairs", s.se_across_pairs},
+            {"welch_p", opt(s.p)}, {"welch_df", opt(s.df)}, {"sign_test_p", s.sign_p},
+            {"published_pairs", s.published}, {"published_agree", s.published_agree},
+            {"published_mean_delta", opt(s.published_mean_delta)}, {"verdict", s.verdict}, {"why", s.why}};
+  j["bootstrap_ci95"] = s.ci ? json::array({s.ci->lo, s.ci->hi}) : json();
+  return j;
+}
+
 }  // namespace
+
+std::string claims_markdown(const Report& r) {
+  if (r.claims.empty()) return "";
+  std::ostringstream os;
+  os << "### Claims\n\n"
+     << "| claim | verdict | pairs agree | mean Δ ± SE | Welch p | 95% bootstrap CI | paper |\n"
+     << "|---|---|---:|---:|---:|---:|---|\n";
+  for (const auto& c : r.claims) {
+    const PairSummary* s = c.links.empty() ? nullptr : &c.links.front();
+    const bool single = c.links.size() == 1;
+    std::string agree = "—", delta = "—", p = "—", ci = "—";
+    if (single && s && s->measured > 0) {
+      agree = std::to_string(s->agree) + "/" + std::to_string(s->measured) +
+              (s->measured < s->expected ? " (of " + std::to_string(s->expected) + ")" : "");
+      delta = delta_se_text(*s);
+      const bool pairwise = c.claim.kind == experiments::Claim::Kind::better || c.claim.kind == experiments::Claim::Kind::no_gain;
+      p = s->p ? p_text(*s->p) : pairwise ? "— (sign p " + p_text(s->sign_p) + ")" : "—";
+      ci = ci_text(s->ci);
+    } else if (!single) {
+      agree = "per link ↓";
+    }
+    std::string paper = c.paper_reading;
+    if (c.paper_consistent && !*c.paper_consistent) paper += " — the published values do not show it";
+    os << "| " << c.claim.name << " | **" << c.verdict << "** | " << agree << " | " << delta << " | " << p << " | " << ci
+       << " | " << paper << " |\n";
+  }
+  os << "\n";
+  for (const auto& c : r.claims) {
+    os << "- **" << c.claim.name << "** (" << experiments::to_string(c.claim.kind)
+       << (c.claim.source.empty() ? "" : "; " + c.claim.source) << "): " << claim_statement(c.claim) << ". "
+       << c.verdict << ": " << c.why << ".";
+    if (c.p_best) os << " Bootstrap: the named row is best in " << fmt::format("{:.0f}", 100 * *c.p_best) << "% of resamples.";
+    if (!c.ranking.empty()) {
+      os << " Ours, best first:";
+      for (size_t i = 0; i < c.ranking.size() && i < 5; ++i)
+        os << (i ? "," : "") << " " << c.ranking[i].first << " " << g4(c.ranking[i].second);
+      if (c.ranking.size() > 5) os << ", …";
+      os << ".";
+    }
+    os << "\n";
+    if (c.links.size() > 1)
+      for (size_t l = 0; l < c.links.size(); ++l) {
+        const auto& s = c.links[l];
+        os << "  - link " << l + 1 << " (" << selector_text(c.claim.sides[l]) << " vs "
+           << selector_text(c.claim.sides[l + 1]) << "): " << s.verdict << "; " << s.agree << "/" << s.measured
+           << " agree, mean Δ " << delta_se_text(s) << ", Welch p " << (s.p ? p_text(*s.p) : "—") << ", CI "
+           << ci_text(s.ci) << "; " << s.why << "\n";
+      }
+    for (const auto& p : c.pairs) {
+      os << "  - " << p.a << " vs " << p.b << ": ";
+      if (!p.delta) os << "not measured";
+      else {
+        os << "Δ " << signed_g4(*p.delta) << " (n=" << p.a_values.size() << " vs " << p.b_values.size() << ")";
+        if (p.test) os << " ± " << g4(p.test->se) << ", Welch p " << p_text(p.test->p);
+        if (p.ci) os << ", CI " << ci_text(p.ci);
+        os << (p.agrees ? ", agrees" : ", disagrees");
+      }
+      if (p.published_delta) os << "; paper Δ " << signed_g4(*p.published_delta);
+      os << "\n";
+    }
+  }
+  os << "\nVerdicts: holds — every measured pair goes the claimed way and the effect is significant at α "
+        "(Welch over seeds with ≥ 2 seeds a side, else the sign test across pairs; with ≥ 3 seeds the bootstrap "
+        "interval must exclude 0 too); fails — significant the other way (no_gain: a significant gain); "
+        "inconclusive — neither; not enough data — no matched pair measured. Δ = the claim's better side − the "
+        "other, in the metric's units.\n";
+  return os.str();
+}
+
+json claims_json(const Report& r) {
+  json out = json::array();
+  for (const auto& c : r.claims) {
+    json j = {{"name", c.claim.name}, {"kind", experiments::to_string(c.claim.kind)}, {"metric", c.claim.metric},
+              {"lower_is_better", c.claim.lower_is_better}, {"alpha", c.claim.alpha}, {"source", c.claim.source},
+              {"statement", claim_statement(c.claim)}, {"verdict", c.verdict}, {"why", c.why},
+              {"paper_reading", c.paper_reading}};
+    j["paper_consistent"] = c.paper_consistent ? json(*c.paper_consistent) : json();
+    j["best"] = c.best ? json(*c.best) : json();
+    j["published_best"] = c.published_best ? json(*c.published_best) : json();
+    j["p_best"] = opt(c.p_best);
+    j["links"] = json::array();
+    for (const auto& s : c.links) j["links"].push_back(pair_summary_json(s));
+    j["pairs"] = json::array();
+    for (const auto& p : c.pairs) {
+      json jp = {{"a", p.a}, {"b", p.b}, {"link", p.link}, {"a_values", p.a_values}, {"b_values", p.b_values},
+                 {"delta", opt(p.delta)}, {"published_delta", opt(p.published_delta)}, {"agrees", p.agrees}};
+      jp["welch"] = p.test ? json{{"t", p.test->t}, {"df", p.test->df}, {"p", p.test->p}, {"se", p.test->se}} : json();
+      jp["bootstrap_ci95"] = p.ci ? json::array({p.ci->lo, p.ci->hi}) : json();
+      j["pairs"].push_back(jp);
+    }
+    j["ranking"] = json::array();
+    for (const auto& [id, v] : c.ranking) j["ranking"].push_back({{"id", id}, {"mean", v}});
+    out.push_back(j);
+  }
+  return out;
+}
 
 std::string format_value(const MetricValue& v, int decimals) {
   if (v.stats.n == 0) return "—";
@@ -183,6 +338,8 @@ std::string table_markdown(const Report& r) {
       head.push_back("Δ " + m + " (ours)");
       head.push_back("Δ " + m + " (paper)");
     }
+  const bool epochs = std::any_of(r.rows.begin(), r.rows.end(), [](const Row& row) { return row.epochs.has_value(); });
+  if (epochs) head.push_back("epochs");
   head.push_back("status");
   os << "|";
   for (const auto& h : head) os << " " << h << " |";
@@ -199,10 +356,14 @@ std::string table_markdown(const Report& r) {
         os << " " << (d == row.deltas.end() ? "—" : format_delta(d->second, r.decimals.at(m))) << " | "
            << published_delta_text(row, m, r.decimals.at(m)) << " |";
       }
+    if (epochs) os << " " << epochs_text(row) << " |";
     os << " " << row.status << (row.role == "main" ? "" : " (" + row.role + ")") << " |\n";
   }
   os << "\n";
   for (const auto& f : footnotes(r)) os << "- " << f << "\n";
+  if (epochs)
+    os << "- epochs: tokens trained / the corpus's train tokens (the most of a row's seeds; \"planned\" before any "
+          "run): ⚠ marks more than one pass over the data, where the loss partly measures memorisation.\n";
   return os.str();
 }
 
@@ -336,6 +497,8 @@ json table_json(const Report& r) {
       jr["deltas"][m] = jd;
     }
     jr["notes"] = row.notes;
+    jr["epochs"] = opt(row.epochs);
+    jr["epochs_planned"] = row.epochs_planned;
     j["rows"].push_back(jr);
   }
   return j;
@@ -348,7 +511,9 @@ json audit_json(const Report& r) {
     j["runs"].push_back({{"run_id", v.run_id}, {"cell", v.cell_id}, {"included", v.included},
                          {"reason_code", v.code.empty() ? json() : json(v.code)}, {"reason", v.reason}});
   j["agreement"] = json::array();
-  for (const auto& a : r.agreement) j["agreement"].push_back({{"metric", a.metric}, {"n", a.n}, {"spearman", opt(a.spearman)}});
+  for (const auto& a : r.agreement)
+    j["agreement"].push_back({{"metric", a.metric}, {"n", a.n}, {"spearman", opt(a.spearman)}, {"kendall_tau_b", opt(a.kendall)}});
+  j["claims"] = claims_json(r);
   j["sign_agreement"] = json::array();
   for (const auto& s : r.signs) j["sign_agreement"].push_back({{"metric", s.metric}, {"n", s.n}, {"agree", s.agree}});
   j["known_issues"] = json::array();
@@ -391,7 +556,8 @@ std::string audit_markdown(const Report& r) {
     if (a.n == 0) continue;
     any = true;
     os << "- " << a.metric << ": Spearman ρ = " << (a.spearman ? fmt::format("{:.3f}", *a.spearman) : std::string("n/a"))
-       << " over " << a.n << " main rows\n";
+       << ", Kendall τ-b = " << (a.kendall ? fmt::format("{:.3f}", *a.kendall) : std::string("n/a")) << " over " << a.n
+       << " main rows\n";
   }
   for (const auto& s : r.signs) {
     if (s.n == 0) continue;
@@ -399,6 +565,8 @@ std::string audit_markdown(const Report& r) {
     os << "- Δ " << s.metric << ": sign agrees in " << s.agree << " of " << s.n << " matched deltas\n";
   }
   if (!any) os << "- no row has both our value and a published one yet\n";
+
+  if (!r.claims.empty()) os << "\n" << claims_markdown(r);
 
   if (!r.known_issues.empty()) {
     os << "\n### The paper's own inconsistencies\n\n";

@@ -14,6 +14,9 @@ std::string table_csv(const Report& r);
 json table_json(const Report& r);
 
 std::string audit_markdown(const Report& r);
+// The audit's claims section (empty when the spec declares none) and its JSON form.
+std::string claims_markdown(const Report& r);
+json claims_json(const Report& r);
 json audit_json(const Report& r);
 
 // Dispatch on "md" | "latex" | "csv" | "json"; throws lar::UserError naming the format.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <set>
 
 #include "core/config_schema.hpp"
@@ -59,6 +60,12 @@ int decimals_of(double v) {
 }
 
 bool is_number_at(const json& j, const char* key) { return j.is_object() && j.contains(key) && j[key].is_number(); }
+
+std::string fmt_epochs(double e) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, e < 10 ? "%.2f" : "%.1f", e);
+  return buf;
+}
 
 }  // namespace
 
@@ -312,10 +319,23 @@ Report build_report(const TableInput& in) {
         if (val && std::isfinite(*val)) {
           mv.values.push_back(*val);
           mv.run_ids.push_back(c->second->run_id);
+          mv.cell_ids.push_back(cid);
         }
       }
     }
     for (auto& [m, mv] : r.ours) mv.stats = sample_stats(mv.values);
+    for (const auto& cid : r.cell_ids)
+      if (auto c = chosen.find(cid); c != chosen.end() && c->second->epochs)
+        r.epochs = std::max(r.epochs.value_or(0.0), *c->second->epochs);
+    if (!r.epochs)
+      for (const auto& cid : r.cell_ids)
+        if (const ReportCell* cell = cell_by_id[cid]; cell && cell->epochs) {
+          r.epochs = std::max(r.epochs.value_or(0.0), *cell->epochs);
+          r.epochs_planned = true;
+        }
+    if (r.epochs && *r.epochs > 1)
+      r.notes.push_back(fmt_epochs(*r.epochs) + " epochs of the corpus" + (r.epochs_planned ? " (planned)" : "") +
+                        ": the data repeats, so the loss is partly memorisation");
     for (const auto& cid : r.cell_ids)
       if (!chosen.count(cid)) r.notes.push_back("cell " + cid + ": no included run");
     if (n_included == 1) r.notes.push_back("single seed: no significance claim");
@@ -358,11 +378,13 @@ Report build_report(const TableInput& in) {
       MetricValue& mv = r.ours["iter_time_growth_pct"];
       mv.values.clear();
       mv.run_ids.clear();
+      mv.cell_ids.clear();
       for (const auto& cid : r.cell_ids)
         if (auto c = chosen.find(cid); c != chosen.end())
           if (auto t = run_metric(*c->second, "sec_per_iter"); t && t0 > 0) {
             mv.values.push_back(100.0 * (*t / t0 - 1.0));
             mv.run_ids.push_back(c->second->run_id);
+            mv.cell_ids.push_back(cid);
           }
       mv.stats = sample_stats(mv.values);
     }
@@ -475,7 +497,10 @@ Report build_report(const TableInput& in) {
     MetricAgreement a;
     a.metric = m;
     a.n = static_cast<int>(ours.size());
-    if (a.n >= 2) a.spearman = spearman(ours, theirs);
+    if (a.n >= 2) {
+      a.spearman = spearman(ours, theirs);
+      a.kendall = kendall_tau_b(ours, theirs);
+    }
     rep.agreement.push_back(a);
 
     SignAgreement s;
@@ -498,6 +523,9 @@ Report build_report(const TableInput& in) {
       if (auto p = r.published.find(m); p != r.published.end()) dec = std::max(dec, decimals_of(p->second));
     rep.decimals[m] = dec < 0 ? (m == "rel_throughput_pct" ? 1 : 4) : std::clamp(dec, 1, 4);
   }
+
+  // 9. The spec's claims over the rows.
+  rep.claims = audit_claims(rep, in.claims);
   return rep;
 }
 

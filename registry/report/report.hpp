@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "core/json.hpp"
+#include "experiments/claims.hpp"
+#include "registry/report/claims.hpp"
 #include "registry/report/stats.hpp"
 
 namespace lar::report {
@@ -25,6 +27,7 @@ struct ReportCell {
   std::string role = "main";
   std::optional<std::string> baseline;  // id of the matched-baseline cell
   json reference;    // published values {"metric": value} or null
+  std::optional<double> epochs;  // planned passes over the corpus's train split (LM data)
 };
 
 // One recorded run (mirror of the registry's RunRecord, only what the audit needs).
@@ -41,6 +44,7 @@ struct ReportRun {
   json config;                 // resolved run config
   json summary = json::object();  // final_loss, saturation_loss, tokens_per_s, iter_time_s, …
   double updated_at = 0;       // newest wins among duplicates
+  std::optional<double> epochs;  // tokens trained / the corpus's train tokens (LM data)
 };
 
 struct KnownIssue {
@@ -58,6 +62,7 @@ struct TableInput {
   std::vector<ReportCell> cells;     // in plan order
   std::vector<ReportRun> runs;       // every run of the experiment the registry knows
   std::vector<KnownIssue> known_issues;
+  std::vector<experiments::Claim> claims;  // the spec's claims, audited into Report::claims
 };
 
 // Why a run does not count. Codes are stable (JSON output, tests).
@@ -82,6 +87,7 @@ struct RunVerdict {
 struct MetricValue {
   std::vector<double> values;     // one per seed (included runs), in seed order
   std::vector<std::string> run_ids;
+  std::vector<std::string> cell_ids;  // the cell of each value (seed alignment)
   SampleStats stats;
   bool proxy = false;             // our value stands in for a different published quantity
   std::string proxy_note;
@@ -108,12 +114,16 @@ struct Row {
   std::map<std::string, Delta> deltas;  // only for rows with a baseline
   std::string status;              // ok | fail | missing | exploratory
   std::vector<std::string> notes;  // single seed, proxies, missing seeds, unmatched baseline…
+  // Passes over the corpus's train split: the most of the included runs, else the plan's.
+  std::optional<double> epochs;
+  bool epochs_planned = false;     // from the budget (no included run yet)
 };
 
 struct MetricAgreement {
   std::string metric;
   int n = 0;                        // rows with both values
   std::optional<double> spearman;
+  std::optional<double> kendall;    // τ-b
 };
 
 struct SignAgreement {
@@ -131,6 +141,7 @@ struct Report {
   std::vector<MetricAgreement> agreement;
   std::vector<SignAgreement> signs;
   std::vector<KnownIssue> known_issues;
+  std::vector<ClaimResult> claims;
   std::optional<std::string> throughput_reference;  // row id normalised to 100
   std::map<std::string, int> decimals;              // printing precision per metric
   bool has_deltas() const;

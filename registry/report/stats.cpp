@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <random>
 #include <stdexcept>
 
 namespace lar::report {
@@ -130,6 +131,93 @@ std::optional<double> spearman(const std::vector<double>& x, const std::vector<d
   for (size_t i = 0; i < rx.size(); ++i) cov += (rx[i] - sx.mean) * (ry[i] - sy.mean);
   cov /= static_cast<double>(rx.size() - 1);
   return cov / (sx.std * sy.std);
+}
+
+std::optional<double> kendall_tau_b(const std::vector<double>& x, const std::vector<double>& y) {
+  if (x.size() != y.size()) throw std::invalid_argument("kendall_tau_b: samples differ in length");
+  const size_t n = x.size();
+  if (n < 2) return std::nullopt;
+  double concordant = 0, discordant = 0, ties_x = 0, ties_y = 0;
+  for (size_t i = 0; i < n; ++i)
+    for (size_t j = i + 1; j < n; ++j) {
+      const double dx = x[i] - x[j], dy = y[i] - y[j];
+      if (dx == 0) ties_x += 1;
+      if (dy == 0) ties_y += 1;
+      if (dx == 0 || dy == 0) continue;
+      ((dx > 0) == (dy > 0) ? concordant : discordant) += 1;
+    }
+  const double n0 = static_cast<double>(n) * static_cast<double>(n - 1) / 2;
+  const double denom = std::sqrt((n0 - ties_x) * (n0 - ties_y));
+  if (denom == 0) return std::nullopt;
+  return (concordant - discordant) / denom;
+}
+
+std::optional<WelchResult> welch_linear(const std::vector<std::pair<double, std::vector<double>>>& terms) {
+  if (terms.empty()) return std::nullopt;
+  WelchResult r;
+  double var = 0, df_denom = 0;
+  for (const auto& [c, xs] : terms) {
+    if (xs.size() < 2) return std::nullopt;
+    const SampleStats s = sample_stats(xs);
+    r.diff += c * s.mean;
+    const double v = c * c * s.std * s.std / s.n;
+    var += v;
+    df_denom += v * v / (s.n - 1);
+  }
+  r.se = std::sqrt(var);
+  if (r.se == 0) {
+    r.t = r.diff == 0 ? 0 : std::copysign(std::numeric_limits<double>::infinity(), r.diff);
+    double df = 0;
+    for (const auto& t : terms) df += static_cast<double>(t.second.size()) - 1;
+    r.df = df;
+    r.p = r.diff == 0 ? 1 : 0;
+    return r;
+  }
+  r.t = r.diff / r.se;
+  r.df = var * var / df_denom;
+  r.p = incomplete_beta(r.df / 2, 0.5, r.df / (r.df + r.t * r.t));
+  return r;
+}
+
+double sign_test_p(int k, int n) {
+  if (n <= 0) return 1;
+  const int m = std::min(k, n - k);
+  // Σ_{i ≤ m} C(n, i) / 2^n, in log space so that large n stays finite.
+  double tail = 0;
+  for (int i = 0; i <= m; ++i)
+    tail += std::exp(std::lgamma(n + 1.0) - std::lgamma(i + 1.0) - std::lgamma(n - i + 1.0) - n * std::log(2.0));
+  return std::min(1.0, 2 * tail);
+}
+
+double quantile(std::vector<double> values, double q) {
+  if (values.empty()) throw std::invalid_argument("quantile: no values");
+  std::sort(values.begin(), values.end());
+  const double h = q * static_cast<double>(values.size() - 1);
+  const size_t lo = static_cast<size_t>(std::floor(h));
+  const size_t hi = std::min(lo + 1, values.size() - 1);
+  return values[lo] + (h - static_cast<double>(lo)) * (values[hi] - values[lo]);
+}
+
+Interval bootstrap_interval(const Groups& groups, const std::function<double(const Groups&)>& statistic, int resamples,
+                            uint64_t seed, double level, std::vector<double>* draws) {
+  if (resamples < 1) throw std::invalid_argument("bootstrap_interval: resamples must be ≥ 1");
+  std::mt19937_64 rng(seed);
+  // A 64-bit draw modulo n is the same on every platform (the standard distributions'
+  // algorithms are implementation-defined); its bias, n / 2^64, is far below any effect.
+  auto index = [&](size_t n) { return static_cast<size_t>(rng() % n); };
+  std::vector<double> stats;
+  stats.reserve(static_cast<size_t>(resamples));
+  Groups sample(groups.size());
+  for (int b = 0; b < resamples; ++b) {
+    for (size_t g = 0; g < groups.size(); ++g) {
+      sample[g].resize(groups[g].size());
+      for (auto& v : sample[g]) v = groups[g][index(groups[g].size())];
+    }
+    stats.push_back(statistic(sample));
+  }
+  Interval iv{quantile(stats, (1 - level) / 2), quantile(stats, 1 - (1 - level) / 2)};
+  if (draws) *draws = std::move(stats);
+  return iv;
 }
 
 }  // namespace lar::report

@@ -1,8 +1,11 @@
 #pragma once
 // Small, exact-enough statistics for paper tables: sample mean/std, Welch's t-test
 // (with the Student t CDF through the regularized incomplete beta function) and
-// Spearman rank correlation. Plain doubles in, plain doubles out, no allocation games.
+// Spearman rank correlation, Kendall's τ-b, the sign test and percentile bootstrap intervals. Plain doubles in, plain doubles out, no allocation games.
+#include <cstdint>
+#include <functional>
 #include <optional>
+#include <utility>
 #include <vector>
 
 namespace lar::report {
@@ -36,5 +39,31 @@ std::optional<WelchResult> welch_t_test(const std::vector<double>& a, const std:
 std::vector<double> average_ranks(const std::vector<double>& xs);
 // Spearman's ρ (Pearson correlation of average ranks). nullopt for n < 2 or a constant side.
 std::optional<double> spearman(const std::vector<double>& x, const std::vector<double>& y);
+
+// Kendall's τ-b: (concordant − discordant) / sqrt((n0 − ties_x)(n0 − ties_y)) over all
+// n0 = n(n−1)/2 pairs. nullopt for n < 2 or a constant side.
+std::optional<double> kendall_tau_b(const std::vector<double>& x, const std::vector<double>& y);
+
+// Welch's test of a linear combination Σ c_k · mean(x_k) of independent samples against 0:
+// se² = Σ c_k² s_k² / n_k, Welch–Satterthwaite df. With terms {(1, a), (−1, b)} it is
+// welch_t_test(a, b). nullopt unless every sample has ≥ 2 values.
+std::optional<WelchResult> welch_linear(const std::vector<std::pair<double, std::vector<double>>>& terms);
+
+// Two-sided exact sign test: P(at least as extreme as k successes of n) under p = 1/2.
+double sign_test_p(int k, int n);
+
+// Linear-interpolation quantile (type 7) of values, q in [0, 1]; values need not be sorted.
+double quantile(std::vector<double> values, double q);
+
+struct Interval {
+  double lo = 0, hi = 0;
+};
+// Percentile bootstrap: `resamples` times, every group is resampled with replacement
+// (within itself, keeping its size) and `statistic` evaluated; returns the central `level`
+// interval of those values, plus each value in `draws` when given. Deterministic for a
+// given seed (mt19937_64, indices by modulo).
+using Groups = std::vector<std::vector<double>>;
+Interval bootstrap_interval(const Groups& groups, const std::function<double(const Groups&)>& statistic, int resamples,
+                            uint64_t seed, double level = 0.95, std::vector<double>* draws = nullptr);
 
 }  // namespace lar::report

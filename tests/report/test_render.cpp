@@ -131,7 +131,7 @@ TEST(Render, AuditMarkdownAndJson) {
   Report rep = demo_report();
   const std::string md = render_audit(rep, "md");
   EXPECT_NE(md.find("| gdn.clvr | main | ok | exp/gdn.clvr.s0, exp/gdn.clvr.s1 | — | — |"), std::string::npos) << md;
-  EXPECT_NE(md.find("- final_loss: Spearman ρ = 1.000 over 3 main rows"), std::string::npos) << md;
+  EXPECT_NE(md.find("- final_loss: Spearman ρ = 1.000, Kendall τ-b = 1.000 over 3 main rows"), std::string::npos) << md;
   EXPECT_NE(md.find("- Δ final_loss: sign agrees in 1 of 1 matched deltas"), std::string::npos) << md;
   EXPECT_NE(md.find("- Table 6: muon/gdn: displayed values differ by 0.0014, table says +0.0013"), std::string::npos);
   EXPECT_NE(md.find("PASS: all 3 main rows"), std::string::npos);

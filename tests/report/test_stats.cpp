@@ -92,3 +92,83 @@ TEST(Stats, RanksAndSpearman) {
   EXPECT_FALSE(spearman({1, 2}, {3, 3}).has_value());
   EXPECT_THROW(spearman({1, 2}, {1}), std::invalid_argument);
 }
+
+TEST(Stats, WelchTextbookExample) {
+  // The first example of Wikipedia's "Welch's t-test" article (t = −2.46, ν = 25.0,
+  // p = 0.021); the digits below from the formulas and a Simpson integration of the t
+  // density in an independent script.
+  const std::vector<double> a = {27.5, 21.0, 19.0, 23.6, 17.0, 17.9, 16.9, 20.1, 21.9, 22.6, 23.1, 19.6, 19.0, 21.7, 21.4};
+  const std::vector<double> b = {27.1, 22.0, 20.8, 23.4, 23.4, 23.5, 25.8, 22.0, 24.8, 20.2, 21.9, 22.1, 22.9, 20.5, 24.4};
+  auto r = welch_t_test(a, b);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_NEAR(r->t, -2.45535639828601, 1e-10);
+  EXPECT_NEAR(r->df, 24.98852929023142, 1e-10);
+  EXPECT_NEAR(r->p, 0.0213780014, 1e-8);
+}
+
+TEST(Stats, KendallTauBByHand) {
+  // 6 concordant, 4 discordant pairs of 10: (6 − 4) / 10.
+  EXPECT_NEAR(*kendall_tau_b({1, 2, 3, 4, 5}, {3, 4, 1, 2, 5}), 0.2, 1e-15);
+  // One tie in x: 5 concordant, 0 discordant, n0 = 6: 5 / sqrt(5 · 6).
+  EXPECT_NEAR(*kendall_tau_b({1, 2, 2, 3}, {1, 3, 2, 4}), 5 / std::sqrt(30.0), 1e-15);
+  // Ties on both sides: 6 − 2 over sqrt((10 − 1)(10 − 2)).
+  EXPECT_NEAR(*kendall_tau_b({1, 2, 2, 3, 4}, {2, 1, 1, 3, 3}), 4 / std::sqrt(72.0), 1e-15);
+  EXPECT_NEAR(*kendall_tau_b({1, 2, 3}, {3, 2, 1}), -1.0, 1e-15);
+  EXPECT_FALSE(kendall_tau_b({1, 1, 1}, {1, 2, 3}).has_value());
+  EXPECT_FALSE(kendall_tau_b({1}, {1}).has_value());
+  EXPECT_THROW(kendall_tau_b({1, 2}, {1}), std::invalid_argument);
+}
+
+TEST(Stats, WelchLinearReducesToWelchAndCombinesPairs) {
+  const std::vector<double> a = {1, 2, 3}, b = {4, 5, 6, 7};
+  auto one = welch_linear({{1, a}, {-1, b}});
+  auto ref = welch_t_test(a, b);
+  ASSERT_TRUE(one && ref);
+  EXPECT_NEAR(one->t, ref->t, 1e-12);
+  EXPECT_NEAR(one->df, ref->df, 1e-12);
+  EXPECT_NEAR(one->p, ref->p, 1e-12);
+  // Mean of two pair differences: ((2 − 5.5) + (3 − 3)) / 2 = −1.75;
+  // var = Σ c² s²/n = 1/12 + 5/48 + 1/4 + 1/4 = 33/48; df = var² / Σ (v_k² / (n_k − 1)).
+  auto two = welch_linear({{0.5, a}, {-0.5, b}, {0.5, {2, 4}}, {-0.5, {2, 4}}});
+  ASSERT_TRUE(two.has_value());
+  EXPECT_NEAR(two->diff, -1.75, 1e-12);
+  EXPECT_NEAR(two->se, std::sqrt(33.0 / 48), 1e-12);
+  const double v1 = 1.0 / 12, v2 = 5.0 / 48, v3 = 0.25;
+  EXPECT_NEAR(two->df, (33.0 / 48) * (33.0 / 48) / (v1 * v1 / 2 + v2 * v2 / 3 + v3 * v3 + v3 * v3), 1e-12);
+  EXPECT_FALSE(welch_linear({{1, a}, {-1, {5}}}).has_value());
+}
+
+TEST(Stats, SignTestExactBinomial) {
+  EXPECT_NEAR(sign_test_p(8, 8), 2.0 / 256, 1e-15);  // the paper's 8 of 8
+  EXPECT_NEAR(sign_test_p(0, 8), 2.0 / 256, 1e-15);
+  EXPECT_NEAR(sign_test_p(7, 8), 2.0 * 9 / 256, 1e-15);
+  EXPECT_NEAR(sign_test_p(4, 4), 0.125, 1e-15);
+  EXPECT_EQ(sign_test_p(4, 8), 1.0);
+  EXPECT_EQ(sign_test_p(0, 0), 1.0);
+}
+
+TEST(Stats, QuantileType7) {
+  EXPECT_EQ(quantile({3, 1, 2}, 0.5), 2);
+  EXPECT_NEAR(quantile({1, 2, 3, 4}, 0.25), 1.75, 1e-15);
+  EXPECT_EQ(quantile({5}, 0.9), 5);
+}
+
+TEST(Stats, BootstrapIsSeededAndCoversByHand) {
+  auto mean = [](const Groups& g) { return sample_stats(g[0]).mean; };
+  // Resampling {1, 2, 3}: the mean is 1 (all ones) with probability 1/27 ≈ 3.7 % > 2.5 %,
+  // likewise 3, so the 95 % percentile interval is [1, 3].
+  const Interval iv = bootstrap_interval({{1, 2, 3}}, mean, 2000, 42);
+  EXPECT_EQ(iv.lo, 1.0);
+  EXPECT_EQ(iv.hi, 3.0);
+  // The same seed gives the same draws; another seed other draws.
+  std::vector<double> d1, d2, d3;
+  bootstrap_interval({{1, 2, 3, 4}}, mean, 100, 7, 0.95, &d1);
+  bootstrap_interval({{1, 2, 3, 4}}, mean, 100, 7, 0.95, &d2);
+  bootstrap_interval({{1, 2, 3, 4}}, mean, 100, 8, 0.95, &d3);
+  EXPECT_EQ(d1, d2);
+  EXPECT_NE(d1, d3);
+  // A constant sample has a point interval; every draw keeps each group's size.
+  const Interval c = bootstrap_interval({{2, 2}, {5}}, [](const Groups& g) { return g[0].size() + g[1][0]; }, 50, 1);
+  EXPECT_EQ(c.lo, 7.0);
+  EXPECT_EQ(c.hi, 7.0);
+}
