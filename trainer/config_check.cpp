@@ -60,9 +60,8 @@ std::vector<std::string> check_data(const json& config, const CheckOptions& opti
 }
 
 json data_check_key(const json& config) {
-  return {{"data", config.at("data")},
-          {"vocab_size", config.at("model").at("vocab_size")},
-          {"eval", config.at("eval")}};
+  return {
+      {"data", config.at("data")}, {"vocab_size", config.at("model").at("vocab_size")}, {"eval", config.at("eval")}};
 }
 
 std::vector<std::string> check_config_without_data(const json& config) {

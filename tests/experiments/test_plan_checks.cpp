@@ -20,29 +20,21 @@ struct Case {
 
 // One rule each; the expected text is the whole message, location first.
 const Case kCases[] = {
-    {"d_model not divisible by n_heads (base)",
-     "name: x\nbase:\n  model: {d_model: 96, n_heads: 5}\n",
+    {"d_model not divisible by n_heads (base)", "name: x\nbase:\n  model: {d_model: 96, n_heads: 5}\n",
      "spec.yaml:3:20: error: cell 'base': model.d_model: 96 is not divisible by model.n_heads = 5"},
-    {"negative lr (axis value)",
-     "name: x\nmatrix:\n  lr: [1.0e-3, -3.0e-4]\n",
+    {"negative lr (axis value)", "name: x\nmatrix:\n  lr: [1.0e-3, -3.0e-4]\n",
      "spec.yaml:3:16: error: cell 'lr-3e-4': optimizer.lr: must be > 0, got -0.0003"},
-    {"seq_len 0",
-     "name: x\nbase:\n  data: {seq_len: 0}\n",
+    {"seq_len 0", "name: x\nbase:\n  data: {seq_len: 0}\n",
      "spec.yaml:3:19: error: cell 'base': data.seq_len: must be > 0, got 0"},
-    {"vocab_size 0",
-     "name: x\nbase:\n  model: {vocab_size: 0}\n",
+    {"vocab_size 0", "name: x\nbase:\n  model: {vocab_size: 0}\n",
      "spec.yaml:3:23: error: cell 'base': model.vocab_size: must be > 0, got 0"},
-    {"negative budget.steps",
-     "name: x\nbase:\n  budget: {steps: -5}\n",
+    {"negative budget.steps", "name: x\nbase:\n  budget: {steps: -5}\n",
      "spec.yaml:3:19: error: cell 'base': budget.steps: must be > 0, got -5"},
-    {"min_lr above the peak",
-     "name: x\nbase:\n  optimizer: {lr: 1.0e-4}\n  schedule: {min_lr: 1.0e-3}\n",
+    {"min_lr above the peak", "name: x\nbase:\n  optimizer: {lr: 1.0e-4}\n  schedule: {min_lr: 1.0e-3}\n",
      "spec.yaml:4:22: error: cell 'base': schedule.min_lr: 0.001 is above the peak lr optimizer.lr = 0.0001"},
-    {"n_heads not divisible by n_kv_heads",
-     "name: x\nbase:\n  model: {n_heads: 4, n_kv_heads: 3}\n",
+    {"n_heads not divisible by n_kv_heads", "name: x\nbase:\n  model: {n_heads: 4, n_kv_heads: 3}\n",
      "spec.yaml:3:20: error: cell 'base': model.n_heads: 4 is not divisible by model.n_kv_heads = 3 (GQA groups)"},
-    {"batch that does not split into micro-batches",
-     "name: x\nbase:\n  data: {batch_size: 6, micro_batches: 4}\n",
+    {"batch that does not split into micro-batches", "name: x\nbase:\n  data: {batch_size: 6, micro_batches: 4}\n",
      "spec.yaml:3:22: error: cell 'base': data.batch_size 6 does not split into 1 rank(s) × data.micro_batches 4 equal "
      "micro-batches"},
     {"routing on a mixer without a write residual (architecture axis)",
@@ -57,8 +49,7 @@ const Case kCases[] = {
      "include:\n  - {seed: 1, model.ccq.enabled: true, model.ccq.lambda_init: 1.5}\n",
      "spec.yaml:7:63: error: cell 's1.enabled.lambda_init1.5': model.ccq.lambda_init: must lie in (0, 1), got "
      "1.500000"},
-    {"synthetic task needs a longer sequence",
-     "name: x\nbase:\n  data: {task: mqar, seq_len: 8, num_kv_pairs: 8}\n",
+    {"synthetic task needs a longer sequence", "name: x\nbase:\n  data: {task: mqar, seq_len: 8, num_kv_pairs: 8}\n",
      "spec.yaml:3:31: error: cell 'base': data.seq_len 8 is too short for mqar with data.num_kv_pairs 8"},
     {"scale override",
      "name: x\nbase:\n  model: {d_model: 64, n_heads: 4}\nscales:\n  mini:\n    base:\n      model: {n_heads: 6}\n"
@@ -105,8 +96,7 @@ TEST(PlanChecks, MissingDataIsAWarningWhenPlanningAndAnErrorWhenRequired) {
   auto spec = d.write("spec.yaml", "name: x\nbase:\n  data: {path: /nonexistent/shards}\n");
   Plan p = load_plan(spec, "");
   ASSERT_EQ(p.notes.size(), 1u);
-  EXPECT_NE(p.notes[0].find("data.path: no prepared data at /nonexistent/shards"), std::string::npos)
-      << p.notes[0];
+  EXPECT_NE(p.notes[0].find("data.path: no prepared data at /nonexistent/shards"), std::string::npos) << p.notes[0];
   std::string got = d.error_of([&] { load_plan(spec, "", {.require_data = true}); });
   EXPECT_EQ(got.rfind("spec.yaml:3:16: error: cell 'base': data.path: no prepared data at /nonexistent/shards", 0), 0u)
       << got;
