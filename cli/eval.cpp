@@ -4,6 +4,7 @@
 // lives in eval/; docs/eval.md.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <fstream>
 #include <iostream>
 
@@ -104,12 +105,13 @@ int run_eval(const EvalArgs& a) {
     rec.provenance["disable_ccq"] = a.disable_ccq;
     records.push_back(std::move(rec));
   }
-  if (!niah.empty()) {
+  for (const auto& spec : niah) {
     eval::EvalRecord rec;
-    rec.name = "niah";
-    rec.metrics = eval::niah(*run, {lengths, niah, a.niah_samples, a.batch});
-    rec.provenance = {{"tasks", niah}, {"samples", a.niah_samples}, {"disable_ccq", a.disable_ccq},
-                      {"generator", "trainer/data/tasks (held-out Rng(0, <task>-val-<L>, k))"}};
+    rec.name = spec;
+    std::replace(rec.name.begin(), rec.name.end(), ':', '_');
+    rec.metrics = eval::niah(*run, {lengths, {spec}, a.niah_samples, a.batch});
+    rec.provenance = {{"task", spec}, {"lengths", lengths}, {"samples", a.niah_samples}, {"disable_ccq", a.disable_ccq},
+                      {"generator", "trainer/data/tasks.cpp, held-out Rng(0, <task>-val-<L>, k)"}};
     records.push_back(std::move(rec));
   }
   if (a.speed) {
