@@ -11,6 +11,7 @@
 #include "cli/command.hpp"
 #include "core/error.hpp"
 #include "core/paths.hpp"
+#include "core/run_dir.hpp"
 #include "eval/long_context.hpp"
 #include "eval/record.hpp"
 #include "eval/speed.hpp"
@@ -20,7 +21,9 @@
 namespace {
 
 namespace fs = std::filesystem;
+using lar::RunDir;
 using lar::UserError;
+using lar::json;
 
 struct EvalArgs {
   std::string run, db, backend, format = "text", samples_out;
@@ -28,6 +31,7 @@ struct EvalArgs {
   int batch = 8, max_len = 0, threads = -1;
   long limit = 0;
   std::string lengths, corpus, split = "val", niah;
+  std::vector<std::string> averages;
   long max_windows = 64;
   int niah_samples = 32;
   bool speed = false, disable_ccq = false, no_record = false;
@@ -69,8 +73,8 @@ int run_eval(const EvalArgs& a) {
     p = c + 1;
   }
   if (!niah.empty() && lengths.empty()) throw UserError("--niah needs --lengths (the haystack lengths)");
-  if (tasks.empty() && lengths.empty() && !a.speed)
-    throw UserError("nothing to evaluate: give --task FILE, --lengths L[,L…] (with --corpus or --niah), or --speed");
+  if (tasks.empty() && lengths.empty() && !a.speed && a.averages.empty())
+    throw UserError("nothing to evaluate: give --task FILE, --lengths L[,L…] (with --corpus or --niah), --speed or --average");
   if (!a.no_record) eval::check_not_running(dir);
 
   eval::OpenOptions oo;
@@ -131,6 +135,35 @@ int run_eval(const EvalArgs& a) {
     std::ofstream f(a.samples_out);
     if (!f) throw UserError("--samples " + a.samples_out + ": cannot write");
     for (const auto& s : samples) f << s.dump() << "\n";
+  }
+  // Averages over recorded scalars (this call's or earlier ones'): NAME=KEY,KEY,…
+  if (!a.averages.empty()) {
+    json known = json::object();
+    if (auto st = RunDir(dir).read_status()) known = st->summary;
+    for (const auto& r : records) known.update(r.metrics);
+    for (const auto& spec : a.averages) {
+      const size_t eq = spec.find('=');
+      if (eq == std::string::npos || eq == 0) throw UserError("--average '" + spec + "': expected NAME=KEY,KEY,…");
+      eval::EvalRecord rec;
+      rec.name = spec.substr(0, eq);
+      std::vector<std::string> keys;
+      double sum = 0;
+      for (size_t p = eq + 1; p <= spec.size();) {
+        size_t c = spec.find(',', p);
+        if (c == std::string::npos) c = spec.size();
+        const std::string k = spec.substr(p, c - p);
+        p = c + 1;
+        if (k.empty()) continue;
+        if (!known.contains(k) || !known[k].is_number())
+          throw UserError("--average " + rec.name + ": '" + k + "' is not a recorded metric of this run");
+        keys.push_back(k);
+        sum += known[k].get<double>();
+      }
+      if (keys.empty()) throw UserError("--average '" + spec + "': no metrics listed");
+      rec.metrics = {{rec.name, sum / static_cast<double>(keys.size())}};
+      rec.provenance = {{"average_of", keys}};
+      records.push_back(std::move(rec));
+    }
   }
   bool synced = false;
   if (!a.no_record) {
@@ -194,6 +227,9 @@ static lar::cli::CommandRegistration reg{
       app.add_option("--backend", a->backend, "cpu | cuda | auto (default: the run's, resolved as by lar train)");
       app.add_option("--threads", a->threads, "CPU threads (default: the run's `threads`)");
       app.add_option("--samples", a->samples_out, "Write every scored request (log-likelihood, greedy) to this JSONL file");
+      app.add_option("--average", a->averages,
+                     "NAME=KEY,KEY,…: record NAME = the mean of these recorded metrics (e.g. avg7=piqa_acc,…),\n"
+                     "after this call's tasks (repeatable)");
       app.add_flag("--no-record", a->no_record, "Print the results without recording them");
       app.add_option("-f,--format", a->format, "text | json");
       app.footer(

@@ -82,6 +82,12 @@ std::optional<double> run_metric(const ReportRun& run, const std::string& metric
   if (proxy) *proxy = false;
   const json& s = run.summary;
   if (is_number_at(s, metric.c_str())) return s[metric].get<double>();
+  // A published percentage of a recorded fraction: hellaswag_acc_norm_pct → 100 · summary[hellaswag_acc_norm]
+  // (`lar eval` records accuracies as fractions; acc_pct@L is handled below).
+  if (metric.size() > 4 && metric.compare(metric.size() - 4, 4, "_pct") == 0) {
+    const std::string base = metric.substr(0, metric.size() - 4);
+    if (is_number_at(s, base.c_str())) return 100.0 * s[base].get<double>();
+  }
   // Published perplexities on benchmark corpora: our validation perplexity stands in.
   const bool ppl = metric.size() > 4 && metric.compare(metric.size() - 4, 4, "_ppl") == 0;
   if (ppl && is_number_at(s, "final_loss")) {

@@ -134,6 +134,13 @@ TEST_F(EvalCli, ScoresTaskFilesAndRecordsThemInTheRunAndTheRegistry) {
   bool found = false;
   for (const auto& l : lines) found = found || (l.contains("mc_acc") && l["step"] == 100);
   EXPECT_TRUE(found);
+  // An average over recorded metrics, as the papers' task averages.
+  r = lar_run({"eval", "evaltest/gdn", "--average", "avg2=mc_acc,lambada_ppl"}, home->path / "avg.log");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  EXPECT_DOUBLE_EQ(summary().value("avg2", 0.0), (1.0 + s.value("lambada_ppl", 0.0)) / 2);
+  r = lar_run({"eval", "evaltest/gdn", "--average", "avg=mc_acc,no_such"}, home->path / "avg-bad.log");
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.out.find("'no_such' is not a recorded metric"), std::string::npos) << r.out;
   r = lar_run({"show", "evaltest/gdn"}, home->path / "show.log");
   ASSERT_EQ(r.rc, 0) << r.out;
   EXPECT_NE(r.out.find("mc_acc = 1"), std::string::npos) << r.out;

@@ -11,6 +11,7 @@
 #include "eval/long_context.hpp"
 #include "eval/loglik.hpp"
 #include "eval/task_files.hpp"
+#include "registry/report/report.hpp"
 #include "tests/temp_dir.hpp"
 #include "trainer/data/rng.hpp"
 #include "trainer/train.hpp"
@@ -185,4 +186,17 @@ TEST(EvalLengths, ParsesPlainAndKilo) {
   EXPECT_THROW(eval::parse_lengths("4096,x", "--lengths"), UserError);
   EXPECT_THROW(eval::parse_lengths("1", "--lengths"), UserError);
   EXPECT_THROW(eval::parse_lengths("", "--lengths"), UserError);
+}
+
+// Paper-table columns read `lar eval`'s scalars by name; a published percentage of a
+// recorded fraction takes the _pct suffix.
+TEST(EvalColumns, TablesReadRecordedScalarsAndPercentages) {
+  report::ReportRun r;
+  r.summary = {{"hellaswag_acc_norm", 0.4131}, {"wikitext_ppl", 17.5}, {"final_loss", 2.0}};
+  bool proxy = true;
+  EXPECT_DOUBLE_EQ(*report::run_metric(r, "hellaswag_acc_norm"), 0.4131);
+  EXPECT_DOUBLE_EQ(*report::run_metric(r, "hellaswag_acc_norm_pct"), 41.31);
+  EXPECT_DOUBLE_EQ(*report::run_metric(r, "wikitext_ppl", &proxy), 17.5);
+  EXPECT_FALSE(proxy);  // the recorded perplexity, not the validation-loss stand-in
+  EXPECT_FALSE(report::run_metric(r, "piqa_acc_pct").has_value());
 }
