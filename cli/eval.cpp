@@ -165,6 +165,15 @@ int run_eval(const EvalArgs& a) {
       records.push_back(std::move(rec));
     }
   }
+  // CCQ switched off at inference is another measurement of the same checkpoint: its keys
+  // carry a suffix (sniah_passkey_acc@4096_ccq_off) so that both stay recorded.
+  if (a.disable_ccq)
+    for (auto& r : records) {
+      json m = json::object();
+      for (const auto& [k, v] : r.metrics.items()) m[k + "_ccq_off"] = v;
+      r.metrics = m;
+      r.name += "_ccq_off";
+    }
   bool synced = false;
   if (!a.no_record) {
     for (const auto& r : records) eval::record(dir, run->checkpoint_step(), r);

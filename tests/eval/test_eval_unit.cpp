@@ -199,4 +199,9 @@ TEST(EvalColumns, TablesReadRecordedScalarsAndPercentages) {
   EXPECT_DOUBLE_EQ(*report::run_metric(r, "wikitext_ppl", &proxy), 17.5);
   EXPECT_FALSE(proxy);  // the recorded perplexity, not the validation-loss stand-in
   EXPECT_FALSE(report::run_metric(r, "piqa_acc_pct").has_value());
+  r.summary["mkniah_acc@4096"] = 0.25;
+  r.summary["acc@2048"] = 0.5;
+  EXPECT_DOUBLE_EQ(*report::run_metric(r, "mkniah_acc_pct@4K"), 25.0);
+  EXPECT_DOUBLE_EQ(*report::run_metric(r, "mkniah_acc_pct@4096"), 25.0);
+  EXPECT_DOUBLE_EQ(*report::run_metric(r, "acc_pct@2K"), 50.0);  // the trainer's own key
 }
