@@ -224,6 +224,50 @@ TEST_F(EvalCli, NiahAtALengthEqualsTheTrainersHeldOutAccuracy) {
   EXPECT_EQ(s["eval_files"]["sniah_number"]["lengths"], json::array({256}));
 }
 
+// A spec whose columns are lar eval metrics: launch, evaluate, and the table prints our
+// numbers (a fraction as a percentage column, a perplexity instead of the proxy).
+TEST_F(EvalCli, PaperTableColumnsShowLarEvalsNumbers) {
+  write_tasks();
+  const fs::path spec = home->write("spec/evalspec.yaml", R"(name: evalspec
+description: "lar eval columns"
+base:
+  model: {architecture: gdn, stack: pure, n_layers: 1, d_model: 32, n_heads: 2, vocab_size: 256}
+  data: {path: DATA, seq_len: 32, batch_size: 8}
+  budget: {steps: 60}
+  optimizer: {name: adamw, lr: 0.01}
+  eval: {batches: 1}
+  threads: 2
+matrix:
+  seed: [0]
+reference:
+  source: {paper: test, table: "T"}
+  metrics: [mc_acc_pct, wikitext_ppl]
+  rows:
+    - {match: {seed: 0}, values: [100.0, 5.0]}
+)");
+  std::string text = slurp(spec);
+  text.replace(text.find("DATA"), 4, (home->path / "data/pattern").string());
+  home->write("spec/evalspec.yaml", text);
+  auto r = lar_run({"launch", spec.string()}, home->path / "launch.log");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  r = lar_run({"table", spec.string(), "--format", "json"}, home->path / "table0.log");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(json::parse(r.out).dump().find("\"proxy\":true"), std::string::npos) << r.out;  // before: the validation-perplexity stand-in
+  const fs::path t = home->path / "tasks";
+  r = lar_run({"eval", "evalspec/s0", "--task", (t / "mc.jsonl").string(), "--task", "wikitext=" + (t / "wiki.txt").string()},
+              home->path / "eval-spec.log");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  r = lar_run({"table", spec.string(), "--format", "json"}, home->path / "table.log");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const json table = json::parse(r.out);
+  const std::string dump = table.dump();
+  EXPECT_NE(dump.find("100.0"), std::string::npos) << dump;
+  const json st = RunDir(home->path / "runs/evalspec/s0").read_status()->summary;
+  EXPECT_EQ(st.value("mc_acc", 0.0), 1.0);
+  EXPECT_NE(dump.find(json(st.at("wikitext_ppl").get<double>()).dump()), std::string::npos) << dump;
+  EXPECT_EQ(dump.find("proxy\":true"), std::string::npos) << dump;
+}
+
 TEST_F(EvalCli, ServeModelAnswersTheNpmOpenaiClientWithLarEvalsLogLikelihoods) {
   if (sh("command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1") != 0)
     GTEST_SKIP() << "node/npm not installed: the npm `openai` client test needs them (scripts/setup.sh installs them)";
