@@ -71,7 +71,7 @@ class EvalCli : public ::testing::Test {
     const json config = {{"model", {{"architecture", "gdn"}, {"stack", "pure"}, {"n_layers", 1}, {"d_model", 32},
                                     {"n_heads", 2}, {"vocab_size", 256}}},
                          {"data", {{"path", (home->path / "data/pattern").string()}, {"seq_len", 32}, {"batch_size", 8}}},
-                         {"budget", {{"steps", 100}}},
+                         {"budget", {{"steps", 60}}},
                          {"optimizer", {{"name", "adamw"}, {"lr", 0.01}}},
                          {"eval", {{"batches", 1}}},
                          {"threads", 2}};
@@ -128,11 +128,11 @@ TEST_F(EvalCli, ScoresTaskFilesAndRecordsThemInTheRunAndTheRegistry) {
   EXPECT_NEAR(s.value("wikitext_bits_per_byte", 0.0), nll / 98 / std::log(2.0), 1e-12);
   EXPECT_EQ(s["eval_files"]["mc"]["sha256"], sha256_hex(slurp(t / "mc.jsonl")));
   EXPECT_EQ(s["eval_files"]["wikitext"]["file"], (t / "wiki.txt").string());
-  EXPECT_EQ(s["eval_files"]["mc"]["checkpoint_step"], 100);
+  EXPECT_EQ(s["eval_files"]["mc"]["checkpoint_step"], 60);
   // A metrics line at the checkpoint step, and the registry has them.
   const auto lines = read_metrics(RunDir(run_dir).metrics_path()).lines;
   bool found = false;
-  for (const auto& l : lines) found = found || (l.contains("mc_acc") && l["step"] == 100);
+  for (const auto& l : lines) found = found || (l.contains("mc_acc") && l["step"] == 60);
   EXPECT_TRUE(found);
   // An average over recorded metrics, as the papers' task averages.
   r = lar_run({"eval", "evaltest/gdn", "--average", "avg2=mc_acc,lambada_ppl"}, home->path / "avg.log");
@@ -147,7 +147,7 @@ TEST_F(EvalCli, ScoresTaskFilesAndRecordsThemInTheRunAndTheRegistry) {
   EXPECT_NE(r.out.find("eval_files.mc.sha256 = " + sha256_hex(slurp(t / "mc.jsonl"))), std::string::npos) << r.out;
   r = lar_run({"metrics", "evaltest/gdn", "--name", "lambada_acc"}, home->path / "metrics.log");
   EXPECT_EQ(r.rc, 0) << r.out;
-  EXPECT_NE(r.out.find("100"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("60"), std::string::npos) << r.out;
   // Samples: 3 + 3 + 2 choices and 2 LAMBADA items, the gold choice the most likely.
   std::ifstream in(home->path / "samples.jsonl");
   std::string line;
