@@ -11,6 +11,7 @@
 #include "eval/long_context.hpp"
 #include "eval/loglik.hpp"
 #include "eval/task_files.hpp"
+#include "registry/report/figure.hpp"
 #include "registry/report/report.hpp"
 #include "tests/temp_dir.hpp"
 #include "trainer/data/rng.hpp"
@@ -204,4 +205,29 @@ TEST(EvalColumns, TablesReadRecordedScalarsAndPercentages) {
   EXPECT_DOUBLE_EQ(*report::run_metric(r, "mkniah_acc_pct@4K"), 25.0);
   EXPECT_DOUBLE_EQ(*report::run_metric(r, "mkniah_acc_pct@4096"), 25.0);
   EXPECT_DOUBLE_EQ(*report::run_metric(r, "acc_pct@2K"), 50.0);  // the trainer's own key
+}
+
+// `lar export figure ccq/fig3_4`: one line per row through its ppl@L columns.
+TEST(EvalColumns, PerplexityAtLengthsFigure) {
+  report::Report rep;
+  rep.metrics = {"ppl@4096", "ppl@8192", "ppl@16384", "final_loss"};
+  report::Row row;
+  row.id = "gdn.ccq";
+  for (auto [m, v] : std::vector<std::pair<std::string, double>>{{"ppl@8192", 12.0}, {"ppl@4096", 10.0}, {"final_loss", 2.0}}) {
+    report::MetricValue mv;
+    mv.values = {v};
+    mv.run_ids = {"x/gdn.ccq.s0"};
+    mv.stats.n = 1;
+    mv.stats.mean = v;
+    row.ours[m] = mv;
+  }
+  rep.rows.push_back(row);
+  const auto fig = report::metrics_at_lengths(rep, "ppl");
+  ASSERT_EQ(fig.series.size(), 1u);
+  ASSERT_EQ(fig.series[0].points.size(), 2u);  // 16K has no value; final_loss is no length
+  EXPECT_EQ(fig.series[0].points[0].x, 4096);
+  EXPECT_EQ(fig.series[0].points[0].y, 10.0);
+  EXPECT_EQ(fig.series[0].points[1].x, 8192);
+  EXPECT_EQ(fig.runs(), std::vector<std::string>{"x/gdn.ccq.s0"});
+  EXPECT_EQ(report::find_figure("ccq/fig3_4").table, "ccq/fig3_4");
 }
