@@ -17,6 +17,7 @@
 #include "eval/speed.hpp"
 #include "eval/task_files.hpp"
 #include "registry/registry.hpp"
+#include "trainer/train.hpp"
 
 namespace {
 
@@ -64,7 +65,14 @@ int run_eval(const EvalArgs& a) {
   // Every argument is checked (and every task file read) before the model is loaded.
   std::vector<eval::TaskFile> tasks;
   for (const auto& t : a.tasks) tasks.push_back(eval::open_task_file(t));
-  std::vector<int> lengths = a.lengths.empty() ? std::vector<int>{} : eval::parse_lengths(a.lengths, "--lengths");
+  std::vector<int> lengths;
+  if (a.lengths == "run") {  // the run's own eval.lengths
+    const json cfg = trainer::read_run_config(dir);
+    for (const auto& l : cfg.at("eval").at("lengths")) lengths.push_back(l.get<int>());
+    if (lengths.empty()) throw UserError("--lengths run: the run's config has no eval.lengths");
+  } else if (!a.lengths.empty()) {
+    lengths = eval::parse_lengths(a.lengths, "--lengths");
+  }
   std::vector<std::string> niah;
   for (size_t p = 0; !a.niah.empty() && p <= a.niah.size();) {
     size_t c = a.niah.find(',', p);
@@ -218,8 +226,8 @@ static lar::cli::CommandRegistration reg{
       app.add_option("--max-length", a->max_len, "Model input length for tasks (default: the run's data.seq_len)");
       app.add_option("--limit", a->limit, "Score only the first N documents of each task file");
       app.add_option("--lengths", a->lengths,
-                     "L[,L…] (4096 or 4K): token-weighted perplexity over non-overlapping windows of each length\n"
-                     "(ppl@L, loss@L), and the --niah tasks at each length");
+                     "L[,L…] (4096 or 4K), or 'run' (the run's eval.lengths): token-weighted perplexity over\n"
+                     "non-overlapping windows of each length (ppl@L, loss@L), and the --niah tasks at each length");
       app.add_option("--corpus", a->corpus, "Prepared data folder for --lengths (default: the run's own data)");
       app.add_option("--split", a->split, "Split of the corpus for --lengths: val (default) or train");
       app.add_option("--max-windows", a->max_windows, "Windows per length at most (default 64; 0 = all)");

@@ -171,6 +171,9 @@ TEST_F(EvalCli, MistakesExitTwoAndRecordNothing) {
   r = lar_run({"eval", run_dir.string()}, home->path / "e3.log");
   EXPECT_EQ(r.rc, 2);
   EXPECT_NE(r.out.find("nothing to evaluate"), std::string::npos) << r.out;
+  r = lar_run({"eval", run_dir.string(), "--lengths", "run"}, home->path / "e6.log");
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.out.find("no eval.lengths"), std::string::npos) << r.out;
   r = lar_run({"eval", run_dir.string(), "--niah", "sniah", "--lengths", "64"}, home->path / "e4.log");
   EXPECT_EQ(r.rc, 2);
   EXPECT_NE(r.out.find("too short for sniah"), std::string::npos) << r.out;
@@ -204,14 +207,14 @@ TEST_F(EvalCli, NiahAtALengthEqualsTheTrainersHeldOutAccuracy) {
                        {"data", {{"task", "sniah"}, {"needle", "number"}, {"seq_len", 192}, {"batch_size", 4}}},
                        {"budget", {{"steps", 20}}},
                        {"optimizer", {{"name", "adamw"}, {"lr", 0.01}}},
-                       {"eval", {{"batches", 2}, {"lengths", {256}}}},
+                       {"eval", {{"batches", 2}, {"lengths", json::array({256})}}},
                        {"threads", 2}};
   RunDir(dir).write_config({{"experiment", "evaltest"}, {"cell_id", "sniah"}, {"hash", "h-sniah"},
                             {"axes", json::object()}, {"role", "main"}, {"baseline", nullptr}, {"config", config}});
   auto r = lar_run({"train", "--run-dir", dir.string()}, home->path / "train-sniah.log");
   ASSERT_EQ(r.rc, 0) << r.out;
   const double trainer_acc = RunDir(dir).read_status()->summary.at("acc@256").get<double>();
-  r = lar_run({"eval", dir.string(), "--niah", "sniah:number", "--lengths", "256", "--niah-samples", "8"},
+  r = lar_run({"eval", dir.string(), "--niah", "sniah:number", "--lengths", "run", "--niah-samples", "8"},
               home->path / "niah.log");
   ASSERT_EQ(r.rc, 0) << r.out;
   r = lar_run({"eval", dir.string(), "--niah", "mkniah:passkey", "--lengths", "512", "--niah-samples", "2"},
