@@ -55,6 +55,17 @@ std::vector<std::vector<int32_t>> prompts_of(const json& p, const data::Tokenize
   return out;
 }
 
+// The text of token k of `ids`: what decoding it adds after the tokens before it (a few
+// tokens of context keep SentencePiece's word-initial spaces, which a lone piece loses).
+std::string piece_text(const data::Tokenizer& tok, const std::vector<int32_t>& ids, size_t k) {
+  const size_t from = k >= 8 ? k - 8 : 0;
+  if (from == k) return tok.decode({ids[k]});
+  const std::string before = tok.decode(std::vector<int32_t>(ids.begin() + static_cast<std::ptrdiff_t>(from), ids.begin() + static_cast<std::ptrdiff_t>(k)));
+  const std::string with = tok.decode(std::vector<int32_t>(ids.begin() + static_cast<std::ptrdiff_t>(from), ids.begin() + static_cast<std::ptrdiff_t>(k + 1)));
+  if (with.compare(0, before.size(), before) == 0) return with.substr(before.size());
+  return tok.decode({ids[k]});
+}
+
 }  // namespace
 
 json complete(LoadedRun& run, const json& req, const CompletionsOptions& o) {
@@ -70,7 +81,7 @@ json complete(LoadedRun& run, const json& req, const CompletionsOptions& o) {
     if (v < lo || v > hi) throw UserError(fmt::format("{}: {} is outside [{}, {}]", k, v, lo, hi));
     return v;
   };
-  const int max_tokens = get_int("max_tokens", 16, 0, max_len);
+  const int max_tokens = get_int("max_tokens", 16, 0, 1 << 16);
   const bool want_logprobs = req.contains("logprobs") && !req.at("logprobs").is_null();
   const int top_n = get_int("logprobs", 0, 0, 5);
   if (top_n > 1) throw UserError("logprobs: this server returns the top 1 alternative at most, got " + std::to_string(top_n));
@@ -148,7 +159,7 @@ json complete(LoadedRun& run, const json& req, const CompletionsOptions& o) {
       json tokens = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
       size_t offset = 0;
       for (size_t k = 0; k < all.size(); ++k) {
-        const std::string piece = tok.decode({all[k]});
+        const std::string piece = piece_text(tok, all, k);
         if (k >= from) {
           tokens.push_back(piece);
           offsets.push_back(offset);

@@ -227,6 +227,41 @@ TEST_F(EvalCli, NiahAtALengthEqualsTheTrainersHeldOutAccuracy) {
   EXPECT_EQ(s["eval_files"]["sniah_number"]["lengths"], json::array({256}));
 }
 
+// A SentencePiece run scores with its own model (tokenizer.model of its data folder).
+TEST_F(EvalCli, SentencePieceRunsScoreWithTheirTokenizer) {
+  write_tasks();
+  auto r = lar_run({"data", "tokenizer", "train", "--input", (home->path / "corpus.txt").string(), "--vocab-size", "21",
+                    "--out", (home->path / "spm.model").string()},
+                   home->path / "spm-train.log");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  r = lar_run({"data", "prepare", "--input", (home->path / "corpus.txt").string(), "--out",
+               (home->path / "data/pattern-spm").string(), "--tokenizer", "spm:" + (home->path / "spm.model").string(),
+               "--val-fraction", "0.1"},
+              home->path / "spm-prepare.log");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const fs::path dir = home->path / "runs/evaltest/spm";
+  const json config = {{"model", {{"architecture", "gdn"}, {"stack", "pure"}, {"n_layers", 1}, {"d_model", 32},
+                                  {"n_heads", 2}, {"vocab_size", 64}}},
+                       {"data", {{"path", (home->path / "data/pattern-spm").string()}, {"seq_len", 32}, {"batch_size", 8}}},
+                       {"budget", {{"steps", 60}}},
+                       {"optimizer", {{"name", "adamw"}, {"lr", 0.01}}},
+                       {"eval", {{"batches", 1}}},
+                       {"threads", 2}};
+  RunDir(dir).write_config({{"experiment", "evaltest"}, {"cell_id", "spm"}, {"hash", "h-spm"}, {"axes", json::object()},
+                            {"role", "main"}, {"baseline", nullptr}, {"config", config}});
+  r = lar_run({"train", "--run-dir", dir.string()}, home->path / "train-spm.log");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const fs::path t = home->path / "tasks";
+  r = lar_run({"eval", dir.string(), "--task", (t / "mc.jsonl").string(), "--task", "wikitext=" + (t / "wiki.txt").string()},
+              home->path / "eval-spm.log");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const json s = RunDir(dir).read_status()->summary;
+  EXPECT_EQ(s.value("mc_acc", 0.0), 1.0) << s.dump();
+  EXPECT_EQ(s.value("wikitext_bytes", 0), 98);
+  EXPECT_LT(s.value("wikitext_tokens", 999), 98);  // pieces longer than a byte
+  EXPECT_GT(s.value("wikitext_tokens", 0), 0);
+}
+
 // A spec whose columns are lar eval metrics: launch, evaluate, and the table prints our
 // numbers (a fraction as a percentage column, a perplexity instead of the proxy).
 TEST_F(EvalCli, PaperTableColumnsShowLarEvalsNumbers) {
@@ -325,6 +360,9 @@ const models = await client.models.list();
 out.models = models.data.map(m => m.id);
 fs.writeFileSync(process.argv[5], JSON.stringify(out));
 )js");
+  r = lar_run({"serve-model", run_dir.string(), "--host", "0.0.0.0"}, home->path / "serve-remote.log");
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.out.find("not a loopback address"), std::string::npos) << r.out;
   const fs::path log = home->path / "serve-model.log";
   pid_t server = test::spawn_lar({"serve-model", run_dir.string(), "--port", "0", "--model-name", "tiny"}, log);
   std::string url;
