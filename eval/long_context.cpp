@@ -61,13 +61,17 @@ json window_perplexity(LoadedRun& run, const WindowOptions& o, json& prov) {
     shards.emplace_back(dir / s.at("file").get<std::string>());
     total += shards.back().size();
   }
-  // The split as one token vector (the long-context corpora of these evaluations fit).
-  std::vector<int32_t> all(total);
-  uint64_t at = 0;
-  for (const auto& s : shards) {
-    s.copy(0, s.size(), all.data() + at);
-    at += s.size();
-  }
+  std::vector<uint64_t> starts;  // first token of each shard in the split
+  for (size_t k = 0; k < shards.size(); ++k) starts.push_back(k == 0 ? 0 : starts[k - 1] + shards[k - 1].size());
+  // Tokens [pos, pos + n) of the split, across shard boundaries (read from the mapped shards).
+  auto copy = [&](uint64_t pos, uint64_t n, int32_t* dst) {
+    size_t k = static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), pos) - starts.begin()) - 1;
+    while (n > 0) {
+      const uint64_t off = pos - starts[k], take = std::min<uint64_t>(n, shards[k].size() - off);
+      shards[k].copy(off, take, dst);
+      dst += take, pos += take, n -= take, ++k;
+    }
+  };
   json out = json::object();
   auto& model = run.model();
   std::vector<double> nll;
@@ -86,10 +90,11 @@ json window_perplexity(LoadedRun& run, const WindowOptions& o, json& prov) {
       b.inputs.resize(static_cast<size_t>(B) * L);
       b.targets.resize(b.inputs.size());
       b.loss_mask.assign(b.inputs.size(), 1.f);
+      std::vector<int32_t> w(static_cast<size_t>(L) + 1);
       for (int r = 0; r < B; ++r) {
-        const size_t s = static_cast<size_t>(w0 + r) * L;
-        std::copy(all.begin() + s, all.begin() + s + L, b.inputs.begin() + static_cast<size_t>(r) * L);
-        std::copy(all.begin() + s + 1, all.begin() + s + L + 1, b.targets.begin() + static_cast<size_t>(r) * L);
+        copy(static_cast<uint64_t>(w0 + r) * L, static_cast<uint64_t>(L) + 1, w.data());
+        std::copy(w.begin(), w.end() - 1, b.inputs.begin() + static_cast<size_t>(r) * L);
+        std::copy(w.begin() + 1, w.end(), b.targets.begin() + static_cast<size_t>(r) * L);
       }
       trainer::StepResult res = model.evaluate(b);
       sum += res.loss * res.mask_sum;

@@ -196,6 +196,18 @@ TEST_F(EvalCli, WindowsAtLengthsAndSpeed) {
   EXPECT_GT(s.value("decode_tok_s", 0.0), 0.0);
   EXPECT_EQ(s["eval_files"]["speed"]["batch"], 2);
   EXPECT_EQ(s["eval_files"]["long_context"]["split"], "val");
+  // The same corpus cut into shards of 500 tokens: windows across shard ends, same numbers.
+  r = lar_run({"data", "prepare", "--input", (home->path / "corpus.txt").string(), "--out",
+               (home->path / "data/pattern-sharded").string(), "--val-fraction", "0.1", "--shard-tokens", "500"},
+              home->path / "prepare-sharded.log");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  r = lar_run({"eval", run_dir.string(), "--corpus", (home->path / "data/pattern-sharded").string(), "--lengths", "16,32",
+               "--max-windows", "4", "-f", "json", "--no-record"},
+              home->path / "lc-sharded.log");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const json m = json::parse(r.out)["results"]["long_context"]["metrics"];
+  EXPECT_DOUBLE_EQ(m["ppl@16"].get<double>(), s.value("ppl@16", 0.0));
+  EXPECT_DOUBLE_EQ(m["ppl@32"].get<double>(), s.value("ppl@32", 0.0));
 }
 
 // S-NIAH through `lar eval --niah` scores the same held-out haystacks as the trainer's
