@@ -58,6 +58,7 @@ int run_export(const ExportArgs& a) {
   report::Figure fig;
   if (def.kind == "curves") fig = curves(def, p, db);
   else if (def.kind == "metric_vs_axis") fig = report::metric_vs_axis(p.report, def.x, def.y, def.series_axes);
+  else if (def.kind == "metrics_at_lengths") fig = report::metrics_at_lengths(p.report, def.y);
   else fig = report::metric_vs_metric(p.report, def.x, def.y);
   fig.name = def.name;
   fig.title = def.title + " — " + p.report.experiment + (p.report.scale.empty() ? "" : ", scale " + p.report.scale);
@@ -85,7 +86,7 @@ static lar::cli::CommandRegistration reg{
       auto a = std::make_shared<ExportArgs>();
       app.require_subcommand(1);
       CLI::App* fig = app.add_subcommand("figure", "Draw a paper figure from the registry");
-      fig->add_option("name", a->name, "figure: laa/fig3, laa/fig4, laa/fig5, laa/fig6, laa/frontier");
+      fig->add_option("name", a->name, "figure: laa/fig3, laa/fig4, laa/fig5, laa/fig6, laa/frontier, ccq/fig3_4");
       fig->add_option("--format", a->format, "svg | png | pdf")->check(CLI::IsMember({"svg", "png", "pdf"}));
       fig->add_option("-o,--out", a->out, "output file (default: <name>.<format>, '/' → '_')");
       fig->add_option("--scale", a->scale, "scale the runs were made at (default: the spec's)");

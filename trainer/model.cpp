@@ -193,7 +193,8 @@ Model::~Model() = default;
 
 std::size_t Model::activation_bytes() const { return arena_->peak_bytes(); }
 
-StepResult Model::forward(const data::Batch& batch, bool training, std::vector<int32_t>* predictions) {
+StepResult Model::forward(const data::Batch& batch, bool training, std::vector<int32_t>* predictions,
+                          std::vector<double>* token_losses) {
   auto& A = *acts_;
   auto& ps = *params_;
   const DType dt = be_.dtype();
@@ -347,6 +348,16 @@ StepResult Model::forward(const data::Batch& batch, bool training, std::vector<i
     predictions->resize(N);
     be_.download(A.argmax, predictions->data());
   }
+  if (token_losses) {
+    token_losses->resize(N);
+    if (dt == DType::f64) {
+      be_.download(A.losses, token_losses->data());
+    } else {
+      std::vector<float> l(N);
+      be_.download(A.losses, l.data());
+      std::copy(l.begin(), l.end(), token_losses->begin());
+    }
+  }
   StepResult res;
   res.mask_sum = A.mask_sum;
   res.loss = A.mask_sum > 0 ? total / A.mask_sum : 0.0;
@@ -451,8 +462,9 @@ StepResult Model::forward_backward(const data::Batch& batch) {
   return r;
 }
 
-StepResult Model::evaluate(const data::Batch& batch, std::vector<int32_t>* predictions) {
-  return forward(batch, false, predictions);
+StepResult Model::evaluate(const data::Batch& batch, std::vector<int32_t>* predictions,
+                           std::vector<double>* token_losses) {
+  return forward(batch, false, predictions, token_losses);
 }
 
 }  // namespace lar::trainer

@@ -51,8 +51,10 @@ class Model {
   // Forward and backward on one batch. Gradients ACCUMULATE into params().grads() (the
   // caller zeroes them); they are the gradients of the mean loss over masked tokens.
   StepResult forward_backward(const data::Batch& batch);
-  // Forward only (evaluation). predictions: argmax token per position (optional).
-  StepResult evaluate(const data::Batch& batch, std::vector<int32_t>* predictions = nullptr);
+  // Forward only (evaluation). predictions: argmax token per position (optional);
+  // token_losses: mask·(−log p(target)) per position (optional; the scorers of eval/).
+  StepResult evaluate(const data::Batch& batch, std::vector<int32_t>* predictions = nullptr,
+                      std::vector<double>* token_losses = nullptr);
 
   // Bytes of activation memory of the last step (arena peak).
   std::size_t activation_bytes() const;
@@ -68,7 +70,8 @@ class Model {
 
  private:
   struct Layer;
-  StepResult forward(const data::Batch& batch, bool training, std::vector<int32_t>* predictions);
+  StepResult forward(const data::Batch& batch, bool training, std::vector<int32_t>* predictions,
+                     std::vector<double>* token_losses = nullptr);
   void backward();
 
   kernels::Backend& be_;

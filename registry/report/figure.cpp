@@ -227,6 +227,36 @@ Figure metric_vs_axis(const Report& rep, const std::string& x_axis, const std::s
   return fig;
 }
 
+Figure metrics_at_lengths(const Report& rep, const std::string& y_prefix) {
+  Figure fig;
+  fig.xlabel = "context length";
+  fig.ylabel = y_prefix;
+  std::vector<std::pair<std::string, double>> cols;  // metric, its length
+  for (const auto& m : rep.metrics) {
+    if (m.rfind(y_prefix + "@", 0) != 0) continue;
+    try {
+      size_t used = 0;
+      const std::string len = m.substr(y_prefix.size() + 1);
+      const double L = std::stod(len, &used);
+      if (used == len.size()) cols.push_back({m, L});
+    } catch (const std::exception&) {
+    }
+  }
+  for (const auto& row : rep.rows) {
+    Series ours{row.id, {}, {}, false, true}, paper{row.id + " (paper)", {}, {}, true, true};
+    for (const auto& [m, L] : cols) {
+      if (auto o = row.ours.find(m); o != row.ours.end() && o->second.stats.n > 0) {
+        ours.points.push_back({L, o->second.stats.mean});
+        ours.run_ids.insert(ours.run_ids.end(), o->second.run_ids.begin(), o->second.run_ids.end());
+      }
+      if (auto p = row.published.find(m); p != row.published.end()) paper.points.push_back({L, p->second});
+    }
+    if (!ours.points.empty()) fig.series.push_back(ours);
+    if (!paper.points.empty()) fig.series.push_back(paper);
+  }
+  return fig;
+}
+
 Figure metric_vs_metric(const Report& rep, const std::string& x_metric, const std::string& y_metric) {
   Figure fig;
   fig.xlabel = x_metric;
@@ -276,6 +306,9 @@ const std::vector<FigureDef>& figure_catalogue() {
        "LAA Fig. 6: seconds per training iteration vs sequence length"},
       {"laa/frontier", "laa/table2", "metric_vs_metric", "rel_throughput_pct", "final_loss", {},
        "LAA Table 2: loss–throughput frontier"},
+      // ppl@L of `lar eval --lengths` (token-weighted, non-overlapping windows), one line per cell.
+      {"ccq/fig3_4", "ccq/fig3_4", "metrics_at_lengths", "", "ppl", {},
+       "CCQ Figs. 3-4: token perplexity vs context length"},
   };
   return defs;
 }

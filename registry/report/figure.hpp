@@ -57,6 +57,10 @@ Figure metric_vs_axis(const Report& rep, const std::string& x_axis, const std::s
 // the paper's.
 Figure metric_vs_metric(const Report& rep, const std::string& x_metric, const std::string& y_metric);
 
+// One series per row: the table's metrics named `<y_prefix>@L` (ppl@4096, …) against L —
+// evaluation at lengths (`lar eval --lengths`), e.g. perplexity vs context length.
+Figure metrics_at_lengths(const Report& rep, const std::string& y_prefix);
+
 // A training curve: (tokens or step, loss) points of one run.
 struct Curve {
   std::string label;   // row id
@@ -70,7 +74,7 @@ Figure curves_figure(const std::string& name, const std::string& title, const st
 struct FigureDef {
   std::string name;     // "laa/fig5"
   std::string table;    // paper spec it draws from: "laa/lr_sweep"
-  std::string kind;     // curves | metric_vs_axis | metric_vs_metric
+  std::string kind;     // curves | metric_vs_axis | metric_vs_metric | metrics_at_lengths
   std::string x, y;     // axis / metric names (curves: the metric series key, e.g. val_loss)
   std::vector<std::string> series_axes;
   std::string title;

@@ -89,6 +89,17 @@ std::optional<double> run_metric(const ReportRun& run, const std::string& metric
   if (proxy) *proxy = false;
   const json& s = run.summary;
   if (is_number_at(s, metric.c_str())) return s[metric].get<double>();
+  // A published percentage of a recorded fraction (`lar eval` records fractions):
+  // hellaswag_acc_norm_pct → 100 · summary[hellaswag_acc_norm], mkniah_acc_pct@4K → 100 ·
+  // summary[mkniah_acc@4096].
+  if (auto p = metric.find("_pct"); p != std::string::npos && (p + 4 == metric.size() || metric[p + 4] == '@')) {
+    std::string base = metric.substr(0, p), len = p + 4 < metric.size() ? metric.substr(p + 5) : "";
+    if (!len.empty() && (len.back() == 'K' || len.back() == 'k') && len.size() > 1 &&
+        len.find_first_not_of("0123456789") == len.size() - 1)
+      len = std::to_string(std::stol(len.substr(0, len.size() - 1)) * 1024);
+    if (!len.empty()) base += "@" + len;
+    if (is_number_at(s, base.c_str())) return 100.0 * s[base].get<double>();
+  }
   // Published perplexities on benchmark corpora: our validation perplexity stands in.
   const bool ppl = metric.size() > 4 && metric.compare(metric.size() - 4, 4, "_ppl") == 0;
   if (ppl && is_number_at(s, "final_loss")) {

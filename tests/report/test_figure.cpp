@@ -152,7 +152,7 @@ TEST(Figure, CatalogueNamesAndErrors) {
     find_figure("laa/fig7");
     FAIL();
   } catch (const UserError& e) {
-    EXPECT_NE(std::string(e.what()).find("unknown figure 'laa/fig7' (choices: laa/fig3, laa/fig4, laa/fig5, laa/fig6, laa/frontier)"),
+    EXPECT_NE(std::string(e.what()).find("unknown figure 'laa/fig7' (choices: laa/fig3, laa/fig4, laa/fig5, laa/fig6, laa/frontier, ccq/fig3_4)"),
               std::string::npos) << e.what();
   }
 }
