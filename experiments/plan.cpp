@@ -604,6 +604,9 @@ class Builder {
         json kv = key->to_json();
         bool found = false;
         for (const auto& v : by.values) found = found || key_matches(kv, v.value);
+        // A spec that extends another may narrow its matrix: the branches it inherits for
+        // the values it dropped never apply. Its own branches must name a value (typos).
+        if (!found && key->loc.file != file_) continue;
         if (!found)
           fail(key->loc, with_hint("matrix." + ax.name + ": '" + key->text + "' is not a value of axis '" + by.name + "'",
                                    key->text, known));

@@ -54,7 +54,7 @@ const Case kCases[] = {
     {"unknown dotted axis", "name: x\nmatrix:\n  schedule.warmup_step: [1]\n",
      "spec.yaml:3:3: error: matrix: unknown axis 'schedule.warmup_step' (did you mean 'schedule.warmup_steps'?)"},
     {"axis names a group", "name: x\nmatrix:\n  model.carve: [1]\n",
-     "spec.yaml:3:3: error: matrix: 'model.carve' is a group of settings, not one value; use one of model.carve.content_chunk, model.carve.content_grad, model.carve.content_rank, model.carve.freeze_content"},
+     "spec.yaml:3:3: error: matrix: 'model.carve' is a group of settings, not one value; use one of model.carve.content_chunk, model.carve.content_grad, model.carve.content_rank, model.carve.freeze_content, model.carve.qkv"},
     {"unknown architecture", "name: x\nmatrix:\n  architecture: [gdn, kdaa]\n  stack: [pure]\n",
      "spec.yaml:3:23: error: matrix.architecture: unknown value 'kdaa' (choices: softmax, linear, gla, deltanet, gdn, kda, gdn2, carve); did you mean 'kda'?"},
     {"unknown optimizer", "name: x\nmatrix:\n  optimizer: [adamw, muonn]\n",

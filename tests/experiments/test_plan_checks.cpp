@@ -121,3 +121,23 @@ TEST(ConfigKeysNamed, FindsDottedKeysAndALeadingTopLevelKey) {
             (std::vector<std::string>{"eval.lengths"}));
   EXPECT_TRUE(config_keys_named("nothing here.").empty());
 }
+
+// An extending spec may narrow an axis: branches it inherits for dropped values do not
+// apply, while a branch the spec itself writes must still name a value.
+TEST(PlanChecks, NarrowedAxisDropsInheritedBranches) {
+  SpecDir d;
+  d.write("wide.yaml",
+          "name: wide\nbase:\n  model: {stack: pure, n_layers: 2}\nmatrix:\n  architecture: [gdn, kda]\n"
+          "  model.n_layers: {by: architecture, gdn: [2], kda: [3]}\n");
+  Plan p = load_plan(d.write("narrow.yaml", "name: narrow\nextends: wide.yaml\nmatrix:\n  architecture: [gdn]\n"), "");
+  ASSERT_EQ(p.cells.size(), 1u);
+  EXPECT_EQ(p.cells[0].config["model"]["n_layers"], 2);
+  std::string got = d.error_of([&] {
+    load_plan(d.write("typo.yaml", "name: typo\nextends: wide.yaml\nmatrix:\n  architecture: [gdn]\n"
+                                   "  model.n_layers: {by: architecture, gdm: [4]}\n"),
+              "");
+  });
+  EXPECT_EQ(got.rfind("typo.yaml:5:38: error: matrix.model.n_layers: 'gdm' is not a value of axis 'architecture'", 0),
+            0u)
+      << got;
+}
