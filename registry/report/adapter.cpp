@@ -166,11 +166,14 @@ experiments::Plan load_paper_plan(const fs::path& spec, const std::string& scale
                                    plan.meta["scales"].end();
   if (plan.scale != "paper" && has_paper_scale) {
     const experiments::Plan paper = experiments::load_plan(spec, "paper");
-    if (paper.cells.size() == plan.cells.size()) {
+    // Cell i of this scale stands for paper cell i / k when this scale runs k seeds for the
+    // paper's one (the seed axis is the matrix's last, so a row's seeds are adjacent).
+    const size_t k = paper.cells.empty() ? 0 : plan.cells.size() / paper.cells.size();
+    if (k > 0 && paper.cells.size() * k == plan.cells.size()) {
       bool filled = false;
       for (size_t i = 0; i < plan.cells.size(); ++i) {
         auto& c = plan.cells[i];
-        const auto& p = paper.cells[i];
+        const auto& p = paper.cells[i / k];
         if (!has_reference(c.reference) && has_reference(p.reference) && categorical_signature(c) == categorical_signature(p)) {
           c.reference = p.reference;
           filled = true;

@@ -51,6 +51,9 @@ TEST(Papers, EverySpecParsesAtEveryScaleWithTheSameMatrix) {
           if (v.is_string() || v.is_boolean()) s += a + "=" + v.dump() + ";";
         sig.push_back(s + (c.baseline ? "b" : "") + c.role);
       }
+      // A scale may run more seeds (the seed axis is the last, so its cells are adjacent):
+      // the matrix is the same set of configurations.
+      sig.erase(std::unique(sig.begin(), sig.end()), sig.end());
       signatures.push_back(sig);
     }
     EXPECT_EQ(signatures[0], signatures[2]) << t << ": smoke and paper matrices differ";
@@ -206,11 +209,12 @@ TEST(Papers, ClaimsParseAtEveryScaleAndReadTheWayThePaperPrints) {
   auto hybrid = read("laa/table2", 1);
   EXPECT_EQ(hybrid.links[0].published, 8);
   EXPECT_EQ(hybrid.links[0].published_agree, 8);
-  EXPECT_EQ(read("laa/table2", 2).published_best.value_or(""), "kda.normuon.hybrid.lr3.6e-4.min_lr3.6e-5");
+  // Row ids carry the paper scale's per-architecture axes after these.
+  EXPECT_EQ(read("laa/table2", 2).published_best.value_or("").rfind("kda.normuon.hybrid.lr3.6e-4.min_lr3.6e-5.", 0), 0u);
   auto cler = read("laa/table6", 0);
   EXPECT_EQ(cler.links[0].published, 4);
   EXPECT_EQ(cler.links[0].published_agree, 1);  // only DeltaNet/Muon improves, by 0.0004
   auto chain = read("laa/table7", 0);
   EXPECT_EQ(chain.pairs.size(), 10u);  // 5 tuples × 2 links
-  EXPECT_EQ(read("laa/fig6", 0).published_best.value_or(""), "gdn.pure");
+  EXPECT_EQ(read("laa/fig6", 0).published_best.value_or("").rfind("gdn.pure.", 0), 0u);
 }
