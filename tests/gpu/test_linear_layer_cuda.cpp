@@ -166,6 +166,25 @@ TEST(LinearLayerCuda, EveryMixerStepMatchesTheCpuBackend) {
   }
 }
 
+// Value heads wider than the key heads (head_dim 64, value_dim 128 / 256: CCQ's mini cell and
+// LAA's DeltaNet layout) run as value tiles of 64 sharing q, k (grouped_heads.hpp), and the
+// output norm × gate at the value width: every mixer, CCQ in front, clvr routing.
+TEST(LinearLayerCuda, WideValueHeadsMatchTheCpuBackend) {
+  for (const char* arch : {"linear", "gla", "deltanet", "gdn", "kda", "gdn2"}) {
+    const json cfg = run_config({{"architecture", arch}, {"stack", "pure"}, {"value_dim", 128}});
+    compare_step(std::string(arch) + " dv=128", cfg, "fp32");
+    compare_step(std::string(arch) + " dv=128", cfg, "mixed");
+  }
+  const json ccq = {{"enabled", true}};
+  for (const char* arch : {"gla", "gdn"})
+    compare_step(std::string(arch) + " ccq dv=128",
+                 run_config({{"architecture", arch}, {"stack", "pure"}, {"value_dim", 128}, {"ccq", ccq}}), "mixed");
+  compare_step("gdn2 dv=256 clvr",
+               run_config({{"architecture", "gdn2"}, {"stack", "pure"}, {"value_dim", 256}, {"routing", "clvr"},
+                           {"n_layers", 3}}),
+               "fp32");
+}
+
 TEST(LinearLayerCuda, NoConvAndOtherGateRankMatch) {
   compare_step("gdn no conv", run_config({{"architecture", "gdn"}, {"stack", "pure"}, {"short_conv", false}}), "fp32");
   compare_step("kda rank 8 conv 3",
@@ -368,6 +387,14 @@ TEST(LinearLayerCuda, WhatTheCudaPathDoesNotRunIsAClearError) {
   m["head_dim"] = 32;
   EXPECT_NE(trainer::cuda_unsupported(m).find("model.head_dim: the linear CUDA kernels need 64, got 32"),
             std::string::npos);
+  m = base.at("model");
+  m["value_dim"] = 96;
+  EXPECT_EQ(trainer::cuda_unsupported(m), "model.value_dim: the linear CUDA kernels need a multiple of 64 up to 512, got 96");
+  m["value_dim"] = 128;
+  EXPECT_EQ(trainer::cuda_unsupported(m), "");  // value tiles of 64
+  m["routing"] = "cler";
+  EXPECT_EQ(trainer::cuda_unsupported(m),
+            "model.value_dim: CARVE and the cler/cler_h readouts run on CUDA with value heads of 64 only, got 128");
   m = base.at("model");
   m["ccq"]["enabled"] = true;
   EXPECT_EQ(trainer::cuda_unsupported(m), "");  // CCQ runs on the GPU
