@@ -130,7 +130,7 @@ __device__ __forceinline__ void load_gate_tile(float* s, const float* gsrc, size
 // (K̄_I) against e^{G_t − G_{16I}} ≤ 1 for a query row t: a steep block (a per-channel fall of
 // the cumulative log-decay G by more than kSpanMax over its 16 rows) would overflow the first
 // and underflow the second. There K̄_I keeps only the rows before the block, and the in-block
-// pairs are summed directly in fp32 with exp(G_t − G_j) ≤ 1 per pair (steep_fix_* below), so
+// pairs are summed directly in fp32 with exp(G_t − G_j) ≤ 1 per pair (steep_pairs, steep_grads), so
 // every kernel is exact for any log-decay ≤ 0. Below the bound both factors stay within
 // e^{±40}, far inside the bf16 / fp32 range, and the tensor-core path runs unchanged.
 constexpr float kSpanMax = 40.f;
@@ -231,7 +231,19 @@ __device__ __forceinline__ void build_tiles(const CParams& p, int b, int h, int 
 }
 
 
-// ---- steep blocks (kSpanMax): the in-block pairs in fp32, exp(G_t − G_j) ≤ 1 per pair
+// ---- steep blocks (kSpanMax): the in-block pairs in fp32, exp(G_t − G_j) ≤ 1 per pair.
+// Cooperative passes of the whole CTA through shared memory, called only for a chunk with a
+// steep block (a CTA-uniform branch between barriers) and kept out of line (__noinline__, no
+// fragment crosses the call), so the tuned kernels' straight-line code keeps its size and its
+// schedule: inlined, the cold code alone cost the backward 35–65% on the H200.
+struct SteepIn {  // the global inputs the passes read (the chunk's tiles may hold other data)
+  const bf16 *q, *k, *bg, *bx;
+  int T, H;
+};
+__device__ __forceinline__ SteepIn steep_in(const CParams& p) { return SteepIn{p.q, p.k, p.bg, p.bx, p.T, p.H}; }
+__device__ __forceinline__ size_t srow(const SteepIn& a, int b, int t, int h) {
+  return ((static_cast<size_t>(b) * a.T + t) * a.H + h) * D;
+}
 // 8 channels c8.. of a row of a [B,T,H,64] bf16 input.
 __device__ __forceinline__ void ld8(const bf16* row, int c8, float (&x)[8]) {
   const uint4 u = __ldg(reinterpret_cast<const uint4*>(row + c8));
@@ -239,81 +251,72 @@ __device__ __forceinline__ void ld8(const bf16* row, int c8, float (&x)[8]) {
 #pragma unroll
   for (int i = 0; i < 8; ++i) x[i] = __bfloat162float(v[i]);
 }
-// The erase vector ê of global row r from its k: kda k, gdn2 b ⊙ k, CARVE k σ(bx + u).
+// ê of row r, channel c: kda k, gdn2 b ⊙ k, CARVE k σ(bx + u).
 template <int MODE>
-__device__ __forceinline__ void erase8(const CParams& p, size_t r, int c8, const float (&kv)[8], const float* sUc,
-                                       float (&e)[8]) {
-  float x[8];
-  if (MODE == kGdn2) ld8(p.bg + r, c8, x);
-  if (MODE == kCarve) ld8(p.bx + r, c8, x);
-#pragma unroll
-  for (int i = 0; i < 8; ++i)
-    e[i] = MODE == kGdn2 ? kv[i] * x[i] : MODE == kCarve ? kv[i] * sigm(x[i] + sUc[c8 + i]) : kv[i];
+__device__ __forceinline__ float erase_at(const SteepIn& a, size_t r, int c, float kv, const float* sUc) {
+  if (MODE == kGdn2) return kv * __bfloat162float(a.bg[r + c]);
+  if (MODE == kCarve) return kv * sigm(__bfloat162float(a.bx[r + c]) + sUc[c]);
+  return kv;
 }
-// Forward products of a steep row block wm: adds A[t,j] = Σ_c ê_tc k_jc e^{G_tc − G_jc} (j < t;
-// A nullable) and P[t,j] = Σ_c q_tc k_jc e^{G_tc − G_jc} (j ≤ t; P nullable) for the block's
-// own columns to this warp's fragments (K̄ left them out), from the global inputs: the chunk's
-// tiles may already hold the next chunk or the factored operands.
+// The forward products' in-block pairs of every steep block: P[t,j] = Σ_c q_tc k_jc e^{G_tc − G_jc}
+// (j ≤ t) into the bf16 tile sP and A[t,j] = Σ_c ê_tc k_jc e^{G_tc − G_jc} (j < t) into the fp32
+// tile sA (either nullable), over the entries the factored GEMM left at 0 (K̄ dropped the rows).
 template <int MODE>
-__device__ void steep_fix_fwd(const CParams& p, int b, int h, int t0, int n, const float* sGt, const float* sUc,
-                              unsigned steep, const Lane& L, float (*A)[4], float (*P)[4]) {
-  if (!((steep >> L.wm) & 1) || L.wn != (L.wm >> 1)) return;
-  const bool wantA = A != nullptr && MODE != kGla;
+__device__ __noinline__ void steep_pairs(SteepIn a, int b, int h, int t0, int n, const float* sGt, const float* sUc,
+                                         unsigned steep, float* sA, bf16* sP) {
+  const bool wantA = sA != nullptr && MODE != kGla;
+  for (int i = threadIdx.x; i < 4 * 256; i += NT) {
+    const int I = i >> 8, t = 16 * I + ((i >> 4) & 15), j = 16 * I + (i & 15);
+    if (!((steep >> I) & 1) || j > t || t >= n) continue;
+    const size_t rt = srow(a, b, t0 + t, h), rj = srow(a, b, t0 + j, h);
+    float sp = 0.f, sa = 0.f;
+    for (int c8 = 0; c8 < D; c8 += 8) {
+      float kj[8], qt[8], kt[8];
+      ld8(a.k + rj, c8, kj);
+      ld8(a.q + rt, c8, qt);
+      if (wantA) ld8(a.k + rt, c8, kt);
 #pragma unroll
-  for (int nt = 0; nt < 4; ++nt) {
-    if ((nt >> 1) != (L.wm & 1)) continue;  // columns 16·wm .. 16·wm + 15
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int t = L.row(e), j = L.col(nt, e);
-      if (j > t || t >= n) continue;
-      const size_t rt = crow(p, b, t0 + t, h), rj = crow(p, b, t0 + j, h);
-      float sp = 0.f, sa = 0.f;
-      for (int c8 = 0; c8 < D; c8 += 8) {
-        float kj[8], qt[8], kt[8], et[8];
-        ld8(p.k + rj, c8, kj);
-        if (P) ld8(p.q + rt, c8, qt);
-        if (wantA) {
-          ld8(p.k + rt, c8, kt);
-          erase8<MODE>(p, rt, c8, kt, sUc, et);
-        }
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          const float x = kj[i] * __expf(sGt[t * LDF + c8 + i] - sGt[j * LDF + c8 + i]);
-          if (P) sp += qt[i] * x;
-          if (wantA) sa += et[i] * x;
-        }
+      for (int u = 0; u < 8; ++u) {
+        const float x = kj[u] * __expf(sGt[t * LDF + c8 + u] - sGt[j * LDF + c8 + u]);
+        sp += qt[u] * x;
+        if (wantA) sa += erase_at<MODE>(a, rt, c8 + u, kt[u], sUc) * x;
       }
-      if (P) P[nt][e] += sp;
-      if (wantA && j < t) A[nt][e] += sa;
     }
+    if (sP) sP[t * LD + j] = __float2bfloat16(sp);
+    if (wantA && j < t) sA[t * LDF + j] = sa;
   }
 }
-// Backward, steep row block of row t: Σ_{16⌊t/16⌋ ≤ j ≤ t} X_tj k_jc e^{G_tc − G_jc} — dq's
-// in-block part with X = dP, the erase gradient's with X = dAw (both masked tiles).
-__device__ __forceinline__ float steep_row(const bf16* sX, const bf16* sK, const float* sGt, int t, int c) {
-  const float Gt = sGt[t * LDF + c];
-  float x = 0.f;
-  for (int j = t & ~15; j <= t; ++j) x += bf(sX, t, j) * bf(sK, j, c) * __expf(Gt - sGt[j * LDF + c]);
-  return x;
-}
-// dk's in-block part for key row j: Σ_{j ≤ i < end of block, i < n} (dP_ij q_ic + dAw_ij ê_ic) e^{G_ic − G_jc}.
+// The backward's in-block parts, for every row t of a steep block and channel c, into the fp32
+// tile sF (other rows untouched): with rows = true Σ_{16⌊t/16⌋ ≤ j ≤ t} X_tj k_jc e^{G_tc − G_jc}
+// (dq's with X = dP, the erase gradient's with X = dAw; both masked tiles); with rows = false
+// dk's, Σ_{t ≤ i < end of block, i < n} (dP_it q_ic + dAw_it ê_ic) e^{G_ic − G_tc}.
 template <int MODE>
-__device__ __forceinline__ float steep_col(const CParams& p, int b, int h, int t0, int n, const bf16* sP,
-                                           const bf16* sdAw, const bf16* sQ, const bf16* sK, const float* sGt,
-                                           const float* sUc, int j, int c) {
-  const float Gj = sGt[j * LDF + c];
-  float x = 0.f;
-  for (int i = j; i <= (j | 15) && i < n; ++i) {
-    float y = bf(sP, i, j) * bf(sQ, i, c);
-    if (MODE != kGla) {
-      float ev = bf(sK, i, c);
-      if (MODE == kGdn2) ev *= __bfloat162float(p.bg[crow(p, b, t0 + i, h) + c]);
-      if (MODE == kCarve) ev *= sigm(__bfloat162float(p.bx[crow(p, b, t0 + i, h) + c]) + sUc[c]);
-      y += bf(sdAw, i, j) * ev;
+__device__ __noinline__ void steep_grads(SteepIn a, int b, int h, int t0, int n, bool rows, const bf16* sX,
+                                         const bf16* sdAw, const bf16* sQ, const bf16* sK, const float* sGt,
+                                         const float* sUc, unsigned steep, float* sF) {
+  for (int i = threadIdx.x; i < C * D; i += NT) {
+    const int t = i >> 6, c = i & 63;
+    if (!((steep >> (t >> 4)) & 1)) continue;
+    const float Gt = sGt[t * LDF + c];
+    float x = 0.f;
+    if (rows) {
+      for (int j = t & ~15; j <= t; ++j) x += bf(sX, t, j) * bf(sK, j, c) * __expf(Gt - sGt[j * LDF + c]);
+    } else {
+      for (int r = t; r <= (t | 15) && r < n; ++r) {
+        float y = bf(sX, r, t) * bf(sQ, r, c);
+        if (MODE != kGla) y += bf(sdAw, r, t) * erase_at<MODE>(a, srow(a, b, t0 + r, h), c, bf(sK, r, c), sUc);
+        x += y * __expf(sGt[r * LDF + c] - Gt);
+      }
     }
-    x += y * __expf(sGt[i * LDF + c] - Gj);
+    sF[t * LDF + c] = x;
   }
-  return x;
+}
+// a += sF on this thread's fragment (a steep row block's warps only).
+__device__ __forceinline__ void add_tile(Acc& a, const float* sF, const Lane& L) {
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) a[nt][e] += sF[L.row(e) * LDF + L.col(nt, e)];
 }
 
 // β of the chunk (kda), 1 on valid rows otherwise; 0 on padded rows.
@@ -453,7 +456,6 @@ __global__ void __launch_bounds__(NT, 1) cfwd_kernel(const CParams p) {
       if (MODE != kGla) {
         zero(a);
         gemm2<false, false, false, false>(a, sEb, Kw, a2, sQb, Kw, L);  // Ē K̄ᵀ, Q̄ K̄ᵀ
-        steep_fix_fwd<MODE>(p, b, h, t0, n, sGt, sUc, steep, L, a, a2);
         store_f(sAw, a, L, [](float x, int t, int j) { return t > j ? x : 0.f; });
         store_bf(sP, a2, L, [](float x, int t, int j) { return t >= j ? x : 0.f; });
         zero(a);
@@ -466,11 +468,14 @@ __global__ void __launch_bounds__(NT, 1) cfwd_kernel(const CParams p) {
         });
       } else {
         gemm2<false, false, false, false>(a2, sQb, Kw, o, sQt, sS, L);  // Q̄ K̄ᵀ, Q̃ S0ᵀ
-        steep_fix_fwd<MODE>(p, b, h, t0, n, sGt, sUc, steep, L, nullptr, a2);
         store_bf(sP, a2, L, [](float x, int t, int j) { return t >= j ? x : 0.f; });
       }
     }
     __syncthreads();
+    if (steep) {
+      steep_pairs<MODE>(steep_in(p), b, h, t0, n, sGt, sUc, steep, sAw, sP);
+      __syncthreads();
+    }
     if (next) load_v(ci + 1);
     const bf16* U = sV;
     if (MODE != kGla) {
@@ -676,7 +681,6 @@ __device__ __forceinline__ void cbwd_body(const CParams& p, const int h, const i
       if (MODE != kGla) {
         zero(a);
         gemm2<false, false, false, false>(a, sEb, Kw, a2, sQb, Kw, L);  // Ē K̄ᵀ, Q̄ K̄ᵀ
-        steep_fix_fwd<MODE>(p, b, h, t0, n, sGt, sUc, steep, L, a, nullptr);
         store_f(sAw, a, L, [](float x, int t, int j) { return t > j ? x : 0.f; });
         zero(a);
         if (PREP) {  // U = U₀ − W S0ᵀ (each thread rewrites only its own elements of U₀)
@@ -693,10 +697,13 @@ __device__ __forceinline__ void cbwd_body(const CParams& p, const int h, const i
         }
       }
       if (MODE == kGla) gemm<false, false>(a2, sQb, Kw, L);
-      steep_fix_fwd<MODE>(p, b, h, t0, n, sGt, sUc, steep, L, nullptr, a2);
       store_bf(sP, a2, L, [](float x, int t, int j) { return t >= j ? x : 0.f; });
     }
     __syncthreads();
+    if (steep) {
+      steep_pairs<MODE>(steep_in(p), b, h, t0, n, sGt, sUc, steep, sAw, sP);
+      __syncthreads();
+    }
     const bf16* U = sV;
     if (MODE != kGla && !PREP) {
       float x[16];
@@ -769,6 +776,12 @@ __device__ __forceinline__ void cbwd_body(const CParams& p, const int h, const i
     __syncthreads();
     Acc dG;  // gate gradient of this thread's (t, c) elements
     if (!OUT) zero(dG);
+    // steep blocks: Aw is dead from here to the dG store, so its tile takes the in-block parts
+    // of dq, then of the erase gradient, then of dk
+    if (OUT && steep) {
+      steep_grads<MODE>(steep_in(p), b, h, t0, n, true, sP, sdAw, sQ, sK, sGt, sUc, steep, sAw);
+      __syncthreads();
+    }
     if (OUT) {
       Acc a, c2;  // dq = (dP K̄) ∘ e^{G − G_s} + scale e^G (dO S0)
       zero(a);
@@ -781,9 +794,12 @@ __device__ __forceinline__ void cbwd_body(const CParams& p, const int h, const i
           const int t = L.row(e), c = L.col(nt, e);
           const float G = sGt[t * LDF + c], Gs = sGt[(t & ~15) * LDF + c];
           a[nt][e] = a[nt][e] * __expf(G - Gs) + scale * __expf(G) * c2[nt][e];
-          if (steep_wm) a[nt][e] += steep_row(sP, sK, sGt, t, c);
-          dG[nt][e] = a[nt][e] * bf(sQ, t, c);
         }
+      if (steep_wm) add_tile(a, sAw, L);
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dG[nt][e] = a[nt][e] * bf(sQ, L.row(e), L.col(nt, e));
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
@@ -802,6 +818,11 @@ __device__ __forceinline__ void cbwd_body(const CParams& p, const int h, const i
       zero(deA);
       zero(deX);
       gemm2<false, true, false, true>(deA, sdAw, Kw, deX, sdR, sS0, L);  // dAw K̄, dR S0
+      if (steep) {
+        __syncthreads();  // (every read of dq's parts is done)
+        steep_grads<MODE>(steep_in(p), b, h, t0, n, true, sdAw, sdAw, sQ, sK, sGt, sUc, steep, sAw);
+        __syncthreads();
+      }
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
@@ -809,14 +830,19 @@ __device__ __forceinline__ void cbwd_body(const CParams& p, const int h, const i
           const int t = L.row(e), c = L.col(nt, e);
           const float G = sGt[t * LDF + c], Gs = sGt[(t & ~15) * LDF + c];
           deA[nt][e] *= __expf(G - Gs);
-          if (steep_wm) deA[nt][e] += steep_row(sdAw, sK, sGt, t, c);
           deX[nt][e] *= -__expf(G);
         }
+      if (steep_wm) add_tile(deA, sAw, L);
     }
     {
       Acc a, a4;  // core gradient on k: Σ_I (dP_Iᵀ Q̄_I + dAw_Iᵀ Ē_I) ∘ e^{G_{s_I} − G} + (U dS) ∘ e^{G_last − G}
       zero(a4);
       if (OUT) gemm<false, true>(a4, U, sdS, L);
+      if (OUT && steep) {
+        __syncthreads();  // (every read of the erase gradient's parts is done)
+        steep_grads<MODE>(steep_in(p), b, h, t0, n, false, sP, sdAw, sQ, sK, sGt, sUc, steep, sAw);
+        __syncthreads();
+      }
       Acc dk;
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt)
@@ -826,8 +852,8 @@ __device__ __forceinline__ void cbwd_body(const CParams& p, const int h, const i
           const float x = a4[nt][e] * __expf(sGt[(C - 1) * LDF + c] - sGt[t * LDF + c]);
           dk[nt][e] = x;
           colL[nt][e & 1] += x * bf(sK, t, c);
-          if (OUT && steep_wm) dk[nt][e] += steep_col<MODE>(p, b, h, t0, n, sP, sdAw, sQ, sK, sGt, sUc, t, c);
         }
+      if (OUT && steep_wm) add_tile(dk, sAw, L);
       for (int I = L.wm + (steep_wm ? 1 : 0); OUT && I < 4; ++I) {  // (a steep block's own rows: above)
         zero(a);
         gemm_k<true, true>(a, sP, sQb, L, I);
@@ -1214,7 +1240,6 @@ __global__ void __launch_bounds__(NT, 2) cprep_kernel(const CParams p) {
       gemm2<false, false, false, false>(a, sEb, Kw, a2, sQb, Kw, L);  // Ē K̄ᵀ, Q̄ K̄ᵀ
     else
       gemm<false, false>(a, sEb, Kw, L);
-    steep_fix_fwd<MODE>(p, b, h, t0, n, sGt, nullptr, steep, L, a, kBwd ? a2 : nullptr);
     store_f(sAw, a, L, [](float x, int t, int j) { return t > j ? x : 0.f; });
     __syncthreads();  // every read of Q̄ and K̄ is done
     if (kBwd) {
@@ -1225,6 +1250,10 @@ __global__ void __launch_bounds__(NT, 2) cprep_kernel(const CParams p) {
       cp_async_wait<0>();
       __syncthreads();  // V is in
     }
+  }
+  if (steep) {
+    steep_pairs<MODE>(steep_in(p), b, h, t0, n, sGt, nullptr, steep, sAw, kBwd ? sQb : nullptr);
+    __syncthreads();
   }
   {
     const int c = tid >> 2, pp = tid & 3;
@@ -1450,7 +1479,6 @@ __global__ void __launch_bounds__(NT, 2) cfwd_main_kernel(const CParams p) {
   zero(o);
   zero(a);
   gemm2<false, false, false, false>(a, sQb, sKb + L.wm * TILE, o, sQ, sS, L);  // Q̄ K̄ᵀ, Q̃ S0ᵀ
-  steep_fix_fwd<MODE>(p, b, h, t0, n, sGt, nullptr, steep, L, nullptr, a);
   Acc x;
   if (MODE != kGla) {
     zero(x);
@@ -1461,6 +1489,10 @@ __global__ void __launch_bounds__(NT, 2) cfwd_main_kernel(const CParams p) {
   if (MODE != kGla)  // U = U₀ − W S0ᵀ (each thread rewrites only its own elements)
     store_bf(sU, x, L, [&](float v, int t, int c) { return bf(sU, t, c) - v; });
   __syncthreads();
+  if (steep) {
+    steep_pairs<MODE>(steep_in(p), b, h, t0, n, sGt, nullptr, steep, nullptr, sQb);
+    __syncthreads();
+  }
   gemm<false, true>(o, sQb, sU, L);  // + P U
 #pragma unroll
   for (int nt = 0; nt < 4; ++nt)
