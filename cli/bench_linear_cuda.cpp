@@ -2,7 +2,8 @@
 // the GPU: deltanet, gdn, gla, kda, gdn2 forward, backward and forward+backward at B=8, T=4096, H=16,
 // dk=dv=64 and B=1, T=32K; CUDA-event timing, median of --reps after --warmup, against the
 // byte and FLOP floors and fla's fwd+bwd times on this H200 (the anchors; the device
-// call that produced docs/perf.md also re-measured fla beside us).
+// call that produced docs/perf.md also re-measured fla beside us). --value-dim N times value
+// heads of N channels (key heads of 64) through kernels/cuda/linear/grouped_heads.hpp.
 // Only in CUDA builds (LAR_HAVE_CUDA comes from kernels/cuda/CMakeLists.txt).
 #ifdef LAR_HAVE_CUDA
 #include <cuda_bf16.h>
@@ -21,6 +22,7 @@
 #include "cli/bench.hpp"
 #include "core/error.hpp"
 #include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/linear/grouped_heads.hpp"
 #include "kernels/cuda/linear/linear_attention.hpp"
 #include "kernels/cuda/linear/linear_methods.hpp"
 #include "registry/text_table.hpp"
@@ -37,6 +39,7 @@ constexpr double kBandwidthTBs = 4.3;
 
 struct Options {
   int reps = 20, warmup = 3;
+  int value_dim = 64;  // ≠ 64: value heads of 64·m through grouped_heads.hpp (no floors, no anchors)
   bool quick = false;
   bool long_seq = true;
   bool short_seq = true;
@@ -172,14 +175,16 @@ struct Problem {
   bool ccq, carve, channel, gated;
   ll::ChannelMixer cm = ll::ChannelMixer::gla;
   ll::DeltaShape s;
-  size_t nx, nr, ns;
+  ll::GroupedShape gs;  // the same with value heads of dv (wide)
+  bool wide;
+  size_t nx, nr, ns, nv, nsv;  // q/k elements, rows, 64×64 states; v/o elements and states at dv
   DevBuf<bf16> q, k, v, o, dO, dq, dk, dv, bound, bg, wg, dbg, dwg;
   DevBuf<float> g, beta, S, dg, dbeta, dS0;
   // CARVE: scalar w, U1, U2, content workspace; CCQ: corrected q, λ, statistics, dq_c
   static constexpr int kRank = 16;
   DevBuf<float> wsc, U1, U2, content, dwsc, dU1, dU2, lam, Kst, mst, dlam;
   DevBuf<bf16> qc, dqc;
-  Problem(const std::string& m, int64_t B, int64_t T, int64_t H, uint64_t seed)
+  Problem(const std::string& m, int64_t B, int64_t T, int64_t H, uint64_t seed, int64_t dv = 64)
       : mixer(m),
         base(m.substr(0, m.find('+'))),
         ccq(m.find("+ccq") != std::string::npos),
@@ -187,13 +192,17 @@ struct Problem {
         channel(base == "gla" || base == "kda" || base == "gdn2" || base == "carve"),
         gated(base != "deltanet"),
         s{B, T, H, 64, 64, 0.125},
+        gs{B, T, H, H, 64, dv, 0.125},
+        wide(dv != 64),
         nx(static_cast<size_t>(B * T * H) * 64),
         nr(static_cast<size_t>(B * T * H)),
         ns(static_cast<size_t>(B * H) * 64 * 64),
-        q(nx), k(nx), v(nx), o(nx), dO(nx), dq(nx), dk(nx), dv(nx),
-        bound(ll::delta_boundary_bytes(s) / sizeof(bf16)),
-        bg(channel ? nx : 1), wg(channel ? nx : 1), dbg(channel ? nx : 1), dwg(channel ? nx : 1),
-        g(channel ? nx : nr), beta(nr), S(ns), dg(channel ? nx : nr), dbeta(nr), dS0(ns),
+        nv(nx / 64 * dv),
+        nsv(ns / 64 * dv),
+        q(nx), k(nx), v(nv), o(nv), dO(nv), dq(nx), dk(nx), dv(nv),
+        bound(ll::grouped_boundary_bytes(gs) / sizeof(bf16)),
+        bg(channel ? nx : 1), wg(channel ? nv : 1), dbg(channel ? nx : 1), dwg(channel ? nv : 1),
+        g(channel ? nx : nr), beta(nr), S(nsv), dg(channel ? nx : nr), dbeta(nr), dS0(nsv),
         wsc(carve ? nr : 1), U1(carve ? static_cast<size_t>(H) * kRank * 64 : 1),
         U2(carve ? static_cast<size_t>(H) * kRank * 64 : 1), content(carve ? ll::carve_content_bytes(s) / 4 : 1),
         dwsc(carve ? nr : 1), dU1(carve ? static_cast<size_t>(H) * kRank * 64 : 1),
@@ -201,9 +210,12 @@ struct Problem {
         mst(ccq ? static_cast<size_t>(B * H) * 64 : 1), dlam(ccq ? nr : 1), qc(ccq ? nx : 1), dqc(ccq ? nx : 1) {
     if (base == "kda") cm = ll::ChannelMixer::kda;
     if (base == "gdn2") cm = ll::ChannelMixer::gdn2;
+    if (wide && (carve || ccq))
+      throw lar::UserError("bench linear-cuda: --value-dim " + std::to_string(dv) + " runs linear mixers without CCQ and "
+                           "CARVE only (got " + m + ")");
     Rng r(seed);
     q.put(bf_round(rows_unit(nr, r))), k.put(bf_round(rows_unit(nr, r)));
-    v.put(bf_round(normal(nx, r))), dO.put(bf_round(normal(nx, r)));
+    v.put(bf_round(normal(nv, r))), dO.put(bf_round(normal(nv, r)));
     beta.put(uniform(nr, r, 0.05, 0.9));
     std::vector<float> hg(g.n, 0.f);
     if (gated) {
@@ -215,7 +227,7 @@ struct Problem {
     g.put(hg);
     if (channel) {
       bg.put(uniform(nx, r, 0.05, 0.9));
-      wg.put(uniform(nx, r, 0.05, 0.9));
+      wg.put(uniform(nv, r, 0.05, 0.9));
       if (carve) bg.put(bf_round(normal(nx, r)));  // erase logits
     }
     if (carve) {
@@ -243,7 +255,11 @@ struct Problem {
   }
   void fwd() {
     if (ccq) ll::ccq_fwd(s, ccq_inputs(), qc.p, {Kst.p, mst.p}, nullptr);
-    if (carve)
+    if (wide && channel)
+      ll::grouped_channel_fwd(cm, gs, inputs(), o.p, S.p, bound.p, nullptr);
+    else if (wide)
+      ll::grouped_delta_fwd(gs, q.p, k.p, v.p, gated ? g.p : nullptr, beta.p, nullptr, o.p, S.p, bound.p, nullptr);
+    else if (carve)
       ll::carve_fwd(s, carve_inputs(), o.p, S.p, bound.p, content.p, nullptr);
     else if (channel)
       ll::channel_fwd(cm, s, inputs(), o.p, S.p, bound.p, nullptr);
@@ -261,7 +277,13 @@ struct Problem {
       ll::ChannelGrads gr;
       gr.dq = dq_b, gr.dk = dk.p, gr.dv = dv.p, gr.dg = dg.p, gr.dbeta = dbeta.p, gr.db = dbg.p, gr.dw = dwg.p;
       gr.dS0 = dS0.p;
-      ll::channel_bwd(cm, s, inputs(), bound.p, dO.p, nullptr, gr, nullptr);
+      if (wide)
+        ll::grouped_channel_bwd(cm, gs, inputs(), bound.p, dO.p, nullptr, gr, nullptr);
+      else
+        ll::channel_bwd(cm, s, inputs(), bound.p, dO.p, nullptr, gr, nullptr);
+    } else if (wide) {
+      ll::grouped_delta_bwd(gs, q.p, k.p, v.p, gated ? g.p : nullptr, beta.p, bound.p, dO.p, nullptr, dq.p, dk.p,
+                            dv.p, gated ? dg.p : nullptr, dbeta.p, dS0.p, nullptr);
     } else {
       ll::delta_bwd(s, qin(), k.p, v.p, gated ? g.p : nullptr, beta.p, bound.p, dO.p, nullptr, dq_b, dk.p, dv.p,
                     gated ? dg.p : nullptr, dbeta.p, dS0.p, nullptr);
@@ -284,10 +306,12 @@ int bench_linear(const Options& o) {
   if (!o.short_seq) cases = {{1, 32768, 16}};
   if (!o.long_seq && !o.short_seq) throw lar::UserError("bench linear-cuda: --no-long and --no-short leave no shape");
   if (o.quick) cases = {{1, 1024, 4}};
+  if (o.value_dim % 64 != 0)
+    throw lar::UserError("bench linear-cuda: --value-dim " + std::to_string(o.value_dim) + " is not a multiple of 64");
   std::cout << fmt::format(
-      "linear-cuda: fused chunkwise linear mixers (chunk 64, dk=dv=64, bf16 in/out, fp32 state) on {} ({} SMs); "
+      "linear-cuda: fused chunkwise linear mixers (chunk 64, dk=64, dv={}, bf16 in/out, fp32 state) on {} ({} SMs); "
       "median of {} after {} warm-up; floors at {:.0f} TFLOP/s and {:.1f} TB/s\n",
-      prop.name, prop.multiProcessorCount, o.reps, o.warmup, kPeakTflops, kBandwidthTBs);
+      o.value_dim, prop.name, prop.multiProcessorCount, o.reps, o.warmup, kPeakTflops, kBandwidthTBs);
   lar::registry::TextTable table;
   table.headers = {"mixer", "shape", "pass", "ms", "floor ms (bytes | flops)", "anchor ms", "anchor/ours"};
   table.right_align = {false, false, false, true, true, true, true};
@@ -301,7 +325,8 @@ int bench_linear(const Options& o) {
     const std::string own_anchor = mixer == "carve" ? "gdn2" : mixer.substr(0, mixer.find('+'));
     if (!o.wants(mixer)) continue;
     for (const Case& c : cases) {
-      Problem p(mixer, c.B, c.T, c.H, 7);
+      if (o.value_dim != 64 && (mixer == "carve" || mixer.find("+ccq") != std::string::npos)) continue;
+      Problem p(mixer, c.B, c.T, c.H, 7, o.value_dim);
       auto fwd = [&] { p.fwd(); };
       auto bwd = [&] { p.bwd(); };
       p.fwd();
@@ -324,8 +349,9 @@ int bench_linear(const Options& o) {
         const double b = bytes / (kBandwidthTBs * 1e9), f = flops / (kPeakTflops * 1e9);
         return fmt::format("{:.3f} ({:.3f} | {:.3f})", std::max(b, f), b, f);
       };
-      const std::string name = fmt::format("B={} T={} H={}", c.B, c.T, c.H);
-      const bool anchored = c.B == 8 && c.T == 4096 && c.H == 16 && anchor > 0;
+      const std::string name =
+          fmt::format("B={} T={} H={}", c.B, c.T, c.H) + (p.wide ? fmt::format(" dv={}", o.value_dim) : "");
+      const bool anchored = c.B == 8 && c.T == 4096 && c.H == 16 && anchor > 0 && !p.wide;
       for (const auto& [pass, t] : {std::pair<std::string, double>{"fwd", t_fwd}, {"bwd", t_bwd}, {"fwd+bwd", t_all}})
         ours[mixer + name + pass] = t;
       auto own = [&](const std::string& pass, double t) -> std::vector<std::string> {
@@ -342,15 +368,16 @@ int bench_linear(const Options& o) {
       // one line as soon as a case is timed: a run stopped by a time limit keeps what it measured
       std::cout << fmt::format("  {} {}: fwd {:.3f}  bwd {:.3f}  fwd+bwd {:.3f} ms\n", mixer, name, t_fwd, t_bwd, t_all)
                 << std::flush;
-      row("fwd", t_fwd, floor_ms(fwd_bytes, fwd_flops), false);
-      row("bwd", t_bwd, floor_ms(bwd_bytes, bwd_flops), false);
-      row("fwd+bwd", t_all, floor_ms(fwd_bytes + bwd_bytes, fwd_flops + bwd_flops), anchored);
+      // (the floors count value heads of 64: none for --value-dim)
+      row("fwd", t_fwd, p.wide ? "-" : floor_ms(fwd_bytes, fwd_flops), false);
+      row("bwd", t_bwd, p.wide ? "-" : floor_ms(bwd_bytes, bwd_flops), false);
+      row("fwd+bwd", t_all, p.wide ? "-" : floor_ms(fwd_bytes + bwd_bytes, fwd_flops + bwd_flops), anchored);
     }
   }
   // recurrent single-token decode of every mixer: one launch per token, state read
   // and written once (floor: 2 · B·H·16 KiB at the copy bandwidth)
   for (const std::string mixer : {"deltanet", "gdn", "gla", "kda", "gdn2", "carve"}) {
-    if (!o.wants(mixer + "-decode")) continue;
+    if (!o.wants(mixer + "-decode") || o.value_dim != 64) continue;
     const int64_t B = o.quick ? 1 : 8, H = o.quick ? 4 : 16;
     Problem p(mixer, B, 1, H, 11);
     const double t = median_ms(
@@ -387,6 +414,10 @@ static lar::cli::BenchRegistration linear_cuda_reg{
       app.add_flag("--quick", o->quick, "One small shape (a smoke run)");
       app.add_flag("!--no-long", o->long_seq, "Skip the B=1, T=32K shape");
       app.add_flag("!--no-short", o->short_seq, "Skip the B=8, T=4096 shape");
+      app.add_option("--value-dim", o->value_dim,
+                     "Value head dim (a multiple of 64 up to 512; key dim 64): value heads of 64·m run as m heads "
+                     "sharing q, k (kernels/cuda/linear/grouped_heads.hpp); no CARVE, no +ccq, no decode rows")
+          ->check(CLI::Range(64, 512));
       app.add_option("--mixer", o->only,
                      "Only these cases, comma-separated (deltanet, gdn, gla, kda, gdn2, carve, gdn+ccq, gla+ccq, "
                      "<mixer>-decode for deltanet, gdn, gla, kda, gdn2, carve)");

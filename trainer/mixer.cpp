@@ -47,7 +47,17 @@ std::string cuda_unsupported(const json& model) {
   // The dimensions and options are the model's, the same for every linear layer.
   const MixerConfig c = mixer_config(model, 0);
   if (c.head_dim != 64) return "model.head_dim: the linear CUDA kernels need 64, got " + std::to_string(c.head_dim);
-  if (c.value_dim != 64) return "model.value_dim: the linear CUDA kernels need 64, got " + std::to_string(c.value_dim);
+  // Value heads of 64·m run as m heads of 64 sharing q, k (kernels/cuda/linear/grouped_heads.hpp);
+  // not CARVE (its content signal couples the value channels) nor the cler/cler_h readouts.
+  if (c.value_dim % 64 != 0 || c.value_dim > 512)
+    return "model.value_dim: the linear CUDA kernels need a multiple of 64 up to 512, got " +
+           std::to_string(c.value_dim);
+  if (c.value_dim != 64) {
+    const std::string r = model.value("routing", "none");
+    if (model.value("architecture", "") == "carve" || r == "cler" || r == "cler_h")
+      return "model.value_dim: CARVE and the cler/cler_h readouts run on CUDA with value heads of 64 only, got " +
+             std::to_string(c.value_dim);
+  }
   // CCQ runs on every backbone; CARVE with 64-token content chunks and without cler/cler_h
   // (cuda_linear_unsupported in trainer/mixers/linear_mixer.cpp says the same per layer).
   if (model.value("architecture", "") == "carve") {

@@ -79,12 +79,16 @@ void check_batch_split(const json& config, int world) {
                     " rank(s) × data.micro_batches " + std::to_string(micro) + " equal micro-batches");
 }
 
-std::string resolve_train_backend(const json& config) {
+std::string backend_fallback_reason(const json& config) {
   const std::string asked = config.at("backend").get<std::string>();
-  const std::string k = kernels::resolve_backend(asked);
+  if (asked != "auto" || kernels::resolve_backend(asked) != "cuda") return "";
+  return cuda_unsupported(config.at("model"));
+}
+
+std::string resolve_train_backend(const json& config) {
   // `auto` on a GPU machine: a model the GPU cannot run yet trains on the CPU.
-  if (asked == "auto" && k == "cuda" && !cuda_unsupported(config.at("model")).empty()) return "cpu";
-  return k;
+  if (!backend_fallback_reason(config).empty()) return "cpu";
+  return kernels::resolve_backend(config.at("backend").get<std::string>());
 }
 
 json prepare_config(const json& raw) {
@@ -481,6 +485,11 @@ int Trainer::run() {
   bopts.deterministic = cfg_.at("deterministic").get<bool>();
   bopts.precision = cfg_.value("precision", std::string("auto"));
   const std::string backend = resolve_train_backend(cfg_);
+  const std::string fallback = backend_fallback_reason(cfg_);
+  if (!fallback.empty())
+    std::cerr << "lar train: backend auto trains on the CPU although a GPU is present: the CUDA backend cannot run "
+                 "this model: "
+              << fallback << "\n";
   if (opts_.make_backend) {
     if (backend != "cuda")
       throw UserError("data-parallel training runs on the cuda backend; this config trains on '" + backend +
@@ -587,6 +596,10 @@ int Trainer::run() {
   // they trained on the same data slice with the same tokenizer.
   summary_["data_slice"] = ds_->slice_id();
   if (const std::string tok = ds_->tokenizer_id(); !tok.empty()) summary_["tokenizer"] = tok;
+  if (!fallback.empty()) {
+    summary_["backend_fallback"] = fallback;
+    log("backend auto: training on the CPU, the CUDA backend cannot run this model: " + fallback);
+  }
   if (primary()) rd_.transition(st_, RunState::running);
 
   SignalGuard signals;

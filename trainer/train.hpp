@@ -76,6 +76,10 @@ int train_run(const std::filesystem::path& run_dir, const TrainOptions& opts = {
 // built with CUDA and a GPU is present), except that auto picks cpu for a model the CUDA
 // backend cannot run (trainer::cuda_unsupported, trainer/mixer.hpp).
 std::string resolve_train_backend(const json& config);
+// Why resolve_train_backend falls back to the CPU: `backend: auto` on a machine with a GPU and
+// a model the CUDA backend cannot run gives cuda_unsupported's reason; "" otherwise. `lar
+// train` prints it on stderr and records it in status.json's summary (backend_fallback).
+std::string backend_fallback_reason(const json& config);
 
 // Rows [part·B/parts, (part+1)·B/parts) of a batch of B sequences (B % parts == 0):
 // the share of one rank (and one micro-batch) of the global batch. Task answers keep

@@ -4,6 +4,7 @@
 // same for gdn and deltanet. With LAR_LINEAR_DUMP=DIR set it writes, per mixer, one case
 // (B=2, T=300, H=4, an initial state and a gradient on the final state) as raw
 // little-endian fp32 files <mixer>_q, <mixer>_o, <mixer>_dq, …; skipped otherwise.
+// LAR_LINEAR_DUMP_GATES=strong gives a tenth of the channels log-decays down to −16 a token.
 #include <gtest/gtest.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -32,6 +33,9 @@ TEST(FlaDump, ChannelMixersForExternalCheck) {
   std::normal_distribution<double> nd(0.0, 1.0);
   std::uniform_real_distribution<double> ud(0.0, 1.0);
   const int B = 2, T = 300, H = 4, D = 64;
+  // LAR_LINEAR_DUMP_GATES=strong: the exact-at-any-decay check against fla's naive recurrences
+  const char* gates = std::getenv("LAR_LINEAR_DUMP_GATES");
+  const bool strong = gates && std::string(gates) == "strong";
   const size_t rows = static_cast<size_t>(B) * T * H, nx = rows * D, ns = static_cast<size_t>(B) * H * D * D;
   for (gl::ChannelMixer m : {gl::ChannelMixer::gla, gl::ChannelMixer::kda, gl::ChannelMixer::gdn2}) {
     // the layer's inputs: unit-norm q, k rows; unit-variance v, dO; log-gates in (log 0.9, 0);
@@ -47,6 +51,12 @@ TEST(FlaDump, ChannelMixersForExternalCheck) {
     for (auto& y : v) y = to_bf(nd(rng));
     for (auto& y : dO) y = to_bf(nd(rng));
     for (auto& y : g) y = std::log(0.9 + 0.1 * ud(rng));
+    if (strong) {  // a tenth of every head's channels decay by up to 16 per token
+      std::vector<bool> steep(static_cast<size_t>(H) * D);
+      for (size_t i = 0; i < steep.size(); ++i) steep[i] = ud(rng) < 0.1;
+      for (size_t i = 0; i < g.size(); ++i)
+        if (steep[i % steep.size()]) g[i] = -16.0 * ud(rng);
+    }
     for (auto& y : beta) y = 0.05 + 0.9 * ud(rng);
     for (auto& y : eb) y = to_bf(0.05 + 0.9 * ud(rng));
     for (auto& y : ew) y = to_bf(0.05 + 0.9 * ud(rng));

@@ -220,8 +220,12 @@ TEST(GpuTrain, LinearMixerOnCudaIsAUserError) {
   }
   gdn32["backend"] = "auto";
   EXPECT_EQ(trainer::resolve_train_backend(trainer::prepare_config(gdn32)), "cpu");
+  // the fallback's reason (lar train prints it and records it in status.json)
+  EXPECT_EQ(trainer::backend_fallback_reason(trainer::prepare_config(gdn32)),
+            "model.head_dim: the linear CUDA kernels need 64, got 32");
   gdn32["model"]["n_heads"] = 1;  // head_dim 64: runs on the GPU
   EXPECT_EQ(trainer::resolve_train_backend(trainer::prepare_config(gdn32)), "cuda");
+  EXPECT_EQ(trainer::backend_fallback_reason(trainer::prepare_config(gdn32)), "");
   raw["model"]["architecture"] = "softmax";
   EXPECT_EQ(trainer::resolve_train_backend(trainer::prepare_config(raw)), "cuda");
 }

@@ -49,12 +49,37 @@ void unhead(std::vector<double>& x, const std::vector<double>& part, int b, int 
 }
 
 
+// Per-channel log-decays [B,T,H,64]. Mild: mostly log(0.5..1)·0.3 per token, 5% of the
+// elements ×4 (as a trained gate). Strong: a tenth of every head's channels draw log-decays
+// down to −16 per token, the rest mild. Extreme: a tenth down to −200 per token, another
+// tenth exactly 0 (no decay), the rest mild — in-chunk spans far beyond any fp32 exponent.
+enum class Gates { mild, strong, extreme };
+const char* gates_name(Gates g) { return g == Gates::mild ? "" : g == Gates::strong ? " strong-gates" : " extreme-gates"; }
+std::vector<double> make_gates(std::mt19937_64& rng, Gates kind, int B, int T, int H) {
+  std::uniform_real_distribution<double> ud(0.0, 1.0);
+  std::vector<int> cls(static_cast<size_t>(H) * 64, 0);  // per (h, c): 0 mild, 1 steep, 2 none
+  if (kind != Gates::mild)
+    for (auto& c : cls) {
+      const double u = ud(rng);
+      c = u < 0.1 ? 1 : (kind == Gates::extreme && u < 0.2) ? 2 : 0;
+    }
+  const double steep = kind == Gates::extreme ? 200.0 : 16.0;
+  std::vector<double> g(static_cast<size_t>(B) * T * H * 64);
+  for (size_t i = 0; i < g.size(); ++i) {
+    const int hc = static_cast<int>(i % (static_cast<size_t>(H) * 64));
+    const double mild = std::log(0.5 + 0.5 * ud(rng)) * (ud(rng) < 0.05 ? 4.0 : 0.3);
+    g[i] = static_cast<float>(cls[hc] == 1 ? -steep * ud(rng) : cls[hc] == 2 ? 0.0 : mild);
+  }
+  return g;
+}
+
 struct Case {
   gl::ChannelMixer m;
   int B, T, H;
   bool with_state;
   const char* fwd_path = "fused";  // LAR_CHANNEL_PATH of the forward and of the backward
   const char* bwd_path = "fused";
+  Gates gates = Gates::mild;
 };
 
 cl::Mixer cpu_mixer(gl::ChannelMixer m) {
@@ -63,7 +88,8 @@ cl::Mixer cpu_mixer(gl::ChannelMixer m) {
 
 std::string name(const Case& c) {
   return std::string(gl::channel_mixer_name(c.m)) + " B=" + std::to_string(c.B) + " T=" + std::to_string(c.T) +
-         " H=" + std::to_string(c.H) + (c.with_state ? " +state" : "") + " [" + c.fwd_path + "/" + c.bwd_path + "]";
+         " H=" + std::to_string(c.H) + (c.with_state ? " +state" : "") + gates_name(c.gates) + " [" + c.fwd_path + "/" +
+         c.bwd_path + "]";
 }
 
 struct Errors {
@@ -76,7 +102,6 @@ Errors run_case(std::mt19937_64& rng, const Case& c, Outputs* raw = nullptr, int
   const int D = 64, B = c.B, T = c.T, H = c.H;
   const size_t rows = static_cast<size_t>(B) * T * H, nx = rows * D, ns = static_cast<size_t>(B) * H * D * D;
   std::normal_distribution<double> nd(0.0, 1.0);
-  std::uniform_real_distribution<double> ud(0.0, 1.0);
   auto unit_rows = [&](std::vector<double>& x) {
     x.resize(nx);
     for (size_t r = 0; r < rows; ++r) {
@@ -85,12 +110,11 @@ Errors run_case(std::mt19937_64& rng, const Case& c, Outputs* raw = nullptr, int
       for (int i = 0; i < D; ++i) x[r * D + i] = to_bf(x[r * D + i] / std::sqrt(s));
     }
   };
-  std::vector<double> q, k, v(nx), dO(nx), g(nx), beta(rows), bb(nx), ww(nx), S0(ns, 0.0), dST(ns, 0.0);
+  std::vector<double> q, k, v(nx), dO(nx), beta(rows), bb(nx), ww(nx), S0(ns, 0.0), dST(ns, 0.0);
   unit_rows(q), unit_rows(k);
   for (auto& x : v) x = to_bf(nd(rng));
   for (auto& x : dO) x = to_bf(nd(rng));
-  // per-channel log-decays: mostly mild, some strong (down to log(0.5)·4 per token)
-  for (auto& x : g) x = static_cast<float>(std::log(0.5 + 0.5 * ud(rng)) * (ud(rng) < 0.05 ? 4.0 : 0.3));
+  const std::vector<double> g = make_gates(rng, c.gates, B, T, H);
   for (auto& x : beta) x = static_cast<float>(1.0 / (1.0 + std::exp(-nd(rng))));
   for (auto& x : bb) x = to_bf(1.0 / (1.0 + std::exp(-nd(rng))));
   for (auto& x : ww) x = to_bf(1.0 / (1.0 + std::exp(-nd(rng))));
@@ -176,11 +200,12 @@ struct CarveCase {
   int B, T, H, rank;
   bool content_grad, with_state;
   const char* bwd_path = "fused";  // LAR_CHANNEL_PATH of the backward (the forward has one kernel)
+  Gates gates = Gates::mild;
 };
 std::string name(const CarveCase& c) {
   return "carve B=" + std::to_string(c.B) + " T=" + std::to_string(c.T) + " H=" + std::to_string(c.H) +
          " r=" + std::to_string(c.rank) + (c.content_grad ? "" : " no-content-grad") + (c.with_state ? " +state" : "") +
-         " [" + c.bwd_path + "]";
+         gates_name(c.gates) + " [" + c.bwd_path + "]";
 }
 struct CarveErrors {
   double o, S, dq, dk, dv, dg, dbx, dw, dU1, dU2, dS0;
@@ -253,7 +278,6 @@ CarveErrors run_carve(std::mt19937_64& rng, const CarveCase& c, Outputs* raw = n
   const int D = 64, B = c.B, T = c.T, H = c.H, r = c.rank;
   const size_t rows = static_cast<size_t>(B) * T * H, nx = rows * D, ns = static_cast<size_t>(B) * H * D * D;
   std::normal_distribution<double> nd(0.0, 1.0);
-  std::uniform_real_distribution<double> ud(0.0, 1.0);
   auto unit_rows = [&](std::vector<double>& x) {
     x.resize(nx);
     for (size_t i = 0; i < rows; ++i) {
@@ -262,12 +286,12 @@ CarveErrors run_carve(std::mt19937_64& rng, const CarveCase& c, Outputs* raw = n
       for (int j = 0; j < D; ++j) x[i * D + j] = to_bf(x[i * D + j] / std::sqrt(s));
     }
   };
-  std::vector<double> q, k, v(nx), dO(nx), g(nx), bx(nx), w(rows), S0(ns, 0.0), dST(ns, 0.0);
+  std::vector<double> q, k, v(nx), dO(nx), bx(nx), w(rows), S0(ns, 0.0), dST(ns, 0.0);
   std::vector<double> U1(static_cast<size_t>(H) * r * D), U2(static_cast<size_t>(H) * D * r);
   unit_rows(q), unit_rows(k);
   for (auto& x : v) x = to_bf(nd(rng));
   for (auto& x : dO) x = to_bf(nd(rng));
-  for (auto& x : g) x = static_cast<float>(std::log(0.5 + 0.5 * ud(rng)) * (ud(rng) < 0.05 ? 4.0 : 0.3));
+  const std::vector<double> g = make_gates(rng, c.gates, B, T, H);
   for (auto& x : bx) x = to_bf(nd(rng));
   for (auto& x : w) x = static_cast<float>(1.0 / (1.0 + std::exp(-nd(rng))));
   for (auto& x : U1) x = static_cast<float>(3.0 * nd(rng));
@@ -382,6 +406,34 @@ TEST(LinearChannelCuda, CarveMatchesCpuReference) {
       c.bwd_path = path;
       expect_carve(c, run_carve(rng, c));
     }
+}
+
+// Exact at any decay: strong (−16 per token in a tenth of the channels) and extreme (−200, and
+// channels with no decay at all) gates, both paths and across them, T not a multiple of 64,
+// odd B·H, with and without a state. Every output must be finite and match the reference.
+TEST(LinearChannelCuda, ExactAtAnyDecay) {
+  int devices = 0;
+  ASSERT_EQ(cudaGetDeviceCount(&devices), cudaSuccess);
+  ASSERT_GT(devices, 0);
+  std::mt19937_64 rng{std::random_device{}()};
+  for (Gates gk : {Gates::strong, Gates::extreme})
+    for (gl::ChannelMixer m : {gl::ChannelMixer::gla, gl::ChannelMixer::kda, gl::ChannelMixer::gdn2})
+      for (Case c : {Case{m, 1, 333, 3, true, "fused", "fused"}, Case{m, 3, 200, 1, false, "chunked", "chunked"},
+                     Case{m, 1, 150, 3, true, "chunked", "fused"}, Case{m, 1, 97, 1, true, "fused", "chunked"}}) {
+        c.gates = gk;
+        const Errors e = run_case(rng, c);
+        std::printf("%s: o %.2e S %.2e dq %.2e dk %.2e dv %.2e dg %.2e dbeta %.2e db %.2e dw %.2e dS0 %.2e\n",
+                    name(c).c_str(), e.o, e.S, e.dq, e.dk, e.dv, e.dg, e.dbeta, e.db, e.dw, e.dS0);
+        EXPECT_LT(e.o, 5e-3) << name(c);  // (NaN fails every comparison)
+        EXPECT_LT(e.S, 5e-3) << name(c);
+        for (double x : {e.dq, e.dk, e.dv, e.dg, e.dbeta, e.db, e.dw, e.dS0}) EXPECT_LT(x, 1e-2) << name(c);
+      }
+  for (Gates gk : {Gates::strong, Gates::extreme})
+    for (const char* path : {"fused", "chunked"})
+      for (CarveCase c : {CarveCase{1, 333, 3, 16, true, true}, CarveCase{3, 150, 1, 8, true, false}}) {
+        c.bwd_path = path, c.gates = gk;
+        expect_carve(c, run_carve(rng, c));
+      }
 }
 
 // The split backward has no float atomics within a (b, h) either: three runs, bit-identical.

@@ -25,7 +25,7 @@
 // head) recurrences run in parallel over the backend's threads (each one single-threaded,
 // so deterministic). On the CUDA backend forward/backward go to linear_mixer_cuda.cpp
 // (same parameters, same math; bf16 chunk kernels), CARVE and CCQ included, only with
-// dk = dv = 64 (cuda_linear_unsupported says why not); decode stays on the CPU.
+// dk = 64 and dv = 64·m (cuda_linear_unsupported says why not); decode stays on the CPU.
 #include <omp.h>
 
 #include <algorithm>
@@ -1096,7 +1096,11 @@ std::string cuda_linear_unsupported(const Dims& d) {
   if (d.resid_update) return "model.routing_signal: 'update' has no CUDA path yet";
   if (d.silu_only) return "model.carve.qkv: 'paper' has no CUDA path yet";
   if (d.dk != 64) return "model.head_dim: the CUDA kernels need 64, got " + std::to_string(d.dk);
-  if (d.dv != 64) return "model.value_dim: the CUDA kernels need 64, got " + std::to_string(d.dv);
+  if (d.dv % 64 != 0 || d.dv > 512)
+    return "model.value_dim: the CUDA kernels need a multiple of 64 up to 512, got " + std::to_string(d.dv);
+  if (d.dv != 64 && (d.carve || d.route == Dims::Route::cler || d.route == Dims::Route::cler_h))
+    return "model.value_dim: CARVE and the cler/cler_h readouts run on CUDA with value heads of 64 only, got " +
+           std::to_string(d.dv);
   if (d.conv && d.W > 8) return "model.conv_size: the CUDA conv is at most 8 wide, got " + std::to_string(d.W);
   return "";
 }

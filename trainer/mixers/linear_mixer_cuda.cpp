@@ -7,6 +7,7 @@
 //   CCQ (model.ccq.enabled)        q ← (I − λΣ)q by ccq_fwd in front of any backbone,
 //                                  λ = σ(p_q W_λᵀ + b_λ) from P's q columns, or fixed
 //   o = chunk kernel(q, k, v, …)   delta_fwd (deltanet, gdn) / channel_fwd (gla, kda, gdn2;
+//                                  value heads wider than 64 through grouped_heads.hpp;
 //                                  linear = gla with a zero log-gate) / carve_fwd (CARVE: gdn2's
 //                                  gates with raw erase logits x W_bᵀ, a scalar write gate per
 //                                  head and the content projection U1, U2; kernels/cuda/linear/
@@ -28,6 +29,7 @@
 #include "core/error.hpp"
 #include "kernels/cuda/cuda_backend.hpp"
 #include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/linear/grouped_heads.hpp"
 #include "kernels/cuda/linear/layer_ops.hpp"
 #include "kernels/cuda/linear/linear_attention.hpp"
 #include "kernels/cuda/linear/linear_methods.hpp"
@@ -164,7 +166,7 @@ class CudaLinearImpl final : public CudaLinear {
       cl::pack_pieces(wcat_pieces(), wcat_.data, act_bf16(), st);
     }
     o_ = bf_alloc(ar, N * d_.Cv);
-    bound_ = ar.alloc(DType::f32, {(int64_t)(cl::delta_boundary_bytes(shape()) + 3) / 4});
+    bound_ = ar.alloc(DType::f32, {(int64_t)(cl::grouped_boundary_bytes(gshape()) + 3) / 4});
     P_qkv_ = keep_p_ ? ar.alloc(at_, {N, ldp_}) : Tensor();
     og_ = keep_og_ && !wide_ ? ar.alloc(at_, {N, d_.Cv}) : Tensor();  // wide_: og is in P_qkv_
     rstd_ = ar.alloc(DType::f32, {N * d_.H});
@@ -236,7 +238,7 @@ class CudaLinearImpl final : public CudaLinear {
     {
       cl::LayerTimer tm("linear: out norm+gate (fwd)", st);
       cl::out_gate_forward(N * d_.H, o_.p, og_ptr(), P_[s_.onorm].ptr<float>(), kNormEps, ypre.data, rstd_.ptr<float>(),
-                           act_bf16(), st, d_.H, og_ld());
+                           act_bf16(), st, d_.H, og_ld(), d_.dv);
     }
     be.gemm(ypre, false, P_[s_.wo], true, y.view({N, d_.d}));
     ar.release(mark);
@@ -281,10 +283,10 @@ class CudaLinearImpl final : public CudaLinear {
     void* dogp = wide_ ? static_cast<char*>(dP.data) + pw_ * elem_bytes(dP) : dog.data;
     {
       cl::LayerTimer tm("linear: out norm+gate (bwd)", st);
-      Tensor scratch = ar.alloc(DType::f32, {(int64_t)cl::out_gate_backward_scratch_floats(N * d_.H)});
+      Tensor scratch = ar.alloc(DType::f32, {(int64_t)cl::out_gate_backward_scratch_floats(N * d_.H, d_.dv)});
       cl::out_gate_backward(N * d_.H, o_.p, og_ptr(), P_[s_.onorm].ptr<float>(), rstd_.ptr<float>(), dypre.data, dO.p,
                             dogp, ypre.data, G_[s_.onorm].ptr<float>(), scratch.ptr<float>(), act_bf16(), st, d_.H,
-                            og_ld());
+                            og_ld(), d_.dv);
     }
     be.gemm(dY, true, ypre, false, G_[s_.wo], 1.0, 1.0);
     if (!wide_) {
@@ -423,6 +425,19 @@ class CudaLinearImpl final : public CudaLinear {
     s.scale = 1.0 / std::sqrt((double)d_.dk);
     return s;
   }
+  // The delta and channel kernels' shape: value heads of dv = 64·m channels run as m heads of
+  // 64 sharing q, k and the gates (kernels/cuda/linear/grouped_heads.hpp).
+  cl::GroupedShape gshape() const {
+    cl::GroupedShape s;
+    s.B = B_;
+    s.T = T_;
+    s.H = d_.H;
+    s.Hk = d_.H;
+    s.dk = d_.dk;
+    s.dv = d_.dv;
+    s.scale = 1.0 / std::sqrt((double)d_.dk);
+    return s;
+  }
   bf16* bound_bf() const { return static_cast<bf16*>(bound_.data); }
   const char* kernel_name(bool bwd) const {
     if (d_.carve) return bwd ? "linear: carve_bwd" : "linear: carve_fwd";
@@ -475,9 +490,9 @@ class CudaLinearImpl final : public CudaLinear {
     if (d_.carve)
       cl::carve_fwd(shape(), carve_inputs(q), o, nullptr, bound, content_.ptr<float>(), st);
     else if (delta_kernel())
-      cl::delta_fwd(shape(), q, k_.p, v_.p, fptr(g_), fptr(beta_), nullptr, o, nullptr, bound, st);
+      cl::grouped_delta_fwd(gshape(), q, k_.p, v_.p, fptr(g_), fptr(beta_), nullptr, o, nullptr, bound, st);
     else
-      cl::channel_fwd(channel_kind(), shape(), channel_inputs(q), o, nullptr, bound, st);
+      cl::grouped_channel_fwd(channel_kind(), gshape(), channel_inputs(q), o, nullptr, bound, st);
   }
 
   Grads grads_alloc(kernels::Arena& ar, int64_t N) {
@@ -525,7 +540,7 @@ class CudaLinearImpl final : public CudaLinear {
                       content_.ptr<float>() + b * d_.H * nc * d_.dv, dO + b * tok, nullptr, cg, st);
       }
     } else if (delta_kernel()) {
-      cl::delta_bwd(shape(), q, k_.p, v_.p, fptr(g_), fptr(beta_), bound_bf(), dO, nullptr, g.dq.p, g.dk.p, g.dv.p,
+      cl::grouped_delta_bwd(gshape(), q, k_.p, v_.p, fptr(g_), fptr(beta_), bound_bf(), dO, nullptr, g.dq.p, g.dk.p, g.dv.p,
                     fptr(g.dg), fptr(g.dbeta), nullptr, st);
     } else {
       cl::ChannelGrads cg;
@@ -536,7 +551,7 @@ class CudaLinearImpl final : public CudaLinear {
       cg.dbeta = fptr(g.dbeta);
       cg.db = g.db.p;
       cg.dw = g.dw.p;
-      cl::channel_bwd(channel_kind(), shape(), channel_inputs(q), bound_bf(), dO, nullptr, cg, st);
+      cl::grouped_channel_bwd(channel_kind(), gshape(), channel_inputs(q), bound_bf(), dO, nullptr, cg, st);
     }
   }
 

@@ -7,8 +7,10 @@
 // around the block's first row s_I:
 //   P[t,j] = Σ_c (q_tc e^{G_tc − G_{s_I}c}) (k_jc e^{G_{s_I}c − G_jc}),   t ∈ I, j ≤ t
 // The first factor is ≤ 1; the second is ≤ 1 for j < s_I and at most e^{(decay over 16
-// tokens)} inside the block, so bf16 operands neither overflow nor lose precision for any
-// per-token decay above ≈ −5 (a gate of 0.007). Warp row block wm multiplies with its own
+// tokens)} inside the block. On a steep block (a fall of more than kSpanMax = 40 in some
+// channel over its 16 rows) K̄ drops the block's own rows and those pairs are summed directly
+// with exp(G_t − G_j) ≤ 1 (steep_fix_*), so the kernels are exact for any log-decay ≤ 0.
+// Warp row block wm multiplies with its own
 // K̄^(wm) tile. The gate gradient uses that every factor carries +G of its row for q and e
 // and −G for k: dG = q∘dq + e∘de − k∘dk (core gradients), plus the G_last terms.
 //
@@ -124,13 +126,44 @@ __device__ __forceinline__ void load_gate_tile(float* s, const float* gsrc, size
   }
 }
 
+// The factored in-chunk products carry e^{G_{16I} − G_j} for a key row j inside row block I
+// (K̄_I) against e^{G_t − G_{16I}} ≤ 1 for a query row t: a steep block (a per-channel fall of
+// the cumulative log-decay G by more than kSpanMax over its 16 rows) would overflow the first
+// and underflow the second. There K̄_I keeps only the rows before the block, and the in-block
+// pairs are summed directly in fp32 with exp(G_t − G_j) ≤ 1 per pair (steep_pairs, steep_grads), so
+// every kernel is exact for any log-decay ≤ 0. Below the bound both factors stay within
+// e^{±40}, far inside the bf16 / fp32 range, and the tensor-core path runs unchanged.
+constexpr float kSpanMax = 40.f;
+__device__ __forceinline__ unsigned steep_blocks(const int* steep) {
+  int f = 0;
+#pragma unroll
+  for (int w = 0; w < 8; ++w) f |= steep[w];
+  return static_cast<unsigned>(f);
+}
+// K̄_I's row mask: the rows up to the end of block I, or only those before it when it is steep.
+__device__ __forceinline__ bool kbar_row(int t, int I, unsigned steep) {
+  return (steep >> I) & 1 ? t < 16 * I : t <= 16 * I + 15;
+}
+
 // In-place cumulative sum over rows of each column (forward) of an fp32 tile; thread
 // (column tid/4, part tid%4) scans rows 16·part.., the quad combines the part totals.
-__device__ __forceinline__ void cumsum_cols(float* s) {
+// With `steep`, also flags the 16-row blocks too steep for the factored products (see
+// kSpanMax): warp w writes steep[w], bit I set when one of its columns falls by more than
+// kSpanMax over block I; steep_blocks() ORs the 8 words after the next barrier.
+__device__ __forceinline__ void cumsum_cols(float* s, int* steep = nullptr) {
   const int c = threadIdx.x >> 2, p = threadIdx.x & 3;
   float v[16];
 #pragma unroll
   for (int r = 0; r < 16; ++r) v[r] = s[(16 * p + r) * LDF + c] + (r ? v[r - 1] : 0.f);
+  if (steep) {  // lane = 4·column + block: block I's flags are the lanes ≡ I (mod 4)
+    const unsigned m = __ballot_sync(FULL, v[0] - v[15] > kSpanMax);
+    if ((threadIdx.x & 31) == 0) {
+      int f = 0;
+#pragma unroll
+      for (int I = 0; I < 4; ++I) f |= (m & (0x11111111u << I)) ? 1 << I : 0;
+      steep[threadIdx.x >> 5] = f;
+    }
+  }
   float tot = v[15], inc = tot;
 #pragma unroll
   for (int o = 1; o < 4; o <<= 1) {
@@ -160,11 +193,11 @@ __device__ __forceinline__ void rcumsum_cols(float* s) {
 
 // Per-chunk operand tiles from Q, K, (b), G:
 //   Qb = q e^{G − G_s}, Eb = e e^{G − G_s} (s = the row's 16-block start), Kb_I = k e^{G_{16I} − G}
-//   (rows ≤ 16I+15, else 0), Qt = q e^{G}, Et = e e^{G}, Kh = k e^{G_last − G}.
+//   (rows ≤ 16I+15, or < 16I in a steep block; else 0), Qt = q e^{G}, Et = e e^{G}, Kh = k e^{G_last − G}.
 template <int MODE>
 __device__ __forceinline__ void build_tiles(const CParams& p, int b, int h, int t0, int n, const bf16* Q, const bf16* K,
                                             const float* sGt, bf16* sQb, bf16* sEb, bf16* sKb, bf16* sQt, bf16* sEt,
-                                            bf16* sKh, const float* sUc, const bf16* sBx = nullptr) {
+                                            bf16* sKh, const float* sUc, unsigned steep, const bf16* sBx = nullptr) {
   for (int i = threadIdx.x; i < C * 32; i += NT) {
     const int t = i >> 5, c = 2 * (i & 31);
     float qb[2], eb[2], qt[2], et[2], kh[2], kb[4][2];
@@ -182,7 +215,7 @@ __device__ __forceinline__ void build_tiles(const CParams& p, int b, int h, int 
       const float f = __expf(G - Gs), e0 = __expf(G);
       qb[u] = qv * f, eb[u] = ev * f, qt[u] = qv * e0, et[u] = ev * e0, kh[u] = kv * __expf(Gl - G);
 #pragma unroll
-      for (int I = 0; I < 4; ++I) kb[I][u] = t <= 16 * I + 15 ? kv * __expf(sGt[16 * I * LDF + c + u] - G) : 0.f;
+      for (int I = 0; I < 4; ++I) kb[I][u] = kbar_row(t, I, steep) ? kv * __expf(sGt[16 * I * LDF + c + u] - G) : 0.f;
     }
     const int o = t * LD + c;
     *reinterpret_cast<uint32_t*>(sQb + o) = pack(qb[0], qb[1]);
@@ -195,6 +228,95 @@ __device__ __forceinline__ void build_tiles(const CParams& p, int b, int h, int 
 #pragma unroll
     for (int I = 0; I < 4; ++I) *reinterpret_cast<uint32_t*>(sKb + I * TILE + o) = pack(kb[I][0], kb[I][1]);
   }
+}
+
+
+// ---- steep blocks (kSpanMax): the in-block pairs in fp32, exp(G_t − G_j) ≤ 1 per pair.
+// Cooperative passes of the whole CTA through shared memory, called only for a chunk with a
+// steep block (a CTA-uniform branch between barriers) and kept out of line (__noinline__, no
+// fragment crosses the call), so the tuned kernels' straight-line code keeps its size and its
+// schedule: inlined, the cold code alone cost the backward 35–65% on the H200.
+struct SteepIn {  // the global inputs the passes read (the chunk's tiles may hold other data)
+  const bf16 *q, *k, *bg, *bx;
+  int T, H;
+};
+__device__ __forceinline__ SteepIn steep_in(const CParams& p) { return SteepIn{p.q, p.k, p.bg, p.bx, p.T, p.H}; }
+__device__ __forceinline__ size_t srow(const SteepIn& a, int b, int t, int h) {
+  return ((static_cast<size_t>(b) * a.T + t) * a.H + h) * D;
+}
+// 8 channels c8.. of a row of a [B,T,H,64] bf16 input.
+__device__ __forceinline__ void ld8(const bf16* row, int c8, float (&x)[8]) {
+  const uint4 u = __ldg(reinterpret_cast<const uint4*>(row + c8));
+  const bf16* v = reinterpret_cast<const bf16*>(&u);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) x[i] = __bfloat162float(v[i]);
+}
+// ê of row r, channel c: kda k, gdn2 b ⊙ k, CARVE k σ(bx + u).
+template <int MODE>
+__device__ __forceinline__ float erase_at(const SteepIn& a, size_t r, int c, float kv, const float* sUc) {
+  if (MODE == kGdn2) return kv * __bfloat162float(a.bg[r + c]);
+  if (MODE == kCarve) return kv * sigm(__bfloat162float(a.bx[r + c]) + sUc[c]);
+  return kv;
+}
+// The forward products' in-block pairs of every steep block: P[t,j] = Σ_c q_tc k_jc e^{G_tc − G_jc}
+// (j ≤ t) into the bf16 tile sP and A[t,j] = Σ_c ê_tc k_jc e^{G_tc − G_jc} (j < t) into the fp32
+// tile sA (either nullable), over the entries the factored GEMM left at 0 (K̄ dropped the rows).
+template <int MODE>
+__device__ __noinline__ void steep_pairs(SteepIn a, int b, int h, int t0, int n, const float* sGt, const float* sUc,
+                                         unsigned steep, float* sA, bf16* sP) {
+  const bool wantA = sA != nullptr && MODE != kGla;
+  for (int i = threadIdx.x; i < 4 * 256; i += NT) {
+    const int I = i >> 8, t = 16 * I + ((i >> 4) & 15), j = 16 * I + (i & 15);
+    if (!((steep >> I) & 1) || j > t || t >= n) continue;
+    const size_t rt = srow(a, b, t0 + t, h), rj = srow(a, b, t0 + j, h);
+    float sp = 0.f, sa = 0.f;
+    for (int c8 = 0; c8 < D; c8 += 8) {
+      float kj[8], qt[8], kt[8];
+      ld8(a.k + rj, c8, kj);
+      ld8(a.q + rt, c8, qt);
+      if (wantA) ld8(a.k + rt, c8, kt);
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        const float x = kj[u] * __expf(sGt[t * LDF + c8 + u] - sGt[j * LDF + c8 + u]);
+        sp += qt[u] * x;
+        if (wantA) sa += erase_at<MODE>(a, rt, c8 + u, kt[u], sUc) * x;
+      }
+    }
+    if (sP) sP[t * LD + j] = __float2bfloat16(sp);
+    if (wantA && j < t) sA[t * LDF + j] = sa;
+  }
+}
+// The backward's in-block parts, for every row t of a steep block and channel c, into the fp32
+// tile sF (other rows untouched): with rows = true Σ_{16⌊t/16⌋ ≤ j ≤ t} X_tj k_jc e^{G_tc − G_jc}
+// (dq's with X = dP, the erase gradient's with X = dAw; both masked tiles); with rows = false
+// dk's, Σ_{t ≤ i < end of block, i < n} (dP_it q_ic + dAw_it ê_ic) e^{G_ic − G_tc}.
+template <int MODE>
+__device__ __noinline__ void steep_grads(SteepIn a, int b, int h, int t0, int n, bool rows, const bf16* sX,
+                                         const bf16* sdAw, const bf16* sQ, const bf16* sK, const float* sGt,
+                                         const float* sUc, unsigned steep, float* sF) {
+  for (int i = threadIdx.x; i < C * D; i += NT) {
+    const int t = i >> 6, c = i & 63;
+    if (!((steep >> (t >> 4)) & 1)) continue;
+    const float Gt = sGt[t * LDF + c];
+    float x = 0.f;
+    if (rows) {
+      for (int j = t & ~15; j <= t; ++j) x += bf(sX, t, j) * bf(sK, j, c) * __expf(Gt - sGt[j * LDF + c]);
+    } else {
+      for (int r = t; r <= (t | 15) && r < n; ++r) {
+        float y = bf(sX, r, t) * bf(sQ, r, c);
+        if (MODE != kGla) y += bf(sdAw, r, t) * erase_at<MODE>(a, srow(a, b, t0 + r, h), c, bf(sK, r, c), sUc);
+        x += y * __expf(sGt[r * LDF + c] - Gt);
+      }
+    }
+    sF[t * LDF + c] = x;
+  }
+}
+// a += sF on this thread's fragment (a steep row block's warps only).
+__device__ __forceinline__ void add_tile(Acc& a, const float* sF, const Lane& L) {
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) a[nt][e] += sF[L.row(e) * LDF + L.col(nt, e)];
 }
 
 // β of the chunk (kda), 1 on valid rows otherwise; 0 on padded rows.
@@ -211,7 +333,7 @@ __device__ __forceinline__ void load_beta(const CParams& p, int b, int h, int t0
 
 // ---------------------------------------------------------------- forward
 // Q K V S P U Qb Eb Kb×4 Qt Et Kh Bx Wg (bf16), G, Aw, X (fp32), β, and CARVE's w, u, column sums, h.
-constexpr size_t kCFwdSmem = 17 * TILE * sizeof(bf16) + (3 * TILEF + C + C + C + 4 * C + 32) * sizeof(float);
+constexpr size_t kCFwdSmem = 17 * TILE * sizeof(bf16) + (3 * TILEF + C + C + C + 4 * C + 32 + 8) * sizeof(float);
 
 // β (kda) or CARVE's w of a chunk by cp.async (0 past n); the row mask sB = 1 / 0 otherwise.
 template <int MODE>
@@ -255,6 +377,7 @@ __global__ void __launch_bounds__(NT, 1) cfwd_kernel(const CParams p) {
   float* sUc = sW + C;      // CARVE: u = U_b(m) of the chunk
   float* sColS = sUc + C;   // CARVE: [4][C] per warp-row output column sums / 64
   float* sH = sColS + 4 * C;  // CARVE: tanh(U1 m)
+  int* sSteep = reinterpret_cast<int*>(sH + 32);  // [8] steep-block flags (cumsum_cols)
   const Lane L;
   const int h = blockIdx.x, b = blockIdx.y, tid = threadIdx.x;
   const size_t bh = static_cast<size_t>(b) * p.H + h, stride = static_cast<size_t>(p.H) * D;
@@ -316,10 +439,11 @@ __global__ void __launch_bounds__(NT, 1) cfwd_kernel(const CParams p) {
         *reinterpret_cast<uint4*>(dst + r * D + c * 8) = *reinterpret_cast<const uint4*>(sS + r * LD + c * 8);
       }
     }
-    cumsum_cols(sGt);
+    cumsum_cols(sGt, sSteep);
     if (MODE == kCarve && ci > 0) carve_u(p, cU, sH, sUc);  // (chunk 0: u = 0)
     __syncthreads();
-    build_tiles<MODE>(p, b, h, t0, n, sQ, sK, sGt, sQb, sEb, sKb, sQt, sEt, sKh, sUc, PF ? sBx : nullptr);
+    const unsigned steep = steep_blocks(sSteep);
+    build_tiles<MODE>(p, b, h, t0, n, sQ, sK, sGt, sQb, sEb, sKb, sQt, sEt, sKh, sUc, steep, PF ? sBx : nullptr);
     __syncthreads();
     const bool next = PF && ci + 1 < p.nc;
     if (next) load_qk(ci + 1);
@@ -348,6 +472,10 @@ __global__ void __launch_bounds__(NT, 1) cfwd_kernel(const CParams p) {
       }
     }
     __syncthreads();
+    if (steep) {
+      steep_pairs<MODE>(steep_in(p), b, h, t0, n, sGt, sUc, steep, sAw, sP);
+      __syncthreads();
+    }
     if (next) load_v(ci + 1);
     const bf16* U = sV;
     if (MODE != kGla) {
@@ -409,7 +537,7 @@ __global__ void __launch_bounds__(NT, 1) cfwd_kernel(const CParams p) {
 // CARVE adds w, u, m, dm (C each), h (32), the per-warp-row du sums (4 C) and the per-warp
 // partials of U2ᵀ du ([8][32]) and U1ᵀ dh ([8][C]).
 constexpr size_t kCBwdSmem =
-    18 * TILE * sizeof(bf16) + (3 * TILEF + C + 2 * C + 4 * C + 8 + 5 * C + 64 + 4 * C + 8 * 32 + 8 * C) * sizeof(float);
+    18 * TILE * sizeof(bf16) + (3 * TILEF + C + 2 * C + 4 * C + 8 + 5 * C + 64 + 4 * C + 8 * 32 + 8 * C + 8) * sizeof(float);
 
 // PATH: kBwdFused, one CTA per (b, h) walks the chunks backwards carrying dS (and CARVE's dm);
 // kBwdTwoPhase, one CTA per (b, h, chunk) from the chunk's start state and its end-of-chunk
@@ -464,6 +592,7 @@ __device__ __forceinline__ void cbwd_body(const CParams& p, const int h, const i
   float* sDu = sHb + 64;      // [4][C]
   float* sDhP = sDu + 4 * C;  // [8][32] per-warp partials of U2ᵀ du
   float* sDmP = sDhP + 8 * 32;  // [8][C] per-warp partials of U1ᵀ dh
+  int* sSteep = reinterpret_cast<int*>(sDmP + 8 * C);  // [8] steep-block flags (cumsum_cols)
   const Lane L;
   const int tid = threadIdx.x, c_stop = CH ? c_last : 0;
   const size_t bh = static_cast<size_t>(b) * p.H + h, stride = static_cast<size_t>(p.H) * D;
@@ -530,7 +659,7 @@ __device__ __forceinline__ void cbwd_body(const CParams& p, const int h, const i
       if (tid < C) p.dmc[(bh * p.nc + ci) * D + tid] = sDm[tid];
       __threadfence();  // (published after the next barrier)
     }
-    cumsum_cols(sGt);
+    cumsum_cols(sGt, sSteep);
     if (MODE == kCarve) {  // (sM, sH of this chunk were made at the end of the previous iteration)
       carve_u(p, cU, sH, sUc);
       if (p.cgrad && ci + 1 < p.nc)  // o of this (full) chunk feeds m_{c+1}: dO += dm / 64
@@ -541,7 +670,9 @@ __device__ __forceinline__ void cbwd_body(const CParams& p, const int h, const i
     }
     __syncthreads();
     if (PATH == kBwdCarveChain && p.flags && tid == 0) st_release(p.flags + bh * p.nc + ci, 1u);
-    build_tiles<MODE>(p, b, h, t0, n, sQ, sK, sGt, sQb, sEb, sKb, sQt, sEt, sKh, sUc);
+    const unsigned steep = steep_blocks(sSteep);
+    const bool steep_wm = (steep >> L.wm) & 1;  // this warp's row block
+    build_tiles<MODE>(p, b, h, t0, n, sQ, sK, sGt, sQb, sEb, sKb, sQt, sEt, sKh, sUc, steep);
     __syncthreads();
     const bf16* Kw = sKb + L.wm * TILE;
     {
@@ -569,6 +700,10 @@ __device__ __forceinline__ void cbwd_body(const CParams& p, const int h, const i
       store_bf(sP, a2, L, [](float x, int t, int j) { return t >= j ? x : 0.f; });
     }
     __syncthreads();
+    if (steep) {
+      steep_pairs<MODE>(steep_in(p), b, h, t0, n, sGt, sUc, steep, sAw, sP);
+      __syncthreads();
+    }
     const bf16* U = sV;
     if (MODE != kGla && !PREP) {
       float x[16];
@@ -641,6 +776,12 @@ __device__ __forceinline__ void cbwd_body(const CParams& p, const int h, const i
     __syncthreads();
     Acc dG;  // gate gradient of this thread's (t, c) elements
     if (!OUT) zero(dG);
+    // steep blocks: Aw is dead from here to the dG store, so its tile takes the in-block parts
+    // of dq, then of the erase gradient, then of dk
+    if (OUT && steep) {
+      steep_grads<MODE>(steep_in(p), b, h, t0, n, true, sP, sdAw, sQ, sK, sGt, sUc, steep, sAw);
+      __syncthreads();
+    }
     if (OUT) {
       Acc a, c2;  // dq = (dP K̄) ∘ e^{G − G_s} + scale e^G (dO S0)
       zero(a);
@@ -653,8 +794,12 @@ __device__ __forceinline__ void cbwd_body(const CParams& p, const int h, const i
           const int t = L.row(e), c = L.col(nt, e);
           const float G = sGt[t * LDF + c], Gs = sGt[(t & ~15) * LDF + c];
           a[nt][e] = a[nt][e] * __expf(G - Gs) + scale * __expf(G) * c2[nt][e];
-          dG[nt][e] = a[nt][e] * bf(sQ, t, c);
         }
+      if (steep_wm) add_tile(a, sAw, L);
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dG[nt][e] = a[nt][e] * bf(sQ, L.row(e), L.col(nt, e));
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
@@ -673,6 +818,11 @@ __device__ __forceinline__ void cbwd_body(const CParams& p, const int h, const i
       zero(deA);
       zero(deX);
       gemm2<false, true, false, true>(deA, sdAw, Kw, deX, sdR, sS0, L);  // dAw K̄, dR S0
+      if (steep) {
+        __syncthreads();  // (every read of dq's parts is done)
+        steep_grads<MODE>(steep_in(p), b, h, t0, n, true, sdAw, sdAw, sQ, sK, sGt, sUc, steep, sAw);
+        __syncthreads();
+      }
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
@@ -682,11 +832,17 @@ __device__ __forceinline__ void cbwd_body(const CParams& p, const int h, const i
           deA[nt][e] *= __expf(G - Gs);
           deX[nt][e] *= -__expf(G);
         }
+      if (steep_wm) add_tile(deA, sAw, L);
     }
     {
       Acc a, a4;  // core gradient on k: Σ_I (dP_Iᵀ Q̄_I + dAw_Iᵀ Ē_I) ∘ e^{G_{s_I} − G} + (U dS) ∘ e^{G_last − G}
       zero(a4);
       if (OUT) gemm<false, true>(a4, U, sdS, L);
+      if (OUT && steep) {
+        __syncthreads();  // (every read of the erase gradient's parts is done)
+        steep_grads<MODE>(steep_in(p), b, h, t0, n, false, sP, sdAw, sQ, sK, sGt, sUc, steep, sAw);
+        __syncthreads();
+      }
       Acc dk;
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt)
@@ -697,7 +853,8 @@ __device__ __forceinline__ void cbwd_body(const CParams& p, const int h, const i
           dk[nt][e] = x;
           colL[nt][e & 1] += x * bf(sK, t, c);
         }
-      for (int I = L.wm; OUT && I < 4; ++I) {
+      if (OUT && steep_wm) add_tile(dk, sAw, L);
+      for (int I = L.wm + (steep_wm ? 1 : 0); OUT && I < 4; ++I) {  // (a steep block's own rows: above)
         zero(a);
         gemm_k<true, true>(a, sP, sQb, L, I);
         if (MODE != kGla) gemm_k<true, true>(a, sdAw, sEb, L, I);
@@ -972,14 +1129,14 @@ __device__ __forceinline__ void subst_fwd_regs2(const float* sAw, const float* s
 //   tile 2: Ē;               tile 3: backward Q̄ → P
 //   tiles 4–7: K̄ per 16-row block → W, then U₀ (forward) / Q', dO, V → U₀ (backward)
 // Both passes export W and U₀ (bf16) for their chunk kernels, which then need no solve for U.
-constexpr size_t kCPrepSmem = 8 * TILE * sizeof(bf16) + (2 * TILEF + C) * sizeof(float);
+constexpr size_t kCPrepSmem = 8 * TILE * sizeof(bf16) + (2 * TILEF + C + 8) * sizeof(float);
 static_assert(kCPrepSmem + 1024 <= 228 * 1024 / 2, "two prep CTAs per SM");
 
 // Prep tiles from K (→ K̂ in place), the gates and, for the backward, Q (→ Q̃ in place):
 // Ē = ê e^{G − G_s}, K̄_I = k e^{G_{16I} − G} (rows ≤ 16I+15, else 0), Q̄ = q e^{G − G_s}.
 template <int MODE, bool kQ>
 __device__ __forceinline__ void prep_tiles(const CParams& p, int b, int h, int t0, int n, bf16* sQ, bf16* sK,
-                                           const float* sGt, bf16* sQb, bf16* sEb, bf16* sKb) {
+                                           const float* sGt, bf16* sQb, bf16* sEb, bf16* sKb, unsigned steep) {
   for (int i = threadIdx.x; i < C * 32; i += NT) {
     const int t = i >> 5, c = 2 * (i & 31);
     float qb[2], qt[2], eb[2], kh[2], kb[4][2];
@@ -995,7 +1152,7 @@ __device__ __forceinline__ void prep_tiles(const CParams& p, int b, int h, int t
         qb[u] = qv * f, qt[u] = qv * __expf(G);
       }
 #pragma unroll
-      for (int I = 0; I < 4; ++I) kb[I][u] = t <= 16 * I + 15 ? kv * __expf(sGt[16 * I * LDF + c + u] - G) : 0.f;
+      for (int I = 0; I < 4; ++I) kb[I][u] = kbar_row(t, I, steep) ? kv * __expf(sGt[16 * I * LDF + c + u] - G) : 0.f;
     }
     const int o = t * LD + c;
     *reinterpret_cast<uint32_t*>(sK + o) = pack(kh[0], kh[1]);
@@ -1026,6 +1183,7 @@ __global__ void __launch_bounds__(NT, 2) cprep_kernel(const CParams p) {
   float* sGt = reinterpret_cast<float*>(sT + 8 * TILE);
   float* sAw = sGt + TILEF;
   float* sB = sAw + TILEF;
+  int* sSteep = reinterpret_cast<int*>(sB + C);  // [8] steep-block flags (cumsum_cols)
   const Lane L;
   const int ci = blockIdx.x, h = blockIdx.y, b = blockIdx.z, tid = threadIdx.x;
   const int t0 = ci * C, n = min(C, p.T - t0);
@@ -1067,10 +1225,11 @@ __global__ void __launch_bounds__(NT, 2) cprep_kernel(const CParams p) {
   load_beta<MODE>(p, b, h, t0, n, sB, nullptr);
   cp_async_wait<0>();
   __syncthreads();
-  cumsum_cols(sGt);
+  cumsum_cols(sGt, sSteep);
   __syncthreads();
+  const unsigned steep = steep_blocks(sSteep);
   if (tid < C) p.el[(bh * p.nc + ci) * C + tid] = __expf(sGt[(C - 1) * LDF + tid]);
-  prep_tiles<MODE, kBwd>(p, b, h, t0, n, sQ, sK, sGt, sQb, sEb, sKb);
+  prep_tiles<MODE, kBwd>(p, b, h, t0, n, sQ, sK, sGt, sQb, sEb, sKb, steep);
   __syncthreads();
   {
     const bf16* Kw = sKb + L.wm * TILE;  // this warp's row block's K̄
@@ -1091,6 +1250,10 @@ __global__ void __launch_bounds__(NT, 2) cprep_kernel(const CParams p) {
       cp_async_wait<0>();
       __syncthreads();  // V is in
     }
+  }
+  if (steep) {
+    steep_pairs<MODE>(steep_in(p), b, h, t0, n, sGt, nullptr, steep, sAw, kBwd ? sQb : nullptr);
+    __syncthreads();
   }
   {
     const int c = tid >> 2, pp = tid & 3;
@@ -1259,7 +1422,7 @@ __global__ void __launch_bounds__(kCStateThreads) cstate_kernel(const CParams p)
 // (3a) forward output per chunk from its start state S0 (boundary) and the prep's U₀, W:
 //   U = U₀ − W S0ᵀ,   O = scale (Q̃ S0ᵀ + P U)
 // (gla: U = V). No Aw, no solve: ten bf16 tiles and G (110 KB), two CTAs per SM.
-constexpr size_t kCFwdMainSmem = 10 * TILE * sizeof(bf16) + TILEF * sizeof(float);
+constexpr size_t kCFwdMainSmem = 10 * TILE * sizeof(bf16) + (TILEF + 8) * sizeof(float);
 static_assert(kCFwdMainSmem + 1024 <= 228 * 1024 / 2, "two forward CTAs per SM");
 
 template <int MODE>
@@ -1273,6 +1436,7 @@ __global__ void __launch_bounds__(NT, 2) cfwd_main_kernel(const CParams p) {
   bf16* sQb = sW + TILE;  // Q̄ → P
   bf16* sKb = sQb + TILE;  // 4 tiles
   float* sGt = reinterpret_cast<float*>(sKb + 4 * TILE);
+  int* sSteep = reinterpret_cast<int*>(sGt + TILEF);  // [8] steep-block flags (cumsum_cols)
   const Lane L;
   const int ci = blockIdx.x, h = blockIdx.y, b = blockIdx.z, tid = threadIdx.x;
   const int t0 = ci * C, n = min(C, p.T - t0);
@@ -1290,8 +1454,9 @@ __global__ void __launch_bounds__(NT, 2) cfwd_main_kernel(const CParams p) {
   cp_async_commit();
   cp_async_wait<0>();
   __syncthreads();
-  cumsum_cols(sGt);
+  cumsum_cols(sGt, sSteep);
   __syncthreads();
+  const unsigned steep = steep_blocks(sSteep);
   for (int i = tid; i < C * 32; i += NT) {  // Q̄ = q e^{G − G_s}, Q̃ = q e^G, K̄_I = k e^{G_{16I} − G}
     const int t = i >> 5, c = 2 * (i & 31);
     float qb[2], qt[2], kb[4][2];
@@ -1301,7 +1466,7 @@ __global__ void __launch_bounds__(NT, 2) cfwd_main_kernel(const CParams p) {
       const float qv = bf(sQ, t, c + u), kv = bf(sK, t, c + u);
       qb[u] = qv * __expf(G - Gs), qt[u] = qv * __expf(G);
 #pragma unroll
-      for (int I = 0; I < 4; ++I) kb[I][u] = t <= 16 * I + 15 ? kv * __expf(sGt[16 * I * LDF + c + u] - G) : 0.f;
+      for (int I = 0; I < 4; ++I) kb[I][u] = kbar_row(t, I, steep) ? kv * __expf(sGt[16 * I * LDF + c + u] - G) : 0.f;
     }
     const int o = t * LD + c;
     *reinterpret_cast<uint32_t*>(sQb + o) = pack(qb[0], qb[1]);
@@ -1324,6 +1489,10 @@ __global__ void __launch_bounds__(NT, 2) cfwd_main_kernel(const CParams p) {
   if (MODE != kGla)  // U = U₀ − W S0ᵀ (each thread rewrites only its own elements)
     store_bf(sU, x, L, [&](float v, int t, int c) { return bf(sU, t, c) - v; });
   __syncthreads();
+  if (steep) {
+    steep_pairs<MODE>(steep_in(p), b, h, t0, n, sGt, nullptr, steep, nullptr, sQb);
+    __syncthreads();
+  }
   gemm<false, true>(o, sQb, sU, L);  // + P U
 #pragma unroll
   for (int nt = 0; nt < 4; ++nt)

@@ -1131,6 +1131,83 @@ __global__ void out_bwd_kernel(int64_t rows, const bf16* o, const TA* og, OgRows
   }
 }
 
+// ---- the same at a head width W ≠ 64 (value heads of 64·m channels): one warp per row,
+// channels lane, lane + 32, … (W ≤ kWideMax), the row's sums by shuffles. Both kernels use the
+// same expressions, so the backward's ypre is the forward's bit for bit.
+constexpr int kWideMax = 512;
+__device__ __forceinline__ float ldf(const float* p) { return *p; }
+__device__ __forceinline__ float ldf(const bf16* p) { return __bfloat162float(*p); }
+__device__ __forceinline__ void stf(float* p, float x) { *p = x; }
+__device__ __forceinline__ void stf(bf16* p, float x) { *p = __float2bfloat16(x); }
+// Where row r's og starts at width W (see OgRows).
+__device__ __forceinline__ int64_t og_at(const OgRows& gl, int64_t r, int W) {
+  if (gl.ld == 0) return r * W;
+  const int64_t n = r / gl.heads;
+  return n * gl.ld + (r - n * gl.heads) * W;
+}
+template <class TA>
+__global__ void out_fwd_wide_kernel(int64_t rows, int W, const bf16* o, const TA* og, OgRows gl, const float* wn,
+                                    float eps, TA* ypre, float* rstd) {
+  const int lane = threadIdx.x & 31;
+  const int64_t r = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  if (r >= rows) return;  // uniform per warp
+  float ss = 0.f;
+  for (int c = lane; c < W; c += 32) {
+    const float x = __bfloat162float(o[r * W + c]);
+    ss += x * x;
+  }
+  const float rs = 1.f / sqrtf(warp_sum(ss) / W + eps);
+  for (int c = lane; c < W; c += 32) {
+    const float x = __bfloat162float(o[r * W + c]), g = ldf(og + og_at(gl, r, W) + c);
+    stf(ypre + r * W + c, x * rs * wn[c] * g * sigm(g));
+  }
+  if (lane == 0) rstd[r] = rs;
+}
+// Grid of out_blocks(rows) blocks, warps strided over the rows; ∂L/∂wn per block into
+// dwn_partial [blocks, W] (fixed rows per block: deterministic).
+template <class TA>
+__global__ void out_bwd_wide_kernel(int64_t rows, int W, const bf16* o, const TA* og, OgRows gl, const float* wn,
+                                    const float* rstd, const TA* dypre, bf16* dO, TA* dog, TA* ypre,
+                                    float* dwn_partial) {
+  __shared__ float red[kThreads / 32][kWideMax];
+  const int lane = threadIdx.x & 31, wib = threadIdx.x / 32;
+  const int64_t warps = (int64_t)gridDim.x * (blockDim.x / 32);
+  float dw[kWideMax / 32];
+#pragma unroll
+  for (int i = 0; i < kWideMax / 32; ++i) dw[i] = 0.f;
+  for (int64_t r = (int64_t)blockIdx.x * (blockDim.x / 32) + wib; r < rows; r += warps) {
+    const float rs = rstd[r];
+    const int64_t go = og_at(gl, r, W);
+    float m = 0.f;
+#pragma unroll
+    for (int i = 0; i < kWideMax / 32; ++i) {
+      const int c = lane + 32 * i;
+      if (c >= W) break;
+      const float x = __bfloat162float(o[r * W + c]), g = ldf(og + go + c), d = ldf(dypre + r * W + c);
+      const float xh = x * rs, don = d * g * sigm(g);
+      dw[i] = fmaf(don, xh, dw[i]);
+      stf(dog + go + c, d * xh * wn[c] * silu_grad(g));
+      if (ypre) stf(ypre + r * W + c, x * rs * wn[c] * g * sigm(g));
+      m = fmaf(don * wn[c], xh, m);
+    }
+    m = warp_sum(m) / W;
+    for (int c = lane; c < W; c += 32) {
+      const float x = __bfloat162float(o[r * W + c]), g = ldf(og + go + c), d = ldf(dypre + r * W + c);
+      const float xh = x * rs, dx = d * g * sigm(g) * wn[c];
+      dO[r * W + c] = __float2bfloat16(rs * (dx - xh * m));
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kWideMax / 32; ++i)
+    if (lane + 32 * i < W) red[wib][lane + 32 * i] = dw[i];
+  __syncthreads();
+  for (int c = threadIdx.x; c < W; c += blockDim.x) {
+    float s = 0.f;
+    for (int y = 0; y < kThreads / 32; ++y) s += red[y][c];
+    dwn_partial[(int64_t)blockIdx.x * W + c] = s;
+  }
+}
+
 // ---------------------------------------------------------------- routing readouts
 // a_t ⊙ e_t of token n, channel pair (2·lane) of head h.
 __device__ __forceinline__ float2 readout_vec(const RouteArgs& a, int64_t n, int h, int lane) {
@@ -1530,10 +1607,10 @@ void gate_backward_fused(const GateArgs& a, const float* dy, void* df, bool df_b
 }
 
 namespace {
-OgRows og_rows(int64_t rows, int og_heads, int64_t og_ld) {
+OgRows og_rows(int64_t rows, int og_heads, int64_t og_ld, int width = kSeg) {
   OgRows g;
   if (og_ld == 0) return g;
-  require(og_heads >= 1 && rows % og_heads == 0 && og_ld >= og_heads * kSeg && og_ld % 4 == 0 &&
+  require(og_heads >= 1 && rows % og_heads == 0 && og_ld >= og_heads * width && og_ld % 4 == 0 &&
               rows < (int64_t(1) << 32),
           "out norm × gate: og rows of " + std::to_string(og_heads) + " heads in a stride of " + std::to_string(og_ld));
   g.heads = static_cast<uint32_t>(og_heads);
@@ -1543,9 +1620,21 @@ OgRows og_rows(int64_t rows, int og_heads, int64_t og_ld) {
 }  // namespace
 
 void out_gate_forward(int64_t rows, const bf16* o, const void* og, const float* wn, float eps, void* ypre,
-                      float* rstd, bool act_bf16, cudaStream_t stream, int og_heads, int64_t og_ld) {
+                      float* rstd, bool act_bf16, cudaStream_t stream, int og_heads, int64_t og_ld, int width) {
+  require(width >= 1 && width <= kWideMax, "out norm × gate: head width " + std::to_string(width) + " outside 1..512");
   if (rows == 0) return;
-  const OgRows gl = og_rows(rows, og_heads, og_ld);
+  const OgRows gl = og_rows(rows, og_heads, og_ld, width);
+  if (width != kSeg) {
+    const unsigned blocks = blocks_for(rows, kThreads / 32);
+    if (act_bf16)
+      out_fwd_wide_kernel<<<blocks, kThreads, 0, stream>>>(rows, width, o, static_cast<const bf16*>(og), gl, wn, eps,
+                                                           static_cast<bf16*>(ypre), rstd);
+    else
+      out_fwd_wide_kernel<<<blocks, kThreads, 0, stream>>>(rows, width, o, static_cast<const float*>(og), gl, wn, eps,
+                                                           static_cast<float*>(ypre), rstd);
+    LAR_CUDA_LAUNCHED();
+    return;
+  }
   const unsigned blocks = blocks_for(rows, kThreads / 32 * kRowsW);
   if (act_bf16)
     out_fwd_kernel<<<blocks, kThreads, 0, stream>>>(rows, o, static_cast<const bf16*>(og), gl, wn, eps,
@@ -1556,16 +1645,31 @@ void out_gate_forward(int64_t rows, const bf16* o, const void* og, const float* 
   LAR_CUDA_LAUNCHED();
 }
 
-std::size_t out_gate_backward_scratch_floats(int64_t rows) {
-  return static_cast<std::size_t>(out_blocks(rows)) * kSeg;
+std::size_t out_gate_backward_scratch_floats(int64_t rows, int width) {
+  return static_cast<std::size_t>(out_blocks(rows)) * width;
 }
 
 void out_gate_backward(int64_t rows, const bf16* o, const void* og, const float* wn, const float* rstd,
                        const void* dypre, bf16* dO, void* dog, void* ypre, float* dwn, float* scratch, bool act_bf16,
-                       cudaStream_t stream, int og_heads, int64_t og_ld) {
+                       cudaStream_t stream, int og_heads, int64_t og_ld, int width) {
+  require(width >= 1 && width <= kWideMax, "out norm × gate: head width " + std::to_string(width) + " outside 1..512");
   if (rows == 0) return;
-  const OgRows gl = og_rows(rows, og_heads, og_ld);
+  const OgRows gl = og_rows(rows, og_heads, og_ld, width);
   const int blocks = out_blocks(rows);
+  if (width != kSeg) {
+    if (act_bf16)
+      out_bwd_wide_kernel<<<blocks, kThreads, 0, stream>>>(rows, width, o, static_cast<const bf16*>(og), gl, wn, rstd,
+                                                           static_cast<const bf16*>(dypre), dO, static_cast<bf16*>(dog),
+                                                           static_cast<bf16*>(ypre), scratch);
+    else
+      out_bwd_wide_kernel<<<blocks, kThreads, 0, stream>>>(rows, width, o, static_cast<const float*>(og), gl, wn, rstd,
+                                                           static_cast<const float*>(dypre), dO, static_cast<float*>(dog),
+                                                           static_cast<float*>(ypre), scratch);
+    LAR_CUDA_LAUNCHED();
+    colsum_finish<<<width, kThreads, 0, stream>>>(scratch, blocks, width, 1, dwn);
+    LAR_CUDA_LAUNCHED();
+    return;
+  }
   if (act_bf16)
     out_bwd_kernel<<<blocks, kThreads, 0, stream>>>(rows, o, static_cast<const bf16*>(og), gl, wn, rstd,
                                                     static_cast<const bf16*>(dypre), dO, static_cast<bf16*>(dog),

@@ -6,8 +6,9 @@
 // deterministic column sums for the parameter gradients. Used by
 // trainer/mixers/linear_mixer_cuda.cpp; tests: tests/gpu/test_linear_layer_cuda.cpp.
 //
-// Conventions: row-major, N = B·T token rows; head dims dk = dv = 64 (the kernels' only
-// size); every function launches on `stream` and throws lar::RuntimeError on a bad shape
+// Conventions: row-major, N = B·T token rows; key heads of 64 (q, k, the channel gates, the
+// routing readouts: value heads of 64 too), value heads of any width for the output norm ×
+// gate; every function launches on `stream` and throws lar::RuntimeError on a bad shape
 // or a failed launch. No atomics: every output element is written by one thread and every
 // reduction runs in a fixed order, so results are bit-reproducible.
 #include <cuda_bf16.h>
@@ -143,22 +144,24 @@ std::size_t colsum_scratch_floats(int64_t N, int C);
 void colsum_accumulate(const float* M, int64_t N, int C, int64_t ld, int group, float* out, float* scratch,
                        cudaStream_t stream);
 
-// ---- output: per-head RMSNorm (weight wn [64]) × SiLU(og) ----
-// rows = N·H rows of 64: o bf16 (the kernel's output); og, ypre, dypre and dog all fp32, or
+// ---- output: per-head RMSNorm (weight wn [width]) × SiLU(og) ----
+// rows = N·H rows of `width` channels (a value head; 64 takes the tuned kernels, any other
+// width up to 512 a warp per row): o bf16 (the kernel's output); og, ypre, dypre and dog all fp32, or
 // all bf16 when act_bf16 (GEMM operands in the backend's act_dtype()); rstd [rows] fp32.
-// og (and dog) contiguous [rows, 64], or with og_ld > 0 the first og_heads·64 columns of rows
-// of og_ld elements, a token's og_heads heads each (the layer's GEMM output [P | og]).
+// og (and dog) contiguous [rows, width], or with og_ld > 0 the first og_heads·width columns of
+// rows of og_ld elements, a token's og_heads heads each (the layer's GEMM output [P | og]).
 void out_gate_forward(int64_t rows, const __nv_bfloat16* o, const void* og, const float* wn, float eps, void* ypre,
-                      float* rstd, bool act_bf16, cudaStream_t stream, int og_heads = 0, int64_t og_ld = 0);
-// From dypre: dO (bf16, the kernels' dout), dog, and ∂L/∂wn accumulated into dwn [64]
-// (per-block partials in scratch, out_gate_backward_scratch_floats(rows) floats, then a
+                      float* rstd, bool act_bf16, cudaStream_t stream, int og_heads = 0, int64_t og_ld = 0,
+                      int width = 64);
+// From dypre: dO (bf16, the kernels' dout), dog, and ∂L/∂wn accumulated into dwn [width]
+// (per-block partials in scratch, out_gate_backward_scratch_floats(rows, width) floats, then a
 // fixed-order sum: no [rows, 64] terms buffer). ypre (may be null): out_gate_forward's
 // output again, bit for bit (rstd is the forward's), from the same reads of o and og — the
 // backward's recompute of ypre without a pass of its own.
-std::size_t out_gate_backward_scratch_floats(int64_t rows);
+std::size_t out_gate_backward_scratch_floats(int64_t rows, int width = 64);
 void out_gate_backward(int64_t rows, const __nv_bfloat16* o, const void* og, const float* wn, const float* rstd,
                        const void* dypre, __nv_bfloat16* dO, void* dog, void* ypre, float* dwn, float* scratch,
-                       bool act_bf16, cudaStream_t stream, int og_heads = 0, int64_t og_ld = 0);
+                       bool act_bf16, cudaStream_t stream, int og_heads = 0, int64_t og_ld = 0, int width = 64);
 
 // ---- cross-layer routing: the write residual r_t = z_t − S_{t−1}(a_t ⊙ e_t) ----
 // The chunk kernels read S_t after the update, so r comes from a second readout of the same

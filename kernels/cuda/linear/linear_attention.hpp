@@ -70,8 +70,8 @@ void delta_decode(const DeltaShape& s, const __nv_bfloat16* q, const __nv_bfloat
 //   kda:  e = β k,    z = β v      (beta [B, T, H] fp32)
 //   gdn2: e = b ⊙ k,  z = w ⊙ v    (b, w [B, T, H, 64] bf16, already activated)
 // Same layouts, boundary workspace (delta_boundary_bytes) and structure as the delta rule
-// above; the in-chunk decays are factored per 16-token block, exact for per-token log-decays
-// above ≈ −5 (see channel_rule.cu).
+// above; the in-chunk decays are factored per 16-token block, with the pairs of a block whose
+// decay is too steep for that summed directly: exact for any log-decay ≤ 0 (channel_rule.cu).
 enum class ChannelMixer { gla, kda, gdn2 };
 const char* channel_mixer_name(ChannelMixer m);
 

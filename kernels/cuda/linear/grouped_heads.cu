@@ -1,0 +1,195 @@
+// Value widths dv = 64·m and grouped heads on top of the 64-wide chunk kernels (see
+// grouped_heads.hpp for the mapping): copies out to the virtual heads, the kernel, and the
+// fixed-order sums of the virtual heads' gradients.
+#include "kernels/cuda/linear/grouped_heads.hpp"
+
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <string>
+
+#include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/linear/scratch.hpp"
+
+namespace lar::kernels::cuda::linear {
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+__device__ __forceinline__ float to_f(float x) { return x; }
+__device__ __forceinline__ float to_f(bf16 x) { return __bfloat162float(x); }
+template <class T>
+__device__ __forceinline__ T from_f(float x);
+template <>
+__device__ __forceinline__ float from_f<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ bf16 from_f<bf16>(float x) { return __float2bfloat16(x); }
+
+// dst [rows, hs·rep, w] = src [rows, hs, w] with every head repeated rep times in place.
+template <class T>
+__global__ void expand_heads(const T* __restrict__ src, T* __restrict__ dst, int64_t rows, int hs, int rep, int w) {
+  const int64_t n = rows * hs * rep * w, hd = static_cast<int64_t>(hs) * rep;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t c = i % w, j = (i / w) % hd, r = i / (w * hd);
+    dst[i] = src[(r * hs + j / rep) * w + c];
+  }
+}
+// dst [rows, hd, w] = Σ_{u < rep} src [rows, hd·rep, w] at head j·rep + u (in order of u, fp32).
+template <class T>
+__global__ void sum_heads(const T* __restrict__ src, T* __restrict__ dst, int64_t rows, int hd, int rep, int w) {
+  const int64_t n = rows * hd * w;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t c = i % w, j = (i / w) % hd, r = i / (w * hd);
+    const T* s = src + ((r * hd + j) * rep) * w + c;
+    float acc = 0.f;
+    for (int u = 0; u < rep; ++u) acc += to_f(s[static_cast<int64_t>(u) * w]);
+    dst[i] = from_f<T>(acc);
+  }
+}
+
+unsigned grid_for(int64_t n) { return static_cast<unsigned>(std::clamp<int64_t>((n + 255) / 256, 1, 65535)); }
+
+// The virtual problem: H·m heads of 64 value channels.
+struct Virtual {
+  DeltaShape s;
+  int64_t rows = 0;  // B·T (decode: B)
+  int Hk = 0, H = 0, m = 1, rep_qk = 1;
+  bool direct() const { return rep_qk == 1; }
+};
+Virtual make_virtual(const GroupedShape& g, bool decode, const char* what) {
+  const int64_t Hk = g.Hk > 0 ? g.Hk : g.H;
+  if (g.dk != 64)
+    throw RuntimeError(std::string(what) + ": key dim dk=" + std::to_string(g.dk) + " (supported: 64)");
+  if (g.dv < 64 || g.dv % 64 != 0)
+    throw RuntimeError(std::string(what) + ": value dim dv=" + std::to_string(g.dv) + " (supported: multiples of 64)");
+  if (g.H < 1 || Hk < 1 || g.H % Hk != 0)
+    throw RuntimeError(std::string(what) + ": " + std::to_string(g.H) + " value heads are not a multiple of " +
+                       std::to_string(Hk) + " key heads");
+  Virtual v;
+  v.Hk = static_cast<int>(Hk), v.H = static_cast<int>(g.H), v.m = static_cast<int>(g.dv / 64);
+  v.rep_qk = static_cast<int>(g.H / Hk) * v.m;
+  v.s.B = g.B, v.s.T = g.T, v.s.H = g.H * v.m, v.s.dk = 64, v.s.dv = 64, v.s.scale = g.scale;
+  v.rows = decode ? g.B : g.B * g.T;
+  return v;
+}
+
+// src [rows, hs, w] repeated rep times per head, in scratch (src itself when rep = 1 or null).
+template <class T>
+const T* expand(Scratch& sc, const T* src, int64_t rows, int hs, int rep, int w, cudaStream_t st) {
+  if (!src || rep == 1) return src;
+  const int64_t n = rows * hs * rep * w;
+  T* dst = sc.get<T>(static_cast<size_t>(n));
+  expand_heads<<<grid_for(n), 256, 0, st>>>(src, dst, rows, hs, rep, w);
+  LAR_CUDA_LAUNCHED();
+  return dst;
+}
+// The virtual gradient buffer for dst [rows, hd, w] (dst itself when rep = 1 or null) ...
+template <class T>
+T* grad_buffer(Scratch& sc, T* dst, int64_t rows, int hd, int rep, int w) {
+  if (!dst || rep == 1) return dst;
+  return sc.get<T>(static_cast<size_t>(rows * hd * rep * w));
+}
+// ... and its sum back into dst.
+template <class T>
+void sum_back(const T* buf, T* dst, int64_t rows, int hd, int rep, int w, cudaStream_t st) {
+  if (!dst || rep == 1) return;
+  const int64_t n = rows * hd * w;
+  sum_heads<<<grid_for(n), 256, 0, st>>>(buf, dst, rows, hd, rep, w);
+  LAR_CUDA_LAUNCHED();
+}
+
+// The channel mixers' per-value-head inputs on the virtual heads (w, v, S0 need no copy).
+ChannelInputs virtual_inputs(Scratch& sc, const Virtual& v, const ChannelInputs& in, cudaStream_t st) {
+  ChannelInputs x = in;
+  x.q = expand(sc, in.q, v.rows, v.Hk, v.rep_qk, 64, st);
+  x.k = expand(sc, in.k, v.rows, v.Hk, v.rep_qk, 64, st);
+  x.g = expand(sc, in.g, v.rows, v.H, v.m, 64, st);
+  x.beta = expand(sc, in.beta, v.rows, v.H, v.m, 1, st);
+  x.b = expand(sc, in.b, v.rows, v.H, v.m, 64, st);
+  return x;
+}
+
+}  // namespace
+
+std::size_t grouped_boundary_bytes(const GroupedShape& s) {
+  return delta_boundary_bytes(make_virtual(s, false, "grouped boundary").s);
+}
+
+void grouped_delta_fwd(const GroupedShape& gs, const bf16* q, const bf16* k, const bf16* v, const float* g,
+                       const float* beta, const float* S0, bf16* o, float* S_out, bf16* boundary,
+                       cudaStream_t stream) {
+  const Virtual vs = make_virtual(gs, false, "grouped delta forward");
+  if (vs.direct()) return delta_fwd(vs.s, q, k, v, g, beta, S0, o, S_out, boundary, stream);
+  Scratch sc(stream);
+  delta_fwd(vs.s, expand(sc, q, vs.rows, vs.Hk, vs.rep_qk, 64, stream), expand(sc, k, vs.rows, vs.Hk, vs.rep_qk, 64, stream),
+            v, expand(sc, g, vs.rows, vs.H, vs.m, 1, stream), expand(sc, beta, vs.rows, vs.H, vs.m, 1, stream), S0, o,
+            S_out, boundary, stream);
+}
+
+void grouped_delta_bwd(const GroupedShape& gs, const bf16* q, const bf16* k, const bf16* v, const float* g,
+                       const float* beta, const bf16* boundary, const bf16* dout, const float* dST, bf16* dq,
+                       bf16* dk, bf16* dv, float* dg, float* dbeta, float* dS0, cudaStream_t stream) {
+  const Virtual vs = make_virtual(gs, false, "grouped delta backward");
+  if (vs.direct()) return delta_bwd(vs.s, q, k, v, g, beta, boundary, dout, dST, dq, dk, dv, dg, dbeta, dS0, stream);
+  Scratch sc(stream);
+  bf16* dqx = grad_buffer(sc, dq, vs.rows, vs.Hk, vs.rep_qk, 64);
+  bf16* dkx = grad_buffer(sc, dk, vs.rows, vs.Hk, vs.rep_qk, 64);
+  float* dgx = g ? grad_buffer(sc, dg, vs.rows, vs.H, vs.m, 1) : nullptr;
+  float* dbx = grad_buffer(sc, dbeta, vs.rows, vs.H, vs.m, 1);
+  delta_bwd(vs.s, expand(sc, q, vs.rows, vs.Hk, vs.rep_qk, 64, stream), expand(sc, k, vs.rows, vs.Hk, vs.rep_qk, 64, stream),
+            v, expand(sc, g, vs.rows, vs.H, vs.m, 1, stream), expand(sc, beta, vs.rows, vs.H, vs.m, 1, stream), boundary,
+            dout, dST, dqx, dkx, dv, dgx, dbx, dS0, stream);
+  sum_back(dqx, dq, vs.rows, vs.Hk, vs.rep_qk, 64, stream);
+  sum_back(dkx, dk, vs.rows, vs.Hk, vs.rep_qk, 64, stream);
+  if (g) sum_back(dgx, dg, vs.rows, vs.H, vs.m, 1, stream);
+  sum_back(dbx, dbeta, vs.rows, vs.H, vs.m, 1, stream);
+}
+
+void grouped_delta_decode(const GroupedShape& gs, const bf16* q, const bf16* k, const bf16* v, const float* g,
+                          const float* beta, float* S, bf16* o, cudaStream_t stream) {
+  const Virtual vs = make_virtual(gs, true, "grouped delta decode");
+  if (vs.direct()) return delta_decode(vs.s, q, k, v, g, beta, S, o, stream);
+  Scratch sc(stream);
+  delta_decode(vs.s, expand(sc, q, vs.rows, vs.Hk, vs.rep_qk, 64, stream),
+               expand(sc, k, vs.rows, vs.Hk, vs.rep_qk, 64, stream), v, expand(sc, g, vs.rows, vs.H, vs.m, 1, stream),
+               expand(sc, beta, vs.rows, vs.H, vs.m, 1, stream), S, o, stream);
+}
+
+void grouped_channel_fwd(ChannelMixer m, const GroupedShape& gs, const ChannelInputs& in, bf16* o, float* S_out,
+                         bf16* boundary, cudaStream_t stream) {
+  const Virtual vs = make_virtual(gs, false, "grouped channel forward");
+  if (vs.direct()) return channel_fwd(m, vs.s, in, o, S_out, boundary, stream);
+  Scratch sc(stream);
+  channel_fwd(m, vs.s, virtual_inputs(sc, vs, in, stream), o, S_out, boundary, stream);
+}
+
+void grouped_channel_bwd(ChannelMixer m, const GroupedShape& gs, const ChannelInputs& in, const bf16* boundary,
+                         const bf16* dout, const float* dST, const ChannelGrads& gr, cudaStream_t stream) {
+  const Virtual vs = make_virtual(gs, false, "grouped channel backward");
+  if (vs.direct()) return channel_bwd(m, vs.s, in, boundary, dout, dST, gr, stream);
+  Scratch sc(stream);
+  ChannelGrads x = gr;
+  x.dq = grad_buffer(sc, gr.dq, vs.rows, vs.Hk, vs.rep_qk, 64);
+  x.dk = grad_buffer(sc, gr.dk, vs.rows, vs.Hk, vs.rep_qk, 64);
+  x.dg = grad_buffer(sc, gr.dg, vs.rows, vs.H, vs.m, 64);
+  x.dbeta = grad_buffer(sc, gr.dbeta, vs.rows, vs.H, vs.m, 1);
+  x.db = grad_buffer(sc, gr.db, vs.rows, vs.H, vs.m, 64);
+  channel_bwd(m, vs.s, virtual_inputs(sc, vs, in, stream), boundary, dout, dST, x, stream);
+  sum_back(x.dq, gr.dq, vs.rows, vs.Hk, vs.rep_qk, 64, stream);
+  sum_back(x.dk, gr.dk, vs.rows, vs.Hk, vs.rep_qk, 64, stream);
+  sum_back(x.dg, gr.dg, vs.rows, vs.H, vs.m, 64, stream);
+  sum_back(x.dbeta, gr.dbeta, vs.rows, vs.H, vs.m, 1, stream);
+  sum_back(x.db, gr.db, vs.rows, vs.H, vs.m, 64, stream);
+}
+
+void grouped_channel_decode(ChannelMixer m, const GroupedShape& gs, const ChannelInputs& in, float* S, bf16* o,
+                            cudaStream_t stream) {
+  const Virtual vs = make_virtual(gs, true, "grouped channel decode");
+  if (vs.direct()) return channel_decode(m, vs.s, in, S, o, stream);
+  Scratch sc(stream);
+  channel_decode(m, vs.s, virtual_inputs(sc, vs, in, stream), S, o, stream);
+}
+
+}  // namespace lar::kernels::cuda::linear

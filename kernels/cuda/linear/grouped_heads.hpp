@@ -1,0 +1,63 @@
+#pragma once
+// The chunk kernels of linear_attention.hpp and the channel decode of linear_methods.hpp at
+// any value width dv = 64·m and with grouped heads: Hk key heads (q, k) serve H = G·Hk value
+// heads (v, β, the decay gate, gdn2's b and w, the state), value head j reading key head
+// j / G — fla's `repeat '... h d -> ... (h g) d'` on q and k.
+//
+// Every rule updates the state's value rows independently given the keys (S_t row i depends
+// on v_ti and on k, q, the gates only), so value head j of dv channels runs as m virtual heads
+// of 64 channels that share its q, k and gates: virtual head u = j·m + i holds the value
+// channels 64i..64i+63 and reads key head u / (G·m). The value-side tensors ([B,T,H,dv] and
+// the state [B,H,dv,64]) are already laid out as [B,T,H·m,64] and [B,H·m,64,64]; q, k and the
+// per-value-head gates are copied out to the virtual heads, the 64-wide kernels run on those,
+// and the virtual heads' gradients on q, k and the gates are summed back in a fixed order
+// (deterministic, no atomics). G = m = 1 calls the kernels directly.
+//
+// Layouts (row-major): q, k [B,T,Hk,64] bf16; v, o, dv, dout, gdn2's w [B,T,H,dv] bf16;
+// gdn's g and β [B,T,H] fp32; the channel gate g [B,T,H,64] fp32, gdn2's b [B,T,H,64] bf16;
+// S0, S_out, dST, dS0 [B,H,dv,64] fp32; boundary grouped_boundary_bytes. The decodes take the
+// same layouts without T. Key dim 64 only (dk > 64 couples the key channels inside the chunk
+// products and the solve: not covered here). Tests: tests/gpu/test_linear_grouped.cpp.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/cuda/linear/linear_attention.hpp"
+#include "kernels/cuda/linear/linear_methods.hpp"
+
+namespace lar::kernels::cuda::linear {
+
+struct GroupedShape {
+  int64_t B = 1, T = 0;
+  int64_t H = 1;   // value heads
+  int64_t Hk = 0;  // key heads (0: H); H must be a multiple
+  int64_t dk = 64, dv = 64;
+  double scale = 0.125;
+};
+
+// Bytes of the boundary workspace (the forward writes it, the backward reads it).
+std::size_t grouped_boundary_bytes(const GroupedShape& s);
+
+void grouped_delta_fwd(const GroupedShape& s, const __nv_bfloat16* q, const __nv_bfloat16* k,
+                       const __nv_bfloat16* v, const float* g, const float* beta, const float* S0,
+                       __nv_bfloat16* o, float* S_out, __nv_bfloat16* boundary, cudaStream_t stream);
+void grouped_delta_bwd(const GroupedShape& s, const __nv_bfloat16* q, const __nv_bfloat16* k,
+                       const __nv_bfloat16* v, const float* g, const float* beta,
+                       const __nv_bfloat16* boundary, const __nv_bfloat16* dout, const float* dST,
+                       __nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bfloat16* dv, float* dg, float* dbeta,
+                       float* dS0, cudaStream_t stream);
+void grouped_delta_decode(const GroupedShape& s, const __nv_bfloat16* q, const __nv_bfloat16* k,
+                          const __nv_bfloat16* v, const float* g, const float* beta, float* S,
+                          __nv_bfloat16* o, cudaStream_t stream);
+
+void grouped_channel_fwd(ChannelMixer m, const GroupedShape& s, const ChannelInputs& in, __nv_bfloat16* o,
+                         float* S_out, __nv_bfloat16* boundary, cudaStream_t stream);
+void grouped_channel_bwd(ChannelMixer m, const GroupedShape& s, const ChannelInputs& in,
+                         const __nv_bfloat16* boundary, const __nv_bfloat16* dout, const float* dST,
+                         const ChannelGrads& gr, cudaStream_t stream);
+void grouped_channel_decode(ChannelMixer m, const GroupedShape& s, const ChannelInputs& in, float* S,
+                            __nv_bfloat16* o, cudaStream_t stream);
+
+}  // namespace lar::kernels::cuda::linear
