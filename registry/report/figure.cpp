@@ -90,6 +90,16 @@ std::string terminal(const std::string& format, Page pg) {
 // Labels are plain text (the terminals run noenhanced): '_' in a metric name stays '_'.
 std::string plain(const std::string& s) { return s; }
 
+// gnuplot dash patterns of Style::dash, short enough to show in a legend sample.
+std::string dash_pattern(int dash) {
+  switch (dash) {
+    case 2: return "(6,4)";
+    case 3: return "(1.5,3)";
+    case 4: return "(8,3,2,3)";
+    default: return "solid";
+  }
+}
+
 std::string rgb(const std::string& c) { return "rgb " + quoted(c); }
 
 // Caption lines: the runs a figure was drawn from (wrapped, at most `max_lines`).
@@ -139,18 +149,26 @@ void plot_panel(std::ostringstream& os, const Figure& fig, int& block, bool key,
     os << "set xtics autofreq\n";
   }
   os << "unset arrow\nunset label\nunset object\n";
-  if (key) os << "set key " << (fig.bars ? "inside top right" : "outside right top") << " vertical Left reverse samplen 3 spacing 1.05 font ',"
+  if (key) os << "set key " << (fig.bars ? "inside top center horizontal" : "outside right top") << " vertical Left reverse samplen 4.5 spacing 1.05 font ',"
                << fmt::format("{:.1f}", 7.5 * font_scale) << "'\n";
   else os << "set key off\n";
+  // Scatter plots: room around the outermost points and their labels.
+  os << (!fig.labels.empty() && !fig.bars ? "set offsets graph 0.06, graph 0.16, graph 0.06, graph 0.06\n" : "set offsets 0, 0, 0, 0\n");
   if (fig.bars) {
-    os << "set boxwidth 0.36\nset xrange [-0.6:" << num(static_cast<double>(fig.xtics.size()) - 0.4) << "]\nset yrange [0:*]\n";
+    // Headroom above the tallest bar for its value and the legend.
+    double hi = 0;
+    for (const auto& s : fig.series)
+      for (const auto& p : s.points)
+        if (std::isfinite(p.y)) hi = std::max(hi, p.y + p.err);
+    os << "set boxwidth 0.36\nset xrange [-0.6:" << num(static_cast<double>(fig.xtics.size()) - 0.4) << "]\nset yrange [0:"
+       << (hi > 0 ? num(hi * 1.32) : std::string("*")) << "]\n";
   } else {
     os << "set xrange [*:*]\nset yrange [*:*]\n";
   }
   for (size_t i = 0; i < fig.links.size(); ++i) {
     const auto& l = fig.links[i];
     os << fmt::format("set arrow {} from {},{} to {},{} nohead lc {} lw 0.9 dt {} back\n", i + 1, num(l.from.x), num(l.from.y),
-                      num(l.to.x), num(l.to.y), rgb(l.colour), l.dash);
+                      num(l.to.x), num(l.to.y), rgb(l.colour), dash_pattern(l.dash));
   }
   for (size_t i = 0; i < fig.labels.size(); ++i) {
     const auto& t = fig.labels[i];
@@ -190,15 +208,17 @@ void plot_panel(std::ostringstream& os, const Figure& fig, int& block, bool key,
       mid.push_back(fmt::format("$d{} using 1:2:3 with yerrorbars lc {} pt 0 lw 1 notitle", b, rgb(st.colour)));
     const int marker = s.published ? st.open_marker : st.marker;
     const double ps = s.published ? 1.25 : 1.0;
-    if (!s.lines || (s.published && s.points.size() == 1)) {
-      front.push_back(fmt::format("$d{} using 1:2 with points pt {} ps {} lw 1.5 lc {} {}", b, marker, ps * 1.2, rgb(st.colour), title));
+    if (st.marker < 0) {  // a plain line (a front, a guide)
+      back.push_back(fmt::format("$d{} using 1:2 with lines lw {:.2f} dt {} lc {} {}", b, lw, dash_pattern(st.dash), rgb(st.colour), title));
+    } else if (!s.lines || (s.published && s.points.size() == 1)) {
+      front.push_back(fmt::format("$d{} using 1:2 with points pt {} ps {} lw 1.5 lc {} {}", b, marker, ps * 1.5, rgb(st.colour), title));
     } else {
       const int dash = s.published ? 3 : st.dash;
       // Markers every few points on long curves: they name the stack without blotting.
       const size_t n = s.points.size();
       const int interval = n > 12 ? static_cast<int>((n + 6) / 7) : 1;
       front.push_back(fmt::format("$d{} using 1:2 with linespoints pt {} ps {} pi {} lw {:.2f} dt {} lc {} {}", b, marker, ps * 0.95,
-                                  interval, lw, dash, rgb(st.colour), title));
+                                  interval, lw, dash_pattern(dash), rgb(st.colour), title));
     }
     if (s.best) {
       os << "$b" << b << " << EOD\n" << num(s.best->x) << " " << num(s.best->y) << "\nEOD\n";
@@ -249,9 +269,10 @@ void apply_grammar(Figure& fig) {
   // Facets of our series decide what varies; the paper's series reuse the style of ours.
   std::vector<Facets> facets;
   for (const auto& s : fig.series)
-    if (!s.published) facets.push_back(s.facets);
+    if (!s.published && !s.keep_style) facets.push_back(s.facets);
   if (facets.empty())
-    for (const auto& s : fig.series) facets.push_back(s.facets);
+    for (const auto& s : fig.series)
+      if (!s.keep_style) facets.push_back(s.facets);
   const auto styles = styles_for(facets, fig.colour_by);
   const auto legends = legends_for(facets);
   auto find = [&](const Facets& f) -> std::optional<size_t> {
@@ -324,7 +345,7 @@ std::string gnuplot_script(const Figure& fig, const std::string& format, const s
   os << "set encoding utf8\nset grid lc rgb '#dddddd' lw 0.6\nset border lw 0.8\nset tics nomirror out scale 0.6\nset mxtics default\n"
         "set style fill solid 1.0\nset errorbars small\n";
   const auto runs = fig.runs();
-  const size_t width = static_cast<size_t>(pg.w_in * 24);
+  const size_t width = static_cast<size_t>(pg.w_in * 19);  // characters of 6 pt type a line
   const auto lines = caption_lines(runs, width, 4);
   const double line_h = 0.11 / pg.h_in;  // caption line height, screen fraction (6.5 pt type)
   int block = 0;
@@ -340,7 +361,7 @@ std::string gnuplot_script(const Figure& fig, const std::string& format, const s
     std::string b = body.str();
     const auto at = b.find("plot ");
     os << b.substr(0, at);
-    os << "set bmargin at screen " << num(0.10 + line_h * static_cast<double>(lines.size())) << "\n";
+    os << "set bmargin at screen " << num(0.135 + line_h * static_cast<double>(lines.size())) << "\n";
     caption();
     os << b.substr(at);
   } else {
@@ -360,7 +381,7 @@ std::string gnuplot_script(const Figure& fig, const std::string& format, const s
       plot_panel(body, fig.panels[k], block, key, unit * 0.95, true);
       std::string b = body.str();
       // Panels keep their legends inside, near the data: outside would squeeze each plot.
-      for (const char* from : {"outside right top", "inside top right"}) {
+      for (const char* from : {"outside right top"}) {
         const auto p = b.find(from);
         if (p != std::string::npos) b.replace(p, std::string(from).size(), "inside top right");
       }

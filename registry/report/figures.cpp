@@ -183,10 +183,10 @@ Figure metric_vs_metric(const Report& rep, const std::string& x_metric, const st
   // neutral legend entry explains open markers.
   fig.series = ours;
   if (!paper_pts.empty()) {
-    Series front = make_series("paper's Pareto front", pareto_front(paper_pts), {}, true, true);
-    front.style.colour = "#aaaaaa";
-    front.style.width = 3.5;
-    front.style.dash = 1;
+    Series front = make_series("paper's Pareto front", pareto_front(paper_pts), {}, false, true);
+    front.style.colour = "#b0b0b0";
+    front.style.width = 4;
+    front.style.marker = -1;
     front.keep_style = true;
     fig.series.insert(fig.series.begin(), front);
   }
@@ -196,7 +196,7 @@ Figure metric_vs_metric(const Report& rep, const std::string& x_metric, const st
   }
   if (!paper.empty()) {
     // One neutral entry explains the open markers.
-    Series key = make_series("the paper's value of the same cell (open marker)", {{std::nan(""), std::nan("")}}, {}, true, false);
+    Series key = make_series("open: the paper's value", {{std::nan(""), std::nan("")}}, {}, true, false);
     key.style.colour = "#555555";
     key.keep_style = true;
     fig.series.push_back(key);

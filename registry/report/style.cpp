@@ -139,7 +139,8 @@ std::string sweep_colour(size_t i, size_t n) {
   static const char* stops[] = {"#08306b", "#6a3d9a", "#c2185b", "#e6550d", "#9a7400", "#2a9a2a"};
   if (n <= 1) return stops[0];
   if (n > 6) return stops[i % 6];
-  const size_t k = static_cast<size_t>(std::lround(static_cast<double>(i) * (std::min<size_t>(n, 5) - 1) / (n - 1)));
+  // Spread over the first five stops: neighbours in the sweep stay far apart in colour.
+  const size_t k = n <= 5 ? static_cast<size_t>(std::lround(static_cast<double>(i) * 4.0 / static_cast<double>(n - 1))) : i;
   return stops[std::min<size_t>(k, 5)];
 }
 

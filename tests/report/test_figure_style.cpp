@@ -244,3 +244,49 @@ TEST(FigureStyle, FrontierParetoAndBars) {
   const auto h = colour_histogram(read_png((tmp.path / "bars.png").string()));
   EXPECT_GT(pixels_near(h, architecture_colour("carve"), 12), 1000u);
 }
+
+TEST(FigureStyle, FrontierOfTable2Cells) {
+  // Six LAA Table 2 cells with the paper's values; ours measured slower and higher.
+  struct C {
+    const char *arch, *opt, *stack;
+    double rel, loss, our_tps, our_loss;
+  };
+  const C cells[] = {{"gdn", "adamw", "pure", 100.0, 2.433, 1000, 3.10}, {"gdn", "normuon", "hybrid", 89.5, 2.321, 850, 3.02},
+                     {"kda", "normuon", "hybrid", 70.9, 2.273, 600, 2.95}, {"kda", "adamw", "pure", 73.6, 2.347, 640, 3.05},
+                     {"softmax", "normuon", "dense", 79.7, 2.349, 900, 3.00}, {"deltanet", "adamw", "hybrid", 87.0, 2.348, 700, 3.08}};
+  TableInput in;
+  in.metrics = {"rel_throughput_pct", "final_loss"};
+  for (const auto& c : cells) {
+    ReportCell rc;
+    rc.id = std::string(c.arch) + "." + c.opt + "." + c.stack + ".s0";
+    rc.hash = "h-" + rc.id;
+    rc.axes = {{"architecture", c.arch}, {"optimizer", c.opt}, {"stack", c.stack}, {"seed", 0}};
+    rc.config = config_for(c.arch, "none", 0);
+    rc.reference = {{"rel_throughput_pct", c.rel}, {"final_loss", c.loss}};
+    in.cells.push_back(rc);
+    in.runs.push_back(completed_run(rc, c.our_loss, c.our_tps));
+  }
+  Figure f = metric_vs_metric(build_report(in), "rel_throughput_pct", "final_loss");
+  f.name = "laa/frontier";
+  f.title = "frontier";
+  apply_grammar(f);
+  ASSERT_EQ(f.labels.size(), 6u);
+  EXPECT_EQ(f.labels[2].text, "KDA·M·hyb");
+  ASSERT_EQ(f.links.size(), 6u);
+  EXPECT_EQ(f.links[0].dash, 2);  // AdamW cell: dashed segment
+  EXPECT_EQ(f.links[1].dash, 1);  // Muon: solid
+  // The paper's front: KDA·Muon·hybrid (70.9, 2.273), GDN·Muon·hybrid (89.5, 2.321), GDN·AdamW·pure (100, 2.433).
+  ASSERT_EQ(f.series[0].label, "paper's Pareto front");
+  ASSERT_EQ(f.series[0].points.size(), 3u);
+  EXPECT_DOUBLE_EQ(f.series[0].points[0].x, 70.9);
+  EXPECT_DOUBLE_EQ(f.series[0].points[2].x, 100.0);
+  EXPECT_EQ(f.series[1].label, "GDN · AdamW · pure");
+  TempDir tmp;
+  render_figure(f, "png", tmp.path / "frontier.png");
+  render_figure(f, "svg", tmp.path / "frontier.svg");
+  const std::string svg = slurp(tmp.path / "frontier.svg");
+  EXPECT_NE(svg.find("KDA·M·hyb"), std::string::npos);
+  EXPECT_NE(svg.find("paper's Pareto front"), std::string::npos);
+  const auto h = colour_histogram(read_png((tmp.path / "frontier.png").string()));
+  for (const char* arch : {"gdn", "kda", "softmax", "deltanet"}) EXPECT_GT(pixels_near(h, architecture_colour(arch), 10), 150u) << arch;
+}
