@@ -190,6 +190,14 @@ std::vector<std::filesystem::path> render_table_figures(const PaperReport& p, co
                                                         const std::filesystem::path& dir,
                                                         const std::vector<std::string>& formats = {"svg", "png", "pdf"});
 
+// The same from the table's name: plans `paper_table` at `scale` with `seeds` seeds and
+// joins the registry at `db` (paper_report()), then renders as above. This is the one
+// `lar reproduce … --report DIR` calls:
+//   report::render_table_figures(a.table, a.scale, a.seeds, default_db_path(), dir);
+std::vector<std::filesystem::path> render_table_figures(const std::string& paper_table, const std::string& scale, int seeds,
+                                                        const std::filesystem::path& db, const std::filesystem::path& dir,
+                                                        const std::vector<std::string>& formats = {"svg", "png", "pdf"});
+
 // The figures of a table (names), for help texts and the report's index.
 std::vector<std::string> figures_of_table(const std::string& paper_table);
 

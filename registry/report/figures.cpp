@@ -541,4 +541,11 @@ std::vector<std::filesystem::path> render_table_figures(const PaperReport& p, co
   return written;
 }
 
+std::vector<std::filesystem::path> render_table_figures(const std::string& paper_table, const std::string& scale, int seeds,
+                                                        const std::filesystem::path& db, const std::filesystem::path& dir,
+                                                        const std::vector<std::string>& formats) {
+  if (figures_of_table(paper_table).empty()) return {};
+  return render_table_figures(paper_report(paper_table, scale, seeds, db), db, dir, formats);
+}
+
 }  // namespace lar::report

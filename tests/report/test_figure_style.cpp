@@ -290,3 +290,20 @@ TEST(FigureStyle, FrontierOfTable2Cells) {
   const auto h = colour_histogram(read_png((tmp.path / "frontier.png").string()));
   for (const char* arch : {"gdn", "kda", "softmax", "deltanet"}) EXPECT_GT(pixels_near(h, architecture_colour(arch), 10), 150u) << arch;
 }
+
+TEST(FigureStyle, RenderTableFiguresForReproduceReport) {
+  TempDir tmp;
+  const fs::path db = tmp.path / "none.db";  // no registry yet: the figures say "no data yet"
+  const auto files = render_table_figures("laa/table2", "smoke", 0, db, tmp.path / "report", {"svg", "png"});
+  ASSERT_EQ(files.size(), 4u);
+  EXPECT_EQ(files[0], tmp.path / "report" / "laa_fig3.svg");
+  EXPECT_EQ(files[3], tmp.path / "report" / "laa_frontier.png");
+  for (const auto& f : files) {
+    std::string why;
+    EXPECT_TRUE(figure_file_ok(f, f.extension().string().substr(1), &why)) << f << ": " << why;
+  }
+  EXPECT_NE(slurp(files[0]).find("no data yet"), std::string::npos);
+  EXPECT_TRUE(render_table_figures("laa/table6", "smoke", 0, db, tmp.path / "none").empty());
+  EXPECT_FALSE(fs::exists(tmp.path / "none"));
+  EXPECT_EQ(figures_of_table("laa/lr_sweep"), (std::vector<std::string>{"laa/fig4", "laa/fig5"}));
+}
