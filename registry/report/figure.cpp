@@ -73,6 +73,7 @@ double nice_step(double lo, double hi, int target) {
   return 10 * mag;
 }
 
+// Text is plain (the terminals run noenhanced): '_' in a metric name stays '_'.
 std::string terminal(const std::string& format, Page pg) {
   const double font_pt = 8.5;
   if (format == "svg")  // 96 px per inch
@@ -86,9 +87,6 @@ std::string terminal(const std::string& format, Page pg) {
                        font_pt);
   throw UserError("unknown figure format '" + format + "' (choices: svg, png, pdf)");
 }
-
-// Labels are plain text (the terminals run noenhanced): '_' in a metric name stays '_'.
-std::string plain(const std::string& s) { return s; }
 
 // gnuplot dash patterns of Style::dash, short enough to show in a legend sample.
 std::string dash_pattern(int dash) {
@@ -125,7 +123,7 @@ std::vector<std::string> caption_lines(const std::vector<std::string>& runs, siz
 // across panels; `key` false hides the legend.
 void plot_panel(std::ostringstream& os, const Figure& fig, int& block, bool key, double font_scale, bool small) {
   os << "set title " << quoted(fig.note.empty() ? fig.title : fig.title + "\n" + fig.note) << "\n";
-  os << "set xlabel " << quoted(plain(fig.xlabel)) << "\nset ylabel " << quoted(plain(fig.ylabel)) << "\n";
+  os << "set xlabel " << quoted(fig.xlabel) << "\nset ylabel " << quoted(fig.ylabel) << "\n";
   os << "unset logscale\n";
   if (fig.logx) os << "set logscale x " << fig.log_base_x << "\n";
   if (fig.logy) os << "set logscale y\n";
@@ -143,7 +141,7 @@ void plot_panel(std::ostringstream& os, const Figure& fig, int& block, bool key,
   if (!fig.xtics.empty()) {
     os << "set xtics (";
     for (size_t i = 0; i < fig.xtics.size(); ++i)
-      os << (i ? ", " : "") << quoted(plain(fig.xtics[i].second)) << " " << num(fig.xtics[i].first);
+      os << (i ? ", " : "") << quoted(fig.xtics[i].second) << " " << num(fig.xtics[i].first);
     os << ")\n";
   } else {
     os << "set xtics autofreq\n";
@@ -172,7 +170,7 @@ void plot_panel(std::ostringstream& os, const Figure& fig, int& block, bool key,
   }
   for (size_t i = 0; i < fig.labels.size(); ++i) {
     const auto& t = fig.labels[i];
-    os << fmt::format("set label {} {} at {},{} offset char 0.7,0.45 font ',{:.1f}' tc {} front\n", i + 10, quoted(plain(t.text)),
+    os << fmt::format("set label {} {} at {},{} offset char 0.7,0.45 font ',{:.1f}' tc {} front\n", i + 10, quoted(t.text),
                       num(t.at.x), num(t.at.y), 6.5 * font_scale, rgb(t.colour));
   }
   // Datablocks: the line, the raw curve, the band / error bars, the best point.
@@ -274,7 +272,7 @@ void apply_grammar(Figure& fig) {
     for (const auto& s : fig.series)
       if (!s.keep_style) facets.push_back(s.facets);
   const auto styles = styles_for(facets, fig.colour_by);
-  const auto legends = legends_for(facets);
+  const auto legends = legends_for(facets, fig.colour_by.empty());
   auto find = [&](const Facets& f) -> std::optional<size_t> {
     for (size_t i = 0; i < facets.size(); ++i)
       if (facets[i] == f) return i;
@@ -286,7 +284,7 @@ void apply_grammar(Figure& fig) {
     if (!i) {
       const auto one = styles_for({s.facets}, fig.colour_by);
       s.style = one.front();
-      if (s.label.empty()) s.label = legends_for({s.facets}).front() + (s.published ? " (paper)" : "");
+      if (s.label.empty()) s.label = legends_for({s.facets}, fig.colour_by.empty()).front() + (s.published ? " (paper)" : "");
       continue;
     }
     s.style = styles[*i];
@@ -351,7 +349,7 @@ std::string gnuplot_script(const Figure& fig, const std::string& format, const s
   int block = 0;
   auto caption = [&] {
     for (size_t i = 0; i < lines.size(); ++i)
-      os << "set label " << i + 1 << " " << quoted(plain(lines[i])) << " at screen 0.01, screen "
+      os << "set label " << i + 1 << " " << quoted(lines[i]) << " at screen 0.01, screen "
          << num(0.008 + line_h * static_cast<double>(lines.size() - 1 - i)) << " font '," << fmt::format("{:.1f}", 6 * unit) << "' tc rgb '#555555' front\n";
   };
   if (fig.panels.empty()) {

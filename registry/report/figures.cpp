@@ -84,8 +84,8 @@ Figure metric_vs_axis(const Report& rep, const std::string& x_axis, const std::s
     if (key.empty()) key = "all";
     auto [it, fresh] = index.try_emplace(key, ours.size());
     if (fresh) {
-      ours.push_back(make_series(key, {}, {}, false, true, f));
-      paper.push_back(make_series(key + " (paper)", {}, {}, true, true, f));
+      ours.push_back(make_series("", {}, {}, false, true, f));
+      paper.push_back(make_series("", {}, {}, true, true, f));
     }
     xs.insert(*x);
     if (auto o = row.ours.find(y_metric); o != row.ours.end() && o->second.stats.n > 0) {
@@ -377,7 +377,7 @@ const std::vector<FigureDef>& figure_catalogue() {
     f5.mark_best = true;
     d.push_back(f5);
     d.push_back(def("laa/fig6", "laa/fig6", "metric_vs_axis", "seq_len", "sec_per_iter", {"architecture", "stack"},
-                 "LAA Fig. 6: seconds per training iteration vs sequence length"));
+                 "LAA Fig. 6: time per iteration vs sequence length"));
     d.push_back(def("laa/frontier", "laa/table2", "metric_vs_metric", "rel_throughput_pct", "final_loss", {},
                  "LAA Table 2: loss–throughput frontier"));
     d.push_back(def("ccq/fig3", "ccq/fig3", "metric_vs_length", "context", "val_loss@", {},
@@ -498,7 +498,9 @@ Figure build_figure(const FigureDef& def, const PaperReport& p, const std::files
     fig = metric_vs_metric(rep, def.x, def.y);
   }
   fig.name = def.name;
-  fig.title = def.title + " — " + rep.experiment + (rep.scale.empty() ? "" : ", scale " + rep.scale);
+  fig.title = def.title;
+  const std::string where = rep.experiment + (rep.scale.empty() ? "" : ", scale " + rep.scale);
+  fig.note = fig.note.empty() ? where : where + "; " + fig.note;
   fig.logx = fig.logx || def.logx;
   fig.logy = def.logy;
   fig.colour_by = def.colour_by;

@@ -193,10 +193,10 @@ std::vector<Style> styles_for(const std::vector<Facets>& all, const std::string&
   return out;
 }
 
-std::vector<std::string> legends_for(const std::vector<Facets>& all) {
+std::vector<std::string> legends_for(const std::vector<Facets>& all, bool with_architecture) {
   std::vector<std::string> shown;
   for (const auto& k : facet_names(all))
-    if (varies(all, k)) shown.push_back(k);
+    if (varies(all, k) || (k == "architecture" && with_architecture)) shown.push_back(k);
   const bool ccq_shown = std::find(shown.begin(), shown.end(), "ccq") != shown.end();
   const bool arch_shown = std::find(shown.begin(), shown.end(), "architecture") != shown.end();
   std::vector<std::string> out;

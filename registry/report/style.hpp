@@ -46,8 +46,10 @@ std::string shade(const std::string& colour, double t);
 // style: optimiser else ccq, shade and marker: stack).
 std::vector<Style> styles_for(const std::vector<Facets>& all, const std::string& colour_by = "");
 
-// The legend text of each series: the varying facets in words, joined by " · ".
-std::vector<std::string> legends_for(const std::vector<Facets>& all);
+// The legend text of each series: the architecture (it anchors the colour; left out with
+// `with_architecture` false, when the colour means another facet) and the facets that
+// vary, in words, joined by " · ".
+std::vector<std::string> legends_for(const std::vector<Facets>& all, bool with_architecture = true);
 
 // Axis label with units for a metric or axis name ("final_loss" → "final validation loss
 // (nats/token)"); unknown names are returned as they are.

@@ -52,7 +52,10 @@ Report sweep_report() {
 TEST(Figure, MetricVsAxisPoints) {
   Figure f = metric_vs_axis(sweep_report(), "lr", "final_loss", {"architecture", "optimizer"});
   ASSERT_EQ(f.series.size(), 2u);  // no published values → no paper series
-  EXPECT_EQ(f.series[0].label, "gdn/adamw");
+  apply_grammar(f);
+  EXPECT_EQ(f.series[0].label, "GDN · AdamW");  // words, the architecture always named
+  EXPECT_EQ(f.series[1].label, "GDN · Muon");
+  EXPECT_EQ(f.series[0].style.dash, 2);
   ASSERT_EQ(f.series[0].points.size(), 3u);
   EXPECT_DOUBLE_EQ(f.series[0].points[1].x, 3e-4);
   EXPECT_DOUBLE_EQ(f.series[0].points[1].y, 2.9);
