@@ -59,7 +59,7 @@ Page page_of(const Figure& fig) {
 // pixels at 200 dpi as pngcairo scales them, PDF points).
 double font_unit(const std::string& format) {
   if (format == "svg") return 96.0 / 72;
-  if (format == "png") return 200.0 / 72 * 0.75;
+  if (format == "png") return 200.0 / 72 * 0.5;  // pngcairo draws a "point" 1.5 px at 200 dpi
   return 1.0;
 }
 
@@ -81,9 +81,9 @@ std::string terminal(const std::string& format, Page pg) {
                        std::lround(pg.w_in * 96), std::lround(pg.h_in * 96), font_pt * 96 / 72);
   if (format == "png")  // 200 dpi: sharp in print, small enough to mail
     return fmt::format("set terminal pngcairo size {},{} noenhanced font 'DejaVu Sans,{:.1f}' linewidth {:.2f} background rgb 'white'\n",
-                       std::lround(pg.w_in * 200), std::lround(pg.h_in * 200), font_pt * 200 / 72 * 0.75, 200.0 / 72 * 0.75);
+                       std::lround(pg.w_in * 200), std::lround(pg.h_in * 200), font_pt * font_unit("png"), 200.0 / 72 * 0.75);
   if (format == "pdf")
-    return fmt::format("set terminal pdfcairo size {}in,{}in noenhanced font 'DejaVu Sans,{:.1f}' linewidth 0.75\n", pg.w_in, pg.h_in,
+    return fmt::format("set terminal pdfcairo size {}in,{}in noenhanced font 'DejaVu Sans,{:.1f}' linewidth 1.0 pointscale 0.4\n", pg.w_in, pg.h_in,
                        font_pt);
   throw UserError("unknown figure format '" + format + "' (choices: svg, png, pdf)");
 }
@@ -215,7 +215,8 @@ void plot_panel(std::ostringstream& os, const Figure& fig, int& block, bool key,
       // Markers every few points on long curves: they name the stack without blotting.
       const size_t n = s.points.size();
       const int interval = n > 12 ? static_cast<int>((n + 6) / 7) : 1;
-      front.push_back(fmt::format("$d{} using 1:2 with linespoints pt {} ps {} pi {} lw {:.2f} dt {} lc {} {}", b, marker, ps * 0.95,
+      front.push_back(fmt::format("$d{} using 1:2 with linespoints pt {} ps {} pi {} lw {:.2f} dt {} lc {} {}", b, marker,
+                                  ps * (n > 12 ? 0.95 : 1.35),
                                   interval, lw, dash_pattern(dash), rgb(st.colour), title));
     }
     if (s.best) {
@@ -350,7 +351,7 @@ std::string gnuplot_script(const Figure& fig, const std::string& format, const s
   auto caption = [&] {
     for (size_t i = 0; i < lines.size(); ++i)
       os << "set label " << i + 1 << " " << quoted(lines[i]) << " at screen 0.01, screen "
-         << num(0.008 + line_h * static_cast<double>(lines.size() - 1 - i)) << " font '," << fmt::format("{:.1f}", 6 * unit) << "' tc rgb '#555555' front\n";
+         << num(0.02 + line_h * static_cast<double>(lines.size() - 1 - i)) << " font '," << fmt::format("{:.1f}", 6 * unit) << "' tc rgb '#555555' front\n";
   };
   if (fig.panels.empty()) {
     std::ostringstream body;
@@ -359,13 +360,13 @@ std::string gnuplot_script(const Figure& fig, const std::string& format, const s
     std::string b = body.str();
     const auto at = b.find("plot ");
     os << b.substr(0, at);
-    os << "set bmargin at screen " << num(0.135 + line_h * static_cast<double>(lines.size())) << "\n";
+    os << "set bmargin at screen " << num(0.145 + line_h * static_cast<double>(lines.size())) << "\n";
     caption();
     os << b.substr(at);
   } else {
     const int cols = std::max(1, fig.cols);
     const int rows = static_cast<int>((fig.panels.size() + cols - 1) / cols);
-    const double cap = 0.02 + line_h * static_cast<double>(lines.size());
+    const double cap = 0.03 + line_h * static_cast<double>(lines.size());
     const double top = 0.3 / pg.h_in;
     os << "set multiplot title " << quoted(fig.note.empty() ? fig.title : fig.title + "\n" + fig.note)
        << "\n";
