@@ -91,9 +91,9 @@ std::string terminal(const std::string& format, Page pg) {
 // gnuplot dash patterns of Style::dash, short enough to show in a legend sample.
 std::string dash_pattern(int dash) {
   switch (dash) {
-    case 2: return "(6,4)";
-    case 3: return "(1.5,3)";
-    case 4: return "(8,3,2,3)";
+    case 2: return "(14,8)";
+    case 3: return "(2,5)";
+    case 4: return "(16,6,3,6)";
     default: return "solid";
   }
 }
@@ -147,7 +147,7 @@ void plot_panel(std::ostringstream& os, const Figure& fig, int& block, bool key,
     os << "set xtics autofreq\n";
   }
   os << "unset arrow\nunset label\nunset object\n";
-  if (key) os << "set key " << (fig.bars ? "inside top center horizontal" : "outside right top") << " vertical Left reverse samplen 4.5 spacing 1.05 font ',"
+  if (key) os << "set key " << (fig.bars ? "inside top center horizontal" : "outside right top") << " vertical Left reverse samplen 4.5 spacing 1.05 width 1.5 font ',"
                << fmt::format("{:.1f}", 7.5 * font_scale) << "'\n";
   else os << "set key off\n";
   // Scatter plots: room around the outermost points and their labels.

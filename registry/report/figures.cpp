@@ -126,15 +126,18 @@ Figure metric_vs_suffix(const Report& rep, const std::string& prefix, bool exp_y
       } catch (const std::exception&) {
         continue;
       }
-      xs.insert(L);
       if (auto o = row.ours.find(m); o != row.ours.end() && o->second.stats.n > 0) {
+        xs.insert(L);
         std::vector<double> vals;
         for (double v : o->second.values) vals.push_back(value(v));
         const SampleStats st = sample_stats(vals);
         s.points.push_back({L, st.mean, st.std});
         s.run_ids.insert(s.run_ids.end(), o->second.run_ids.begin(), o->second.run_ids.end());
       }
-      if (auto p = row.published.find(m); p != row.published.end()) paper.points.push_back({L, value(p->second)});
+      if (auto p = row.published.find(m); p != row.published.end()) {
+        xs.insert(L);
+        paper.points.push_back({L, value(p->second)});
+      }
     }
     fig.series.push_back(s);
     if (!paper.points.empty()) fig.series.push_back(paper);
