@@ -21,7 +21,7 @@ struct ExportArgs {
   int seeds = 0;
   bool list = false;
   std::optional<double> smooth;
-  std::optional<bool> grid;
+  bool grid = false, no_grid = false;
 };
 
 int run_export(const ExportArgs& a) {
@@ -38,7 +38,8 @@ int run_export(const ExportArgs& a) {
   auto p = report::paper_report(def.table, a.scale, a.seeds, db);
   report::FigureOptions opt;
   opt.smooth = a.smooth;
-  opt.grid = a.grid;
+  if (a.grid) opt.grid = true;
+  if (a.no_grid) opt.grid = false;
   const report::Figure fig = report::build_figure(def, p, db, opt);
   std::string out = a.out;
   if (out.empty()) {
@@ -79,9 +80,9 @@ static lar::cli::CommandRegistration reg{
       fig->add_option("--scale", a->scale, "scale the runs were made at (default: the spec's)");
       fig->add_option("--seeds", a->seeds, "seeds per cell the reproduction used")->check(CLI::NonNegativeNumber);
       fig->add_option("--smooth", a->smooth,
-                      "EMA factor for training-loss curves, in [0, 1) (default 0.9; 0: raw); the raw curve stays faint behind");
-      fig->add_flag("--grid,!--no-grid", a->grid,
-                    "small multiples: laa/fig4 is 2 × 5 panels (optimiser × mixer) by default, laa/fig3 one panel per mixer");
+                      "EMA factor for training-loss curves, in [0, 1) (default 1 − 20/points, at most 0.95; 0: raw); the raw curve stays faint behind");
+      auto* grid = fig->add_flag("--grid", a->grid, "small multiples: laa/fig3 one panel per mixer (laa/fig4 is 2 × 5 panels by default)");
+      fig->add_flag("--no-grid", a->no_grid, "one panel (laa/fig4: all 40 curves together)")->excludes(grid);
       fig->add_flag("--list", a->list, "list the figures");
       return [a] { return run_export(*a); };
     }};

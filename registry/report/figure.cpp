@@ -125,6 +125,7 @@ void plot_panel(std::ostringstream& os, const Figure& fig, int& block, bool key,
   os << "set title " << quoted(fig.note.empty() ? fig.title : fig.title + "\n" + fig.note) << "\n";
   os << "set xlabel " << quoted(fig.xlabel) << "\nset ylabel " << quoted(fig.ylabel) << "\n";
   os << "unset logscale\n";
+  // Log axes end at the data, not at the next power of the base.
   if (fig.logx) os << "set logscale x " << fig.log_base_x << "\n";
   if (fig.logy) os << "set logscale y\n";
   os << "set format x " << quoted(fig.xformat.empty() ? "% h" : fig.xformat) << "\nset format y '% h'\n";
@@ -151,7 +152,9 @@ void plot_panel(std::ostringstream& os, const Figure& fig, int& block, bool key,
                << fmt::format("{:.1f}", 7.5 * font_scale) << "'\n";
   else os << "set key off\n";
   // Scatter plots: room around the outermost points and their labels.
-  os << (!fig.labels.empty() && !fig.bars ? "set offsets graph 0.06, graph 0.16, graph 0.06, graph 0.06\n" : "set offsets 0, 0, 0, 0\n");
+  if (!fig.labels.empty() && !fig.bars) os << "set offsets graph 0.06, graph 0.16, graph 0.06, graph 0.06\n";
+  else if (fig.logx) os << "set offsets graph 0.04, graph 0.04, 0, 0\n";
+  else os << "set offsets 0, 0, 0, 0\n";
   if (fig.bars) {
     // Headroom above the tallest bar for its value and the legend.
     double hi = 0;
@@ -162,6 +165,8 @@ void plot_panel(std::ostringstream& os, const Figure& fig, int& block, bool key,
        << (hi > 0 ? num(hi * 1.32) : std::string("*")) << "]\n";
   } else {
     os << "set xrange [*:*]\nset yrange [*:*]\n";
+    // Log axes end at the data (with the offsets), not at the next power of the base.
+    if (fig.logx) os << "set autoscale xfix\n";
   }
   for (size_t i = 0; i < fig.links.size(); ++i) {
     const auto& l = fig.links[i];
@@ -174,7 +179,7 @@ void plot_panel(std::ostringstream& os, const Figure& fig, int& block, bool key,
                       num(t.at.x), num(t.at.y), 6.5 * font_scale, rgb(t.colour));
   }
   // Datablocks: the line, the raw curve, the band / error bars, the best point.
-  std::vector<std::string> back, mid, front;
+  std::vector<std::string> back, mid, front, rings;
   bool best_titled = false;
   for (const auto& s : fig.series) {
     const int b = block++;
@@ -221,7 +226,7 @@ void plot_panel(std::ostringstream& os, const Figure& fig, int& block, bool key,
     }
     if (s.best) {
       os << "$b" << b << " << EOD\n" << num(s.best->x) << " " << num(s.best->y) << "\nEOD\n";
-      front.push_back(fmt::format("$b{} using 1:2 with points pt 6 ps 2.6 lw 1.6 lc rgb '#111111' {}", b,
+      rings.push_back(fmt::format("$b{} using 1:2 with points pt 6 ps 2.6 lw 1.6 lc rgb '#111111' {}", b,
                                   best_titled ? "notitle" : "title 'best learning rate'"));
       best_titled = true;
     }
@@ -229,6 +234,7 @@ void plot_panel(std::ostringstream& os, const Figure& fig, int& block, bool key,
   std::vector<std::string> plots = back;
   plots.insert(plots.end(), mid.begin(), mid.end());
   plots.insert(plots.end(), front.begin(), front.end());
+  plots.insert(plots.end(), rings.begin(), rings.end());
   if (plots.empty()) {
     os << "set label 100 'no data yet' at graph 0.5, graph 0.5 center\nset xrange [0:1]\nset yrange [0:1]\nplot NaN notitle\n";
     return;

@@ -172,8 +172,12 @@ const FigureDef& find_figure(const std::string& name);  // throws UserError with
 
 struct PaperReport;  // adapter.hpp
 
+// The default EMA factor for curves of `points` points: 1 − 20/points, in [0, 0.95]
+// (0 below 10 points): the smoothing lags the data by about a twentieth of the curve.
+double auto_smoothing(size_t points);
+
 struct FigureOptions {
-  std::optional<double> smooth;  // EMA factor of training curves (default 0.9; 0: raw)
+  std::optional<double> smooth;  // EMA factor of training curves (default auto_smoothing; 0: raw)
   std::optional<bool> grid;      // small multiples (default: the figure's)
 };
 

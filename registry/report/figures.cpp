@@ -468,13 +468,23 @@ std::map<Facets, std::string> best_lr(const Report& rep) {
 
 }  // namespace
 
+double auto_smoothing(size_t points) {
+  // An EMA lags by about a/(1−a) points: keep that near 1/20 of the curve, so a short
+  // smoke run is not drawn late, and never smooth over more than ~20 points.
+  if (points < 10) return 0;
+  return std::min(0.95, std::max(0.0, 1.0 - 20.0 / static_cast<double>(points)));
+}
+
 Figure build_figure(const FigureDef& def, const PaperReport& p, const std::filesystem::path& db, const FigureOptions& opt) {
   const Report& rep = p.report;
   Figure fig;
   if (def.kind == "curves") {
-    const double smooth = opt.smooth.value_or(0.9);
+    const auto curves = registry_curves(def, rep, db);
+    size_t longest = 0;
+    for (const auto& c : curves) longest = std::max(longest, c.points.size());
+    const double smooth = opt.smooth.value_or(auto_smoothing(longest));
     if (smooth < 0 || smooth >= 1) throw UserError(fmt::format("--smooth {:g}: the EMA factor must be in [0, 1)", smooth));
-    fig = curves_figure(def.name, def.title, axis_label(def.x), axis_label(def.y), registry_curves(def, rep, db), smooth);
+    fig = curves_figure(def.name, def.title, axis_label(def.x), axis_label(def.y), curves, smooth);
     if (def.x == "tokens") fig.xformat = "%.0s%c";
     if (def.mark_best) {
       const auto best = best_lr(rep);

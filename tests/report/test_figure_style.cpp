@@ -105,6 +105,9 @@ TEST(FigureStyle, LineStyleMarkerAndLegendWords) {
 }
 
 TEST(FigureStyle, SmoothingAndSeedBands) {
+  EXPECT_DOUBLE_EQ(auto_smoothing(60), 1 - 20.0 / 60);
+  EXPECT_DOUBLE_EQ(auto_smoothing(28610), 0.95);
+  EXPECT_DOUBLE_EQ(auto_smoothing(5), 0.0);
   const auto e = ema({{0, 1}, {1, 3}, {2, 3}}, 0.5);
   EXPECT_DOUBLE_EQ(e[0].y, 1.0);
   EXPECT_DOUBLE_EQ(e[1].y, 2.0);
