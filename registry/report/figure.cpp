@@ -214,7 +214,11 @@ void plot_panel(std::ostringstream& os, const Figure& fig, int& block, bool key,
     if (st.marker < 0) {  // a plain line (a front, a guide)
       back.push_back(fmt::format("$d{} using 1:2 with lines lw {:.2f} dt {} lc {} {}", b, lw, dash_pattern(st.dash), rgb(st.colour), title));
     } else if (!s.lines || (s.published && s.points.size() == 1)) {
-      front.push_back(fmt::format("$d{} using 1:2 with points pt {} ps {} lw 1.5 lc {} {}", b, marker, ps * 1.5, rgb(st.colour), title));
+      // On the frontier, a one-point linespoints: the legend's sample then shows the segment
+      // style (the optimiser) beside the marker.
+      const bool sample = !s.published && s.keyed && !fig.links.empty() && s.points.size() == 1;
+      front.push_back(fmt::format("$d{} using 1:2 with {} pt {} ps {} lw 1.5 dt {} lc {} {}", b, sample ? "linespoints" : "points",
+                                  marker, ps * 1.5, dash_pattern(st.dash), rgb(st.colour), title));
     } else {
       const int dash = s.published ? 3 : st.dash;
       // Markers every few points on long curves: they name the stack without blotting.

@@ -101,6 +101,9 @@ Figure metric_vs_axis(const Report& rep, const std::string& x_axis, const std::s
   fig.series = ours;
   for (auto& s : paper)
     if (!s.points.empty()) fig.series.push_back(s);
+  if (x_axis == "lr" && !xs.empty()) {  // the swept rates themselves, as "3e-4"
+    for (double x : xs) fig.xtics.push_back({x, facet_words("lr", fmt::format("{:g}", x)).substr(3)});
+  }
   if (is_length_axis(x_axis) && !xs.empty()) {
     fig.logx = true;
     fig.log_base_x = 2;
