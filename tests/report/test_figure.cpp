@@ -155,7 +155,7 @@ TEST(Figure, FrontierAndCurves) {
   EXPECT_EQ(f.series[2].label, "KDA");
   EXPECT_EQ(f.series[4].style.colour, f.series[2].style.colour);  // the paper's KDA point: KDA's colour
   const std::string script = gnuplot_script(f, "svg", "/tmp/f.svg");
-  EXPECT_NE(script.find("with points pt 7"), std::string::npos) << script;  // ours: filled
+  EXPECT_NE(script.find("with linespoints pt 7"), std::string::npos) << script;  // ours: filled, a segment sample in the key
   EXPECT_NE(script.find("with points pt 6"), std::string::npos) << script;  // paper: open
   EXPECT_NE(script.find("set arrow 2 from 50,2.8999999999999999 to 73.599999999999994,2.347 nohead"), std::string::npos) << script;
   EXPECT_NE(script.find("set label 11 \"KDA\" at 50,2.8999999999999999"), std::string::npos) << script;
