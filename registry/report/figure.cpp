@@ -119,6 +119,29 @@ std::vector<std::string> caption_lines(const std::vector<std::string>& runs, siz
   return lines;
 }
 
+// Training curves fall steeply at first and then separate by little: the y range starts
+// at 15 % of the x range (as the papers' loss figures), so the later part, where the
+// series differ, fills the plot.
+std::string curve_yrange(const Figure& fig) {
+  double x0 = std::numeric_limits<double>::infinity(), x1 = -x0;
+  bool curves = false;
+  for (const auto& s : fig.series) {
+    if (!s.band || s.points.size() < 20) continue;
+    curves = true;
+    x0 = std::min(x0, s.points.front().x), x1 = std::max(x1, s.points.back().x);
+  }
+  if (!curves || fig.logy || !(x1 > x0)) return "set yrange [*:*]";
+  const double cut = x0 + 0.15 * (x1 - x0);
+  double lo = std::numeric_limits<double>::infinity(), hi = -lo;
+  for (const auto& s : fig.series)
+    for (const auto* pts : {&s.points, &s.raw})
+      for (const auto& p : *pts)
+        if (p.x >= cut && std::isfinite(p.y)) lo = std::min(lo, p.y - p.err), hi = std::max(hi, p.y + p.err);
+  if (!(hi > lo)) return "set yrange [*:*]";
+  const double pad = 0.05 * (hi - lo);
+  return "set yrange [" + num(lo - pad) + ":" + num(hi + pad) + "]";
+}
+
 // The plot commands of one panel (or of a single figure). `block` numbers the datablocks
 // across panels; `key` false hides the legend.
 void plot_panel(std::ostringstream& os, const Figure& fig, int& block, bool key, double font_scale, bool small) {
@@ -146,6 +169,13 @@ void plot_panel(std::ostringstream& os, const Figure& fig, int& block, bool key,
     os << ")\n";
   } else {
     os << "set xtics autofreq\n";
+    // Small panels: about three x ticks, so long labels ("140k") do not run together.
+    double lo = std::numeric_limits<double>::infinity(), hi = -lo;
+    for (const auto& s : fig.series)
+      for (const auto& p : s.points)
+        if (std::isfinite(p.x)) lo = std::min(lo, p.x), hi = std::max(hi, p.x);
+    if (small && !fig.logx)
+      if (const double step = nice_step(lo, hi, 3); step > 0) os << "set xtics " << num(step) << "\n";
   }
   os << "unset arrow\nunset label\nunset object\n";
   if (key) os << "set key " << (fig.bars ? "inside top center horizontal" : "outside right top") << " vertical Left reverse samplen 4.5 spacing 1.05 width 1.5 font ',"
@@ -164,9 +194,9 @@ void plot_panel(std::ostringstream& os, const Figure& fig, int& block, bool key,
     os << "set boxwidth 0.36\nset xrange [-0.6:" << num(static_cast<double>(fig.xtics.size()) - 0.4) << "]\nset yrange [0:"
        << (hi > 0 ? num(hi * 1.32) : std::string("*")) << "]\n";
   } else {
-    os << "set xrange [*:*]\nset yrange [*:*]\n";
-    // Log axes end at the data (with the offsets), not at the next power of the base.
-    if (fig.logx) os << "set autoscale xfix\n";
+    os << "set xrange [*:*]\n" << curve_yrange(fig) << "\n";
+    // The x axis ends at the data (with the offsets), not at the next tick or power.
+    os << "set autoscale xfix\n";
   }
   for (size_t i = 0; i < fig.links.size(); ++i) {
     const auto& l = fig.links[i];

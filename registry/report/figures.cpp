@@ -292,7 +292,7 @@ Figure curves_figure(const std::string& name, const std::string& title, const st
     s.band = true;
     fig.series.push_back(s);
   }
-  if (smooth > 0) fig.note = fmt::format("EMA-smoothed (factor {:g}); raw curves faint behind", smooth);
+  if (smooth > 0) fig.note = fmt::format("EMA-smoothed (factor {:.2f}); raw curves faint behind", smooth);
   return fig;
 }
 

@@ -128,7 +128,7 @@ TEST(FigureStyle, SmoothingAndSeedBands) {
   EXPECT_NE(s.find("with filledcurves"), std::string::npos);
   EXPECT_NE(s.find("fs transparent solid 0.2"), std::string::npos);
   EXPECT_NE(s.find("lc rgb \"" + tint(architecture_colour("gdn"), 0.62) + "\" lw 0.7"), std::string::npos) << "raw curve faint";
-  EXPECT_NE(s.find("EMA-smoothed (factor 0.9)"), std::string::npos);
+  EXPECT_NE(s.find("EMA-smoothed (factor 0.90)"), std::string::npos);
   const Figure raw = six_curves(0);
   EXPECT_TRUE(raw.series[0].raw.empty());
   EXPECT_EQ(gnuplot_script(raw, "svg", "/tmp/x.svg").find("EMA"), std::string::npos);
