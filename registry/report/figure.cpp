@@ -11,6 +11,8 @@
 #include <set>
 #include <sstream>
 
+#include <unistd.h>
+
 #include "core/error.hpp"
 
 namespace lar::report {
@@ -178,7 +180,7 @@ void plot_panel(std::ostringstream& os, const Figure& fig, int& block, bool key,
       if (const double step = nice_step(lo, hi, 3); step > 0) os << "set xtics " << num(step) << "\n";
   }
   os << "unset arrow\nunset label\nunset object\n";
-  if (key) os << "set key " << (fig.bars ? "inside top center horizontal" : "outside right top") << " vertical Left reverse samplen 4.5 spacing 1.05 width 1.5 font ',"
+  if (key) os << "set key " << (fig.bars ? "inside top center horizontal" : "outside right top vertical") << " Left reverse samplen 4.5 spacing 1.05 width 1.5 font ',"
                << fmt::format("{:.1f}", 7.5 * font_scale) << "'\n";
   else os << "set key off\n";
   // Scatter plots: room around the outermost points and their labels.
@@ -420,7 +422,7 @@ std::string gnuplot_script(const Figure& fig, const std::string& format, const s
       plot_panel(body, fig.panels[k], block, key, unit * 0.95, true);
       std::string b = body.str();
       // Panels keep their legends inside, near the data: outside would squeeze each plot.
-      for (const char* from : {"outside right top"}) {
+      for (const char* from : {"outside right top vertical"}) {
         const auto p = b.find(from);
         if (p != std::string::npos) b.replace(p, std::string(from).size(), "inside top right");
       }
@@ -443,11 +445,21 @@ void render_figure(const Figure& fig, const std::string& format, const std::file
   const std::string script = gnuplot_script(fig, format, out);
   std::error_code ec;
   std::filesystem::remove(out, ec);
-  FILE* gp = ::popen("gnuplot 2>&1", "w");
+  // gnuplot's messages go to a log, shown only when it fails.
+  const auto log = std::filesystem::temp_directory_path() / ("lar_gnuplot_" + std::to_string(::getpid()) + ".log");
+  FILE* gp = ::popen(("gnuplot > '" + log.string() + "' 2>&1").c_str(), "w");
   if (!gp) throw RuntimeError("cannot start gnuplot (install the Debian package gnuplot-nox)");
   std::fwrite(script.data(), 1, script.size(), gp);
   const int rc = ::pclose(gp);
-  if (rc != 0) throw RuntimeError("gnuplot failed (exit status " + std::to_string(rc) + ") drawing " + fig.name);
+  std::string messages;
+  {
+    std::ifstream in(log);
+    messages.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  std::filesystem::remove(log, ec);
+  if (rc != 0)
+    throw RuntimeError("gnuplot failed (exit status " + std::to_string(rc) + ") drawing " + fig.name +
+                       (messages.empty() ? "" : ":\n" + messages.substr(0, 2000)));
   std::string why;
   if (!figure_file_ok(out, format, &why)) throw RuntimeError("gnuplot wrote no valid " + format + " to " + out.string() + ": " + why);
   if (format != "svg") return;
