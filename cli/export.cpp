@@ -1,5 +1,6 @@
 // `lar export figure NAME` — paper figures from the registry, drawn by gnuplot
-// (SVG / PNG / PDF); prints the run ids each figure was drawn from.
+// (SVG / PNG / PDF) in one visual grammar (registry/report/style.hpp); prints the run ids
+// each figure was drawn from.
 #include <algorithm>
 #include <iostream>
 #include <memory>
@@ -19,50 +20,27 @@ struct ExportArgs {
   std::string scale;
   int seeds = 0;
   bool list = false;
+  std::optional<double> smooth;
+  bool grid = false, no_grid = false;
 };
-
-lar::report::Figure curves(const lar::report::FigureDef& def, const lar::report::PaperReport& p,
-                           const std::filesystem::path& db) {
-  using namespace lar;
-  std::vector<report::Curve> list;
-  if (std::filesystem::exists(db)) {
-    auto reg = registry::Registry::open(db, /*read_only=*/true);
-    for (const auto& row : p.report.rows) {
-      std::vector<std::string> ids;
-      for (const auto& [m, v] : row.ours) ids.insert(ids.end(), v.run_ids.begin(), v.run_ids.end());
-      std::sort(ids.begin(), ids.end());
-      ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
-      for (const auto& id : ids) {
-        report::Curve c;
-        c.label = ids.size() > 1 ? row.id + " (" + id.substr(id.rfind('.') + 1) + ")" : row.id;
-        c.run_id = id;
-        for (const auto& pt : reg.metric_series(id, def.y))
-          if (pt.value == pt.value) c.points.push_back({def.x == "tokens" ? pt.tokens : static_cast<double>(pt.step), pt.value});
-        if (!c.points.empty()) list.push_back(std::move(c));
-      }
-    }
-  }
-  return report::curves_figure(def.name, def.title, def.x, def.y, list);
-}
 
 int run_export(const ExportArgs& a) {
   using namespace lar;
   if (a.list) {
-    for (const auto& d : report::figure_catalogue()) std::cout << d.name << "  (" << d.table << ")  " << d.title << "\n";
+    for (const auto& d : report::figure_catalogue())
+      std::cout << d.name << "  (" << d.table << (d.grid_cols.empty() ? "" : d.grid_default ? ", panels" : ", --grid") << ")  "
+                << d.title << "\n";
     return 0;
   }
   if (a.name.empty()) throw UserError("name a figure (lar export figure --list shows them)");
   const report::FigureDef& def = report::find_figure(a.name);
   const auto db = default_db_path();
   auto p = report::paper_report(def.table, a.scale, a.seeds, db);
-  report::Figure fig;
-  if (def.kind == "curves") fig = curves(def, p, db);
-  else if (def.kind == "metric_vs_axis") fig = report::metric_vs_axis(p.report, def.x, def.y, def.series_axes);
-  else if (def.kind == "metrics_at_lengths") fig = report::metrics_at_lengths(p.report, def.y);
-  else fig = report::metric_vs_metric(p.report, def.x, def.y);
-  fig.name = def.name;
-  fig.title = def.title + " — " + p.report.experiment + (p.report.scale.empty() ? "" : ", scale " + p.report.scale);
-  fig.logx = def.x == "lr";
+  report::FigureOptions opt;
+  opt.smooth = a.smooth;
+  if (a.grid) opt.grid = true;
+  if (a.no_grid) opt.grid = false;
+  const report::Figure fig = report::build_figure(def, p, db, opt);
   std::string out = a.out;
   if (out.empty()) {
     out = def.name;
@@ -71,7 +49,10 @@ int run_export(const ExportArgs& a) {
   }
   report::render_figure(fig, a.format, out);
   const auto runs = fig.runs();
-  std::cout << "wrote " << out << " (" << a.format << ", " << fig.series.size() << " series) from " << runs.size()
+  size_t n = fig.series.size();
+  for (const auto& panel : fig.panels) n += panel.series.size();
+  std::cout << "wrote " << out << " (" << a.format << ", " << n << " series"
+            << (fig.panels.empty() ? "" : ", " + std::to_string(fig.panels.size()) + " panels") << ") from " << runs.size()
             << " runs:\n";
   for (const auto& id : runs) std::cout << "  " << id << "\n";
   if (runs.empty()) std::cout << "  (none yet: run `lar reproduce " << def.table << "` first)\n";
@@ -85,12 +66,23 @@ static lar::cli::CommandRegistration reg{
     [](CLI::App& app) -> lar::cli::Runner {
       auto a = std::make_shared<ExportArgs>();
       app.require_subcommand(1);
-      CLI::App* fig = app.add_subcommand("figure", "Draw a paper figure from the registry");
-      fig->add_option("name", a->name, "figure: laa/fig3, laa/fig4, laa/fig5, laa/fig6, laa/frontier, ccq/fig3_4");
+      CLI::App* fig = app.add_subcommand("figure", "Draw a paper figure from the registry")
+                          ->footer(
+                              "Colour names the architecture (the same in every figure), line style the optimiser\n"
+                              "(Muon solid, AdamW dashed) or CCQ (dashed), shade and marker the stack (hybrid ●,\n"
+                              "pure ▲ darker, dense ■); the paper's values are open markers; seeds are a band\n"
+                              "(mean ± std). Figures: laa/fig3 laa/fig4 laa/fig5 laa/fig6 laa/frontier ccq/fig3\n"
+                              "ccq/fig4 ccq/fig3_4 ccq/fig5 carve/table3 (--list shows their tables).\n"
+                              "Example: lar export figure laa/fig4 --format png --scale smoke");
+      fig->add_option("name", a->name, "figure name (lar export figure --list)");
       fig->add_option("--format", a->format, "svg | png | pdf")->check(CLI::IsMember({"svg", "png", "pdf"}));
       fig->add_option("-o,--out", a->out, "output file (default: <name>.<format>, '/' → '_')");
       fig->add_option("--scale", a->scale, "scale the runs were made at (default: the spec's)");
       fig->add_option("--seeds", a->seeds, "seeds per cell the reproduction used")->check(CLI::NonNegativeNumber);
+      fig->add_option("--smooth", a->smooth,
+                      "EMA factor for training-loss curves, in [0, 1) (default 1 − 20/points, at most 0.95; 0: raw); the raw curve stays faint behind");
+      auto* grid = fig->add_flag("--grid", a->grid, "small multiples: laa/fig3 one panel per mixer (laa/fig4 is 2 × 5 panels by default)");
+      fig->add_flag("--no-grid", a->no_grid, "one panel (laa/fig4: all 40 curves together)")->excludes(grid);
       fig->add_flag("--list", a->list, "list the figures");
       return [a] { return run_export(*a); };
     }};

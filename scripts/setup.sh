@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 PKGS=(cmake ninja-build g++ pkg-config git libyaml-cpp-dev libcli11-dev libfmt-dev
       libsqlite3-dev sqlite3 libcpp-httplib-dev nlohmann-json3-dev libgtest-dev libgmock-dev
       libbenchmark-dev libopenblas-dev libsentencepiece-dev sentencepiece libssl-dev
-      gnuplot-nox slurm-wlm munge)
+      gnuplot-nox fonts-dejavu-core libpng-dev slurm-wlm munge)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -8,6 +8,7 @@
 
 #include "core/error.hpp"
 #include "registry/report/render.hpp"
+#include "registry/report/style.hpp"
 #include "registry/text_table.hpp"
 #include "registry/views.hpp"
 #include "serve/artifacts.hpp"
@@ -108,11 +109,39 @@ std::string summary_text(const json& summary, const char* key) {
   return it->is_number() ? num_text(it->get<double>(), 5) : cell_text(*it);
 }
 
+// The paper figures' grammar for runs: colour by architecture, dashed for AdamW (or +CCQ);
+// runs with the same cell facets (seeds) are told apart by their run id.
+std::vector<report::Style> run_styles(const std::vector<registry::RunRecord>& runs) {
+  std::vector<report::Facets> facets;
+  auto text = [](const json& cfg, const char* section, const char* key) {
+    if (!cfg.is_object() || !cfg.contains(section) || !cfg[section].is_object() || !cfg[section].contains(key)) return std::string();
+    const json& v = cfg[section][key];
+    return v.is_string() ? v.get<std::string>() : v.dump();
+  };
+  for (const auto& r : runs) {
+    report::Facets f = {{"architecture", text(r.config, "model", "architecture")},
+                        {"optimizer", text(r.config, "optimizer", "name")},
+                        {"stack", text(r.config, "model", "stack")}};
+    if (r.config.is_object() && r.config.contains("model") && r.config["model"].contains("ccq"))
+      f["ccq"] = text(r.config["model"], "ccq", "enabled");
+    facets.push_back(f);
+  }
+  return report::styles_for(facets);
+}
+
 std::string chart_for(Connection& c, const std::vector<registry::RunRecord>& runs, const std::string& metric,
                       const std::string& title, const std::string& y_label) {
   std::vector<ChartSeries> series;
-  for (const auto& r : runs)
-    series.push_back({r.run_id, series_points(c.reg.metric_series(r.run_id, metric))});
+  const auto styles = run_styles(runs);
+  for (size_t i = 0; i < runs.size(); ++i) {
+    ChartSeries s{runs[i].run_id, series_points(c.reg.metric_series(runs[i].run_id, metric))};
+    // One run alone keeps the neutral first colour; several take their architecture's.
+    if (runs.size() > 1) {
+      s.colour = styles[i].colour;
+      s.dashed = styles[i].dash != 1;
+    }
+    series.push_back(std::move(s));
+  }
   return svg_line_chart(series, {title, "step", y_label});
 }
 
@@ -266,10 +295,13 @@ std::string compare_page(Connection& c, const std::vector<std::string>& ids, con
   std::vector<registry::RunRecord> runs;
   for (const auto& id : ids) runs.push_back(find_run(c, id));
   std::string b = "<h1>Compare runs</h1><p>";
+  const auto styles = run_styles(runs);
   for (size_t i = 0; i < runs.size(); ++i)
-    b += fmt::format("<span class=\"legend\"><svg width=\"12\" height=\"4\"><rect width=\"12\" height=\"4\" fill=\"{}\"/></svg> "
-                     "<a href=\"{}\">{}</a> {}</span> ",
-                     series_colour(i), run_href(runs[i].run_id), esc(runs[i].run_id), status_span(to_string(runs[i].status)));
+    b += fmt::format("<span class=\"legend\"><svg width=\"14\" height=\"4\"><line x1=\"0\" y1=\"2\" x2=\"14\" y2=\"2\" stroke=\"{}\" "
+                     "stroke-width=\"3\"{}/></svg> <a href=\"{}\">{}</a> {}</span> ",
+                     runs.size() > 1 ? styles[i].colour : std::string(series_colour(0)),
+                     runs.size() > 1 && styles[i].dash != 1 ? " stroke-dasharray=\"4 2\"" : "", run_href(runs[i].run_id),
+                     esc(runs[i].run_id), status_span(to_string(runs[i].status)));
   b += "</p><div class=\"charts\" id=\"charts\">";
   b += chart_for(c, runs, "loss", "loss", "loss");
   b += chart_for(c, runs, "lr", "learning rate", "lr");

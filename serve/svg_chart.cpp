@@ -93,6 +93,7 @@ std::string svg_line_chart(const std::vector<ChartSeries>& series, const ChartOp
   s += fmt::format("<text x=\"12\" y=\"{:.1f}\" font-size=\"11\" text-anchor=\"middle\" transform=\"rotate(-90 12 {:.1f})\">{}</text>",
                    top + ph / 2, top + ph / 2, html_escape(opt.y_label));
 
+  auto colour_of = [&](size_t i) { return series[i].colour.empty() ? std::string(series_colour(i)) : series[i].colour; };
   // One path per series; a non-finite value lifts the pen.
   for (size_t i = 0; i < drawn.size(); ++i) {
     std::string d;
@@ -106,14 +107,15 @@ std::string svg_line_chart(const std::vector<ChartSeries>& series, const ChartOp
       pen = true;
     }
     if (!d.empty())
-      s += fmt::format("<path class=\"series\" d=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"1.5\"><title>{}</title></path>", d,
-                       series_colour(i), html_escape(series[i].label));
+      s += fmt::format("<path class=\"series\" d=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"1.5\"{}><title>{}</title></path>", d,
+                       colour_of(i), series[i].dashed ? " stroke-dasharray=\"6 4\"" : "", html_escape(series[i].label));
   }
   // Legend (only when it tells something: several series).
   if (series.size() > 1) {
     double ly = top + 12;
     for (size_t i = 0; i < series.size() && i < 8; ++i, ly += 14) {
-      s += fmt::format("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"10\" height=\"3\" fill=\"{}\"/>", left + pw - 200, ly - 4, series_colour(i));
+      s += fmt::format("<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"{}\" stroke-width=\"2.5\"{}/>", left + pw - 200,
+                       ly - 3, left + pw - 188, ly - 3, colour_of(i), series[i].dashed ? " stroke-dasharray=\"4 2\"" : "");
       s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"10\">{}</text>", left + pw - 186, ly,
                        html_escape(series[i].label.size() > 34 ? series[i].label.substr(0, 33) + "…" : series[i].label));
     }

@@ -11,6 +11,8 @@ namespace lar::serve {
 struct ChartSeries {
   std::string label;
   std::vector<std::pair<double, double>> points;  // (x, y), x ascending
+  std::string colour = "";  // "#rrggbb" (the figures' grammar: report::styles_for); "" → series_colour(i)
+  bool dashed = false;      // AdamW / +CCQ, as in the paper figures
 };
 
 struct ChartOptions {

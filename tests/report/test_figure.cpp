@@ -52,7 +52,10 @@ Report sweep_report() {
 TEST(Figure, MetricVsAxisPoints) {
   Figure f = metric_vs_axis(sweep_report(), "lr", "final_loss", {"architecture", "optimizer"});
   ASSERT_EQ(f.series.size(), 2u);  // no published values → no paper series
-  EXPECT_EQ(f.series[0].label, "gdn/adamw");
+  apply_grammar(f);
+  EXPECT_EQ(f.series[0].label, "GDN · AdamW");  // words, the architecture always named
+  EXPECT_EQ(f.series[1].label, "GDN · Muon");
+  EXPECT_EQ(f.series[0].style.dash, 2);
   ASSERT_EQ(f.series[0].points.size(), 3u);
   EXPECT_DOUBLE_EQ(f.series[0].points[1].x, 3e-4);
   EXPECT_DOUBLE_EQ(f.series[0].points[1].y, 2.9);
@@ -68,7 +71,7 @@ TEST(Figure, ScriptHasInlineDataAndCaption) {
   const std::string s = gnuplot_script(f, "svg", "/tmp/x.svg");
   EXPECT_NE(s.find("set terminal svg"), std::string::npos);
   EXPECT_NE(s.find("set logscale x"), std::string::npos);
-  EXPECT_NE(s.find("$s0 << EOD\n0.0001 3.1000000000000001\n0.00029999999999999997 2.8999999999999999\n0.001 3\nEOD\n"),
+  EXPECT_NE(s.find("$d0 << EOD\n0.0001 3.1000000000000001 0\n0.00029999999999999997 2.8999999999999999 0\n0.001 3 0\nEOD\n"),
             std::string::npos) << s;
   EXPECT_NE(s.find("6 runs: exp/gdn.adamw.lr0.s0"), std::string::npos) << s;
   EXPECT_THROW(gnuplot_script(f, "jpg", "/tmp/x.jpg"), UserError);
@@ -129,15 +132,33 @@ TEST(Figure, FrontierAndCurves) {
   in.cells = {a, b};
   in.runs = {completed_run(a, 3.0, 2000), completed_run(b, 2.9, 1000)};
   Figure f = metric_vs_metric(build_report(in), "rel_throughput_pct", "final_loss");
-  ASSERT_EQ(f.series.size(), 2u);
-  EXPECT_EQ(f.series[0].label, "ours");
-  ASSERT_EQ(f.series[0].points.size(), 2u);
-  EXPECT_DOUBLE_EQ(f.series[0].points[0].x, 50.0);
-  EXPECT_DOUBLE_EQ(f.series[0].points[0].y, 2.9);
-  EXPECT_TRUE(f.series[1].published);
-  EXPECT_FALSE(f.series[0].lines);  // a scatter, not a path
-  EXPECT_NE(gnuplot_script(f, "svg", "/tmp/f.svg").find("with points pointtype 7"), std::string::npos);
-  EXPECT_DOUBLE_EQ(f.series[1].points[1].x, 100.0);
+  // The paper's Pareto front, our two cells, the paper's two cells, the open-marker key.
+  ASSERT_EQ(f.series.size(), 6u);
+  EXPECT_EQ(f.series[0].label, "paper's Pareto front");
+  ASSERT_EQ(f.series[0].points.size(), 2u);  // 73.6 % at 2.347 and 100 % at 2.433: neither beats the other
+  EXPECT_DOUBLE_EQ(f.series[0].points[1].x, 100.0);
+  EXPECT_DOUBLE_EQ(f.series[1].points[0].x, 100.0);  // gdn row: relative throughput 100
+  EXPECT_DOUBLE_EQ(f.series[2].points[0].x, 50.0);   // kda: half gdn's tokens/s
+  EXPECT_DOUBLE_EQ(f.series[2].points[0].y, 2.9);
+  EXPECT_FALSE(f.series[1].lines);  // a scatter, not a path
+  EXPECT_TRUE(f.series[3].published);
+  EXPECT_FALSE(f.series[3].keyed);
+  // Each of our points is labelled and joined to the paper's point of the same cell.
+  ASSERT_EQ(f.labels.size(), 2u);
+  EXPECT_EQ(f.labels[1].text, "KDA");
+  ASSERT_EQ(f.links.size(), 2u);
+  EXPECT_DOUBLE_EQ(f.links[1].from.x, 50.0);
+  EXPECT_DOUBLE_EQ(f.links[1].to.x, 73.6);
+  EXPECT_DOUBLE_EQ(f.links[1].to.y, 2.347);
+  apply_grammar(f);
+  EXPECT_EQ(f.series[1].label, "GDN");
+  EXPECT_EQ(f.series[2].label, "KDA");
+  EXPECT_EQ(f.series[4].style.colour, f.series[2].style.colour);  // the paper's KDA point: KDA's colour
+  const std::string script = gnuplot_script(f, "svg", "/tmp/f.svg");
+  EXPECT_NE(script.find("with linespoints pt 7"), std::string::npos) << script;  // ours: filled, a segment sample in the key
+  EXPECT_NE(script.find("with points pt 6"), std::string::npos) << script;  // paper: open
+  EXPECT_NE(script.find("set arrow 2 from 50,2.8999999999999999 to 73.599999999999994,2.347 nohead"), std::string::npos) << script;
+  EXPECT_NE(script.find("set label 11 \"KDA\" at 50,2.8999999999999999"), std::string::npos) << script;
 
   Figure c = curves_figure("laa/fig3", "curves", "tokens", "val_loss",
                            {{"gdn.none", "exp/gdn.none.s0", {{0, 5.5}, {1000, 3.0}}}});
@@ -152,7 +173,8 @@ TEST(Figure, CatalogueNamesAndErrors) {
     find_figure("laa/fig7");
     FAIL();
   } catch (const UserError& e) {
-    EXPECT_NE(std::string(e.what()).find("unknown figure 'laa/fig7' (choices: laa/fig3, laa/fig4, laa/fig5, laa/fig6, laa/frontier, ccq/fig3_4)"),
+    EXPECT_NE(std::string(e.what()).find("unknown figure 'laa/fig7' (choices: laa/fig3, laa/fig4, laa/fig5, laa/fig6, laa/frontier, "
+                                         "ccq/fig3, ccq/fig4, ccq/fig3_4, ccq/fig5, carve/table3)"),
               std::string::npos) << e.what();
   }
 }

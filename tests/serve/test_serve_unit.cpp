@@ -122,6 +122,17 @@ TEST(ServeChart, SvgHasOnePathPerSeriesEscapedLabelsAndBreaksAtNaN) {
   EXPECT_NE(svg_line_chart({}, {"empty", "step", ""}).find("no data"), std::string::npos);
 }
 
+TEST(ServeChart, SeriesTakeTheFiguresColourAndDash) {
+  ChartSeries a{"gdn", {{0, 1}, {1, 2}}, "#1f63b4", false};
+  ChartSeries b{"kda adamw", {{0, 3}, {1, 2}}, "#f07f0e", true};
+  const std::string svg = svg_line_chart({a, b}, {"loss", "step", "loss"});
+  EXPECT_NE(svg.find("stroke=\"#1f63b4\" stroke-width=\"1.5\"><title>gdn"), std::string::npos) << svg;
+  EXPECT_NE(svg.find("stroke=\"#f07f0e\" stroke-width=\"1.5\" stroke-dasharray=\"6 4\"><title>kda adamw"), std::string::npos) << svg;
+  // Without a colour: the palette by position, as before.
+  ChartSeries c{"x", {{0, 1}, {1, 2}}};
+  EXPECT_NE(svg_line_chart({c, c}, {"t", "step", ""}).find(series_colour(1)), std::string::npos);
+}
+
 class ServeArtifacts : public ::testing::Test {
  protected:
   void SetUp() override {
