@@ -222,7 +222,7 @@ TEST(EvalColumns, PerplexityAtLengthsFigure) {
     row.ours[m] = mv;
   }
   rep.rows.push_back(row);
-  const auto fig = report::metrics_at_lengths(rep, "ppl");
+  const auto fig = report::metric_vs_suffix(rep, "ppl@", /*exp_y=*/false);
   ASSERT_EQ(fig.series.size(), 1u);
   ASSERT_EQ(fig.series[0].points.size(), 2u);  // 16K has no value; final_loss is no length
   EXPECT_EQ(fig.series[0].points[0].x, 4096);
