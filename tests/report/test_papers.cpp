@@ -4,6 +4,8 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <map>
+#include <string>
 
 #include "core/error.hpp"
 #include "registry/report/adapter.hpp"
@@ -144,4 +146,23 @@ TEST(Papers, EveryFigureDrawsAMetricOfItsTable) {
       EXPECT_TRUE(axis) << def.name << ": no axis " << def.x;
     }
   }
+}
+
+TEST(Papers, BaselineFamiliesHaveThePapersLayerCountsAndValues) {
+  // CCQ §3.1: at 1.3B Mamba2 has 48 layers, the Transformer 24, the GLA / GDN backbones 21.
+  auto plan = load_paper_plan(resolve_paper_spec("ccq/table4"), "paper");
+  std::map<std::string, int> layers;
+  for (const auto& c : plan.cells) layers[c.config["model"]["architecture"]] = c.config["model"]["n_layers"];
+  EXPECT_EQ(layers["mamba2"], 48);
+  EXPECT_EQ(layers["softmax"], 24);
+  EXPECT_EQ(layers["gla"], 21);
+  EXPECT_EQ(plan.cells[0].reference["longbench_avg"], 13.13);
+  auto carve = load_paper_plan(resolve_paper_spec("carve/main"), "smoke");
+  int mamba = 0;
+  for (const auto& c : carve.cells)
+    if (c.config["model"]["architecture"] == "mamba2") {
+      ++mamba;
+      EXPECT_EQ(c.reference["wiki_ppl"], 16.79);
+    }
+  EXPECT_EQ(mamba, 3);  // 3 seeds
 }
