@@ -39,7 +39,7 @@ SchemaNode build_schema() {
     {"precision", choice({"auto", "fp32", "tf32", "mixed"}, "auto", "cuda backend: fp32 = every op in fp32 (the GPU reference); mixed = bf16 tensor-core GEMMs (fp32 accumulation) and bf16 flash attention over fp32 weights and activations; tf32 = the same with TF32 GEMMs; auto = mixed. The cpu backend is always fp32")},
     {"threads", integer(0, "CPU threads for the cpu backend; 0 = all cores")},
     {"model", map("the network", {
-      {"architecture", choice({"softmax", "linear", "gla", "deltanet", "gdn", "kda", "gdn2", "carve", "mamba2"}, "softmax", "token mixer of the linear layers (softmax: every layer softmax; mamba2: the papers' Mamba-2 baseline, CPU only)")},
+      {"architecture", choice({"softmax", "linear", "gla", "deltanet", "gdn", "kda", "gdn2", "carve", "mamba2", "gla_hedgehog"}, "softmax", "token mixer of the linear layers (softmax: every layer softmax; mamba2, gla_hedgehog: the papers' Mamba-2 and GLA-Hedgehog baselines, CPU only)")},
       {"stack", choice({"dense", "pure", "hybrid"}, "dense", "dense: all softmax; pure: all linear; hybrid: 1 softmax per hybrid_ratio linear")},
       {"hybrid_ratio", integer(2, "hybrid stacks: linear layers per softmax layer (2 = every third layer softmax)")},
       {"n_layers", integer(2, "number of blocks")},
