@@ -158,11 +158,17 @@ TEST(Papers, BaselineFamiliesHaveThePapersLayerCountsAndValues) {
   EXPECT_EQ(layers["gla"], 21);
   EXPECT_EQ(plan.cells[0].reference["longbench_avg"], 13.13);
   auto carve = load_paper_plan(resolve_paper_spec("carve/main"), "smoke");
-  int mamba = 0;
-  for (const auto& c : carve.cells)
+  int mamba2 = 0, mamba3 = 0;
+  for (const auto& c : carve.cells) {
     if (c.config["model"]["architecture"] == "mamba2") {
-      ++mamba;
+      ++mamba2;
       EXPECT_EQ(c.reference["wiki_ppl"], 16.79);
     }
-  EXPECT_EQ(mamba, 3);  // 3 seeds
+    if (c.config["model"]["architecture"] == "mamba3") {
+      ++mamba3;
+      EXPECT_EQ(c.reference["wiki_ppl"], 16.30);  // the SISO row
+    }
+  }
+  EXPECT_EQ(mamba2, 3);  // 3 seeds
+  EXPECT_EQ(mamba3, 3);
 }
