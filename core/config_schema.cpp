@@ -39,7 +39,7 @@ SchemaNode build_schema() {
     {"precision", choice({"auto", "fp32", "tf32", "mixed"}, "auto", "cuda backend: fp32 = every op in fp32 (the GPU reference); mixed = bf16 tensor-core GEMMs (fp32 accumulation) and bf16 flash attention over fp32 weights and activations; tf32 = the same with TF32 GEMMs; auto = mixed. The cpu backend is always fp32")},
     {"threads", integer(0, "CPU threads for the cpu backend; 0 = all cores")},
     {"model", map("the network", {
-      {"architecture", choice({"softmax", "linear", "gla", "deltanet", "gdn", "kda", "gdn2", "carve"}, "softmax", "token mixer of the linear layers (softmax: every layer softmax)")},
+      {"architecture", choice({"softmax", "linear", "gla", "deltanet", "gdn", "kda", "gdn2", "carve", "mamba2", "mamba3", "gla_hedgehog"}, "softmax", "token mixer of the linear layers (softmax: every layer softmax; mamba2, mamba3, gla_hedgehog: the papers' Mamba-2, Mamba-3 and GLA-Hedgehog baselines, CPU only)")},
       {"stack", choice({"dense", "pure", "hybrid"}, "dense", "dense: all softmax; pure: all linear; hybrid: 1 softmax per hybrid_ratio linear")},
       {"hybrid_ratio", integer(2, "hybrid stacks: linear layers per softmax layer (2 = every third layer softmax)")},
       {"n_layers", integer(2, "number of blocks")},
@@ -78,6 +78,16 @@ SchemaNode build_schema() {
         {"content_grad", boolean(true, "let gradients flow through the content signal m_c")},
         {"freeze_content", boolean(false, "keep W_U2 at zero (the frozen-content ablation)")},
         {"qkv", choice({"gdn2", "paper"}, "gdn2", "gdn2: the gdn2 layer's q, k, v (short conv + SiLU, L2 norm of q, k); paper: q, k, v = SiLU(W h) as the paper prints them (no conv, no L2 norm)")},
+      })},
+      {"mamba", map("Mamba-2 / Mamba-3 layer shape (heads = expand·d_model / head_dim; n_heads is not used)", {
+        {"expand", integer(2, "inner width = expand · d_model")},
+        {"head_dim", integer(64, "head (value) dimension P")},
+        {"state_size", integer(128, "state size N (the key dimension of B and C)")},
+        {"n_groups", integer(1, "groups of heads sharing B and C")},
+      })},
+      {"mamba3", map("Mamba-3 options", {
+        {"form", choice({"siso"}, "siso", "siso: one B, C, x per head (the MIMO form is not in this build)")},
+        {"rope_fraction", number(0.5, "fraction of the state rotated by the data-dependent RoPE: 0.5 or 1")},
       })},
     })},
     {"optimizer", map("optimiser", {

@@ -40,6 +40,8 @@ bool mixer_runs_on_cuda(const std::string& kind) {
 std::string cuda_unsupported(const json& model) {
   bool linear = false;
   for (const auto& kind : layer_kinds(model)) {
+    if (kind == "mamba2" || kind == "mamba3" || kind == "gla_hedgehog")
+      return "the '" + kind + "' mixer has no CUDA implementation in this build yet";
     if (!mixer_runs_on_cuda(kind)) return "the '" + kind + "' mixer has no CUDA implementation in this build";
     linear = linear || kind != "softmax";
   }

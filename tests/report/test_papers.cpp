@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <map>
+#include <string>
 
 #include "core/error.hpp"
 #include "registry/report/adapter.hpp"
@@ -222,4 +223,28 @@ TEST(Papers, ClaimsParseAtEveryScaleAndReadTheWayThePaperPrints) {
   auto chain = read("laa/table7", 0);
   EXPECT_EQ(chain.pairs.size(), 10u);  // 5 tuples × 2 links
   EXPECT_EQ(read("laa/fig6", 0).published_best.value_or("").rfind("gdn.pure.", 0), 0u);
+
+TEST(Papers, BaselineFamiliesHaveThePapersLayerCountsAndValues) {
+  // CCQ §3.1: at 1.3B Mamba2 has 48 layers, the Transformer 24, the GLA / GDN backbones 21.
+  auto plan = load_paper_plan(resolve_paper_spec("ccq/table4"), "paper");
+  std::map<std::string, int> layers;
+  for (const auto& c : plan.cells) layers[c.config["model"]["architecture"]] = c.config["model"]["n_layers"];
+  EXPECT_EQ(layers["mamba2"], 48);
+  EXPECT_EQ(layers["softmax"], 24);
+  EXPECT_EQ(layers["gla"], 21);
+  EXPECT_EQ(plan.cells[0].reference["longbench_avg"], 13.13);
+  auto carve = load_paper_plan(resolve_paper_spec("carve/main"), "smoke");
+  int mamba2 = 0, mamba3 = 0;
+  for (const auto& c : carve.cells) {
+    if (c.config["model"]["architecture"] == "mamba2") {
+      ++mamba2;
+      EXPECT_EQ(c.reference["wiki_ppl"], 16.79);
+    }
+    if (c.config["model"]["architecture"] == "mamba3") {
+      ++mamba3;
+      EXPECT_EQ(c.reference["wiki_ppl"], 16.30);  // the SISO row
+    }
+  }
+  EXPECT_EQ(mamba2, 3);  // 3 seeds
+  EXPECT_EQ(mamba3, 3);
 }

@@ -1,0 +1,74 @@
+// Mamba-3 (SISO) recurrence pieces on raw arrays, one (batch, head) sequence:
+//   data-dependent RoPE: φ_t = φ_{t−1} + θ_t·Δ_t (per rotated pair i < na), q_t = R(φ_t) q̂_t,
+//     k_t = R(φ_t) k̂_t (pairs (2i, 2i+1); the remaining channels are not rotated) — the
+//     complex-valued diagonal state of Mamba-3 written as rotations of B and C;
+//   trapezoidal discretisation: α_t = exp(a_t), β_t = (1−λ_t)Δ_t α_t, γ_t = λ_t Δ_t,
+//     S_t = α_t S_{t−1} + β_t v_{t−1} k_{t−1}ᵀ + γ_t v_t k_tᵀ,  o_t = S_t q_t.
+// The step below is the reference recurrence (and the decode path). The chunkwise training
+// form maps the same recurrence onto the scalar-decay core: token j is written with the
+// weight c_j = γ_j + (1−λ_{j+1})Δ_{j+1} (its own γ plus the β share the next token adds), and
+// the diagonal term takes back the next token's share: o_t = core_t − (1−λ_{t+1})Δ_{t+1}(q_t·k_t) v_t.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <vector>
+
+namespace lar::kernels::cpu::ssm {
+
+// y = R(φ) x over the first na pairs; y may alias x.
+template <class T>
+inline void rotate(const T* x, const T* phi, int n, int na, T* y) {
+  for (int i = 0; i < na; ++i) {
+    const T c = std::cos(phi[i]), s = std::sin(phi[i]);
+    const T a0 = x[2 * i], a1 = x[2 * i + 1];
+    y[2 * i] = a0 * c - a1 * s;
+    y[2 * i + 1] = a0 * s + a1 * c;
+  }
+  for (int i = 2 * na; i < n; ++i) y[i] = x[i];
+}
+
+// Backward of y = R(φ) x: dx (overwritten) and dφ (accumulated) from dy, with y the output.
+template <class T>
+inline void rotate_bwd(const T* y, const T* phi, const T* dy, int n, int na, T* dx, T* dphi) {
+  for (int i = 0; i < na; ++i) {
+    const T c = std::cos(phi[i]), s = std::sin(phi[i]);
+    const T g0 = dy[2 * i], g1 = dy[2 * i + 1];
+    dphi[i] += g0 * -y[2 * i + 1] + g1 * y[2 * i];
+    dx[2 * i] = g0 * c + g1 * s;
+    dx[2 * i + 1] = -g0 * s + g1 * c;
+  }
+  for (int i = 2 * na; i < n; ++i) dx[i] = dy[i];
+}
+
+// The decode state of one head: rotation angles, S [P, N], the previous rotated key and value.
+template <class T>
+struct Mamba3State {
+  std::vector<T> phi, S, k_prev, v_prev;
+  Mamba3State(int N, int P, int na) : phi(na, T(0)), S((std::size_t)P * N, T(0)), k_prev(N, T(0)), v_prev(P, T(0)) {}
+};
+
+// One token: q̂, k̂ [N] (normalised, biased, not yet rotated), v [P], theta [na] (angle rates),
+// a = log decay, dt = Δ, lam = λ. Writes o [P] = S_t q_t.
+template <class T>
+void mamba3_step(Mamba3State<T>& st, const T* qh, const T* kh, const T* v, const T* theta, T a, T dt, T lam, int N,
+                 int P, int na, T* o) {
+  for (int i = 0; i < na; ++i) st.phi[i] += theta[i] * dt;
+  std::vector<T> q(N), k(N);
+  rotate(qh, st.phi.data(), N, na, q.data());
+  rotate(kh, st.phi.data(), N, na, k.data());
+  const T alpha = std::exp(a), beta = (T(1) - lam) * dt * alpha, gamma = lam * dt;
+  for (int p = 0; p < P; ++p) {
+    T* Sp = &st.S[(std::size_t)p * N];
+    T acc = 0;
+    for (int i = 0; i < N; ++i) {
+      Sp[i] = alpha * Sp[i] + beta * st.v_prev[p] * st.k_prev[i] + gamma * v[p] * k[i];
+      acc += Sp[i] * q[i];
+    }
+    o[p] = acc;
+  }
+  st.k_prev = k;
+  st.v_prev.assign(v, v + P);
+}
+
+}  // namespace lar::kernels::cpu::ssm
