@@ -223,6 +223,7 @@ TEST(Papers, ClaimsParseAtEveryScaleAndReadTheWayThePaperPrints) {
   auto chain = read("laa/table7", 0);
   EXPECT_EQ(chain.pairs.size(), 10u);  // 5 tuples × 2 links
   EXPECT_EQ(read("laa/fig6", 0).published_best.value_or("").rfind("gdn.pure.", 0), 0u);
+}
 
 TEST(Papers, BaselineFamiliesHaveThePapersLayerCountsAndValues) {
   // CCQ §3.1: at 1.3B Mamba2 has 48 layers, the Transformer 24, the GLA / GDN backbones 21.
