@@ -6,6 +6,7 @@
 #include <set>
 
 #include "core/config_schema.hpp"
+#include "registry/report/timing.hpp"
 
 namespace lar::report {
 
@@ -111,6 +112,11 @@ std::optional<double> run_metric(const ReportRun& run, const std::string& metric
   if (metric.rfind("sec_per_iter", 0) == 0 && is_number_at(s, "iter_time_s")) return s["iter_time_s"].get<double>();
   if (metric == "peak_mem_gb" && is_number_at(s, "peak_mem_mb")) return s["peak_mem_mb"].get<double>() / 1024.0;
   if (metric == "tok_s" && is_number_at(s, "tokens_per_s")) return s["tokens_per_s"].get<double>();
+  // Model TFLOP/s per GPU (LAA Table 8): the config's training FLOPs a token × tokens/s.
+  if (metric == "tflops_per_gpu" && is_number_at(s, "tokens_per_s") && run.config.is_object()) {
+    const double world = is_number_at(s, "world_size") ? s["world_size"].get<double>() : 1.0;
+    return model_flops_per_token(run.config) * s["tokens_per_s"].get<double>() / world / 1e12;
+  }
   // Retrieval accuracy in percent: acc_pct@4K → 100 · summary["acc@4096"].
   if (metric.rfind("acc_pct", 0) == 0) {
     std::string key = "acc";

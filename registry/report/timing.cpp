@@ -105,6 +105,12 @@ double TimingModel::kernel_ms(const std::string& arch) const {
   return 0;
 }
 
+double model_flops_per_token(const json& config) {
+  const Shape s = shape_of(config);
+  const double T = num(config.contains("data") ? config["data"] : json::object(), "seq_len", 1);
+  return dense_flops(s, 1) + attention_flops(s, 1, T);
+}
+
 double estimate_params(const json& config) {
   const Shape s = shape_of(config);
   return matrix_params(s) + 2 * s.V * s.d;

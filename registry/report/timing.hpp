@@ -50,6 +50,12 @@ struct TimingModel {
 CellTiming estimate_cell(const experiments::Cell& cell, const TimingModel& m = {});
 TableTiming estimate_table(const experiments::Plan& plan, int jobs, const TimingModel& m = {});
 
+// Training FLOPs a token of a config: 6 × the weights the token passes (matrices, embedding
+// and head) plus causal softmax attention (6·T·heads·head_dim per softmax layer, half of
+// the full T×T product). No optimiser and no linear-mixer recurrence (both O(d·dk) a token,
+// under 1% here). What `tflops_per_gpu` multiplies tokens/s by (LAA Table 8).
+double model_flops_per_token(const json& config);
+
 // Parameters of a config by the model's shapes (SPEC §2, approximately: gates and norms
 // of linear mixers as 1·d² a layer).
 double estimate_params(const json& config);

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "core/config_schema.hpp"
+#include "registry/report/report.hpp"
 #include "registry/report/timing.hpp"
 
 using namespace lar;
@@ -46,4 +47,19 @@ TEST(Timing, BudgetAndSideBySide) {
   EXPECT_LT(four.table_s, serial.table_s);
   EXPECT_NEAR(four.table_s, 4 * one.busy_s, 1e-9);
   EXPECT_GT(four.table_s, serial.table_s / 4);
+}
+
+// LAA Table 8's TFLOP/s/GPU: 6 × the weights a token passes (embedding lookups are not
+// matrix products: 6·(params − V·d)) plus causal attention, 6·T·H·head_dim a softmax layer;
+// the run's tokens/s per GPU turns it into a rate.
+TEST(Timing, ModelFlopsPerTokenAndTflopsPerGpu) {
+  const auto c = cell_of("softmax", "dense", 2, 64, 4, 192, 256, 8, 128, 10);
+  const double expected = 6 * (estimate_params(c.config) - 256.0 * 64) + 6.0 * 128 * 4 * 16 * 2;
+  EXPECT_DOUBLE_EQ(model_flops_per_token(c.config), expected);
+  ReportRun run;
+  run.config = c.config;
+  run.summary = {{"tokens_per_s", 2.0e6}, {"world_size", 2}};
+  EXPECT_DOUBLE_EQ(*run_metric(run, "tflops_per_gpu"), expected * 1.0e6 / 1e12);
+  run.summary.erase("tokens_per_s");
+  EXPECT_FALSE(run_metric(run, "tflops_per_gpu").has_value());
 }
