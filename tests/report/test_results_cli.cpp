@@ -181,7 +181,7 @@ TEST(ResultsCli, ResumesAfterSigtermWritesTheResultsFolderAndABundleThatImports)
   Result est = sh(env + "reproduce laa/table2 --scale mini --seeds 3 --estimate -j 6");
   EXPECT_EQ(est.rc, 0) << est.out;
   EXPECT_NE(est.out.find("Whole table on one H200 at -j 6:"), std::string::npos) << est.out;
-  EXPECT_NE(est.out.find("| gdn.adamw.pure.lr1e-3.min_lr1e-4.s2 |"), std::string::npos) << est.out;
+  EXPECT_NE(est.out.find("| gdn.adamw.pure.lr3e-4.min_lr3e-5.s2 |"), std::string::npos) << est.out;
   EXPECT_FALSE(fs::exists(home / "runs" / "laa-table2"));
   fs::remove_all(home);
 }
