@@ -369,6 +369,10 @@ const std::vector<FigureDef>& figure_catalogue() {
     // 0), so the curves are the training loss logged every step.
     FigureDef f3 = def("laa/fig3", "laa/table2", "curves", "tokens", "loss", {}, "LAA Fig. 3: training loss vs tokens (Table 2 runs)");
     f3.grid_cols = "architecture";
+    // 18 curves in one panel overlap wherever the mixers train alike; a panel per mixer
+    // (--no-grid for the paper's single panel) keeps each under five, told apart by dash
+    // and shade.
+    f3.grid_default = true;
     d.push_back(f3);
     FigureDef f4 = def("laa/fig4", "laa/lr_sweep", "curves", "step", "loss", {}, "LAA Fig. 4: training loss of the learning-rate sweep");
     f4.grid_rows = "optimizer";
