@@ -255,9 +255,9 @@ class Impl {
   Cache<T> c_;
 };
 
-class HedgehogMixer final : public Mixer {
+class HedgehogMixer final : public ssm::DtypeMixer<HedgehogMixer, Impl, State> {
  public:
-  explicit HedgehogMixer(const MixerConfig& cfg) : cfg_(cfg) {
+  explicit HedgehogMixer(const MixerConfig& cfg) : DtypeMixer(cfg) {
     check_no_routing(cfg);
     const json& mo = cfg.model;
     s_.d = cfg.d_model;
@@ -305,67 +305,14 @@ class HedgehogMixer final : public Mixer {
     sl_.wo = mat("wo", s_.d, s_.Cv);
   }
 
-  std::string kind() const override { return cfg_.kind; }
-  std::vector<ParamSpec> params() const override { return pt_.specs(); }
-  void bind(std::vector<Tensor> params, std::vector<Tensor> grads) override {
-    pt_.bind("gla_hedgehog mixer", std::move(params), std::move(grads));
-    f32_.reset();
-    f64_.reset();
-  }
-  void forward(ForwardContext& ctx, const Tensor& x, const Tensor& y, Routing&) override {
-    check_cpu(ctx.be, cfg_.kind);
-    const int B = (int)x.size(0), len = (int)x.size(1);
-    if (ctx.be.dtype() == DType::f32)
-      impl<float>().forward(ctx.be, x.ptr<float>(), y.ptr<float>(), B, len, nullptr);
-    else
-      impl<double>().forward(ctx.be, x.ptr<double>(), y.ptr<double>(), B, len, nullptr);
-  }
-  void backward(ForwardContext& ctx, const Tensor& dy, const Tensor& dx, Routing&) override {
-    check_cpu(ctx.be, cfg_.kind);
-    if (ctx.be.dtype() == DType::f32)
-      impl<float>().backward(ctx.be, dy.ptr<float>(), dx.ptr<float>());
-    else
-      impl<double>().backward(ctx.be, dy.ptr<double>(), dx.ptr<double>());
-  }
-  std::unique_ptr<MixerState> init_state(kernels::Backend& be, int batch, int) const override {
-    check_cpu(be, cfg_.kind);
-    auto* self = const_cast<HedgehogMixer*>(this);
-    if (be.dtype() == DType::f32) return self->impl<float>().make_state(batch);
-    return self->impl<double>().make_state(batch);
-  }
-  void step(ForwardContext& ctx, const Tensor& x, const Tensor& y, MixerState& state, Routing&) override {
-    check_cpu(ctx.be, cfg_.kind);
-    const int B = (int)x.size(0);
-    if (ctx.be.dtype() == DType::f32) {
-      auto* st = dynamic_cast<State<float>*>(&state);
-      if (!st) throw RuntimeError("gla_hedgehog mixer: step() with a foreign state");
-      impl<float>().forward(ctx.be, x.ptr<float>(), y.ptr<float>(), B, 1, st);
-    } else {
-      auto* st = dynamic_cast<State<double>*>(&state);
-      if (!st) throw RuntimeError("gla_hedgehog mixer: step() with a foreign state");
-      impl<double>().forward(ctx.be, x.ptr<double>(), y.ptr<double>(), B, 1, st);
-    }
+  template <class T>
+  std::unique_ptr<Impl<T>> make_impl() const {
+    return std::make_unique<Impl<T>>(s_, sl_, pt_);
   }
 
  private:
-  template <class T>
-  Impl<T>& impl() {
-    if (!pt_.bound()) throw RuntimeError("gla_hedgehog mixer: used before bind()");
-    if constexpr (sizeof(T) == 4) {
-      if (!f32_) f32_ = std::make_unique<Impl<float>>(s_, sl_, pt_);
-      return *f32_;
-    } else {
-      if (!f64_) f64_ = std::make_unique<Impl<double>>(s_, sl_, pt_);
-      return *f64_;
-    }
-  }
-
-  MixerConfig cfg_;
   Shape s_;
   Slots sl_;
-  ParamTable pt_;
-  std::unique_ptr<Impl<float>> f32_;
-  std::unique_ptr<Impl<double>> f64_;
 };
 
 const MixerRegistration reg_hedgehog{

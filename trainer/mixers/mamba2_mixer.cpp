@@ -261,9 +261,9 @@ class Impl {
   Cache<T> c_;
 };
 
-class Mamba2Mixer final : public Mixer {
+class Mamba2Mixer final : public ssm::DtypeMixer<Mamba2Mixer, Impl, State> {
  public:
-  explicit Mamba2Mixer(const MixerConfig& cfg) : cfg_(cfg), s_(mamba_shape(cfg)) {
+  explicit Mamba2Mixer(const MixerConfig& cfg) : DtypeMixer(cfg), s_(mamba_shape(cfg)) {
     check_no_routing(cfg);
     W_ = cfg.model.value("conv_size", 4);
     if (W_ < 1) throw UserError("model.conv_size: must be ≥ 1, got " + std::to_string(W_));
@@ -300,68 +300,15 @@ class Mamba2Mixer final : public Mixer {
     sl_.wo = mat("wo", s_.d, s_.Di, sd);
   }
 
-  std::string kind() const override { return cfg_.kind; }
-  std::vector<ParamSpec> params() const override { return pt_.specs(); }
-  void bind(std::vector<Tensor> params, std::vector<Tensor> grads) override {
-    pt_.bind("mamba2 mixer", std::move(params), std::move(grads));
-    f32_.reset();
-    f64_.reset();
-  }
-  void forward(ForwardContext& ctx, const Tensor& x, const Tensor& y, Routing&) override {
-    check_cpu(ctx.be, cfg_.kind);
-    const int B = (int)x.size(0), len = (int)x.size(1);
-    if (ctx.be.dtype() == DType::f32)
-      impl<float>().forward(ctx.be, x.ptr<float>(), y.ptr<float>(), B, len, nullptr);
-    else
-      impl<double>().forward(ctx.be, x.ptr<double>(), y.ptr<double>(), B, len, nullptr);
-  }
-  void backward(ForwardContext& ctx, const Tensor& dy, const Tensor& dx, Routing&) override {
-    check_cpu(ctx.be, cfg_.kind);
-    if (ctx.be.dtype() == DType::f32)
-      impl<float>().backward(ctx.be, dy.ptr<float>(), dx.ptr<float>());
-    else
-      impl<double>().backward(ctx.be, dy.ptr<double>(), dx.ptr<double>());
-  }
-  std::unique_ptr<MixerState> init_state(kernels::Backend& be, int batch, int) const override {
-    check_cpu(be, cfg_.kind);
-    auto* self = const_cast<Mamba2Mixer*>(this);
-    if (be.dtype() == DType::f32) return self->impl<float>().make_state(batch);
-    return self->impl<double>().make_state(batch);
-  }
-  void step(ForwardContext& ctx, const Tensor& x, const Tensor& y, MixerState& state, Routing&) override {
-    check_cpu(ctx.be, cfg_.kind);
-    const int B = (int)x.size(0);
-    if (ctx.be.dtype() == DType::f32) {
-      auto* st = dynamic_cast<State<float>*>(&state);
-      if (!st) throw RuntimeError("mamba2 mixer: step() with a foreign state");
-      impl<float>().forward(ctx.be, x.ptr<float>(), y.ptr<float>(), B, 1, st);
-    } else {
-      auto* st = dynamic_cast<State<double>*>(&state);
-      if (!st) throw RuntimeError("mamba2 mixer: step() with a foreign state");
-      impl<double>().forward(ctx.be, x.ptr<double>(), y.ptr<double>(), B, 1, st);
-    }
+  template <class T>
+  std::unique_ptr<Impl<T>> make_impl() const {
+    return std::make_unique<Impl<T>>(s_, W_, sl_, pt_);
   }
 
  private:
-  template <class T>
-  Impl<T>& impl() {
-    if (!pt_.bound()) throw RuntimeError("mamba2 mixer: used before bind()");
-    if constexpr (sizeof(T) == 4) {
-      if (!f32_) f32_ = std::make_unique<Impl<float>>(s_, W_, sl_, pt_);
-      return *f32_;
-    } else {
-      if (!f64_) f64_ = std::make_unique<Impl<double>>(s_, W_, sl_, pt_);
-      return *f64_;
-    }
-  }
-
-  MixerConfig cfg_;
   MambaShape s_;
   int W_ = 4;
   Slots sl_;
-  ParamTable pt_;
-  std::unique_ptr<Impl<float>> f32_;
-  std::unique_ptr<Impl<double>> f64_;
 };
 
 const MixerRegistration reg_mamba2{

@@ -365,9 +365,9 @@ class Impl {
   std::vector<T> wz_, yv_;  // the core's written values c·x; the gated output
 };
 
-class Mamba3Mixer final : public Mixer {
+class Mamba3Mixer final : public ssm::DtypeMixer<Mamba3Mixer, Impl, State> {
  public:
-  explicit Mamba3Mixer(const MixerConfig& cfg) : cfg_(cfg), s_(mamba_shape(cfg)) {
+  explicit Mamba3Mixer(const MixerConfig& cfg) : DtypeMixer(cfg), s_(mamba_shape(cfg)) {
     check_no_routing(cfg);
     const json& mo = cfg.model;
     json m3 = mo.contains("mamba3") && mo["mamba3"].is_object() ? mo["mamba3"] : json::object();
@@ -403,68 +403,15 @@ class Mamba3Mixer final : public Mixer {
     sl_.wo = mat("wo", s_.d, s_.Di);
   }
 
-  std::string kind() const override { return cfg_.kind; }
-  std::vector<ParamSpec> params() const override { return pt_.specs(); }
-  void bind(std::vector<Tensor> params, std::vector<Tensor> grads) override {
-    pt_.bind("mamba3 mixer", std::move(params), std::move(grads));
-    f32_.reset();
-    f64_.reset();
-  }
-  void forward(ForwardContext& ctx, const Tensor& x, const Tensor& y, Routing&) override {
-    check_cpu(ctx.be, cfg_.kind);
-    const int B = (int)x.size(0), len = (int)x.size(1);
-    if (ctx.be.dtype() == DType::f32)
-      impl<float>().forward(ctx.be, x.ptr<float>(), y.ptr<float>(), B, len, nullptr);
-    else
-      impl<double>().forward(ctx.be, x.ptr<double>(), y.ptr<double>(), B, len, nullptr);
-  }
-  void backward(ForwardContext& ctx, const Tensor& dy, const Tensor& dx, Routing&) override {
-    check_cpu(ctx.be, cfg_.kind);
-    if (ctx.be.dtype() == DType::f32)
-      impl<float>().backward(ctx.be, dy.ptr<float>(), dx.ptr<float>());
-    else
-      impl<double>().backward(ctx.be, dy.ptr<double>(), dx.ptr<double>());
-  }
-  std::unique_ptr<MixerState> init_state(kernels::Backend& be, int batch, int) const override {
-    check_cpu(be, cfg_.kind);
-    auto* self = const_cast<Mamba3Mixer*>(this);
-    if (be.dtype() == DType::f32) return self->impl<float>().make_state(batch);
-    return self->impl<double>().make_state(batch);
-  }
-  void step(ForwardContext& ctx, const Tensor& x, const Tensor& y, MixerState& state, Routing&) override {
-    check_cpu(ctx.be, cfg_.kind);
-    const int B = (int)x.size(0);
-    if (ctx.be.dtype() == DType::f32) {
-      auto* st = dynamic_cast<State<float>*>(&state);
-      if (!st) throw RuntimeError("mamba3 mixer: step() with a foreign state");
-      impl<float>().forward(ctx.be, x.ptr<float>(), y.ptr<float>(), B, 1, st);
-    } else {
-      auto* st = dynamic_cast<State<double>*>(&state);
-      if (!st) throw RuntimeError("mamba3 mixer: step() with a foreign state");
-      impl<double>().forward(ctx.be, x.ptr<double>(), y.ptr<double>(), B, 1, st);
-    }
+  template <class T>
+  std::unique_ptr<Impl<T>> make_impl() const {
+    return std::make_unique<Impl<T>>(s_, na_, sl_, pt_);
   }
 
  private:
-  template <class T>
-  Impl<T>& impl() {
-    if (!pt_.bound()) throw RuntimeError("mamba3 mixer: used before bind()");
-    if constexpr (sizeof(T) == 4) {
-      if (!f32_) f32_ = std::make_unique<Impl<float>>(s_, na_, sl_, pt_);
-      return *f32_;
-    } else {
-      if (!f64_) f64_ = std::make_unique<Impl<double>>(s_, na_, sl_, pt_);
-      return *f64_;
-    }
-  }
-
-  MixerConfig cfg_;
   MambaShape s_;
   int na_ = 1;
   Slots sl_;
-  ParamTable pt_;
-  std::unique_ptr<Impl<float>> f32_;
-  std::unique_ptr<Impl<double>> f64_;
 };
 
 const MixerRegistration reg_mamba3{

@@ -172,6 +172,79 @@ inline void check_cpu(const kernels::Backend& be, const std::string& kind) {
                     be.name() + "; use backend: cpu or auto)");
 }
 
+// The Mixer interface of a CPU-only mixer over its Impl<T>, one per dtype (f32 in training,
+// f64 in gradient checks), built on first use after bind(). `Derived` provides
+//   template <class T> std::unique_ptr<Impl<T>> make_impl() const;
+// and Impl<T> provides forward(be, x, y, B, len, State<T>* or nullptr), backward(be, dy, dx)
+// and make_state(batch) (a State<T>, which derives from MixerState).
+template <class Derived, template <class> class Impl, template <class> class State>
+class DtypeMixer : public Mixer {
+ public:
+  explicit DtypeMixer(const MixerConfig& cfg) : cfg_(cfg) {}
+
+  std::string kind() const override { return cfg_.kind; }
+  std::vector<ParamSpec> params() const override { return pt_.specs(); }
+  void bind(std::vector<kernels::Tensor> params, std::vector<kernels::Tensor> grads) override {
+    pt_.bind(who().c_str(), std::move(params), std::move(grads));
+    f32_.reset();
+    f64_.reset();
+  }
+  void forward(ForwardContext& ctx, const kernels::Tensor& x, const kernels::Tensor& y, Routing&) override {
+    check_cpu(ctx.be, cfg_.kind);
+    const int B = (int)x.size(0), len = (int)x.size(1);
+    if (ctx.be.dtype() == kernels::DType::f32)
+      impl<float>().forward(ctx.be, x.ptr<float>(), y.ptr<float>(), B, len, nullptr);
+    else
+      impl<double>().forward(ctx.be, x.ptr<double>(), y.ptr<double>(), B, len, nullptr);
+  }
+  void backward(ForwardContext& ctx, const kernels::Tensor& dy, const kernels::Tensor& dx, Routing&) override {
+    check_cpu(ctx.be, cfg_.kind);
+    if (ctx.be.dtype() == kernels::DType::f32)
+      impl<float>().backward(ctx.be, dy.ptr<float>(), dx.ptr<float>());
+    else
+      impl<double>().backward(ctx.be, dy.ptr<double>(), dx.ptr<double>());
+  }
+  std::unique_ptr<MixerState> init_state(kernels::Backend& be, int batch, int) const override {
+    check_cpu(be, cfg_.kind);
+    auto* self = const_cast<DtypeMixer*>(this);
+    if (be.dtype() == kernels::DType::f32) return self->template impl<float>().make_state(batch);
+    return self->template impl<double>().make_state(batch);
+  }
+  void step(ForwardContext& ctx, const kernels::Tensor& x, const kernels::Tensor& y, MixerState& state,
+            Routing&) override {
+    check_cpu(ctx.be, cfg_.kind);
+    if (ctx.be.dtype() == kernels::DType::f32)
+      step_as<float>(ctx, x, y, state);
+    else
+      step_as<double>(ctx, x, y, state);
+  }
+
+ protected:
+  MixerConfig cfg_;
+  ParamTable pt_;
+
+ private:
+  std::string who() const { return cfg_.kind + " mixer"; }
+  template <class T>
+  void step_as(ForwardContext& ctx, const kernels::Tensor& x, const kernels::Tensor& y, MixerState& state) {
+    auto* st = dynamic_cast<State<T>*>(&state);
+    if (!st) throw RuntimeError(who() + ": step() with a foreign state");
+    impl<T>().forward(ctx.be, x.ptr<T>(), y.ptr<T>(), (int)x.size(0), 1, st);
+  }
+  template <class T>
+  Impl<T>& impl() {
+    if (!pt_.bound()) throw RuntimeError(who() + ": used before bind()");
+    auto& slot = [&]() -> std::unique_ptr<Impl<T>>& {
+      if constexpr (sizeof(T) == 4) return f32_;
+      else return f64_;
+    }();
+    if (!slot) slot = static_cast<const Derived*>(this)->template make_impl<T>();
+    return *slot;
+  }
+  std::unique_ptr<Impl<float>> f32_;
+  std::unique_ptr<Impl<double>> f64_;
+};
+
 // These mixers publish no write residual: routing needs a delta-rule mixer.
 inline void check_no_routing(const MixerConfig& cfg) {
   if (!cfg.routing.empty() && cfg.routing != "none")
