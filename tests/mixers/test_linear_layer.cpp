@@ -13,6 +13,7 @@
 #include "core/error.hpp"
 #include "kernels/backend.hpp"
 #include "trainer/mixer.hpp"
+#include "mixer_checks.hpp"
 
 using lar::json;
 using lar::kernels::DType;
@@ -102,46 +103,10 @@ std::vector<Variant> variants() {
   return v;
 }
 
-// Parameters in host vectors, initialised from each spec's InitRule (own RNG).
+// The host parameters and the relative error every mixer family's tests share.
 template <class T>
-struct Params {
-  std::vector<std::vector<T>> p, g;
-  std::vector<tr::ParamSpec> specs;
-  Params(tr::Mixer& m, unsigned seed) {
-    specs = m.params();
-    std::mt19937 rng(seed);
-    std::vector<Tensor> pt, gt;
-    for (auto& s : specs) {
-      int64_t n = 1;
-      for (auto d : s.shape) n *= d;
-      p.emplace_back(n);
-      g.emplace_back(n, T(0));
-      for (auto& x : p.back()) {
-        if (s.init.kind == tr::InitRule::normal)
-          x = (T)std::normal_distribution<double>(0, s.init.a)(rng);
-        else if (s.init.kind == tr::InitRule::uniform)
-          x = (T)std::uniform_real_distribution<double>(s.init.a, s.init.b)(rng);
-        else  // perturb constants so that every parameter matters in the check
-          x = (T)(s.init.a + std::normal_distribution<double>(0, 0.1)(rng));
-      }
-    }
-    for (size_t i = 0; i < specs.size(); ++i) {
-      DType dt = sizeof(T) == 4 ? DType::f32 : DType::f64;
-      pt.emplace_back(p[i].data(), dt, specs[i].shape);
-      gt.emplace_back(g[i].data(), dt, specs[i].shape);
-    }
-    m.bind(pt, gt);
-  }
-};
-
-double rel_err(const std::vector<double>& a, const std::vector<double>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num += (a[i] - b[i]) * (a[i] - b[i]);
-    den += b[i] * b[i];
-  }
-  return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
-}
+using Params = lar::test::HostParams<T>;
+using lar::test::rel_err;
 
 }  // namespace
 
