@@ -40,8 +40,7 @@ std::vector<std::string> check_data(const json& config, const CheckOptions& opti
     const fs::path dir = data::lm_data_dir(config);
     std::error_code ec;
     if (!fs::exists(dir / "manifest.json", ec)) {
-      if (d.at("seq_len").get<long>() < 2)
-        throw UserError("data.seq_len " + std::to_string(d.at("seq_len").get<long>()) + " must be at least 2");
+      data::check_data_shape(config);
       notes.push_back("data.path: no prepared data at " + dir.string() +
                       " on this machine yet (prepare it before launching; docs/data.md)");
       return notes;
@@ -64,13 +63,12 @@ json data_check_key(const json& config) {
       {"data", config.at("data")}, {"vocab_size", config.at("model").at("vocab_size")}, {"eval", config.at("eval")}};
 }
 
-std::vector<std::string> check_config_without_data(const json& config) {
+void check_config_without_data(const json& config) {
   validate_model_config(config);
   check_mixers(config.at("model"));
   check_batch_split(config, 1);
   (void)optim::OptimizerConfig::from_json(config);
   (void)optim::Schedule::from_json(config, total_steps(config));
-  return {};
 }
 
 std::vector<std::string> check_config(const json& config, const CheckOptions& options) {

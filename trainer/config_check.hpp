@@ -29,7 +29,7 @@ std::vector<std::string> check_config(const json& config, const CheckOptions& op
 // data_check_key pass or fail check_data alike (a plan checks each distinct one once).
 std::vector<std::string> check_data(const json& config, const CheckOptions& options = {});
 json data_check_key(const json& config);
-std::vector<std::string> check_config_without_data(const json& config);
+void check_config_without_data(const json& config);
 
 // The config keys (dotted schema paths, e.g. "model.n_heads") a message names, in order
 // of first appearance. Every message of check_config starts with the key it is about.

@@ -35,7 +35,7 @@ struct TableTiming {
 
 // The model's constants (every one named in docs/reproduce.md).
 struct TimingModel {
-  // Anchors (docs/perf.md, session 8 final call): seconds a step at B=8 × T=4096.
+  // Anchors (docs/perf.md, the 350M training step): seconds a step at B=8 × T=4096.
   double gdn_step_s = 0.1464, kda_step_s = 0.1824, softmax_step_s = 0.1508;
   double gdn_delta_kernels_s = 0.02241;  // delta_fwd + delta_bwd of that GDN step (20 layers)
   // Chunk kernels, fwd+bwd ms per layer at B=8 T=4096 H=16 dk=64 (lar bench linear-cuda).

@@ -44,6 +44,10 @@ class Dataset {
 // Throws lar::UserError for a bad data section (missing path, vocab too small, …).
 std::unique_ptr<Dataset> make_dataset(const lar::json& config);
 
+// What every dataset needs of a config (schema defaults applied), before any data is read:
+// sequences of at least 2 tokens, a batch, a vocabulary of at least 2. UserError naming the key.
+void check_data_shape(const lar::json& config);
+
 // The folder of prepared shards an lm config reads (data.path, or the embedded corpus).
 std::filesystem::path lm_data_dir(const lar::json& config);
 

@@ -192,6 +192,15 @@ fs::path lm_data_dir(const json& config) {
   return p.empty() ? data_root() / "brown" : fs::path(p);
 }
 
+void check_data_shape(const json& config) {
+  const int L = config.at("data").at("seq_len").get<int>();
+  const int B = config.at("data").at("batch_size").get<int>();
+  const int vocab = config.at("model").at("vocab_size").get<int>();
+  if (L < 2) throw UserError("data.seq_len " + str(L) + " must be at least 2");
+  if (B < 1) throw UserError("data.batch_size " + str(B) + " must be at least 1");
+  if (vocab < 2) throw UserError("model.vocab_size " + str(vocab) + " must be at least 2");
+}
+
 std::unique_ptr<Dataset> make_dataset(const json& config_in) {
   const json config = with_defaults(config_in);
   const json& d = config.at("data");
@@ -200,9 +209,7 @@ std::unique_ptr<Dataset> make_dataset(const json& config_in) {
   const int B = d.at("batch_size").get<int>();
   const int vocab = config.at("model").at("vocab_size").get<int>();
   const uint64_t seed = static_cast<uint64_t>(config.at("seed").get<int64_t>());
-  if (L < 2) throw UserError("data.seq_len " + str(L) + " must be at least 2");
-  if (B < 1) throw UserError("data.batch_size " + str(B) + " must be at least 1");
-  if (vocab < 2) throw UserError("model.vocab_size " + str(vocab) + " must be at least 2");
+  check_data_shape(config);
 
   std::unique_ptr<Dataset> ds;
   if (task == "lm") {
