@@ -9,25 +9,14 @@
 #include <fstream>
 #include <string>
 
+#include "tests/shell.hpp"
+
 namespace fs = std::filesystem;
 
 namespace {
 
-struct Result {
-  int rc = -1;
-  std::string out;
-};
-
-Result sh(const std::string& cmd) {
-  Result r;
-  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  const int status = ::pclose(p);
-  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+using Result = lar::test::ShellResult;
+using lar::test::sh;
 
 struct Home {
   fs::path path = fs::temp_directory_path() / ("lar_export_it_" + std::to_string(::getpid()));

@@ -15,27 +15,15 @@
 #include <thread>
 
 #include "core/json.hpp"
+#include "tests/shell.hpp"
 
 namespace fs = std::filesystem;
 using lar::json;
 
 namespace {
 
-struct Result {
-  int rc = -1;
-  std::string out;
-};
-
-Result sh(const std::string& cmd) {
-  Result r;
-  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  const int status = ::pclose(p);
-  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+using Result = lar::test::ShellResult;
+using lar::test::sh;
 
 std::string slurp(const fs::path& p) {
   std::ifstream f(p);
