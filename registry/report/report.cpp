@@ -432,11 +432,10 @@ Report build_report(const TableInput& in) {
         const json &sa = rc->second->summary, &sb = rb->second->summary;
         // Equal configs can still read different data (data.path re-prepared, another
         // tokenizer): the trainer records the slice and tokenizer of every run.
-        for (const char* key : {"data_slice", "tokenizer"})
+        for (const auto& [key, what] : {std::pair{"data_slice", "data slice"}, std::pair{"tokenizer", "tokenizer"}})
           if (diffs.empty() && sa.contains(key) && sb.contains(key) && sa[key] != sb[key])
-            diffs.push_back(std::string(key == std::string("data_slice") ? "data slice" : "tokenizer") + " (summary." +
-                            key + "): run " + rc->second->run_id + " trained on " + show(sa[key]) + ", run " +
-                            rb->second->run_id + " on " + show(sb[key]));
+            diffs.push_back(std::string(what) + " (summary." + key + "): run " + rc->second->run_id + " trained on " +
+                            show(sa[key]) + ", run " + rb->second->run_id + " on " + show(sb[key]));
       } else {
         diffs = config_differences(c->config, bc->config, allowed);
       }
