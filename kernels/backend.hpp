@@ -19,6 +19,7 @@
 // - Ops are deterministic: the same inputs give the same bits for a fixed thread count
 //   (fixed partitioning, reductions in a fixed order, no atomics).
 #include <array>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -238,6 +239,19 @@ class Backend {
   virtual void normuon_normalize(const Tensor& o, const Tensor& V, double beta2, double eps) = 0;
   // w ← w·decay − step·o (Muon's decoupled decay and update).
   virtual void decayed_update(const Tensor& w, const Tensor& o, double decay, double step) = 0;
+  // Newton–Schulz's start: dst = src / (‖src‖_F + eps), or its transpose (dst [c,r] for src
+  // [r,c]) when `transposed`. The factor is float(1 / (sqrt(sum_squares(src)) + eps)), as this
+  // default computes it; the GPU keeps the norm on the device instead of a host round trip
+  // per matrix (which stalled the queue once per Muon matrix per step).
+  virtual void frobenius_normalize(const Tensor& src, const Tensor& dst, bool transposed, double eps) {
+    const double inv = static_cast<float>(1.0 / (std::sqrt(sum_squares(src)) + eps));
+    if (transposed) {
+      transpose(src, dst, inv);
+    } else {
+      copy(src, dst);
+      scale(dst, inv);
+    }
+  }
 
   // ---- reduced-precision activations (additive; CPU backends keep dtype() everywhere) ----
   // The dtype in which the model and mixers may keep tensors that live inside an op or are

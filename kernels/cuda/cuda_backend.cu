@@ -2922,6 +2922,21 @@ void CudaBackend::decayed_update(const Tensor& w, const Tensor& o, double decay,
                         static_cast<float>(step), stream_);
 }
 
+void CudaBackend::frobenius_normalize(const Tensor& src, const Tensor& dst, bool transposed, double eps) {
+  OpTimer timer(*this, "optimiser");
+  require_f32(src, "frobenius_normalize");
+  if (src.numel() != dst.numel()) throw RuntimeError("cuda frobenius_normalize: " + src.shape_str() + " → " + dst.shape_str());
+  touch(dst);
+  // sum_squares's reduction (the same partials and tree, so the same sum), left on the device.
+  double* partial = scratch_doubles(kReduceBlocks + 1);
+  sum_squares_partial<<<kReduceBlocks, 256, 0, stream_>>>(src.ptr<float>(), src.numel(), partial);
+  LAR_CUDA_LAUNCHED();
+  sum_partials<<<1, 1024, 0, stream_>>>(partial, kReduceBlocks, partial + kReduceBlocks);
+  LAR_CUDA_LAUNCHED();
+  optim::scale_by_inv_norm(src.ptr<float>(), dst.ptr<float>(), src.rows(), src.last(), transposed,
+                           partial + kReduceBlocks, eps, stream_);
+}
+
 // Registered as "cuda"; usable only when a device is present, so `backend: auto` falls
 // back to the CPU on a machine without a GPU.
 static BackendRegistration reg{"cuda", [](int, DType dtype) -> std::unique_ptr<Backend> {

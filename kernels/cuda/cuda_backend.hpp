@@ -105,6 +105,7 @@ class CudaBackend final : public Backend {
   void transpose(const Tensor& src, const Tensor& dst, double alpha) override;
   void normuon_normalize(const Tensor& o, const Tensor& V, double beta2, double eps) override;
   void decayed_update(const Tensor& w, const Tensor& o, double decay, double step) override;
+  void frobenius_normalize(const Tensor& src, const Tensor& dst, bool transposed, double eps) override;
 
   // precision "fp32": pedantic fp32 GEMMs and the fp32 attention kernels (the reference);
   // "mixed"/"auto": bf16 tensor-core GEMMs (operands rounded to bf16 in a scratch

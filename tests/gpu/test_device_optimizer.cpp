@@ -22,8 +22,8 @@ using lar::gpu_test::rel_rms;
 
 namespace {
 
-// A table like a model's: wide, tall and square hidden matrices, embedding, head, norms,
-// a bias — laid out back to back.
+// A table like a model's: wide, tall and square hidden matrices (two shapes twice, so that
+// Newton–Schulz runs batched), embedding, head, norms, a bias — laid out back to back.
 std::vector<optim::ParamView> table() {
   std::vector<optim::ParamView> t;
   std::size_t off = 0;
@@ -35,8 +35,10 @@ std::vector<optim::ParamView> table() {
   add("norm", 1, 24, optim::ParamKind::norm);
   add("wq", 24, 24, optim::ParamKind::matrix_hidden);
   add("wk", 8, 24, optim::ParamKind::matrix_hidden);
+  add("wv", 24, 24, optim::ParamKind::matrix_hidden);  // wq's shape: a Newton–Schulz batch of 2
   add("w_up", 72, 24, optim::ParamKind::matrix_hidden);
   add("w_down", 24, 72, optim::ParamKind::matrix_hidden);
+  add("w_up2", 72, 24, optim::ParamKind::matrix_hidden);  // a tall batch of 2
   add("bias", 1, 7, optim::ParamKind::bias);
   add("head", 50, 24, optim::ParamKind::head);
   return t;
@@ -180,4 +182,46 @@ TEST(DeviceOptimizer, StateMovesBetweenHostAndDevice) {
   // A blob for another optimiser is refused.
   optim::DeviceOptimizer adam(*gpu, config("adamw", 1.0), t, n);
   EXPECT_THROW(adam.load_state(dev.state), RuntimeError);
+}
+
+// The device-side normalisation gives the bits of the host round trip it replaces:
+// transpose / scale by float(1 / (sqrt(sum_squares) + eps)) on the same backend.
+TEST(DeviceOptimizer, FrobeniusNormalizeKeepsTheRoundTripsBits) {
+  auto cpu = kernels::make_backend("cpu", 1, DType::f32);
+  auto gpu = cuda("mixed");
+  std::mt19937_64 rng(21);
+  for (kernels::Backend* be : {cpu.get(), gpu.get()}) {
+    if (!be) continue;
+    for (auto [r, c] : {std::pair{24, 72}, std::pair{72, 24}, std::pair{33, 33}, std::pair{1000, 7}}) {
+      const std::vector<float> x = randn(static_cast<std::size_t>(r) * c, rng, 0.3);
+      const std::size_t n = x.size();
+      void* s = be->alloc_bytes(n * 4);
+      void* d1 = be->alloc_bytes(n * 4);
+      void* d2 = be->alloc_bytes(n * 4);
+      const Tensor S(s, DType::f32, {r, c});
+      be->upload(x.data(), S);
+      for (bool tr : {false, true}) {
+        const std::vector<int64_t> shape = tr ? std::vector<int64_t>{c, r} : std::vector<int64_t>{r, c};
+        const Tensor D1(d1, DType::f32, shape), D2(d2, DType::f32, shape);
+        be->frobenius_normalize(S, D1, tr, 1e-7);
+        const double inv = static_cast<float>(1.0 / (std::sqrt(be->sum_squares(S)) + 1e-7));
+        if (tr) {
+          be->transpose(S, D2, inv);
+        } else {
+          be->copy(S, D2);
+          be->scale(D2, inv);
+        }
+        std::vector<float> a(n), b(n);
+        be->download(D1, a.data());
+        be->download(D2, b.data());
+        EXPECT_EQ(std::memcmp(a.data(), b.data(), n * 4), 0) << be->name() << " " << r << "x" << c << (tr ? " T" : "");
+        double ss = 0;
+        for (float v : a) ss += static_cast<double>(v) * v;
+        EXPECT_NEAR(ss, 1.0, 1e-5);  // unit Frobenius norm
+      }
+      be->free_bytes(s);
+      be->free_bytes(d1);
+      be->free_bytes(d2);
+    }
+  }
 }

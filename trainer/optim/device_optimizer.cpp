@@ -28,13 +28,23 @@ DeviceOptimizer::DeviceOptimizer(kernels::Backend& be, OptimizerConfig config, s
   covers_all_ = covers_all_ && end == total_size;
   all_adamw_ = true;
   for (std::size_t i = 0; i < host_.params_.size(); ++i) all_adamw_ = all_adamw_ && !host_.slots_[i].muon;
-  for (std::size_t i = 0; i < host_.params_.size(); ++i)
-    if (host_.slots_[i].muon) {
-      const ParamView& p = host_.params_[i];
-      const std::size_t r = static_cast<std::size_t>(std::min(p.rows, p.cols));
-      largest_ = std::max(largest_, p.size());
-      largest_rr_ = std::max(largest_rr_, r * r);
-    }
+  // Muon matrices grouped by shape, in table order, each group cut so that its three
+  // matrix buffers stay within kBatchElements floats (or one matrix, if larger).
+  constexpr std::size_t kBatchElements = std::size_t(1) << 24;
+  std::size_t work = 0;
+  for (std::size_t i = 0; i < host_.params_.size(); ++i) {
+    if (!host_.slots_[i].muon) continue;
+    const ParamView& p = host_.params_[i];
+    auto it = std::find_if(batches_.begin(), batches_.end(), [&](const MuonBatch& b) {
+      return b.rows == p.rows && b.cols == p.cols && (b.slots.size() + 1) * p.size() <= kBatchElements;
+    });
+    if (it == batches_.end()) it = batches_.insert(batches_.end(), MuonBatch{p.rows, p.cols, {}});
+    it->slots.push_back(i);
+  }
+  for (const MuonBatch& b : batches_) {
+    const std::size_t n = static_cast<std::size_t>(b.rows) * b.cols, r = static_cast<std::size_t>(std::min(b.rows, b.cols));
+    work = std::max(work, b.slots.size() * (3 * n + 2 * r * r));
+  }
   auto zeroed = [&](std::size_t n) {
     void* p = be_.alloc_bytes(std::max<std::size_t>(n, 1) * sizeof(float));
     be_.zero(Tensor(p, DType::f32, {static_cast<int64_t>(std::max<std::size_t>(n, 1))}));
@@ -42,7 +52,7 @@ DeviceOptimizer::DeviceOptimizer(kernels::Backend& be, OptimizerConfig config, s
   };
   m_ = zeroed(host_.m_.size());
   v_ = zeroed(host_.v_.size());
-  if (largest_) work_ = be_.alloc_bytes((4 * largest_ + 2 * largest_rr_) * sizeof(float));
+  if (work) work_ = be_.alloc_bytes(work * sizeof(float));
   // The host copies only stage save/load; drop them until then (2 floats per parameter).
   std::vector<float>().swap(host_.scratch_);
 }
@@ -101,6 +111,7 @@ void DeviceOptimizer::step(const Tensor& params, const Tensor& grads, double lr_
   // of a launch per tensor); consecutive parameters whose weights, gradients, m and v are
   // contiguous and whose scalars are equal share a segment. Elementwise: the same bits.
   std::vector<kernels::Backend::AdamWSegment> segs;
+  std::vector<double> lrs(host_.params_.size(), 0.0);
   auto same = [](const kernels::Backend::AdamWStep& x, const kernels::Backend::AdamWStep& y) {
     return x.beta1 == y.beta1 && x.beta2 == y.beta2 && x.eps == y.eps && x.step_size == y.step_size &&
            x.inv_sqrt_bc2 == y.inv_sqrt_bc2 && x.decay == y.decay && x.grad_scale == y.grad_scale;
@@ -110,7 +121,7 @@ void DeviceOptimizer::step(const Tensor& params, const Tensor& grads, double lr_
     const Optimizer::Slot& s = host_.slots_[i];
     const double lr = s.lr_mult * (s.own_lr ? scalar_factor : lr_factor);
     if (s.muon) {
-      muon_update(p, s, params, grads, lr);
+      lrs[i] = lr;
       continue;
     }
     // The host Optimizer's scalars, rounded to float the same way.
@@ -134,57 +145,60 @@ void DeviceOptimizer::step(const Tensor& params, const Tensor& grads, double lr_
       segs.push_back(seg);
     }
   }
+  for (const MuonBatch& b : batches_) muon_batch(b, params, grads, lrs);
   if (!segs.empty()) be_.adamw_step_multi(params, grads, m, v, segs);
   pending_scale_ = 1.0f;  // applied once
 }
 
-void DeviceOptimizer::muon_update(const ParamView& p, const Optimizer::Slot& s, const Tensor& params,
-                                  const Tensor& grads, double lr) {
+// Per matrix: momentum, then newton_schulz.hpp's algorithm — X₀ = G/(‖G‖_F + ε) in wide form,
+// X ← a·X + (b·A + c·A·A)·X with A = X·Xᵀ (symmetric, so A·Aᵀ = A·A) — batched over the
+// group, then NorMuon's normalisation and the decayed update.
+void DeviceOptimizer::muon_batch(const MuonBatch& b, const Tensor& params, const Tensor& grads,
+                                 const std::vector<double>& lrs) {
   const OptimizerConfig& c = host_.cfg_;
-  const std::size_t n = p.size();
-  float* work = static_cast<float*>(work_);
-  const Tensor u(work, DType::f32, {p.rows, p.cols});
-  const Tensor o(work + largest_, DType::f32, {p.rows, p.cols});
-  const Tensor buf(static_cast<float*>(m_) + s.m_off, DType::f32, {p.rows, p.cols});
-  be_.momentum_step(at(grads, p.offset, n), buf, u, static_cast<float>(c.momentum), c.nesterov);
-  newton_schulz(u, o, p.rows, p.cols);
-  if (c.name == OptimizerName::normuon)
-    be_.normuon_normalize(o, at(Tensor(v_, DType::f32, {1}), s.v_off, s.v_len), c.normuon_beta2, c.eps);
-  const double decay = static_cast<float>(1.0 - lr * s.wd);
-  const double step_size = static_cast<float>(lr * host_.muon_scale(p.rows, p.cols));
-  be_.decayed_update(at(params, p.offset, n), o, decay, step_size);
-}
-
-// newton_schulz.hpp's algorithm on backend tensors: X₀ = G/(‖G‖_F + ε) in wide form, then
-// X ← a·X + (b·A + c·A·A)·X with A = X·Xᵀ (A is symmetric, so A·Aᵀ = A·A).
-void DeviceOptimizer::newton_schulz(const Tensor& g, const Tensor& out, int rows, int cols) {
-  const OptimizerConfig& c = host_.cfg_;
-  const bool tall = rows > cols;
-  const int64_t r = tall ? cols : rows, w = tall ? rows : cols;
-  float* work = static_cast<float*>(work_);
-  Tensor x(work + 2 * largest_, DType::f32, {r, w});
-  Tensor y(work + 3 * largest_, DType::f32, {r, w});
-  const Tensor A(work + 4 * largest_, DType::f32, {r, r});
-  const Tensor B(work + 4 * largest_ + largest_rr_, DType::f32, {r, r});
-  const double ss = be_.sum_squares(g);
-  const double inv = static_cast<float>(1.0 / (std::sqrt(ss) + kNewtonSchulzEps));
-  if (tall) {
-    be_.transpose(g, x, inv);
-  } else {
-    be_.copy(g, x);
-    be_.scale(x, inv);
+  const int64_t nb = static_cast<int64_t>(b.slots.size());
+  const bool tall = b.rows > b.cols;
+  const int64_t r = tall ? b.cols : b.rows, w = tall ? b.rows : b.cols, n = r * w;
+  float* U = static_cast<float*>(work_);
+  float* X = U + nb * n;
+  float* Y = X + nb * n;
+  float* A = Y + nb * n;
+  float* B = A + nb * r * r;
+  for (int64_t k = 0; k < nb; ++k) {
+    const ParamView& p = host_.params_[b.slots[k]];
+    const Optimizer::Slot& s = host_.slots_[b.slots[k]];
+    const Tensor u(U + k * n, DType::f32, {p.rows, p.cols});
+    const Tensor buf(static_cast<float*>(m_) + s.m_off, DType::f32, {p.rows, p.cols});
+    be_.momentum_step(at(grads, p.offset, p.size()), buf, u, static_cast<float>(c.momentum), c.nesterov);
+    be_.frobenius_normalize(u, Tensor(X + k * n, DType::f32, {r, w}), tall, kNewtonSchulzEps);
   }
-  const auto [a, b, cc] = c.ns_coefficients;
+  const Tensor As(A, DType::f32, {nb, r, r}), Bs(B, DType::f32, {nb, r, r});
+  const auto [ca, cb, cc] = c.ns_coefficients;
   for (int s = 0; s < c.ns_steps; ++s) {
-    be_.gemm(x, false, x, true, A);  // A = X·Xᵀ
-    be_.copy(A, B);
-    be_.gemm(A, false, A, false, B, cc, b);  // B = b·A + c·A·A
+    const Tensor x(X, DType::f32, {nb, r, w}), y(Y, DType::f32, {nb, r, w});
+    be_.gemm_batched(x, false, x, true, As, nb);  // A = X·Xᵀ
+    be_.copy(As, Bs);
+    be_.gemm_batched(As, false, As, false, Bs, nb, cc, cb);  // B = b·A + c·A·A
     be_.copy(x, y);
-    be_.gemm(B, false, x, false, y, 1.0, a);  // Y = a·X + B·X
-    std::swap(x, y);
+    be_.gemm_batched(Bs, false, x, false, y, nb, 1.0, ca);  // Y = a·X + B·X
+    std::swap(X, Y);
   }
-  if (tall) be_.transpose(x, out, 1.0);
-  else be_.copy(x, out);
+  for (int64_t k = 0; k < nb; ++k) {
+    const ParamView& p = host_.params_[b.slots[k]];
+    const Optimizer::Slot& s = host_.slots_[b.slots[k]];
+    const Tensor x(X + k * n, DType::f32, {r, w});
+    Tensor o(X + k * n, DType::f32, {p.rows, p.cols});
+    if (tall) {
+      o = Tensor(U + k * n, DType::f32, {p.rows, p.cols});  // U is free once X₀ is formed
+      be_.transpose(x, o, 1.0);
+    }
+    if (c.name == OptimizerName::normuon)
+      be_.normuon_normalize(o, at(Tensor(v_, DType::f32, {1}), s.v_off, s.v_len), c.normuon_beta2, c.eps);
+    const double lr = lrs[b.slots[k]];
+    const double decay = static_cast<float>(1.0 - lr * s.wd);
+    const double step_size = static_cast<float>(lr * host_.muon_scale(p.rows, p.cols));
+    be_.decayed_update(at(params, p.offset, p.size()), o, decay, step_size);
+  }
 }
 
 std::string DeviceOptimizer::save_state() {

@@ -46,9 +46,15 @@ class DeviceOptimizer {
 
  private:
   kernels::Tensor at(const kernels::Tensor& flat, std::size_t offset, std::size_t n) const;
-  void muon_update(const ParamView& p, const Optimizer::Slot& s, const kernels::Tensor& params,
-                   const kernels::Tensor& grads, double lr);
-  void newton_schulz(const kernels::Tensor& g, const kernels::Tensor& out, int rows, int cols);
+  // Muon matrices of one shape, updated together: Newton–Schulz's GEMMs run batched over them
+  // (one launch per product instead of one per matrix, which dominated small models' steps).
+  struct MuonBatch {
+    int rows = 0, cols = 0;
+    std::vector<std::size_t> slots;  // indices into host_.params_
+  };
+  void muon_batch(const MuonBatch& b, const kernels::Tensor& params, const kernels::Tensor& grads,
+                  const std::vector<double>& lrs);
+
 
   kernels::Backend& be_;
   Optimizer host_;  // config, slot layout and the state format; its m_/v_ stage save/load
@@ -57,8 +63,8 @@ class DeviceOptimizer {
   float pending_scale_ = 1.0f;  // that factor, from clip_gradients to the next step()
   void* m_ = nullptr;        // moments / momentum buffers, host_.m_'s layout
   void* v_ = nullptr;        // second moments, host_.v_'s layout
-  void* work_ = nullptr;     // Muon: u, o, X, Y (largest matrix each) and A, B (largest r²)
-  std::size_t largest_ = 0, largest_rr_ = 0;
+  std::vector<MuonBatch> batches_;
+  void* work_ = nullptr;  // Muon: U, X, Y (a batch's matrices each) and A, B (its r×r products)
 };
 
 }  // namespace lar::optim

@@ -192,6 +192,32 @@ __global__ void transpose_kernel(const float* __restrict__ src, float* __restric
   }
 }
 
+// The host's float(1 / (sqrt(ss) + eps)): IEEE double sqrt and division, then one rounding.
+__device__ float inv_norm(const double* sum_sq, double eps) {
+  return static_cast<float>(1.0 / (sqrt(*sum_sq) + eps));
+}
+__global__ void copy_inv_norm_kernel(const float* __restrict__ src, float* __restrict__ dst, int64_t n,
+                                     const double* sum_sq, double eps) {
+  const float a = inv_norm(sum_sq, eps);
+  LAR_GRID_LOOP(i, n) dst[i] = __fmul_rn(src[i], a);
+}
+// transpose_kernel with its factor read on the device.
+__global__ void transpose_inv_norm_kernel(const float* __restrict__ src, float* __restrict__ dst, int64_t r,
+                                          int64_t c, const double* sum_sq, double eps) {
+  __shared__ float tile[32][33];
+  const float a = inv_norm(sum_sq, eps);
+  const int64_t c0 = blockIdx.x * 32LL, r0 = blockIdx.y * 32LL;
+  for (int k = threadIdx.y; k < 32; k += blockDim.y) {
+    const int64_t i = r0 + k, j = c0 + threadIdx.x;
+    if (i < r && j < c) tile[k][threadIdx.x] = src[i * c + j];
+  }
+  __syncthreads();
+  for (int k = threadIdx.y; k < 32; k += blockDim.y) {
+    const int64_t j = c0 + k, i = r0 + threadIdx.x;
+    if (i < r && j < c) dst[j * r + i] = __fmul_rn(tile[threadIdx.x][k], a);
+  }
+}
+
 // sums[k] = Σ o² over row k (per_row) or column k, in double, in index order.
 __global__ void normuon_stats_kernel(const float* o, int64_t rows, int64_t cols, bool per_row, double* sums) {
   const int64_t len = per_row ? rows : cols, other = per_row ? cols : rows;
@@ -304,6 +330,17 @@ void scale(float* x, int64_t n, float alpha, cudaStream_t st) {
 void transpose(const float* src, float* dst, int64_t r, int64_t c, float alpha, cudaStream_t st) {
   dim3 grid(static_cast<unsigned>((c + 31) / 32), static_cast<unsigned>((r + 31) / 32));
   transpose_kernel<<<grid, dim3(32, 8), 0, st>>>(src, dst, r, c, alpha);
+  LAR_CUDA_LAUNCHED();
+}
+
+void scale_by_inv_norm(const float* src, float* dst, int64_t r, int64_t c, bool transposed, const double* sum_sq,
+                       double eps, cudaStream_t st) {
+  if (transposed) {
+    dim3 grid(static_cast<unsigned>((c + 31) / 32), static_cast<unsigned>((r + 31) / 32));
+    transpose_inv_norm_kernel<<<grid, dim3(32, 8), 0, st>>>(src, dst, r, c, sum_sq, eps);
+  } else {
+    copy_inv_norm_kernel<<<grid_for(r * c, 256), 256, 0, st>>>(src, dst, r * c, sum_sq, eps);
+  }
   LAR_CUDA_LAUNCHED();
 }
 

@@ -30,5 +30,9 @@ int64_t normuon_scratch_doubles(int64_t rows, int64_t cols);
 void normuon_normalize(float* o, float* V, int64_t rows, int64_t cols, double beta2, double eps, double* scratch,
                        cudaStream_t st);
 void decayed_update(float* w, const float* o, int64_t n, float decay, float step, cudaStream_t st);
+// dst = a·src, or dst [c,r] = a·srcᵀ for src [r,c] when `transposed`, with
+// a = float(1 / (sqrt(*sum_sq) + eps)) evaluated on the device in double (sum_sq: device memory).
+void scale_by_inv_norm(const float* src, float* dst, int64_t r, int64_t c, bool transposed, const double* sum_sq,
+                       double eps, cudaStream_t st);
 
 }  // namespace lar::kernels::cuda::optim
