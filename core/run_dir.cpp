@@ -3,6 +3,8 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <fstream>
 
@@ -25,6 +27,12 @@ std::optional<RunState> run_state_from_string(const std::string& s) {
 bool is_terminal(RunState s) {
   return s == RunState::completed || s == RunState::failed || s == RunState::diverged ||
          s == RunState::cancelled;
+}
+
+bool is_moved_aside(const std::string& name) {
+  const auto pos = name.rfind(".old-");
+  return pos != std::string::npos && pos + 5 < name.size() &&
+         std::all_of(name.begin() + static_cast<long>(pos) + 5, name.end(), [](unsigned char c) { return std::isdigit(c); });
 }
 
 double unix_now() {

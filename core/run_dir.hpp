@@ -25,6 +25,9 @@ enum class RunState { pending, running, completed, failed, diverged, preempted, 
 std::string to_string(RunState s);
 std::optional<RunState> run_state_from_string(const std::string& s);
 bool is_terminal(RunState s);  // completed, failed, diverged, cancelled
+// "<cell>.old-<n>": a run folder the runner moved aside when its cell's config changed. It
+// keeps its config.json (same cell_id), so readers that key runs by cell skip it.
+bool is_moved_aside(const std::string& folder_name);
 
 struct StatusEvent {
   RunState state = RunState::pending;

@@ -260,11 +260,14 @@ SyncStats Registry::sync(const fs::path& runs_root) {
     return stats;  // no runs yet: nothing to ingest
   }
   // runs_root/<experiment>/<cell>/ — sorted so that output and ingest order are stable.
+  // Moved-aside folders (<cell>.old-<n>) are history: they carry their cell's id and would
+  // overwrite the live run's record.
   std::vector<fs::path> dirs;
   for (const auto& e : fs::directory_iterator(runs_root, ec)) {
     if (!e.is_directory()) continue;
     for (const auto& c : fs::directory_iterator(e.path(), ec))
-      if (c.is_directory() && fs::exists(c.path() / "config.json")) dirs.push_back(c.path());
+      if (c.is_directory() && !is_moved_aside(c.path().filename().string()) && fs::exists(c.path() / "config.json"))
+        dirs.push_back(c.path());
   }
   std::sort(dirs.begin(), dirs.end());
   for (const auto& d : dirs) {

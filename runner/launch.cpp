@@ -146,6 +146,11 @@ LaunchSummary launch(const experiments::Plan& plan, const LaunchOptions& options
     index[cp.cell->id] = i;
     if (cp.action == CellAction::skip_running)
       emit(Kind::note, cp.cell->id, RunState::pending, "not started: " + cp.detail);
+    if (cp.rekeyed && cp.action != CellAction::skip_running) {
+      RunDir(cp.run_dir).write_config(cp.cell->run_config_json());
+      emit(Kind::note, cp.cell->id, RunState::pending,
+           "config hash re-keyed (the schema gained keys at their defaults); the run is kept");
+    }
     if (cp.action != CellAction::start_new && cp.action != CellAction::resume) continue;
     if (auto moved = prepare_run_dir(cp))
       emit(Kind::note, cp.cell->id, RunState::pending, cp.detail + "; the old run dir was moved aside to " + moved->string());

@@ -97,12 +97,6 @@ CellProgress read_cell_progress(const fs::path& run_dir) {
 
 bool ExperimentProgress::active() const { return counts.running > 0 || launch_pid.has_value(); }
 
-static bool is_moved_aside(const std::string& name) {
-  auto pos = name.rfind(".old-");
-  return pos != std::string::npos && pos + 5 < name.size() &&
-         std::all_of(name.begin() + static_cast<long>(pos) + 5, name.end(), ::isdigit);
-}
-
 ExperimentProgress read_experiment_progress(const std::string& experiment) {
   ExperimentProgress p;
   p.experiment = experiment;

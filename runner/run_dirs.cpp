@@ -9,6 +9,7 @@
 #include <cstring>
 #include <fstream>
 
+#include "core/config_schema.hpp"
 #include "core/error.hpp"
 #include "core/fs.hpp"
 #include "core/paths.hpp"
@@ -55,6 +56,18 @@ static std::optional<RunStatus> read_status_lenient(const RunDir& rd) {
   }
 }
 
+// Whether the run in rd trained the cell's config: equal once default-valued keys are set
+// aside (a key added to the schema since, at its default, changes the hash, not the run).
+static bool same_training(const RunDir& rd, const experiments::Cell& cell) {
+  if (!cell.config.is_object() || cell.config.empty()) return false;
+  try {
+    const json stored = rd.read_config();
+    return stored.contains("config") && with_defaults(stored["config"]) == with_defaults(cell.config);
+  } catch (const RuntimeError&) {
+    return false;
+  }
+}
+
 CellPlan classify_cell(const experiments::Cell& cell, const fs::path& run_dir) {
   CellPlan p;
   p.cell = &cell;
@@ -72,7 +85,11 @@ CellPlan classify_cell(const experiments::Cell& cell, const fs::path& run_dir) {
       old_hash.clear();  // unreadable config: not ours to trust, move it aside
     }
   }
-  if (old_hash != cell.hash) {
+  if (old_hash != cell.hash && !old_hash.empty() && same_training(rd, cell)) {
+    p.rekeyed = true;
+    p.detail = "config hash " + old_hash.substr(0, 12) + " → " + cell.short_hash() +
+               ": only keys at their defaults differ, the run is kept";
+  } else if (old_hash != cell.hash) {
     // A folder without config.json that holds nothing is just an empty shell.
     bool empty = fs::is_directory(run_dir) && fs::is_empty(run_dir);
     p.action = CellAction::start_new;

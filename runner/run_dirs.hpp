@@ -42,6 +42,8 @@ struct CellPlan {
   CellAction action = CellAction::start_new;
   std::string detail;                 // human note: "preempted at step 40", "hash changed"…
   bool hash_changed = false;          // the existing run dir must be moved aside first
+  bool rekeyed = false;               // same run under a new hash (the schema gained default-valued
+                                      // keys): config.json is rewritten, the run kept
   std::optional<RunStatus> prior;     // status before this launch (same hash only)
 };
 

@@ -205,7 +205,9 @@ RunVerdict judge_run(const ReportRun& run, const ReportCell* cell, const std::ve
                                           ", schedule ends at step " + std::to_string(run.total_steps));
 
   if (cell->config.is_object() && !cell->config.empty()) {
-    auto diffs = config_differences(run.config, cell->config);
+    // Both with today's defaults: a key the schema gained after the run, at its default,
+    // is no difference.
+    auto diffs = config_differences(with_defaults(run.config), with_defaults(cell->config));
     if (!diffs.empty()) {
       std::string why = "config differs from the spec's cell: " + diffs.front();
       if (diffs.size() > 1) why += " (+" + std::to_string(diffs.size() - 1) + " more)";

@@ -229,3 +229,29 @@ TEST(Sync, ABrokenRunDirectoryIsReportedAndTheRestIngested) {
   EXPECT_NE(st.errors[0].find("bad/config.json: invalid JSON"), std::string::npos) << st.errors[0];
   EXPECT_EQ(reg.metric_row_count(), 4);
 }
+
+// A folder the runner moved aside (<cell>.old-<n>) keeps its cell_id; it must not overwrite
+// the live run's record, whatever order the folders sort in.
+TEST(Sync, MovedAsideFoldersDoNotReplaceTheLiveRun) {
+  fs::path home = temp_dir("sync_moved_aside");
+  fs::path live = make_run(home / "runs", "exp", "a", {{"lr", 2e-3}}, {{"optimizer", {{"lr", 2e-3}}}});
+  write_status(live, RunState::completed, 100, 100);
+  fs::path old = home / "runs" / "exp" / "a.old-1";
+  fs::create_directories(old);
+  RunDir(old).write_config({{"experiment", "exp"}, {"cell_id", "a"}, {"hash", "h_old"}, {"axes", {{"lr", 1e-3}}},
+                            {"role", "main"}, {"config", {{"optimizer", {{"lr", 1e-3}}}}}});
+  write_status(old, RunState::failed, 3, 100);
+  auto reg = Registry::open(home / "lar.db");
+  auto st = reg.sync(home / "runs");
+  EXPECT_EQ(st.runs_seen, 1);
+  auto rec = reg.run("exp/a");
+  ASSERT_TRUE(rec.has_value());
+  EXPECT_EQ(to_string(rec->status), "completed");
+  EXPECT_EQ(rec->hash, "h_exp_a");
+  EXPECT_EQ(rec->config.at("optimizer").at("lr"), 2e-3);
+  EXPECT_TRUE(is_moved_aside("a.old-1"));
+  EXPECT_TRUE(is_moved_aside("a.b.old-12"));
+  EXPECT_FALSE(is_moved_aside("a.old-"));
+  EXPECT_FALSE(is_moved_aside("a.old-1x"));
+  EXPECT_FALSE(is_moved_aside("a"));
+}

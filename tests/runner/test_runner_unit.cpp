@@ -4,6 +4,7 @@
 
 #include <sstream>
 
+#include "core/config_schema.hpp"
 #include "core/error.hpp"
 #include "core/fs.hpp"
 #include "runner/console.hpp"
@@ -75,6 +76,32 @@ TEST(Classify, NewCompletedPartialAndChanged) {
   EXPECT_EQ(ch.action, CellAction::start_new);
   EXPECT_TRUE(ch.hash_changed);
   EXPECT_NE(ch.detail.find("config hash changed (" + cell.hash.substr(0, 12)), std::string::npos);
+}
+
+// A key the schema gained since a run was planned, at its default, changes the hash but
+// not the run: the run is kept (re-keyed), while a real change still starts afresh.
+TEST(Classify, KeysAddedAtTheirDefaultsKeepTheRun) {
+  TempHome home("rekey");
+  const json full = with_defaults(json{{"seed", 3}, {"optimizer", {{"lr", 0.002}}}});
+  json older = full;
+  older["model"].erase("ccq");  // as written before the schema had model.ccq
+  const auto old_cell = make_cell("exp", "c0", older);
+  const fs::path d = run_dir_for("exp", "c0");
+  prepare_run_dir(classify_cell(old_cell, d));
+  RunDir(d).write_status(status_with(RunState::completed, 5, 1));
+  const auto now = make_cell("exp", "c0", full);
+  ASSERT_NE(now.hash, old_cell.hash);
+  const CellPlan p = classify_cell(now, d);
+  EXPECT_EQ(p.action, CellAction::skip_completed);
+  EXPECT_TRUE(p.rekeyed);
+  EXPECT_FALSE(p.hash_changed);
+  EXPECT_NE(p.detail.find("only keys at their defaults differ"), std::string::npos) << p.detail;
+  json other = full;
+  other["optimizer"]["lr"] = 0.003;
+  const CellPlan ch = classify_cell(make_cell("exp", "c0", other), d);
+  EXPECT_TRUE(ch.hash_changed);
+  EXPECT_FALSE(ch.rekeyed);
+  EXPECT_EQ(ch.action, CellAction::start_new);
 }
 
 TEST(MoveAside, PicksTheFirstFreeNumberAndKeepsContent) {
