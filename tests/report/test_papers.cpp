@@ -235,17 +235,22 @@ TEST(Papers, BaselineFamiliesHaveThePapersLayerCountsAndValues) {
   EXPECT_EQ(layers["gla"], 21);
   EXPECT_EQ(plan.cells[0].reference["longbench_avg"], 13.13);
   auto carve = load_paper_plan(resolve_paper_spec("carve/main"), "smoke");
-  int mamba2 = 0, mamba3 = 0;
+  int mamba2 = 0, siso = 0, mimo = 0;
   for (const auto& c : carve.cells) {
     if (c.config["model"]["architecture"] == "mamba2") {
       ++mamba2;
       EXPECT_EQ(c.reference["wiki_ppl"], 16.79);
     }
     if (c.config["model"]["architecture"] == "mamba3") {
-      ++mamba3;
-      EXPECT_EQ(c.reference["wiki_ppl"], 16.30);  // the SISO row
+      const bool is_mimo = c.config["model"]["mamba3"]["form"] == "mimo";
+      ++(is_mimo ? mimo : siso);
+      EXPECT_EQ(c.reference["wiki_ppl"], is_mimo ? 16.45 : 16.30);
+      if (is_mimo) {
+        EXPECT_EQ(c.config["model"]["mamba3"]["mimo_rank"], 4);  // the paper's rank
+      }
     }
   }
   EXPECT_EQ(mamba2, 3);  // 3 seeds
-  EXPECT_EQ(mamba3, 3);
+  EXPECT_EQ(siso, 3);
+  EXPECT_EQ(mimo, 3);
 }
