@@ -119,6 +119,7 @@ TEST(Mamba3Layer, MimoParameterShapes) {
     }
   // the maps start as the reference's: x and the output averaged over the rank, z as is
   auto c = config(json::object(), json{{"form", "mimo"}});
+  c.d_model = 128;
   for (const auto& s : tr::make_mixer(c)->params()) {
     if (s.name == "mimo_x" || s.name == "mimo_o") {
       EXPECT_DOUBLE_EQ(s.init.a, 0.25) << s.name;
