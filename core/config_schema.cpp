@@ -86,7 +86,8 @@ SchemaNode build_schema() {
         {"n_groups", integer(1, "groups of heads sharing B and C")},
       })},
       {"mamba3", map("Mamba-3 options", {
-        {"form", choice({"siso"}, "siso", "siso: one B, C, x per head (the MIMO form is not in this build)")},
+        {"form", choice({"siso", "mimo"}, "siso", "siso: one B, C, x per head; mimo: mimo_rank of each per head, written into one state")},
+        {"mimo_rank", integer(4, "MIMO rank R (form: mimo; the paper's 4); the chunkwise form's chunks hold chunk_size·R rows")},
         {"rope_fraction", number(0.5, "fraction of the state rotated by the data-dependent RoPE: 0.5 or 1")},
       })},
     })},

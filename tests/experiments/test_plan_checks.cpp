@@ -44,6 +44,9 @@ const Case kCases[] = {
     {"CARVE content rank out of range",
      "name: x\nbase:\n  model: {architecture: carve, stack: pure, carve: {content_rank: 40}}\n",
      "spec.yaml:3:67: error: cell 'base': model.carve.content_rank: must be in 1..32, got 40"},
+    {"Mamba-3 MIMO rank below 1",
+     "name: x\nbase:\n  model: {architecture: mamba3, stack: pure, mamba3: {form: mimo, mimo_rank: 0}}\n",
+     "spec.yaml:3:78: error: cell 'base': model.mamba3.mimo_rank: must be ≥ 1, got 0"},
     {"CCQ lambda_init outside (0, 1) (include entry)",
      "name: x\nbase:\n  model: {architecture: gla, stack: pure}\nmatrix:\n  seed: [0]\n"
      "include:\n  - {seed: 1, model.ccq.enabled: true, model.ccq.lambda_init: 1.5}\n",

@@ -1,10 +1,14 @@
-// The Mamba-3 SISO layer (trainer/mixers/mamba3_mixer.cpp): gradients by finite differences
-// in fp64 (the chunkwise form on the shared core), decode by Mamba-3's own rotary,
-// trapezoidal recurrence (kernels/cpu/ssm/mamba3.hpp) equal to the chunkwise forward, and
-// the options' errors.
+// The Mamba-3 layer, SISO and MIMO (trainer/mixers/mamba3_mixer.cpp): gradients by finite
+// differences in fp64 (the chunkwise form on the shared core), decode by Mamba-3's own rotary,
+// trapezoidal recurrence (kernels/cpu/ssm/mamba3.hpp) equal to the chunkwise forward, MIMO of
+// rank 1 with its maps at 1 equal to SISO, the parameter shapes and the options' errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <map>
 #include <string>
+#include <vector>
 
 #include "core/error.hpp"
 #include "mixer_checks.hpp"
@@ -47,6 +51,85 @@ TEST(Mamba3Layer, DecodeOwnRecurrenceEqualsChunkForward) {
                           "mamba3 G=2 chunk 5");
 }
 
+TEST(Mamba3Layer, MimoFiniteDifferenceGradientsFp64) {
+  const json mimo2{{"form", "mimo"}, {"mimo_rank", 2}};
+  lar::test::check_gradients(config(json{{"expand", 2}, {"head_dim", 3}, {"state_size", 4}, {"n_groups", 2}}, mimo2, 3),
+                             "mamba3 mimo R=2 G=2, chunk 3");
+  lar::test::check_gradients(config(json{{"expand", 1}, {"head_dim", 2}, {"state_size", 6}},
+                                    json{{"form", "mimo"}, {"mimo_rank", 3}, {"rope_fraction", 1.0}}, 2),
+                             "mamba3 mimo R=3 full rope, chunk 2");
+}
+
+TEST(Mamba3Layer, MimoDecodeOwnRecurrenceEqualsChunkForward) {
+  lar::test::check_decode(config(json{{"expand", 2}, {"head_dim", 4}, {"state_size", 6}}, json{{"form", "mimo"}}),
+                          "mamba3 mimo R=4");
+  lar::test::check_decode(config(json{{"expand", 2}, {"head_dim", 3}, {"state_size", 4}, {"n_groups", 2}},
+                                 json{{"form", "mimo"}, {"mimo_rank", 3}}, 5),
+                          "mamba3 mimo R=3 G=2 chunk 5");
+}
+
+// MIMO of rank 1 whose maps m_x, m_z, m_o are 1 is the SISO layer: same parameters (B_bias
+// [H, 1, N] holds SISO's [H, N]), same output.
+TEST(Mamba3Layer, MimoRankOneIsSiso) {
+  const json shape{{"expand", 2}, {"head_dim", 3}, {"state_size", 4}, {"n_groups", 2}};
+  auto siso = tr::make_mixer(config(shape));
+  auto mimo = tr::make_mixer(config(shape, json{{"form", "mimo"}, {"mimo_rank", 1}}));
+  lar::test::HostParams<double> ps(*siso, 11), pm(*mimo, 11);
+  for (size_t i = 0; i < ps.specs.size(); ++i) pm[ps.specs[i].name] = ps.p[i];
+  for (const char* map : {"mimo_x", "mimo_z", "mimo_o"}) std::fill(pm[map].begin(), pm[map].end(), 1.0);
+  auto be = lar::kernels::make_backend("cpu", 1, lar::kernels::DType::f64);
+  lar::kernels::Arena arena(*be);
+  tr::ForwardContext ctx{*be, arena, false};
+  const int B = 2, T = 6, d = 6;
+  std::vector<double> x(B * T * d), ys(x.size()), ym(x.size());
+  for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.7 * (double)i);
+  tr::Routing route;
+  using lar::kernels::Tensor;
+  const auto f64 = lar::kernels::DType::f64;
+  siso->forward(ctx, Tensor(x.data(), f64, {B, T, d}), Tensor(ys.data(), f64, {B, T, d}), route);
+  mimo->forward(ctx, Tensor(x.data(), f64, {B, T, d}), Tensor(ym.data(), f64, {B, T, d}), route);
+  EXPECT_LE(lar::test::rel_err(ym, ys), 1e-13);
+  EXPECT_GT(lar::test::rel_err(ys, std::vector<double>(ys.size(), 0.0)), 0.5);
+}
+
+// The paper's shape at d_model 128: expand 2, head_dim 64 → 4 heads, state 128, rank 4.
+TEST(Mamba3Layer, MimoParameterShapes) {
+  auto shapes = [](json m3) {
+    auto c = config(json::object(), m3);
+    c.d_model = 128;
+    std::map<std::string, std::vector<int64_t>> out;
+    for (const auto& s : tr::make_mixer(c)->params()) out[s.name] = s.shape;
+    return out;
+  };
+  auto siso = shapes(json::object()), mimo = shapes(json{{"form", "mimo"}});
+  EXPECT_EQ(mimo["w_B"], (std::vector<int64_t>{4 * 128, 128}));  // R·G·N rows
+  EXPECT_EQ(mimo["w_C"], (std::vector<int64_t>{4 * 128, 128}));
+  EXPECT_EQ(mimo["B_bias"], (std::vector<int64_t>{4, 4, 128}));  // [H, R, N]
+  EXPECT_EQ(mimo["C_bias"], (std::vector<int64_t>{4, 4, 128}));
+  for (const char* map : {"mimo_x", "mimo_z", "mimo_o"}) {
+    EXPECT_EQ(mimo[map], (std::vector<int64_t>{4, 4, 64})) << map;  // [H, R, P]
+    EXPECT_EQ(siso.count(map), 0u) << map;
+  }
+  EXPECT_EQ(siso["w_B"], (std::vector<int64_t>{128, 128}));
+  EXPECT_EQ(siso["B_bias"], (std::vector<int64_t>{4, 128}));
+  EXPECT_EQ(mimo.size(), siso.size() + 3);
+  for (const auto& [name, shape] : siso)
+    if (name != "w_B" && name != "w_C" && name != "B_bias" && name != "C_bias") {
+      EXPECT_EQ(mimo[name], shape) << name;
+    }
+  // the maps start as the reference's: x and the output averaged over the rank, z as is
+  auto c = config(json::object(), json{{"form", "mimo"}});
+  c.d_model = 128;
+  for (const auto& s : tr::make_mixer(c)->params()) {
+    if (s.name == "mimo_x" || s.name == "mimo_o") {
+      EXPECT_DOUBLE_EQ(s.init.a, 0.25) << s.name;
+    }
+    if (s.name == "mimo_z") {
+      EXPECT_DOUBLE_EQ(s.init.a, 1.0);
+    }
+  }
+}
+
 TEST(Mamba3Layer, OptionErrors) {
   auto msg = [](json m3) {
     try {
@@ -56,7 +139,10 @@ TEST(Mamba3Layer, OptionErrors) {
     }
     return std::string();
   };
-  EXPECT_NE(msg(json{{"form", "mimo"}}).find("model.mamba3.form: 'mimo' is not implemented"), std::string::npos);
+  EXPECT_EQ(msg(json{{"form", "mimo"}}), "");
+  EXPECT_EQ(msg(json{{"form", "mimo"}, {"mimo_rank", 0}}), "model.mamba3.mimo_rank: must be ≥ 1, got 0");
+  EXPECT_EQ(msg(json{{"form", "miso"}}), "model.mamba3.form: must be siso or mimo, got 'miso'");
   EXPECT_NE(msg(json{{"rope_fraction", 0.3}}).find("model.mamba3.rope_fraction"), std::string::npos);
   EXPECT_EQ(msg(json{{"form", "siso"}}), "");
+  EXPECT_EQ(msg(json{{"form", "siso"}, {"mimo_rank", 0}}), "");  // the rank is a MIMO option
 }

@@ -5,7 +5,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <map>
+#include <set>
 #include <string>
+#include <utility>
 
 #include "core/error.hpp"
 #include "registry/report/adapter.hpp"
@@ -234,18 +236,48 @@ TEST(Papers, BaselineFamiliesHaveThePapersLayerCountsAndValues) {
   EXPECT_EQ(layers["softmax"], 24);
   EXPECT_EQ(layers["gla"], 21);
   EXPECT_EQ(plan.cells[0].reference["longbench_avg"], 13.13);
+  // Tables 2-3: the same families at both sizes; 500M: Mamba2 65, Transformer 35 layers.
+  for (const char* t : {"ccq/table2", "ccq/table3"}) {
+    std::map<std::pair<int, std::string>, std::set<int>> depth;
+    for (const auto& c : load_paper_plan(resolve_paper_spec(t), "paper").cells) {
+      const auto& m = c.config["model"];
+      depth[{m["d_model"].get<int>(), m["architecture"].get<std::string>()}].insert(m["n_layers"].get<int>());
+      if (m["architecture"] == "softmax") {
+        EXPECT_EQ(m["stack"], "dense") << t;
+      }
+    }
+    auto at = [&](int d, const std::string& a) { return depth[std::make_pair(d, a)]; };
+    using D = std::set<int>;
+    EXPECT_EQ(at(1024, "mamba2"), D{65}) << t;
+    EXPECT_EQ(at(2048, "mamba2"), D{48}) << t;
+    EXPECT_EQ(at(1024, "softmax"), D{35}) << t;
+    EXPECT_EQ(at(2048, "softmax"), D{24}) << t;
+    for (const char* a : {"gla", "gdn", "gla_hedgehog"}) {
+      EXPECT_EQ(at(1024, a), D{21}) << t << " " << a;
+      EXPECT_EQ(at(2048, a), D{21}) << t << " " << a;
+    }
+  }
+  for (const auto& c : load_paper_plan(resolve_paper_spec("ccq/table2"), "paper").cells)
+    if (c.config["model"]["architecture"] == "softmax") {
+      EXPECT_EQ(c.reference["wikitext_ppl"], c.config["model"]["d_model"] == 1024 ? 331.69 : 41.55);
+    }
   auto carve = load_paper_plan(resolve_paper_spec("carve/main"), "smoke");
-  int mamba2 = 0, mamba3 = 0;
+  int mamba2 = 0, siso = 0, mimo = 0;
   for (const auto& c : carve.cells) {
     if (c.config["model"]["architecture"] == "mamba2") {
       ++mamba2;
       EXPECT_EQ(c.reference["wiki_ppl"], 16.79);
     }
     if (c.config["model"]["architecture"] == "mamba3") {
-      ++mamba3;
-      EXPECT_EQ(c.reference["wiki_ppl"], 16.30);  // the SISO row
+      const bool is_mimo = c.config["model"]["mamba3"]["form"] == "mimo";
+      ++(is_mimo ? mimo : siso);
+      EXPECT_EQ(c.reference["wiki_ppl"], is_mimo ? 16.45 : 16.30);
+      if (is_mimo) {
+        EXPECT_EQ(c.config["model"]["mamba3"]["mimo_rank"], 4);  // the paper's rank
+      }
     }
   }
   EXPECT_EQ(mamba2, 3);  // 3 seeds
-  EXPECT_EQ(mamba3, 3);
+  EXPECT_EQ(siso, 3);
+  EXPECT_EQ(mimo, 3);
 }
