@@ -54,7 +54,7 @@ struct Params {
   float *Ec, *el;
   // LAR_DELTA_CLOCKS=1: CTA (0, 0) of a fused kernel writes {start ns, end ns, start cycle, end
   // cycle} to clk[4 · clk_slot] (the SM clock it ran at; see clock_report below). Else nullptr.
-  unsigned long long *clk, *ph;
+  unsigned long long* clk;
   int clk_slot;
   int B, T, H, nc;
   float scale;
