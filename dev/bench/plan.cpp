@@ -1,4 +1,4 @@
-// `lar bench plan` — load, validate, expand and hash a 100,000-cell matrix.
+// `lar-bench plan` — load, validate, expand and hash a 100,000-cell matrix.
 // Goal (issue 2): under 1 s on the 2-core development machine.
 #include <time.h>
 #include <unistd.h>
@@ -10,7 +10,7 @@
 #include <fstream>
 #include <iostream>
 
-#include "cli/bench.hpp"
+#include "dev/bench/bench.hpp"
 #include "core/error.hpp"
 #include "experiments/cell.hpp"
 
@@ -91,7 +91,7 @@ int run(const BenchPlanOptions& o) {
   Timing full = measure(spec, true, o.repeat);
   std::filesystem::remove_all(dir);
 
-  std::cout << "lar bench plan: load + validate + expand + hash a 100,000-cell spec (best of " << std::max(1, o.repeat)
+  std::cout << "lar-bench plan: load + validate + expand + hash a 100,000-cell spec (best of " << std::max(1, o.repeat)
             << ")\n\n";
   row("measure", "ours", "goal");
   std::cout << "|" << std::string(46, '-') << "|" << std::string(11, '-') << "|" << std::string(10, '-') << "|\n";
@@ -106,9 +106,9 @@ int run(const BenchPlanOptions& o) {
 
 }  // namespace
 
-static lar::cli::BenchRegistration reg{
+static lar::bench::Registration reg{
     "plan", "Load, validate, expand and hash a 100,000-cell experiment matrix (goal < 1 s)",
-    [](CLI::App& app) -> lar::cli::Runner {
+    [](CLI::App& app) -> lar::bench::Runner {
       auto opts = std::make_shared<BenchPlanOptions>();
       app.add_option("--repeat", opts->repeat, "timed runs; the best is reported")->capture_default_str();
       return [opts] { return run(*opts); };

@@ -1,16 +1,20 @@
-"""External check and anchor for the delta-rule CUDA kernels (not part of the build).
+"""External check and anchor for the linear-mixer CUDA kernels (not part of the build).
 
-  python3 fla_check.py --fla DIR --dump DUMP [--time]
+  build/fla-dump DUMP [--gates strong]
+  python3 dev/fla/fla_check.py --fla DIR --dump DUMP [--time [--json FILE]]
 
 DIR holds the `fla` package of flash-linear-attention (fetched separately, never committed);
-DUMP is the folder the GPU tests wrote with LAR_LINEAR_DUMP=DUMP set (test_linear_delta:
-gdn, deltanet; test_fla_dump: gla, kda, gdn2). Checks our outputs and gradients against
-fla's naive PyTorch recurrences (fp32, autograd), then with --time measures fla's chunk
-kernels (bf16) at the bench shapes with CUDA events (median of 20 after 3 warm-ups).
+DUMP is the folder `fla-dump` (dev/fla/fla_dump.cpp) wrote: inputs, outputs and gradients of
+gdn, deltanet, gla, kda and gdn2. Checks our outputs and gradients against fla's naive
+PyTorch recurrences (fp32, autograd), then with --time measures fla's chunk kernels (bf16) at
+the bench shapes with CUDA events (median of 20 after 3 warm-ups); --json FILE writes those
+times as `lar-bench linear-cuda --fla FILE` reads them, {"mixer,B,T,H,dv": {"fwd": ms,
+"fwd_bwd": ms}}, so that the anchor beside our numbers is measured in the same device call.
 fla refuses its gated backward on Hopper with Triton < 3.7.1 (numerically wrong there):
 the guard is bypassed for timing only, its gradients are not used.
 """
 import argparse
+import json
 import os
 import sys
 
@@ -116,7 +120,7 @@ def median_ms(f, reps=20, warmup=3):
     return ts[len(ts) // 2]
 
 
-def time_fla(shapes, mixers, V=64):
+def time_fla(shapes, mixers, V=64, times=None):
     import fla.ops.common.chunk_o as chunk_o
     from fla.ops.delta_rule import chunk_delta_rule
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
@@ -152,6 +156,8 @@ def time_fla(shapes, mixers, V=64):
                 t_f = median_ms(lambda: f(*xs))
                 t_fb = median_ms(lambda: f(*xs).backward(dO))
                 print(f"fla {name} B={B} T={T} H={H} dv={V}: fwd {t_f:.3f} ms, fwd+bwd {t_fb:.3f} ms", flush=True)
+                if times is not None:
+                    times[f"{name},{B},{T},{H},{V}"] = {"fwd": t_f, "fwd_bwd": t_fb}
             except Exception as e:  # report, keep timing the others
                 print(f"fla {name} B={B} T={T} H={H}: failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
 
@@ -164,6 +170,7 @@ def main():
     ap.add_argument("--shapes", default="8x4096x16,1x32768x16", help="BxTxH,... to time")
     ap.add_argument("--mixers", default="deltanet,gdn,gla,kda,gdn2")
     ap.add_argument("--value-dim", type=int, default=64, help="value head dim of the timed shapes (key dim 64)")
+    ap.add_argument("--json", help="with --time: write the times here for `lar-bench linear-cuda --fla`")
     a = ap.parse_args()
     sys.path.insert(0, a.fla)
     ok = True
@@ -177,7 +184,13 @@ def main():
                                      "gdn2": naive_recurrent_gdn2})
     if a.time:
         shapes = [tuple(int(x) for x in sh.split("x")) for sh in a.shapes.split(",")]
-        time_fla(shapes, a.mixers.split(","), a.value_dim)
+        times = {}
+        try:
+            time_fla(shapes, a.mixers.split(","), a.value_dim, times)
+        finally:  # what was timed before a time limit still counts
+            if a.json:
+                with open(a.json, "w") as f:
+                    json.dump(times, f, indent=1)
     sys.exit(0 if ok else 1)
 
 

@@ -1,9 +1,9 @@
-// `lar bench linear-cuda` — the fused chunkwise linear-mixer kernels (kernels/cuda/linear) on
+// `lar-bench linear-cuda` — the fused chunkwise linear-mixer kernels (kernels/cuda/linear) on
 // the GPU: deltanet, gdn, gla, kda, gdn2 forward, backward and forward+backward at B=8, T=4096, H=16,
 // dk=dv=64 and B=1, T=32K; CUDA-event timing, median of --reps after --warmup, against the
-// byte and FLOP floors and fla's fwd+bwd times on this H200 (the issue's anchors; the device
-// call that produced docs/perf.md also re-measured fla beside us). --value-dim N times value
-// heads of N channels (key heads of 64) through kernels/cuda/linear/grouped_heads.hpp.
+// byte and FLOP floors and, with --fla FILE, fla's chunk kernels timed in the same device call
+// (dev/fla/fla_check.py --time --json FILE). --value-dim N times value heads of N channels (key
+// heads of 64) through kernels/cuda/linear/grouped_heads.hpp.
 // Only in CUDA builds (LAR_HAVE_CUDA comes from kernels/cuda/CMakeLists.txt).
 #ifdef LAR_HAVE_CUDA
 #include <cuda_bf16.h>
@@ -13,14 +13,16 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <memory>
 #include <thread>
 #include <vector>
 
-#include "cli/bench.hpp"
+#include "dev/bench/bench.hpp"
 #include "core/error.hpp"
+#include "core/json.hpp"
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/linear/grouped_heads.hpp"
 #include "kernels/cuda/linear/linear_attention.hpp"
@@ -32,7 +34,7 @@ namespace {
 using bf16 = __nv_bfloat16;
 namespace ll = lar::kernels::cuda::linear;
 
-// Ceilings measured on this H200 (/work/.library/device/KINDS.md): bf16 dense GEMM on
+// Ceilings measured on the H200: bf16 dense GEMM on
 // random data, device-to-device copy (read + write).
 constexpr double kPeakTflops = 790.0;
 constexpr double kBandwidthTBs = 4.3;
@@ -44,6 +46,7 @@ struct Options {
   bool long_seq = true;
   bool short_seq = true;
   std::string only;  // comma-separated case names; empty = all
+  std::string fla;   // JSON of fla's times from the same call: {"mixer,B,T,H,dv": {"fwd": ms, "fwd_bwd": ms}}
   bool wants(const std::string& name) const {
     if (only.empty()) return true;
     size_t a = 0;
@@ -55,6 +58,22 @@ struct Options {
     return false;
   }
 };
+
+// fla's fwd+bwd ms per "mixer,B,T,H,dv" (dev/fla/fla_check.py --time --json writes the file).
+std::map<std::string, double> read_fla(const std::string& path) {
+  std::map<std::string, double> out;
+  if (path.empty()) return out;
+  std::ifstream in(path);
+  if (!in) throw lar::UserError("bench linear-cuda: --fla " + path + ": cannot open");
+  try {
+    lar::json j;
+    in >> j;
+    for (auto it = j.begin(); it != j.end(); ++it) out[it.key()] = it.value().at("fwd_bwd").get<double>();
+  } catch (const lar::json::exception& e) {
+    throw lar::UserError("bench linear-cuda: --fla " + path + ": " + e.what());
+  }
+  return out;
+}
 
 // Inputs at B=1 T=32K are 33M elements per tensor: generating them on one host thread took
 // ~6 s per problem, longer than a short device call. Blocks of 64K elements (whole rows of
@@ -312,15 +331,13 @@ int bench_linear(const Options& o) {
       "linear-cuda: fused chunkwise linear mixers (chunk 64, dk=64, dv={}, bf16 in/out, fp32 state) on {} ({} SMs); "
       "median of {} after {} warm-up; floors at {:.0f} TFLOP/s and {:.1f} TB/s\n",
       o.value_dim, prop.name, prop.multiProcessorCount, o.reps, o.warmup, kPeakTflops, kBandwidthTBs);
+  const std::map<std::string, double> fla = read_fla(o.fla);
   lar::registry::TextTable table;
   table.headers = {"mixer", "shape", "pass", "ms", "floor ms (bytes | flops)", "anchor ms", "anchor/ours"};
   table.right_align = {false, false, false, true, true, true, true};
   // our own times of each case, for the carve (vs gdn2) and +ccq (vs backbone) anchors
   std::map<std::string, double> ours;
   for (const std::string mixer : {"deltanet", "gdn", "gla", "kda", "gdn2", "carve", "gdn+ccq", "gla+ccq"}) {
-    // fla fwd+bwd on this H200 at B=8, T=4096, H=16 (issue 8's anchors).
-    const double anchor = mixer == "deltanet" ? 1.98 : mixer == "gdn" ? 2.28 : mixer == "gla" ? 3.04
-                        : mixer == "kda" ? 4.83 : mixer == "gdn2" ? 5.42 : 0.0;
     // carve is anchored on our gdn2, a +ccq mixer on its backbone (same call)
     const std::string own_anchor = mixer == "carve" ? "gdn2" : mixer.substr(0, mixer.find('+'));
     if (!o.wants(mixer)) continue;
@@ -351,7 +368,9 @@ int bench_linear(const Options& o) {
       };
       const std::string name =
           fmt::format("B={} T={} H={}", c.B, c.T, c.H) + (p.wide ? fmt::format(" dv={}", o.value_dim) : "");
-      const bool anchored = c.B == 8 && c.T == 4096 && c.H == 16 && anchor > 0 && !p.wide;
+      const auto fla_it = fla.find(fmt::format("{},{},{},{},{}", mixer, c.B, c.T, c.H, o.value_dim));
+      const double anchor = fla_it == fla.end() ? 0.0 : fla_it->second;  // fla fwd+bwd, same call
+      const bool anchored = anchor > 0;
       for (const auto& [pass, t] : {std::pair<std::string, double>{"fwd", t_fwd}, {"bwd", t_bwd}, {"fwd+bwd", t_all}})
         ours[mixer + name + pass] = t;
       auto own = [&](const std::string& pass, double t) -> std::vector<std::string> {
@@ -359,8 +378,8 @@ int bench_linear(const Options& o) {
         if (own_anchor == mixer || it == ours.end()) return {"-", "-"};
         return {fmt::format("{:.3f} ({})", it->second, own_anchor), fmt::format("{:.3f}x", it->second / t)};
       };
-      auto row = [&](const std::string& pass, double t, const std::string& floor, bool fla) {
-        std::vector<std::string> a = fla ? std::vector<std::string>{fmt::format("{:.2f} (fla)", anchor),
+      auto row = [&](const std::string& pass, double t, const std::string& floor, bool with_fla) {
+        std::vector<std::string> a = with_fla ? std::vector<std::string>{fmt::format("{:.2f} (fla)", anchor),
                                                                      fmt::format("{:.2f}x", anchor / t)}
                                          : own(pass, t);
         table.rows.push_back({mixer, name, pass, fmt::format("{:.3f}", t), floor, a[0], a[1]});
@@ -398,16 +417,19 @@ int bench_linear(const Options& o) {
                           "-"});
   }
   std::cout << table.to_table();
-  std::cout << "anchors: fla chunk kernels fwd+bwd at B=8 T=4096 H=16 d=64 (issue 8; goal fla/ours >= 1.5x); carve vs "
-               "our gdn2 (goal >= 0.91x: within 10%); +ccq vs its backbone (goal >= 0.83x: CCQ adds <= 20%)\n";
+  std::cout << (o.fla.empty() ? std::string("anchors: no fla times given (--fla FILE: dev/fla/fla_check.py --time --json "
+                                            "FILE in the same device call)")
+                              : "anchors: fla's chunk kernels fwd+bwd timed in the same call (" + o.fla + ")")
+            << "; goal fla/ours >= 1.5x (issue 8); carve vs our gdn2 (goal >= 0.91x: within 10%); +ccq vs its "
+               "backbone (goal >= 0.83x: CCQ adds <= 20%)\n";
   return 0;
 }
 
 }  // namespace
 
-static lar::cli::BenchRegistration linear_cuda_reg{
+static lar::bench::Registration linear_cuda_reg{
     "linear-cuda", "CUDA: fused chunkwise deltanet/gdn/gla/kda/gdn2/carve (+ccq) fwd/bwd (B=8,T=4096,H=16,d=64; B=1,T=32K), decode",
-    [](CLI::App& app) -> lar::cli::Runner {
+    [](CLI::App& app) -> lar::bench::Runner {
       auto o = std::make_shared<Options>();
       app.add_option("--reps", o->reps, "Timed repetitions (median reported)")->check(CLI::Range(1, 100000));
       app.add_option("--warmup", o->warmup, "Untimed warm-up calls")->check(CLI::Range(0, 100000));
@@ -421,6 +443,9 @@ static lar::cli::BenchRegistration linear_cuda_reg{
       app.add_option("--mixer", o->only,
                      "Only these cases, comma-separated (deltanet, gdn, gla, kda, gdn2, carve, gdn+ccq, gla+ccq, "
                      "<mixer>-decode for deltanet, gdn, gla, kda, gdn2, carve)");
+      app.add_option("--fla", o->fla,
+                     "JSON of fla's fwd+bwd ms timed in the same device call, keyed \"mixer,B,T,H,dv\" "
+                     "(dev/fla/fla_check.py --time --json FILE)");
       return [o] { return bench_linear(*o); };
     }};
 #endif  // LAR_HAVE_CUDA

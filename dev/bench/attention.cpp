@@ -1,8 +1,8 @@
-// `lar bench attention` — causal bf16 attention on the GPU, both implementations in
+// `lar-bench attention` — causal bf16 attention on the GPU, both implementations in
 // kernels/cuda/attention: cuDNN's fused attention (cudnn_attention.hpp) and our flash
 // kernels (flash_attention.hpp); forward, backward and forward+backward at the issue's
 // shapes, CUDA-event timing, median of --reps after --warmup, against the FLOP floor and
-// PyTorch SDPA (--sdpa: times measured in the same session, else the issue's anchor).
+// PyTorch SDPA timed in the same device call (--sdpa FILE; without it, no SDPA columns).
 // Only in CUDA builds (LAR_HAVE_CUDA comes from kernels/cuda/CMakeLists.txt).
 #ifdef LAR_HAVE_CUDA
 #include <cuda_bf16.h>
@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "cli/bench.hpp"
+#include "dev/bench/bench.hpp"
 #include "core/error.hpp"
 #include "core/json.hpp"
 #include "kernels/cuda/attention/cudnn_attention.hpp"
@@ -33,10 +33,8 @@ using bf16 = __nv_bfloat16;
 namespace fa = lar::kernels::cuda::attention;
 
 // bf16 dense matrix rate measured on this H200 (an 8192³ product through PyTorch on random
-// data, /work/.library/device/KINDS.md): the floor uses it, not the datasheet's 990.
+// data): the floor uses it, not the datasheet's 990.
 constexpr double kPeakTflops = 790.0;
-// PyTorch SDPA causal fwd+bwd at B=8, T=4096, H=16, d=64 on this H200 (issue 7).
-constexpr double kAnchorMs = 2.57;
 
 struct Options {
   int reps = 30, warmup = 5;
@@ -166,10 +164,7 @@ int bench_attention(const Options& o) {
                                          c.Hkv != c.H ? fmt::format(" (kv {})", c.Hkv) : "", c.D);
     SdpaMs anchor;
     auto it = sdpa.find(fmt::format("{},{},{},{},{}", c.B, c.T, c.H, c.Hkv, c.D));
-    if (it != sdpa.end())
-      anchor = it->second;
-    else if (o.sdpa.empty() && c.B == 8 && c.T == 4096 && c.H == 16 && c.Hkv == 16 && c.D == 64)
-      anchor.all = kAnchorMs;  // the issue's number (no --sdpa)
+    if (it != sdpa.end()) anchor = it->second;
     auto row = [&](const char* impl, const char* pass, double ms, double flops, double floor, double ref) {
       table.rows.push_back({name, impl, pass, fmt::format("{:.3f}", ms), fmt::format("{:.0f}", flops / (ms * 1e9)),
                             fmt::format("{:.3f}", floor), ref > 0 ? fmt::format("{:.3f}", ref) : "-",
@@ -207,8 +202,8 @@ int bench_attention(const Options& o) {
   for (size_t i = 0; i < paths.size(); ++i) std::cout << (i ? "; " : "") << paths[i];
   std::cout << "\n";
   if (o.sdpa.empty())
-    std::cout << fmt::format("anchor: PyTorch SDPA causal fwd+bwd, bf16, on this H200 (issue 7); goal ≤ {:.2f} ms\n",
-                             1.2 * kAnchorMs);
+    std::cout << "SDPA: not given (--sdpa FILE: PyTorch SDPA ms timed in the same device call); issue 7's goal: "
+                 "fwd+bwd ≤ 1.2× SDPA\n";
   else
     std::cout << "SDPA: PyTorch F.scaled_dot_product_attention(is_causal=True) timed in this session (" << o.sdpa
               << "); issue 7's goal: fwd+bwd ≤ 1.2× SDPA\n";
@@ -217,9 +212,9 @@ int bench_attention(const Options& o) {
 
 }  // namespace
 
-static lar::cli::BenchRegistration attention_reg{
+static lar::bench::Registration attention_reg{
     "attention", "CUDA: causal bf16 attention fwd/bwd, cuDNN and flash (B=8,T=4096,H=16,d=64; kv 4; T=16K, 32K)",
-    [](CLI::App& app) -> lar::cli::Runner {
+    [](CLI::App& app) -> lar::bench::Runner {
       auto o = std::make_shared<Options>();
       app.add_option("--reps", o->reps, "Timed repetitions (median reported)")->check(CLI::Range(1, 100000));
       app.add_option("--warmup", o->warmup, "Untimed warm-up calls")->check(CLI::Range(0, 100000));

@@ -1,4 +1,4 @@
-// `lar bench linear-layer` — one whole linear-mixer layer of the trainer (trainer/mixers,
+// `lar-bench linear-layer` — one whole linear-mixer layer of the trainer (trainer/mixers,
 // linear_mixer_cuda.cpp) forward and forward+backward on the GPU, with and without CCQ: the
 // measure of issue 8's "CCQ adds at most 20% to its backbone's layer time". It is the CCQ
 // paper's own measure (its Table 5: one layer, batch 1, hidden 2048, T = 4K, fwd+bwd; GLA
@@ -18,7 +18,7 @@
 #include <memory>
 #include <vector>
 
-#include "cli/bench.hpp"
+#include "dev/bench/bench.hpp"
 #include "core/config_schema.hpp"
 #include "core/error.hpp"
 #include "kernels/backend.hpp"
@@ -161,10 +161,10 @@ int bench_layer(const Options& o) {
 
 }  // namespace
 
-static lar::cli::BenchRegistration linear_layer_reg{
+static lar::bench::Registration linear_layer_reg{
     "linear-layer",
     "CUDA: one whole linear-mixer layer (projections, conv, kernel, norm×gate) fwd and fwd+bwd, with and without CCQ",
-    [](CLI::App& app) -> lar::cli::Runner {
+    [](CLI::App& app) -> lar::bench::Runner {
       auto o = std::make_shared<Options>();
       app.add_option("--reps", o->reps, "Timed repetitions (median reported)")->check(CLI::Range(1, 100000));
       app.add_option("--warmup", o->warmup, "Untimed warm-up calls")->check(CLI::Range(0, 100000));

@@ -1,4 +1,4 @@
-// `lar bench mixers` — CPU tokens/s of every linear mixer layer (trainer/mixers) at a fixed
+// `lar-bench mixers` — CPU tokens/s of every linear mixer layer (trainer/mixers) at a fixed
 // small shape: training step (chunkwise forward + backward) and recurrent decode, fp32 on
 // the CPU backend, median of --reps after --warmup. The anchor is the softmax layer at the
 // same shape (the layers a linear mixer replaces in a hybrid stack).
@@ -11,7 +11,7 @@
 #include <random>
 #include <vector>
 
-#include "cli/bench.hpp"
+#include "dev/bench/bench.hpp"
 #include "kernels/backend.hpp"
 #include "registry/text_table.hpp"
 #include "trainer/mixer.hpp"
@@ -125,9 +125,9 @@ int bench_mixers(const Options& o) {
 
 }  // namespace
 
-static lar::cli::BenchRegistration mixers_reg{
+static lar::bench::Registration mixers_reg{
     "mixers", "CPU: tokens/s of each linear mixer layer (train fwd+bwd, decode) vs softmax",
-    [](CLI::App& app) -> lar::cli::Runner {
+    [](CLI::App& app) -> lar::bench::Runner {
       auto o = std::make_shared<Options>();
       app.add_option("--reps", o->reps, "Timed repetitions (median reported)")->check(CLI::Range(1, 1000));
       app.add_option("--warmup", o->warmup, "Untimed warm-up calls")->check(CLI::Range(0, 1000));

@@ -1,9 +1,9 @@
-// `lar bench gpu-train` — end-to-end training throughput on the CUDA backend: the
+// `lar-bench gpu-train` — end-to-end training throughput on the CUDA backend: the
 // 350M-class dense model of issue 7 (20 layers, d=1024, 16 heads, 4 kv groups, FFN 2816,
 // vocab 32000) at B=8 × T=4096 by default; forward + backward + global-norm clip + AdamW
 // (or --optimizer muon/normuon) per step, all on the device. Prints tokens/s, s/step,
 // device memory high-water mark and MFU (6·params·tokens over the measured 790 TFLOP/s
-// bf16 matrix rate of the H200, KINDS.md — the convention of the issue's PyTorch anchor).
+// bf16 matrix rate of the H200 — the convention of the issue's PyTorch anchor).
 // With LAR_CUDA_PROFILE=1 it adds device milliseconds per step for each op kind.
 // --arch/--stack/--hybrid-ratio pick the token mixers (default: the dense softmax model);
 // e.g. `--arch gdn --stack pure` is the 344M GDN model of issue 8 (heads of 64), whose
@@ -15,7 +15,7 @@
 #include <cstdio>
 #include <vector>
 
-#include "cli/bench.hpp"
+#include "dev/bench/bench.hpp"
 #include "core/config_schema.hpp"
 #include "kernels/backend.hpp"
 #include "core/error.hpp"
@@ -103,7 +103,7 @@ int run(Args a) {
   const double med = times[times.size() / 2];
   const double tokens = double(a.batch) * a.seq;
   const double n = double(ps.numel());
-  std::printf("lar bench gpu-train — %s, %s, %s/%s, %d layers, d=%d, heads=%d/%d kv, FFN %d, vocab %d, B=%d, T=%d, "
+  std::printf("lar-bench gpu-train — %s, %s, %s/%s, %d layers, d=%d, heads=%d/%d kv, FFN %d, vocab %d, B=%d, T=%d, "
               "%.1fM params\n",
               be->name().c_str(), a.optimizer.c_str(), a.arch.c_str(), a.stack.c_str(), a.layers, a.d_model, a.heads,
               a.kv, a.d_ff, a.vocab, a.batch, a.seq, n / 1e6);
@@ -131,9 +131,9 @@ int run(Args a) {
 
 }  // namespace
 
-static lar::cli::BenchRegistration reg{
+static lar::bench::Registration reg{
     "gpu-train", "Training tokens/s on the CUDA backend (350M-class dense model, B=8×4096)",
-    [](CLI::App& app) -> lar::cli::Runner {
+    [](CLI::App& app) -> lar::bench::Runner {
       auto a = std::make_shared<Args>();
       app.add_option("--layers", a->layers, "blocks")->capture_default_str();
       app.add_option("--d-model", a->d_model, "residual width")->capture_default_str();

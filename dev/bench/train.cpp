@@ -1,4 +1,4 @@
-// `lar bench train` — training throughput of the CPU backend: a 4-layer d=256 softmax
+// `lar-bench train` — training throughput of the CPU backend: a 4-layer d=256 softmax
 // model at T=512 (the anchor), forward + backward + AdamW step per iteration,
 // with the fraction of time in GEMMs and in attention. Results go to docs/perf.md.
 #include <time.h>
@@ -7,7 +7,7 @@
 #include <cstdio>
 #include <iostream>
 
-#include "cli/bench.hpp"
+#include "dev/bench/bench.hpp"
 #include "core/config_schema.hpp"
 #include "kernels/cpu/cpu_backend.hpp"
 #include "trainer/model.hpp"
@@ -62,7 +62,7 @@ int run_bench(const BenchArgs& a) {
   const double gemm = be.gemm_seconds() - g0, attn = be.attention_seconds() - at0;
   const double tokens = double(a.batch) * a.seq * a.steps;
   const double flops = 6.0 * double(model.params().numel()) * tokens;  // dense part, per token 6·params
-  std::printf("lar bench train — %s, %d layers, d=%d, heads=%d, T=%d, batch=%d, vocab=%d, %lld params\n",
+  std::printf("lar-bench train — %s, %d layers, d=%d, heads=%d, T=%d, batch=%d, vocab=%d, %lld params\n",
               be.name().c_str(), a.layers, a.d_model, a.heads, a.seq, a.batch, a.vocab,
               static_cast<long long>(model.params().numel()));
   std::printf("%-28s %12s\n", "measure", "value");
@@ -80,9 +80,9 @@ int run_bench(const BenchArgs& a) {
 
 }  // namespace
 
-static lar::cli::BenchRegistration reg{
+static lar::bench::Registration reg{
     "train", "Training tokens/s of the CPU backend (4-layer d=256, T=512) and the share of GEMM time",
-    [](CLI::App& app) -> lar::cli::Runner {
+    [](CLI::App& app) -> lar::bench::Runner {
       auto a = std::make_shared<BenchArgs>();
       app.add_option("--layers", a->layers, "blocks")->capture_default_str();
       app.add_option("--d-model", a->d_model, "residual width")->capture_default_str();
