@@ -32,6 +32,12 @@ int main(int argc, char** argv) {
     runners.emplace_back(sub, b.setup(*sub));
   }
 
+  // CLI11 reports an unknown subcommand as a missing one; name the benchmark that was asked for.
+  if (argc > 1 && argv[1][0] != '-' &&
+      std::none_of(table.begin(), table.end(), [&](const auto& b) { return b.name == argv[1]; })) {
+    std::cerr << "lar-bench: unknown benchmark '" << argv[1] << "' (lar-bench --help lists them)\n";
+    return kExitUser;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
