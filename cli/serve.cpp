@@ -1,12 +1,10 @@
-// `lar serve` — a local read-only web dashboard over the registry (pages + JSON API);
-// `lar bench serve` — its response-time goal. Logic lives in serve/.
+// `lar serve` — a local read-only web dashboard over the registry (pages + JSON API). Logic
+// lives in serve/; its response-time benchmark is `lar-bench serve` (dev/bench/serve.cpp).
 #include <iostream>
 #include <memory>
 
-#include "cli/bench.hpp"
 #include "cli/command.hpp"
 #include "core/paths.hpp"
-#include "serve/bench.hpp"
 #include "serve/server.hpp"
 
 namespace {
@@ -52,16 +50,4 @@ static lar::cli::CommandRegistration reg{
       app.footer("Opens the registry read-only; run `lar sync` (or lar launch/reproduce) to ingest new results,\n"
                  "open pages follow them. See docs/serve.md.");
       return [a] { return run_serve(*a); };
-    }};
-
-static lar::cli::BenchRegistration bench_reg{
-    "serve", "Dashboard: pages and API over 10,000 runs / 1,000,000 metric rows (goal < 100 ms)",
-    [](CLI::App& app) -> lar::cli::Runner {
-      auto o = std::make_shared<lar::serve::ServeBenchOptions>();
-      app.add_option("--runs", o->runs, "Runs in the registry");
-      app.add_option("--rows", o->rows, "Metric rows in all");
-      app.add_option("--repeats", o->repeats, "Requests per endpoint (median and worst reported)");
-      app.add_option("--dir", o->dir, "Work folder (default: a temp folder, removed afterwards)");
-      app.add_flag("--keep", o->keep, "Keep the work folder");
-      return [o] { return lar::serve::run_serve_bench(*o); };
     }};

@@ -48,10 +48,10 @@ Plan load_plan(const std::filesystem::path& spec, const std::string& scale);
 struct LoadOptions {
   // false: Cell::config stays null (ids, axes, hashes, roles, baselines and reference
   // values are still exact). For tools that only list cells of very large matrices
-  // (`lar plan`, `lar bench plan`): a resolved config costs ~8 KB and ~100 allocations.
+  // (`lar plan`, `lar-bench plan`): a resolved config costs ~8 KB and ~100 allocations.
   bool configs = true;
   // false: skip the trainer's rules on every cell (trainer/config_check.hpp); only for
-  // measuring expansion alone (`lar bench plan`).
+  // measuring expansion alone (`lar-bench plan`).
   bool check = true;
   // true: an lm cell whose prepared data is not on this machine is an error (a local
   // launch); false: a warning (planning, dry runs, a cluster's file system).

@@ -65,7 +65,7 @@ class CpuBackend final : public Backend {
   void decayed_update(const Tensor& w, const Tensor& o, double decay, double step) override;
 
   // Seconds spent inside gemm()/gemm_batched() and inside attention_fwd/bwd since
-  // construction (lar bench train).
+  // construction (lar-bench train).
   double gemm_seconds() const { return gemm_seconds_; }
   double attention_seconds() const { return attention_seconds_; }
 

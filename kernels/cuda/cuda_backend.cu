@@ -537,7 +537,7 @@ __global__ void __launch_bounds__(32 * kDwRows) rmsnorm_dw_sum(const float* part
 // STAGES − 1 rows (x, the old dx, dy and r: 12 KB a row at d = 1024) are in flight. The
 // register-staged kernel above holds one row per warp in registers (16 rows per SM, none in
 // flight while a warp reduces and stores); here loads never wait on a warp's own arithmetic
-// (H200, 32768 × 1024, bf16 dy: 179 → 152 µs plain, 195 → 167 µs with r; docs/perf.md,
+// (H200, 32768 × 1024, bf16 dy: 179 → 152 µs plain, 195 → 167 µs with r; dev/perf-history.md,
 // "Training step, session 8"). dw's row terms stay in registers (lane-owned columns), then the block's warps
 // are summed in a fixed order into partial[block][col] as above. Rows go to warps
 // round-robin over a fixed grid: deterministic, no atomics. d % 8 == 0, d ≤ 128·KMAX, every
@@ -1194,7 +1194,7 @@ struct CudaBackend::Growable {
 
 
 // LAR_CUDA_PROFILE=1: every op records a pair of CUDA events around its launches;
-// profile_report() sums them per op (lar bench gpu-train prints the table). Off by
+// profile_report() sums them per op (lar-bench gpu-train prints the table). Off by
 // default: then an OpTimer costs one branch.
 struct CudaBackend::OpTimer : EventProfile::Scope {
   OpTimer(CudaBackend& b, const char* name) : Scope(b.prof_, b.profile_, name, b.stream_) {}
@@ -1588,7 +1588,7 @@ std::string algo_config(const cublasLtMatmulAlgo_t& algo) {
 }  // namespace
 
 // Measured on the H200 (LAR_GEMM=tune, LAR_GEMM_LOG=1, in the 344M GDN step at B·T = 32768;
-// docs/perf.md, "Training step, session 7"): shapes whose fastest heuristic candidate beat the
+// dev/perf-history.md, "Training step, session 7"): shapes whose fastest heuristic candidate beat the
 // first one by ≥ 2% (mean over the layers timed), and the prefix of that candidate's
 // configuration (algo_config: algorithm, tile, stages, split-K, reduction, cluster). flags: 1 A
 // transposed, 2 B transposed, 4 C bf16, 8 β ≠ 0. A fixed table instead of timing at run time
@@ -2077,7 +2077,7 @@ int norm_pipe_blocks(int64_t n, int warps) {
 }
 // The pipeline's shape: 8 warps × 2 row buffers per SM (measured on the H200 at d = 1024,
 // plain / with r: 151.9 / 167.5 µs, against 153.8 / 171.1 for 6 warps × 3 buffers, 155.6 /
-// 172.8 for 4 × 4 and 153.6 / 171.2 for 9 × 2; docs/perf.md, "Training step, session 8"), and
+// 172.8 for 4 × 4 and 153.6 / 171.2 for 9 × 2; dev/perf-history.md, "Training step, session 8"), and
 // its shared memory.
 constexpr int kPipeWarps = 8, kPipeStages = 2;
 std::size_t norm_pipe_smem(int64_t d, std::size_t dy_bytes, std::size_t r_bytes) {

@@ -1,7 +1,7 @@
 #pragma once
 // LAR_CUDA_PROFILE=1: device time per named region, from a pair of CUDA events recorded
 // around its launches. Off by default: then a Scope costs one branch. The backend's ops
-// and the linear-mixer layer kernels each keep one (lar bench gpu-train prints both).
+// and the linear-mixer layer kernels each keep one (lar-bench gpu-train prints both).
 #include <cuda_runtime.h>
 
 #include <string>

@@ -95,7 +95,7 @@ Rates calibrate(const TimingModel& m) {
 }  // namespace
 
 double TimingModel::kernel_ms(const std::string& arch) const {
-  // docs/perf.md (lar bench linear-cuda, B=8 T=4096, fwd+bwd).
+  // docs/perf.md (lar-bench linear-cuda, B=8 T=4096, fwd+bwd).
   if (arch == "deltanet") return 0.963;
   if (arch == "gdn" || arch == "linear") return 0.966;
   if (arch == "gla") return 1.354;

@@ -5,7 +5,7 @@
 // 0.1824, dense softmax 291M 0.1508 at 8 × 4096 tokens; the chunk kernels' fwd+bwd ms per
 // layer at B=8 T=4096 H=16) scaled by FLOPs, with a small-width GEMM efficiency and a
 // per-layer latency floor for small models (docs/reproduce.md, "Sizing a scale"). It is a
-// model, not a measurement: one `lar bench gpu-train` at the new shape checks it.
+// model, not a measurement: one `lar-bench gpu-train` at the new shape checks it.
 #include <string>
 #include <vector>
 
@@ -38,7 +38,7 @@ struct TimingModel {
   // Anchors (docs/perf.md, the 350M training step): seconds a step at B=8 × T=4096.
   double gdn_step_s = 0.1464, kda_step_s = 0.1824, softmax_step_s = 0.1508;
   double gdn_delta_kernels_s = 0.02241;  // delta_fwd + delta_bwd of that GDN step (20 layers)
-  // Chunk kernels, fwd+bwd ms per layer at B=8 T=4096 H=16 dk=64 (lar bench linear-cuda).
+  // Chunk kernels, fwd+bwd ms per layer at B=8 T=4096 H=16 dk=64 (lar-bench linear-cuda).
   double kernel_ms(const std::string& arch) const;
   double small_width = 512;      // GEMM efficiency ≈ 1.5·d/(d + small_width), at most 1
   double layer_floor_s = 1.5e-4; // per layer and step (launch-bound floor of tiny models)

@@ -64,16 +64,6 @@ inline double rel_rms(const std::vector<double>& got, const std::vector<double>&
   return std::sqrt(num / std::max(den, 1e-300));
 }
 
-// x as raw little-endian fp32, the dump format of kernels/cuda/linear/fla_check.py; false when
-// the file cannot be written.
-inline bool write_f32(const std::string& path, const std::vector<double>& x) {
-  const std::vector<float> f(x.begin(), x.end());
-  FILE* fp = std::fopen(path.c_str(), "wb");
-  if (!fp) return false;
-  const bool ok = std::fwrite(f.data(), sizeof(float), f.size(), fp) == f.size();
-  return std::fclose(fp) == 0 && ok;
-}
-
 // x rounded to bf16 and back: what a kernel reading bf16 inputs actually sees.
 inline double to_bf(double x) { return __bfloat162float(__float2bfloat16(static_cast<float>(x))); }
 

@@ -113,7 +113,7 @@ double rel_rms(const float* a, const float* ref, int64_t n) {
 // both signs — so the kernels' bf16 rounding shows more there: 6e-2 (1.5e-1); with cler
 // (a second bf16 readout feeding the gate gradients) 2.5e-1. The per-token gate gradients
 // themselves are held to tol_param through the gate projections (w_a, gate_w1/w2) that
-// multiply them with x. Measured on the H200 (docs/perf.md): token sums ≤ 3.6e-2 without
+// multiply them with x. Measured on the H200 (dev/perf-history.md): token sums ≤ 3.6e-2 without
 // cler, 1.6e-1 with it; everything else ≤ 1.9e-2. CCQ's b_λ is such a sum too (of ∂L/∂λ over
 // every token), and so are CARVE's U1, U2 (their gradient is the per-chunk sum of the erase
 // logits' gradient times the content projection). CARVE's A_log sums cancel like cler's:

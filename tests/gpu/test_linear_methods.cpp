@@ -493,49 +493,6 @@ TEST(LinearMethodsCuda, WgmmaTileProduct) {
   }
 }
 
-// CCQ's kernels timed alone (CUDA events, median of 20) at the paper's layer shape (B=1 T=4096
-// H=32) and the 344M model's (B=8 T=4096 H=16); only with LAR_CCQ_TIME=1 (a measurement, not a check).
-TEST(LinearMethodsCuda, CcqKernelTimes) {
-  if (!std::getenv("LAR_CCQ_TIME")) GTEST_SKIP() << "set LAR_CCQ_TIME=1 to time the CCQ kernels";
-  std::mt19937_64 rng{42};
-  std::normal_distribution<double> nd(0.0, 1.0);
-  for (const auto& [B, H] : {std::pair<int, int>{1, 32}, std::pair<int, int>{8, 16}}) {
-    const int T = 4096;
-    const size_t rows = static_cast<size_t>(B) * T * H, nx = rows * D, ns = static_cast<size_t>(B) * H * D * D;
-    std::vector<double> q(nx), lam(rows, 0.3);
-    for (auto& v : q) v = to_bf(0.125 * nd(rng));
-    Dev<bf16> q_(nx), k_(nx), dqc_(nx), qc_(nx), dq_(nx), dk_(nx);
-    Dev<float> lam_(rows), K_(ns), m_(static_cast<size_t>(B) * H * D), dl_(rows);
-    q_.put(q), k_.put(q), dqc_.put(q), dk_.put(q), lam_.put(lam);
-    gl::DeltaShape s;
-    s.B = B, s.T = T, s.H = H;
-    gl::CcqInputs in;
-    in.q = q_.p, in.k = k_.p, in.lambda = lam_.p;
-    cudaEvent_t e0, e1;
-    cudaEventCreate(&e0), cudaEventCreate(&e1);
-    auto time = [&](auto&& f) {
-      std::vector<float> ms;
-      for (int r = 0; r < 25; ++r) {
-        cudaEventRecord(e0);
-        f();
-        cudaEventRecord(e1);
-        cudaEventSynchronize(e1);
-        float x = 0;
-        cudaEventElapsedTime(&x, e0, e1);
-        if (r >= 5) ms.push_back(x);
-      }
-      std::sort(ms.begin(), ms.end());
-      return ms[ms.size() / 2];
-    };
-    const float f = time([&] { gl::ccq_fwd(s, in, qc_.p, {K_.p, m_.p}, nullptr); });
-    const float b = time([&] { gl::ccq_bwd(s, in, {K_.p, m_.p}, dqc_.p, dq_.p, dk_.p, dl_.p, nullptr); });
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    std::printf("ccq time B=%d T=%d H=%d (group %s): fwd %.4f ms, bwd %.4f ms, fwd+bwd %.4f ms\n", B, T, H,
-                std::getenv("LAR_CCQ_GROUP") ? std::getenv("LAR_CCQ_GROUP") : "auto", f, b, f + b);
-    cudaEventDestroy(e0), cudaEventDestroy(e1);
-  }
-}
-
 // The tuning settings are checked: a bad LAR_CCQ_GROUP, LAR_CCQ_FWD or LAR_CCQ_BWD is an error that names
 // it, raised before anything runs.
 TEST(LinearMethodsCuda, CcqRejectsBadSettings) {

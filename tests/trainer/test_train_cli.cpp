@@ -222,25 +222,4 @@ log: {every: 50}
   EXPECT_LT(cpu, 120.0);
 }
 
-// `lar bench linear-layer` (issue 8's CCQ layer-time measure) on the CPU backend: the bench
-// drives one whole mixer layer through the Mixer interface with and without CCQ and prints a
-// row per backbone with the paper's overhead beside ours; a bad option changes nothing.
-TEST(TrainCli, BenchLinearLayerRunsOnTheCpuAndRejectsBadShapes) {
-  TempDir t;
-  ASSERT_EQ(run_lar({"bench", "linear-layer", "--quick", "--backend", "cpu", "--reps", "1", "--warmup", "0", "--mixer",
-                     "gla,gdn"},
-                    t.path / "out.txt"),
-            0)
-      << read_file(t.path / "out.txt");
-  const std::string out = read_file(t.path / "out.txt");
-  EXPECT_NE(out.find("CCQ adds (fwd+bwd)"), std::string::npos) << out;
-  EXPECT_NE(out.find("+53.5% (2.28 → 3.50)"), std::string::npos) << out;  // the paper's GLA anchor
-  EXPECT_NE(out.find("+28.8% (6.26 → 8.06)"), std::string::npos) << out;  // and its GDN one
-  EXPECT_NE(out.find("B=1 T=256 d=128 H=2 (quick)"), std::string::npos) << out;
-  EXPECT_EQ(run_lar({"bench", "linear-layer", "--shape", "huge", "--backend", "cpu"}, t.path / "bad.txt"), 2);
-  EXPECT_NE(read_file(t.path / "bad.txt").find("huge"), std::string::npos) << read_file(t.path / "bad.txt");
-  EXPECT_EQ(run_lar({"bench", "linear-layer", "--quick", "--backend", "cpu", "--mixer", "nope"}, t.path / "bad2.txt"), 2);
-  EXPECT_NE(read_file(t.path / "bad2.txt").find("nope"), std::string::npos) << read_file(t.path / "bad2.txt");
-}
-
 }  // namespace

@@ -676,7 +676,7 @@ void launch(Kernel kernel, dim3 grid, int threads, std::size_t smem, cudaStream_
 //   tiles 0: 64-row CTAs, 4 warps × 1 m-tile of 16 rows
 //   tiles 1: 128-row CTAs — D=64: 4 warps × 2 m-tiles; D=128: 8 warps × 1 — so each K/V
 //            (Q/dO) tile staged in shared memory serves twice the rows
-// Measured on the H200 (docs/perf.md): tiles 1 is faster in the forward, tiles 0 in the
+// Measured on the H200 (dev/perf-history.md): tiles 1 is faster in the forward, tiles 0 in the
 // backward, so the default takes each pass's faster one. LAR_FLASH_TILES=0|1 forces one
 // configuration for both passes (benchmarking; read once).
 struct Tiles {

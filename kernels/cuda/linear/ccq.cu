@@ -4,7 +4,7 @@
 // The backbone then runs on q_c; its gradient on q_c comes back here as dqc. See
 // linear_methods.hpp for the contract.
 //
-// Chunk-parallel (docs/perf.md, "CCQ chunk-parallel" and "CCQ, session 6"). The statistics
+// Chunk-parallel (dev/perf-history.md, "CCQ chunk-parallel" and "CCQ, session 6"). The statistics
 // have no decay, so the state before a chunk is a prefix sum of per-chunk terms, and the
 // gradients on it (GK on K_prev, Gm on m_prev) are suffix sums. Chunks (64 tokens) are taken
 // in groups of G (group_chunks); when B·H is too small to fill the GPU (else the warp-specialised
@@ -824,7 +824,7 @@ __global__ void __launch_bounds__(NT, 2) ccq_bwd_kernel(const QParams p) {
 // chunk's dλ at the start of its next chunk; A waits before it refills slot s two chunks
 // later). GK, Gm stay in B's registers, K_prev in A's: fixed order, no atomics.
 // (Measured against the 8-warp main kernel run over all chunks from fin, 0.40 ms, and a split
-// with dq in team A, 0.38 ms: docs/perf.md.)
+// with dq in team A, 0.38 ms: dev/perf-history.md.)
 constexpr int kWsThreads = 2 * NT;
 constexpr int kBarA = 1, kBarB = 2, kBarFull = 3, kBarEmpty = 5;  // FULL_s = 3 + s, EMPTY_s = 5 + s
 // Q K G ×3, S1' S2' dA K_prev ×2, GK ×2 (bf16); per slot m, λ, 1/t, mq, mg, b, Gm increment

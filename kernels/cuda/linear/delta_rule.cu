@@ -54,7 +54,7 @@ struct Params {
   float *Ec, *el;
   // LAR_DELTA_CLOCKS=1: CTA (0, 0) of a fused kernel writes {start ns, end ns, start cycle, end
   // cycle} to clk[4 · clk_slot] (the SM clock it ran at; see clock_report below). Else nullptr.
-  unsigned long long *clk, *ph;  // ph: LAR_DELTA_CLOCKS=2's phase log (phase_mark), else nullptr
+  unsigned long long* clk;
   int clk_slot;
   int B, T, H, nc;
   float scale;
@@ -71,17 +71,6 @@ __device__ __forceinline__ void clock_probe(const Params& p, int end) {
   unsigned long long* d = p.clk + 4 * p.clk_slot;
   d[end] = t, d[2 + end] = c;
 }
-// LAR_DELTA_CLOCKS=2: lane 0 of every warp of CTA (0, 0) logs the SM cycle at which it reaches
-// mark k of its s-th chunk (marks sit before the barriers; the last warp to arrive sets a
-// phase's length), for the first kPhSteps chunks; clock_report prints the phase table.
-constexpr int kPhSteps = 64, kPhWarps = 16, kPhMarks = 8;
-// kPh: the kernel's instantiation with the marks (the production one has none).
-template <bool kPh>
-__device__ __forceinline__ void phase_mark(const Params& p, int s, int k) {
-  if (!kPh || !p.ph || blockIdx.x != 0 || blockIdx.y != 0 || (threadIdx.x & 31) != 0 || s < 0 || s >= kPhSteps) return;
-  p.ph[(s * kPhWarps + (threadIdx.x >> 5)) * kPhMarks + k] = clock64();
-}
-
 // Gates of one chunk, fetched into registers one chunk ahead (their global latency is then
 // off the critical path) and published to shared memory when the chunk starts: warp 0 holds
 // g of tokens 2·lane, 2·lane+1; warp 1 holds β of tokens lane, lane+32.
@@ -577,7 +566,7 @@ __device__ __forceinline__ void load_tile_b(bf16* s, const bf16* gsrc, size_t st
 //              P, Aw, T⁻¹ of chunk c+1                      U = T⁻¹ β X, Û = e^{G_last − G} U;
 //                                                           the start state out, loads of c+2
 //   phase 2  A: o += P U, stored                        B: S ← e^{G_last} S + Ûᵀ K
-// Group A is the longer path in both phases (LAR_DELTA_CLOCKS=2, H200), so group B also writes
+// Group A is the longer path in both phases (phase marks on the H200), so group B also writes
 // the boundary states and issues the loads; LAR_DELTA_QS0=early (A/B) moves group A's Q S0ᵀ into
 // the slack of its T⁻¹ build. q, k, v are loaded two chunks ahead (3 buffers), the
 // gates published one chunk ahead (2 slots), P and T⁻¹ double-buffered. Barrier ids: 2 group B,
@@ -588,7 +577,7 @@ __device__ __forceinline__ void group_a_sync() { asm volatile("bar.sync 3, %0;\n
 
 // kEarlyQS0 (LAR_DELTA_QS0=early, A/B): group A computes o = e^G Q S0ᵀ inside local_terms' slack
 // instead of before it (see local_terms); same arithmetic, bit-identical results.
-template <bool kPh, bool kEarlyQS0>
+template <bool kEarlyQS0>
 __global__ void __launch_bounds__(NT2, 1) fwd_kernel(const Params p) {
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* sQ = reinterpret_cast<bf16*>(smem);  // [3] each
@@ -676,7 +665,6 @@ __global__ void __launch_bounds__(NT2, 1) fwd_kernel(const Params p) {
     } else {
       own();
     }
-    phase_mark<kPh>(p, ci - 1, 1);
     group_a_sync();
     if (warp == 1) merge_row<1>(sAw, Bt, TiH, TiL, L.lane, 4);
     if (warp == 2) merge_row<2>(sAw, Bt, TiH, TiL, L.lane, 4);
@@ -697,7 +685,6 @@ __global__ void __launch_bounds__(NT2, 1) fwd_kernel(const Params p) {
     if (ci + 1 < p.nc) publish_gates(gr, sG + (sl ^ 1) * C, sB + (sl ^ 1) * C);
     if (ci + 2 < p.nc) gr = gates(ci + 2);
     cp_async_wait<0>();  // chunk ci+1's tiles (group B issued them during chunk ci−1)
-    phase_mark<kPh>(p, ci, 0);
     __syncthreads();  // (A) chunk ci+1's tiles and gates, chunk ci's P and T⁻¹, the bf16 state
     const bf16 *Q = sQ + buf * TILE, *K = sK + buf * TILE, *V = sV + buf * TILE;
     const float *G = sG + sl * C, *Bt = sB + sl * C;
@@ -742,7 +729,6 @@ __global__ void __launch_bounds__(NT2, 1) fwd_kernel(const Params p) {
           *reinterpret_cast<uint32_t*>(sXH + t * LD + c) = hi;
           *reinterpret_cast<uint32_t*>(sXL + t * LD + c) = lo;
         }
-      phase_mark<kPh>(p, ci, 1);
       group_b_sync();
       zero(x);
       gemm_split<false, true, true>(x, sTiH + sl * TILE, sTiL + sl * TILE, sXH, sXL, L, 0, L.wm);  // U = T⁻¹ β X
@@ -766,13 +752,11 @@ __global__ void __launch_bounds__(NT2, 1) fwd_kernel(const Params p) {
       }
       prefetch(ci + 2);
     }
-    phase_mark<kPh>(p, ci, 2);
     __syncthreads();  // (C)
     if (grpA) {
       gemm<false, true>(keep, sP + sl * TILE, sU, L);  // + P U
       // out through the Aw tile (group A's, read only before (C)) as bf16
       store_rows_staged(p.o, p, b, h, t0, n, keep, p.scale, reinterpret_cast<bf16*>(sAw), L);
-      phase_mark<kPh>(p, ci, 3);
     } else {
       const float el = __expf(Gl);
 #pragma unroll
@@ -780,7 +764,6 @@ __global__ void __launch_bounds__(NT2, 1) fwd_kernel(const Params p) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) keep[nt][e] *= el;
       gemm<true, true>(keep, sUh, K, L);  // + Ûᵀ K
-      phase_mark<kPh>(p, ci, 3);
       group_b_sync();  // every group-B read of K (and of βX) is done before a group-B thread refills it
       // Every read of sS (phase 1) is behind barrier (C); the next chunk's (A) publishes it.
       store_bf(sS, keep, L, [](float x, int, int) { return x; });
@@ -815,7 +798,7 @@ static_assert(kBwdSmem <= 227 * 1024, "fused backward: one CTA per SM");
 // kMergeLoads (LAR_DELTA_BWD_LOADS=merge, A/B): the next chunk's tiles are issued in P1 by warps 1
 // and 2 after their T⁻¹ merge steps (the warps with the most slack there) instead of by all warps
 // at the top of the chunk (≈ 2 k cycles a chunk, H200 phase marks); same results, bit for bit.
-template <bool kPh, bool kMergeLoads>
+template <bool kMergeLoads>
 __global__ void __launch_bounds__(NT, 1) bwd_kernel(const Params p) {
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* sIn = reinterpret_cast<bf16*>(smem);  // [2][5] tiles: Q K V dO S0 of chunks with parity 0, 1
@@ -899,7 +882,6 @@ __global__ void __launch_bounds__(NT, 1) bwd_kernel(const Params p) {
       cp_async_wait<0>();  // chunk ci's tiles (issued in chunk ci+1's P1)
     else
       cp_async_wait<1>();
-    phase_mark<kPh>(p, p.nc - 1 - ci, 0);
     __syncthreads();  // P0
     const bf16* sQ = sIn + (ci & 1) * 5 * TILE;
     const bf16 *sK = sQ + TILE, *sV = sQ + 2 * TILE, *sdO = sQ + 3 * TILE, *sS0 = sQ + 4 * TILE;
@@ -951,7 +933,6 @@ __global__ void __launch_bounds__(NT, 1) bwd_kernel(const Params p) {
               pack(br[hh] * (v2.x - eg[hh] * a[nt][2 * hh]), br[hh] * (v2.y - eg[hh] * a[nt][2 * hh + 1]));
         }
     }
-    phase_mark<kPh>(p, p.nc - 1 - ci, 1);
     __syncthreads();  // P1
     if (warp == 1) {
       merge_row<1>(sAw, sB, sTiH, sTiL, L.lane, 1);
@@ -977,7 +958,6 @@ __global__ void __launch_bounds__(NT, 1) bwd_kernel(const Params p) {
       }
     }
     bwd_du(sK, sdS, sP, sdO, sG, Gl, scale, sdU, L);
-    phase_mark<kPh>(p, p.nc - 1 - ci, 2);
     __syncthreads();  // P2
     {
       Acc u, r;
@@ -1002,11 +982,9 @@ __global__ void __launch_bounds__(NT, 1) bwd_kernel(const Params p) {
         }
       stage_out(p.dv, p, b, h, t0, n, sdKK, L);  // through the dKK tile (written after P3)
     }
-    phase_mark<kPh>(p, p.nc - 1 - ci, 3);
     __syncthreads();  // P3
     bwd_dkk_dqk(sdR, sU, sdO, sG, sB, [&](int nt, int e) { return sAw[L.row(e) * LDF + L.col(nt, e)]; }, pf, scale,
                 rowB, rowG, colG, sdKK, sdQK, L);
-    phase_mark<kPh>(p, p.nc - 1 - ci, 4);
     __syncthreads();  // P4
     // dq, dk go out through the P and βX tiles (dead since P1, P2)
     bwd_dq(p, sdQK, sK, sdO, sS0, sQ, sG, b, h, t0, n, rowG, L, sP);
@@ -1033,7 +1011,6 @@ __global__ void __launch_bounds__(NT, 1) bwd_kernel(const Params p) {
     // the gradient at this chunk's start = at the end of chunk ci − 1: the other slot, whose last
     // readers (chunk ci + 1) are behind barrier P0
     store_bf(sdS2 + ((ci + 1) & 1) * TILE, dS, L, [](float x, int, int) { return x; });
-    phase_mark<kPh>(p, p.nc - 1 - ci, 5);
     __syncthreads();  // the next chunk overwrites the tiles, G and β; dS and the partial sums are in
   }
   if (warp == 0) bwd_write_dg_dbeta(p, sRowG, sRowB, sColG, sGl, nullptr, b, h, 0, min(C, p.T), L);
@@ -1614,7 +1591,7 @@ Params make_params(const DeltaShape& s, const char* what) {
 // Which path runs a pass. The fused kernels take one CTA per (b, h) for the whole sequence;
 // the two-phase path spreads the chunks over the GPU but moves more bytes and repeats part of
 // the work. Cost model, µs per chunk of the sequence, fitted on the H200 (132 SMs; gdn, H=16,
-// B = 1, 2, 4, 8 at T = 32K / B: LinearDeltaCuda.PathTimes): fused fwd 6.4, bwd 13.6 per wave of
+// B = 1, 2, 4, 8 at T = 32K / B: `lar-bench delta-paths`): fused fwd 6.4, bwd 13.6 per wave of
 // B·H CTAs; two-phase fwd 0.0787, bwd 0.121 per (b, h) plus the sequential pass's 0.15 per chunk.
 // So the fused path wins from about B·H ≥ 80 (fwd) / 112 (bwd) on 132 SMs.
 // LAR_DELTA_PATH=fused|chunked|auto overrides (A/B timing, tests of both paths).
@@ -1630,28 +1607,21 @@ bool use_two_phase(const Params& p, bool bwd) {
 
 // LAR_DELTA_CLOCKS=1: the fused kernels' clock probe. Every fused launch gets a slot (a ring of
 // kClockSlots per kind); at exit the process prints, per kind, CTA (0, 0)'s median duration and
-// SM clock (cycles over global time) — e.g. inside `lar bench gpu-train` against the kernel bench.
+// SM clock (cycles over global time) — e.g. inside `lar-bench gpu-train` against the kernel bench.
 constexpr int kClockSlots = 512;
 struct ClockLog {
-  unsigned long long *dev = nullptr, *ph = nullptr;  // ph: LAR_DELTA_CLOCKS=2, the last launch's phase log per kind
-  int calls[2] = {0, 0};                             // forward, backward
-  int nc[2] = {0, 0};
+  unsigned long long* dev = nullptr;
+  int calls[2] = {0, 0};  // forward, backward
 };
-constexpr size_t kPhLog = size_t{kPhSteps} * kPhWarps * kPhMarks;
 void clock_report();
 ClockLog* clock_log() {
   static ClockLog* log = []() -> ClockLog* {
     const char* env = std::getenv("LAR_DELTA_CLOCKS");
-    const std::string mode = env ? env : "";
-    if (mode != "1" && mode != "2") return nullptr;
+    if (!env || std::string(env) != "1") return nullptr;
     auto* l = new ClockLog;
     const size_t bytes = 2 * kClockSlots * 4 * sizeof(unsigned long long);
     LAR_CUDA_CHECK(cudaMalloc(&l->dev, bytes));
     LAR_CUDA_CHECK(cudaMemset(l->dev, 0, bytes));
-    if (mode == "2") {
-      LAR_CUDA_CHECK(cudaMalloc(&l->ph, 2 * kPhLog * sizeof(unsigned long long)));
-      LAR_CUDA_CHECK(cudaMemset(l->ph, 0, 2 * kPhLog * sizeof(unsigned long long)));
-    }
     std::atexit(clock_report);
     return l;
   }();
@@ -1661,41 +1631,6 @@ void clock_slot(Params& p, int kind) {
   if (ClockLog* l = clock_log()) {
     p.clk = l->dev;
     p.clk_slot = kind * kClockSlots + l->calls[kind]++ % kClockSlots;
-    if (l->ph) {
-      p.ph = l->ph + kind * kPhLog;
-      l->nc[kind] = p.nc;
-    }
-  }
-}
-// The phase table of the last fused launch of a kind: per mark k, the mean over chunks 2.. of
-// the critical path from the previous mark (the last warp's arrival to the last warp's arrival)
-// and each warp's mean slack (how long before the last warp it arrived), in cycles.
-void phase_report(const ClockLog& l, int kind, const std::vector<unsigned long long>& h) {
-  const int steps = std::min(l.nc[kind], kPhSteps), warps = kind ? 8 : 16;
-  if (steps < 4) return;
-  std::fprintf(stderr, "LAR_DELTA_CLOCKS=2 %s phases (cycles, mean over chunks 2..%d): mark: length | slack per warp\n",
-               kind ? "delta_bwd" : "delta_fwd", steps - 1);
-  auto at = [&](int s, int w, int k) { return h[kind * kPhLog + (size_t(s) * kPhWarps + w) * kPhMarks + k]; };
-  int marks = 0;
-  for (int k = 0; k < kPhMarks; ++k)
-    if (at(2, 0, k) || at(2, warps - 1, k)) marks = k + 1;
-  auto last = [&](int s, int k) {
-    unsigned long long m = 0;
-    for (int w = 0; w < warps; ++w) m = std::max(m, at(s, w, k));
-    return m;
-  };
-  for (int k = 0; k < marks; ++k) {
-    double len = 0, slack[kPhWarps] = {};
-    int cnt[kPhWarps] = {};
-    for (int s = 2; s < steps; ++s) {
-      const unsigned long long end = last(s, k), prev = k ? last(s, k - 1) : last(s - 1, marks - 1);
-      len += double(end) - double(prev);
-      for (int w = 0; w < warps; ++w)
-        if (at(s, w, k)) slack[w] += double(end - at(s, w, k)), ++cnt[w];
-    }
-    std::string line = "  mark " + std::to_string(k) + ": " + std::to_string(int(len / (steps - 2))) + " |";
-    for (int w = 0; w < warps; ++w) line += " " + (cnt[w] ? std::to_string(int(slack[w] / cnt[w])) : std::string("-"));
-    std::fprintf(stderr, "%s\n", line.c_str());
   }
 }
 void clock_report() {
@@ -1718,10 +1653,6 @@ void clock_report() {
                  kind ? "delta_bwd" : "delta_fwd", l->calls[kind], us[us.size() / 2], mhz[mhz.size() / 2], mhz.front(),
                  mhz.back());
   }
-  if (!l->ph) return;
-  std::vector<unsigned long long> ph(2 * kPhLog);
-  if (cudaMemcpy(ph.data(), l->ph, ph.size() * sizeof(unsigned long long), cudaMemcpyDeviceToHost) != cudaSuccess) return;
-  for (int kind = 0; kind < 2; ++kind) phase_report(*l, kind, ph);
 }
 
 // LAR_DELTA_QS0=early: the fused forward's kEarlyQS0 order (A/B timing; unset or "late": the
@@ -1779,9 +1710,7 @@ void delta_fwd(const DeltaShape& s, const bf16* q, const bf16* k, const bf16* v,
   if (!use_two_phase(p, false)) {
     clock_slot(p, 0);
     const bool early = qs0_early();
-    launch(p.ph ? (early ? fwd_kernel<true, true> : fwd_kernel<true, false>)
-                : (early ? fwd_kernel<false, true> : fwd_kernel<false, false>),
-           dim3(p.H, p.B), kFwdSmem, p, stream, NT2);
+    launch(early ? fwd_kernel<true> : fwd_kernel<false>, dim3(p.H, p.B), kFwdSmem, p, stream, NT2);
     return;
   }
   const size_t chunks = static_cast<size_t>(p.B) * p.H * p.nc;
@@ -1805,9 +1734,7 @@ void delta_bwd(const DeltaShape& s, const bf16* q, const bf16* k, const bf16* v,
   if (!use_two_phase(p, true)) {
     clock_slot(p, 1);
     const bool merge = bwd_merge_loads();
-    launch(p.ph ? (merge ? bwd_kernel<true, true> : bwd_kernel<true, false>)
-                : (merge ? bwd_kernel<false, true> : bwd_kernel<false, false>),
-           dim3(p.H, p.B), kBwdSmem, p, stream);
+    launch(merge ? bwd_kernel<true> : bwd_kernel<false>, dim3(p.H, p.B), kBwdSmem, p, stream);
     return;
   }
   const size_t chunks = static_cast<size_t>(p.B) * p.H * p.nc;

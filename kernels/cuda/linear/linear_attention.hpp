@@ -5,7 +5,7 @@
 //   channel_fwd / channel_bwd                gla, kda, gdn2 (decay per key channel)
 // Plain functions on device pointers + a stream (no Backend dependency), so the trainer can
 // wire them in later. Tests: tests/gpu/test_linear_{delta,channel}.cpp; timings and the
-// comparison with fla: docs/perf.md, `lar bench linear-cuda`.
+// comparison with fla: dev/perf-history.md, `lar-bench linear-cuda`.
 //
 // The recurrence (kernels/cpu/linear/core.hpp with e = β k, z = β v; per batch b, head h):
 //   S_t = S_{t−1} exp(g_t) + u_t k_tᵀ,  u_t = β_t (v_t − S_{t−1} exp(g_t) k_t),  o_t = scale S_t q_t

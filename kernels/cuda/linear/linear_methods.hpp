@@ -6,7 +6,7 @@
 //   carve_fwd / carve_bwd      CARVE (content-aware erase on the gdn2 recurrence)
 //   ccq_fwd / ccq_bwd          CCQ read correction in front of any backbone
 //   channel_decode, carve_decode   one token of gla / kda / gdn2 / carve, state in place
-// Tests: tests/gpu/test_linear_methods.cpp; timings: `lar bench linear-cuda`, docs/perf.md.
+// Tests: tests/gpu/test_linear_methods.cpp; timings: `lar-bench linear-cuda`, dev/perf-history.md.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -21,7 +21,7 @@ namespace lar::kernels::cuda::linear {
 //   m_c = mean of the outputs o over chunk c−1 (content chunk = kernel chunk = 64), m_0 = 0.
 // The chunks already run in order inside one CTA per (b, h), so the content signal of the
 // next chunk is reduced from the output fragments still in registers and U_b(m) costs two
-// tiny mat-vecs between barriers that exist anyway (docs/perf.md).
+// tiny mat-vecs between barriers that exist anyway (dev/perf-history.md).
 struct CarveInputs {
   const __nv_bfloat16 *q = nullptr, *k = nullptr, *v = nullptr;
   const float* g = nullptr;              // [B,T,H,64] per-channel log-decay ≤ 0
