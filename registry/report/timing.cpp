@@ -141,8 +141,16 @@ CellTiming estimate_cell(const experiments::Cell& cell, const TimingModel& m) {
                          (s.H * s.dv / 1024) * (s.ccq ? 1.3 : 1.0);
   const double floor = m.layer_floor_s * s.L + m.step_floor_s;
   t.flops_per_step = dense_flops(s, per_step) + optimiser_flops(s) + attention_flops(s, per_step, T);
-  t.step_s = dense + attn + kernels + floor;
-  const double busy_step = t.step_s - (1 - m.busy_of_floor) * floor;
+  const double compute = dense + attn + kernels;
+  const double muon = s.optimizer == "muon" || s.optimizer == "normuon" ? 1 : 0;
+  const double shared = m.shared_compute * compute +
+                        (per_step / m.shared_tokens) *
+                            (m.shared_layer_s * s.L + m.shared_linear_s * s.lin_layers * m.kernel_ms(s.arch) /
+                                                          m.kernel_ms("gdn") + m.shared_muon_s * muon * s.L);
+  // Alone, a step takes at least the GPU time it holds when shared (no alone runs of these
+  // sizes are measured: a lower bound, not a fit).
+  t.step_s = std::max(compute + floor, shared);
+  const double busy_step = std::max(t.step_s - (1 - m.busy_of_floor) * floor, shared);
   // Evaluation: forward passes (≈ a third of a step) of eval.batches at the end, at the end
   // of a WSD stable phase too, or every eval.every steps; at each of eval.lengths.
   const json& ev = c.contains("eval") ? c["eval"] : json::object();

@@ -45,6 +45,15 @@ struct TimingModel {
   double step_floor_s = 1.0e-4;  // per step (optimiser, loss, bookkeeping)
   double startup_s = 4;          // process start, CUDA context, GEMM heuristics, data
   double busy_of_floor = 0.5;    // share of the latency floor the GPU is busy (overlappable rest)
+  // Side by side on one GPU (fitted on the 68 mini runs of LAA Tables 2, 3 and 8 at -j 6,
+  // docs/results/laa): a step holds the GPU for shared_compute × the FLOP model's compute,
+  // plus per 16K tokens shared_layer_s a layer, shared_linear_s a linear layer (× its chunk
+  // kernel's cost relative to gdn's) and shared_muon_s a layer under Muon / NorMuon. The
+  // FLOP model leaves out the memory-bound ops (norms, gates, convolutions, the loss) that
+  // dominate these widths; the fit puts them here.
+  double shared_compute = 0.356;
+  double shared_layer_s = 9.55e-4, shared_linear_s = 5.2e-4, shared_muon_s = 6.39e-4;
+  double shared_tokens = 16384;
 };
 
 CellTiming estimate_cell(const experiments::Cell& cell, const TimingModel& m = {});
