@@ -2,8 +2,9 @@
 // dk ∈ {128, 256}) against the CPU reference (kernels/cpu/linear, fp64 chunk form) run per value
 // head with the q, k of its key head: relative RMS ≤ 5e-3 on o and the final state, ≤ 1e-2 on
 // every gradient (dq, dk summed over the key head's group, dS0 included). Every mixer (linear as
-// gla with a zero log-gate), dk 128 and 256 × dv 64, 128, 512, T not a multiple of 64 (one and
-// several checkpoint segments), odd B·H, grouped heads, strong gates (a tenth of the channels —
+// gla with a zero log-gate), dk 128 and 256 × dv 64, 128, 512, T not a multiple of 64 (inside one
+// 256-token checkpoint segment and over two), odd B·H, grouped heads, more CTAs than one backward
+// wave (5 sequences × 4 heads × 8 value tiles), strong gates (a tenth of the channels —
 // gdn: of the heads — decaying by up to 16 per token), nonzero S0 and dST, and the recurrent
 // decode token by token against the same reference.
 #include <gtest/gtest.h>
@@ -231,15 +232,16 @@ TEST(LinearKeyDimCuda, MatchesCpuReference) {
                       cl::Mixer::gdn2})
     for (GCase c : {GCase{m, 1, 100, 1, 3, 128, 128, true, true}, GCase{m, 1, 70, 1, 1, 256, 512, true, true},
                     GCase{m, 3, 65, 1, 1, 256, 64, false}, GCase{m, 1, 130, 2, 4, 128, 64, true},
-                    GCase{m, 1, 100, 1, 1, 128, 512, true, true}, GCase{m, 1, 50, 1, 3, 256, 128, true, true}}) {
+                    GCase{m, 1, 100, 1, 1, 128, 512, true, true}, GCase{m, 1, 50, 1, 3, 256, 128, true, true},
+                    GCase{m, 1, 300, 1, 1, 256, 64, true, true}, GCase{m, 5, 40, 1, 4, 128, 512, true}}) {
       check(c, run(rng, c));
     }
 }
 
 // CCQ's read correction at dk 128 / 256 (wide_ccq_fwd / wide_ccq_bwd) against the CPU's recurrent
-// form in double: statistics from before the call (K0, m0, t0) or none, centered or not, T over
-// one and several 64-token spans, odd B·H; q_c and the statistics after the call to 5e-3, dq, the
-// key gradient (added to what dk held) and dλ to 1e-2.
+// form in double: statistics from before the call (K0, m0, t0) or none, centered or not, odd B·H,
+// more CTAs than one backward wave (40 sequences); q_c (its correction q − q_c) and the
+// statistics after the call to 5e-3, dq, the key gradient (added to what dk held) and dλ to 1e-2.
 TEST(LinearKeyDimCuda, CcqMatchesCpuReference) {
   std::mt19937_64 rng{std::random_device{}()};
   std::normal_distribution<double> nd(0.0, 1.0);
@@ -249,7 +251,7 @@ TEST(LinearKeyDimCuda, CcqMatchesCpuReference) {
     bool prior, centered;
   };
   for (const C& c : {C{1, 100, 3, 128, true, true}, C{2, 70, 1, 256, false, true}, C{1, 150, 1, 256, true, false},
-                     C{3, 33, 1, 128, false, false}}) {
+                     C{3, 33, 1, 128, false, false}, C{40, 20, 1, 256, true, true}}) {
     const int B = c.B, T = c.T, H = c.H, D = c.dk;
     const size_t nk = static_cast<size_t>(B) * T * H * D, nh = static_cast<size_t>(B) * T * H;
     std::vector<double> q(nk), k(nk), lam(nh), dqc(nk), dk0(nk), K0(static_cast<size_t>(B) * H * D * D, 0.0),

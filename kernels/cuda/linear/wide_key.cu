@@ -21,7 +21,7 @@ constexpr int kRW = 4;                // state rows per warp
 constexpr int kNW = 16;               // warps per CTA
 constexpr int kRT = kRW * kNW;        // value rows per CTA (one value tile)
 constexpr int kThreads = 32 * kNW;
-constexpr int kSeg = 64;              // tokens between the forward's checkpoints
+constexpr int kSeg = 256;             // tokens between the forward's checkpoints
 constexpr int kSub = 8;               // tokens between the backward's sub-checkpoints
 constexpr int kSlots = kSeg / kSub;   // sub-checkpoints of a segment
 constexpr int kKinds = 4;             // key-side gradient rows: dq, dk, dg (channel), db (gdn2)
@@ -47,7 +47,10 @@ struct WArgs {
   bf16 *dvv = nullptr, *dw = nullptr;
   float* part = nullptr;   // [kKinds][m][B·T·H][dk]
   float* spart = nullptr;  // [2][m][B·T·H]: β, gdn's g
-  float* scratch = nullptr;  // per CTA [2·kSlots][kRT][dk]
+  float* scratch = nullptr;  // per CTA [kSlots + kSub][kRT][dk]
+  // the backward runs in waves of whole sequences [b0, b0 + nbw) (bounded scratch and partials;
+  // part and spart hold the wave's rows only)
+  int64_t b0 = 0, nbw = 0;
 };
 
 __device__ __forceinline__ float bf(bf16 x) { return __bfloat162float(x); }
@@ -76,7 +79,7 @@ struct Place {
 __device__ __forceinline__ Place place(const WArgs& a) {
   Place p;
   p.tile = blockIdx.x % a.m;
-  p.bh = blockIdx.x / a.m;
+  p.bh = a.b0 * a.H + blockIdx.x / a.m;
   p.h = static_cast<int>(p.bh % a.H);
   p.b = static_cast<int>(p.bh / a.H);
   p.hk = p.h / a.G;
@@ -117,7 +120,7 @@ __device__ __forceinline__ void load_tok(const WArgs& A, const Place& p, int64_t
   }
 }
 
-// S ← S D(a); u = z − S e; S ← S + u kᵀ. Sp (nullable) gets S D(a), u (nullable) the residual.
+// S ← S D(a); u = z − S e; S ← S + u kᵀ. Sp (nullable) gets S D(a), u the residual.
 template <int DK>
 __device__ __forceinline__ void fwd_step(const WArgs& A, const Tok<DK>& x, float (&S)[kRW][DK / 32], float* Sp,
                                          int lane, float (&u)[kRW]) {
@@ -213,9 +216,9 @@ __global__ void __launch_bounds__(kThreads) wide_bwd_kernel(WArgs A) {
   float* us = red + kNW * kKinds * DK;          // [kSub][kRT]
   float* reds = us + kSub * kRT;                // [kNW][2]
   const Place p = place(A);
-  const int64_t NH = A.B * A.T * A.H;
+  const int64_t NH = A.nbw * A.T * A.H, nh0 = A.b0 * A.T * A.H;  // the wave's rows of part, spart
   // this CTA's scratch: kSlots sub-checkpoints, then kSub decayed states, each [kRT][DK]
-  float* sc = A.scratch + static_cast<int64_t>(blockIdx.x) * 2 * kSlots * kRT * DK + p.warp * kRW * DK;
+  float* sc = A.scratch + static_cast<int64_t>(blockIdx.x) * (kSlots + kSub) * kRT * DK + p.warp * kRW * DK;
   auto sub = [&](int i) { return sc + static_cast<int64_t>(i) * kRT * DK; };
   auto spb = [&](int i) { return sc + static_cast<int64_t>(kSlots + i) * kRT * DK; };
   const int nk = 2 + (A.gate == kChannelGate) + (A.erase == kGdn2Erase);  // key-side rows in use
@@ -320,12 +323,12 @@ __global__ void __launch_bounds__(kThreads) wide_bwd_kernel(WArgs A) {
           const int kind = i / DK, c = i % DK;
           float s = 0.f;
           for (int w = 0; w < kNW; ++w) s += red[(w * kKinds + kind) * DK + c];
-          A.part[((static_cast<int64_t>(kind) * A.m + p.tile) * NH + nh) * DK + c] = s;
+          A.part[((static_cast<int64_t>(kind) * A.m + p.tile) * NH + nh - nh0) * DK + c] = s;
         }
         if (threadIdx.x < 2) {
           float s = 0.f;
           for (int w = 0; w < kNW; ++w) s += reds[w * 2 + threadIdx.x];
-          A.spart[(static_cast<int64_t>(threadIdx.x) * A.m + p.tile) * NH + nh] = s;
+          A.spart[(static_cast<int64_t>(threadIdx.x) * A.m + p.tile) * NH + nh - nh0] = s;
         }
         __syncthreads();
       }
@@ -395,7 +398,7 @@ void launch_bwd_dk(const WArgs& a, cudaStream_t st) {
   const std::size_t smem = bwd_smem_bytes<DK>();
   LAR_CUDA_CHECK(cudaFuncSetAttribute(wide_bwd_kernel<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(smem)));
-  wide_bwd_kernel<DK><<<static_cast<unsigned>(a.B * a.H * a.m), kThreads, smem, st>>>(a);
+  wide_bwd_kernel<DK><<<static_cast<unsigned>(a.nbw * a.H * a.m), kThreads, smem, st>>>(a);
   LAR_CUDA_LAUNCHED();
 }
 
@@ -404,12 +407,19 @@ struct Outs {
   bf16 *dq = nullptr, *dk = nullptr, *db = nullptr;
   float *dgc = nullptr, *dgs = nullptr, *dbeta = nullptr;  // channel gate, scalar gate, β
 };
+// Sequences per backward wave: about one CTA per SM (the kernels run one CTA an SM), so the
+// per-CTA scratch and the per-tile partials stay bounded whatever the batch.
+int64_t wave_batches(int64_t B, int64_t ctas_per_seq) {
+  int dev = 0, sms = 132;
+  if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  return std::clamp<int64_t>(std::max<int64_t>(sms, 1) / std::max<int64_t>(ctas_per_seq, 1), 1, B);
+}
+
 void run_bwd(WArgs a, int dk, const Outs& out, cudaStream_t st) {
   if (!a.ckpt) throw RuntimeError("wide-key backward: no boundary states (the forward ran without them)");
   if (!a.dout || !a.dvv || !out.dq || !out.dk) throw RuntimeError("wide-key backward: missing dout, dq, dk or dv");
   if (a.erase == kGdn2Erase && (!a.dw || !out.db)) throw RuntimeError("wide-key backward: gdn2 needs db and dw");
   if (a.erase == kBetaErase && !out.dbeta) throw RuntimeError("wide-key backward: missing dbeta");
-  const int64_t NH = a.B * a.T * a.H;
   if (a.T == 0) {
     if (a.dS0) {
       const std::size_t bytes = static_cast<std::size_t>(a.B) * a.H * a.dv * dk * sizeof(float);
@@ -418,20 +428,28 @@ void run_bwd(WArgs a, int dk, const Outs& out, cudaStream_t st) {
     }
     return;
   }
+  const int64_t nbw = wave_batches(a.B, static_cast<int64_t>(a.H) * a.m);
+  const int64_t rows = nbw * a.T * a.H;  // value-head rows of one wave
   Scratch sc(st);
-  a.part = sc.get<float>(static_cast<std::size_t>(kKinds) * a.m * NH * dk);
-  a.spart = sc.get<float>(static_cast<std::size_t>(2) * a.m * NH);
-  a.scratch = sc.get<float>(static_cast<std::size_t>(a.B) * a.H * a.m * 2 * kSlots * kRT * dk);
-  if (dk == 128) launch_bwd_dk<128>(a, st);
-  else launch_bwd_dk<256>(a, st);
-  const std::size_t kind = static_cast<std::size_t>(a.m) * NH * dk;
-  sum_parts(a.part, a.m, NH, a.G, dk, nullptr, out.dq, st);
-  sum_parts(a.part + kind, a.m, NH, a.G, dk, nullptr, out.dk, st);
-  int next = 2;
-  if (a.gate == kChannelGate) sum_parts(a.part + kind * next++, a.m, NH, 1, dk, out.dgc, nullptr, st);
-  if (a.erase == kGdn2Erase) sum_parts(a.part + kind * next, a.m, NH, 1, dk, nullptr, out.db, st);
-  if (a.erase == kBetaErase) sum_parts(a.spart, a.m, NH, 1, 1, out.dbeta, nullptr, st);
-  if (a.gate == kScalarGate) sum_parts(a.spart + static_cast<std::size_t>(a.m) * NH, a.m, NH, 1, 1, out.dgs, nullptr, st);
+  a.part = sc.get<float>(static_cast<std::size_t>(kKinds) * a.m * rows * dk);
+  a.spart = sc.get<float>(static_cast<std::size_t>(2) * a.m * rows);
+  a.scratch = sc.get<float>(static_cast<std::size_t>(nbw) * a.H * a.m * (kSlots + kSub) * kRT * dk);
+  for (int64_t b0 = 0; b0 < a.B; b0 += nbw) {
+    a.b0 = b0, a.nbw = std::min(nbw, a.B - b0);
+    if (dk == 128) launch_bwd_dk<128>(a, st);
+    else launch_bwd_dk<256>(a, st);
+    const int64_t NH = a.nbw * a.T * a.H, r0 = b0 * a.T * a.H;  // this wave's rows
+    const int64_t rk0 = b0 * a.T * a.Hk;                         // ... of the key-head tensors
+    const std::size_t kind = static_cast<std::size_t>(a.m) * NH * dk;  // the kernel's strides: this wave's rows
+    sum_parts(a.part, a.m, NH, a.G, dk, nullptr, out.dq + rk0 * dk, st);
+    sum_parts(a.part + kind, a.m, NH, a.G, dk, nullptr, out.dk + rk0 * dk, st);
+    int next = 2;
+    if (a.gate == kChannelGate) sum_parts(a.part + kind * next++, a.m, NH, 1, dk, out.dgc + r0 * dk, nullptr, st);
+    if (a.erase == kGdn2Erase) sum_parts(a.part + kind * next, a.m, NH, 1, dk, nullptr, out.db + r0 * dk, st);
+    if (a.erase == kBetaErase) sum_parts(a.spart, a.m, NH, 1, 1, out.dbeta + r0, nullptr, st);
+    if (a.gate == kScalarGate)
+      sum_parts(a.spart + static_cast<std::size_t>(a.m) * NH, a.m, NH, 1, 1, out.dgs + r0, nullptr, st);
+  }
 }
 
 void set_channel(WArgs& a, ChannelMixer m, const ChannelInputs& in) {
@@ -489,7 +507,8 @@ struct CcqArgs {
   float *Kout = nullptr, *mout = nullptr;
   // backward (from the statistics after the call)
   const float *Kfin = nullptr, *mfin = nullptr;
-  float *part = nullptr, *spart = nullptr;  // [2][m][B·T·H][dk] (dq, dk), [m][B·T·H] (λ)
+  float *part = nullptr, *spart = nullptr;  // [2][m][rows][dk] (dq, dk), [m][rows] (λ): the wave's rows
+  int64_t b0 = 0, nbw = 0;                  // the backward's wave of sequences [b0, b0 + nbw)
 };
 
 template <int DK>
@@ -549,27 +568,30 @@ constexpr std::size_t ccq_bwd_smem_bytes() {
 
 // The reverse walk from the statistics after the call: K_{t−1} = K_t − k_t k_tᵀ and
 // m_{t−1} = m_t − k_t (no decay: the subtraction undoes the forward's sum), with
-// GK = Σ_{i≥t} ∂L/∂K_i in registers and Gm = Σ_{i≥t} ∂L/∂m_i per lane (redundant per warp).
+// GK = Σ_{i≥t} ∂L/∂K_i in registers and Gm = Σ_{i≥t} ∂L/∂m_i in shared memory (warp 0).
 template <int DK>
 __global__ void __launch_bounds__(kThreads) wide_ccq_bwd_kernel(CcqArgs A) {
   constexpr int NJ = DK / 32;
   extern __shared__ float smem[];
   float* red = smem;                    // [kNW][2][DK]
   float* rowbuf = red + kNW * 2 * DK;   // [kRT]: (GK k) at this tile's rows
-  float* gms = rowbuf + kRT;            // [DK]: Gm
+  float* gms = rowbuf + kRT;            // [DK]: Gm (carried over the tokens)
   float* dqx = gms + DK;                // [DK]: dq's elementwise terms
   float* reds = dqx + DK;               // [kNW]
   const int tile = blockIdx.x % A.m;
-  const int64_t bh = blockIdx.x / A.m;
+  const int64_t bh = A.b0 * A.H + blockIdx.x / A.m;
   const int h = static_cast<int>(bh % A.H), b = static_cast<int>(bh / A.H);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, row0 = tile * kRT + warp * kRW;
-  const int64_t NH = A.B * A.T * A.H;
-  float S[kRW][NJ], dS[kRW][NJ], mc[NJ], mr[kRW], Gm[NJ];
+  const int64_t NH = A.nbw * A.T * A.H, nh0 = A.b0 * A.T * A.H;  // the wave's rows of part, spart
+  float S[kRW][NJ], dS[kRW][NJ], mc[NJ], mr[kRW];
   const int64_t so = (bh * DK + row0) * DK;
   load_state<DK>(A.Kfin + so, lane, S);
   load_state<DK>(nullptr, lane, dS);
 #pragma unroll
-  for (int j = 0; j < NJ; ++j) mc[j] = A.mfin[bh * DK + lane + 32 * j], Gm[j] = 0.f;
+  for (int j = 0; j < NJ; ++j) {
+    mc[j] = A.mfin[bh * DK + lane + 32 * j];
+    if (warp == 0) gms[lane + 32 * j] = 0.f;  // Gm lives in shared memory, updated by warp 0 only
+  }
 #pragma unroll
   for (int r = 0; r < kRW; ++r) mr[r] = A.mfin[bh * DK + row0 + r];
   const float c = A.centered ? 1.f : 0.f;
@@ -618,9 +640,8 @@ __global__ void __launch_bounds__(kThreads) wide_ccq_bwd_kernel(CcqArgs A) {
       }
       myred[col] = dq * inv;
       myred[DK + col] = dkk;
-      Gm[j] -= c * (-lam * gc[j] * mq + q[j] * mdr) * inv2;
       if (warp == 0) {
-        gms[col] = Gm[j];
+        gms[col] -= c * (-lam * gc[j] * mq + q[j] * mdr) * inv2;
         dqx[col] = gc[j] - c * mc[j] * mdr * inv2;
       }
     }
@@ -636,12 +657,12 @@ __global__ void __launch_bounds__(kThreads) wide_ccq_bwd_kernel(CcqArgs A) {
         if (col >= tile * kRT && col < (tile + 1) * kRT) s += rowbuf[col - tile * kRT];
         if (tile == 0) s += gms[col];
       }
-      A.part[((static_cast<int64_t>(kind) * A.m + tile) * NH + nh) * DK + col] = s;
+      A.part[((static_cast<int64_t>(kind) * A.m + tile) * NH + nh - nh0) * DK + col] = s;
     }
     if (threadIdx.x == 0) {
       float s = 0.f;
       for (int w = 0; w < kNW; ++w) s += reds[w];
-      A.spart[static_cast<int64_t>(tile) * NH + nh] = s;
+      A.spart[static_cast<int64_t>(tile) * NH + nh - nh0] = s;
     }
     __syncthreads();
     // back to K_{t−1}, m_{t−1}
@@ -790,7 +811,7 @@ void launch_ccq_bwd(const CcqArgs& a, cudaStream_t st) {
   const std::size_t smem = ccq_bwd_smem_bytes<DK>();
   LAR_CUDA_CHECK(cudaFuncSetAttribute(wide_ccq_bwd_kernel<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(smem)));
-  wide_ccq_bwd_kernel<DK><<<static_cast<unsigned>(a.B * a.H * a.m), kThreads, smem, st>>>(a);
+  wide_ccq_bwd_kernel<DK><<<static_cast<unsigned>(a.nbw * a.H * a.m), kThreads, smem, st>>>(a);
   LAR_CUDA_LAUNCHED();
 }
 }  // namespace
@@ -802,17 +823,22 @@ void wide_ccq_bwd(const DeltaShape& s, const CcqInputs& in, const CcqStats& fin,
   if (!dqc || !dq || !dk || !dlambda) throw RuntimeError("wide-key ccq backward: missing dq_c, dq, dk or dlambda");
   if (s.T == 0) return;
   a.Kfin = fin.K, a.mfin = fin.m, a.dqc = dqc;
-  const int64_t NH = s.B * s.T * s.H, n = NH * s.dk;
+  const int64_t nbw = wave_batches(s.B, s.H * a.m), rows = nbw * s.T * s.H;
   Scratch sc(stream);
-  a.part = sc.get<float>(static_cast<std::size_t>(2) * a.m * n);
-  a.spart = sc.get<float>(static_cast<std::size_t>(a.m) * NH);
-  if (s.dk == 128) launch_ccq_bwd<128>(a, stream);
-  else launch_ccq_bwd<256>(a, stream);
-  sum_tiles_add<<<grid_for(n), 256, 0, stream>>>(a.part, a.m, n, dq, false);
-  LAR_CUDA_LAUNCHED();
-  sum_tiles_add<<<grid_for(n), 256, 0, stream>>>(a.part + static_cast<std::size_t>(a.m) * n, a.m, n, dk, true);
-  LAR_CUDA_LAUNCHED();
-  sum_parts(a.spart, a.m, NH, 1, 1, dlambda, nullptr, stream);
+  a.part = sc.get<float>(static_cast<std::size_t>(2) * a.m * rows * s.dk);
+  a.spart = sc.get<float>(static_cast<std::size_t>(a.m) * rows);
+  for (int64_t b0 = 0; b0 < s.B; b0 += nbw) {
+    a.b0 = b0, a.nbw = std::min(nbw, s.B - b0);
+    if (s.dk == 128) launch_ccq_bwd<128>(a, stream);
+    else launch_ccq_bwd<256>(a, stream);
+    const int64_t NH = a.nbw * s.T * s.H, r0 = b0 * s.T * s.H, n = NH * s.dk;  // this wave's rows
+    sum_tiles_add<<<grid_for(n), 256, 0, stream>>>(a.part, a.m, n, dq + r0 * s.dk, false);
+    LAR_CUDA_LAUNCHED();
+    sum_tiles_add<<<grid_for(n), 256, 0, stream>>>(a.part + static_cast<std::size_t>(a.m) * n, a.m, n,
+                                                   dk + r0 * s.dk, true);
+    LAR_CUDA_LAUNCHED();
+    sum_parts(a.spart, a.m, NH, 1, 1, dlambda + r0, nullptr, stream);
+  }
 }
 
 }  // namespace lar::kernels::cuda::linear

@@ -9,14 +9,17 @@
 //
 // Structure: one CTA of 16 warps per (b, h, 64 value rows); a warp holds 4 rows of the state
 // in registers (a lane 4 of them × dk/32 key columns), so the forward needs no block barrier
-// (value rows are independent given the keys). The forward writes the state at every 64th
-// token (the boundary buffer, fp32, wide_boundary_bytes); the backward recomputes each
-// 64-token segment from it (sub-checkpoints every 8 tokens, then the 8 decayed states S_{t−1}
-// D(a_t) of a sub-segment, in a per-CTA global scratch) and runs the reverse recurrence with
-// dS in registers. The key-side gradients (dq, dk, the channel gate, gdn2's b) and the scalar
-// ones (β, gdn's g) are summed over the CTA's rows in a fixed order (shared memory), written
-// per value tile, and summed over the value tiles and the key head's group of value heads by
-// a second pass in a fixed order: deterministic, no atomics. Tests: tests/gpu/test_linear_keydim.cpp.
+// (value rows are independent given the keys). The forward writes the state at every 256th
+// token (the boundary buffer, fp32, wide_boundary_bytes: B·H·⌈T/256⌉·dv·dk floats); the
+// backward recomputes each 256-token segment from it (sub-checkpoints every 8 tokens, then the
+// 8 decayed states S_{t−1} D(a_t) of a sub-segment, in a per-CTA global scratch: every token is
+// recomputed twice) and runs the reverse recurrence with dS in registers. The key-side
+// gradients (dq, dk, the channel gate, gdn2's b) and the scalar ones (β, gdn's g) are summed over
+// the CTA's rows in a fixed order (shared memory), written per value tile, and summed over the
+// value tiles and the key head's group of value heads by a second pass in a fixed order:
+// deterministic, no atomics. The backward runs in waves of whole sequences of about one CTA per
+// SM, so its scratch (2.5 MiB a CTA at dk 256) and partials (fp32, 4 rows of dk per token, value
+// head and value tile) are bounded by the wave, not the batch. Tests: tests/gpu/test_linear_keydim.cpp.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
