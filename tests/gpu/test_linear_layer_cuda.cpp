@@ -134,7 +134,13 @@ void compare_step(const std::string& what, const json& cfg, const std::string& p
   const bool cler = cfg.at("model").at("routing") == "cler";
   const double tol_all = fp32 ? 1e-2 : cler ? 2e-2 : 1.5e-2, tol_param = fp32 ? 2e-2 : 4e-2;
   const bool carve = cfg.at("model").at("architecture") == "carve";
-  const double tol_sum = cler || carve ? 2.5e-1 : fp32 ? 6e-2 : 1.5e-1;
+  // Wide key heads sum the gate gradient over dk·dv products of bf16 operands (the linear
+  // kernels read bf16 q, k, v in either precision): the CPU backend with exactly those
+  // operands rounded to bf16 moves gdn's A_log token sum by 5.3e-2 at dk 256 × dv 512 (2.5e-2
+  // at dk 64), and the CUDA path measured 9.3e-2 while the per-token gradient (w_a) stayed
+  // within 8.5e-3; so wide heads take the mixed-precision bound for token sums.
+  const bool wide = cfg.at("model").value("head_dim", 0) > 64;
+  const double tol_sum = cler || carve ? 2.5e-1 : fp32 && !wide ? 6e-2 : 1.5e-1;
   const auto batch = random_batch(4, T, 96, 3, 7);
   auto cpu = backend("cpu", "fp32");
   auto gpu = backend("cuda", precision, deterministic);
