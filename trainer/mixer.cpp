@@ -48,7 +48,18 @@ std::string cuda_unsupported(const json& model) {
   if (!linear) return "";
   // The dimensions and options are the model's, the same for every linear layer.
   const MixerConfig c = mixer_config(model, 0);
-  if (c.head_dim != 64) return "model.head_dim: the linear CUDA kernels need 64, got " + std::to_string(c.head_dim);
+  // Key heads of 64 run the chunk kernels, of 128 and 256 the recurrent wide-key kernels
+  // (kernels/cuda/linear/wide_key.hpp, CCQ too); CARVE and the cler/cler_h readouts are 64-wide only.
+  if (c.head_dim != 64 && c.head_dim != 128 && c.head_dim != 256)
+    return "model.head_dim: the linear CUDA kernels take 64, 128 or 256, got " + std::to_string(c.head_dim);
+  if (c.head_dim != 64) {
+    const std::string r = model.value("routing", "none");
+    const std::string dk = std::to_string(c.head_dim);
+    if (model.value("architecture", "") == "carve")
+      return "model.head_dim: CARVE runs on CUDA with key heads of 64 only, got " + dk;
+    if (r == "cler" || r == "cler_h")
+      return "model.head_dim: the cler/cler_h readouts run on CUDA with key heads of 64 only, got " + dk;
+  }
   // Value heads of 64·m run as m heads of 64 sharing q, k (kernels/cuda/linear/grouped_heads.hpp);
   // not CARVE (its content signal couples the value channels) nor the cler/cler_h readouts.
   if (c.value_dim % 64 != 0 || c.value_dim > 512)

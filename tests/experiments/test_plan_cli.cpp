@@ -126,6 +126,32 @@ TEST(PlanCli, CudaCoverageColumnWithReasons) {
   EXPECT_FALSE(cells[1]["cuda"]["why"].get<std::string>().empty());
 }
 
+// Key heads of 128 and 256 (CCQ's cells: dk 256, dv 512) are covered by the wide-key kernels;
+// CARVE at such a head is not, and says so (CUDA builds; a CPU-only build covers none).
+TEST(PlanCli, CudaCoverageOfWideKeyHeads) {
+  SpecDir d;
+  d.write("s.yaml", "name: wide\nbase:\n  model: {stack: pure, n_layers: 2, d_model: 128, n_heads: 1, value_dim: 512,"
+                    " ccq: {enabled: true}}\nmatrix:\n  architecture: [gdn, kda, carve]\n  model.head_dim: [128, 256]\n");
+  Result j = run_lar(d, "plan s.yaml --format json");
+  ASSERT_EQ(j.code, 0) << j.err;
+  json cells = json::parse(j.out)["cells"];
+  ASSERT_EQ(cells.size(), 6u);
+  for (const auto& c : cells) {
+    if (c["cuda"]["covered"] == false &&
+        c["cuda"]["why"].get<std::string>().find("in this build") != std::string::npos)
+      GTEST_SKIP() << "no CUDA linear mixers in this build";
+    const std::string arch = c["config"]["model"]["architecture"];
+    const int dk = c["config"]["model"]["head_dim"];
+    if (arch == "carve") {
+      EXPECT_EQ(c["cuda"]["covered"], false) << c["id"];
+      EXPECT_EQ(c["cuda"]["why"], "model.head_dim: CARVE runs on CUDA with key heads of 64 only, got " + std::to_string(dk))
+          << c["id"];
+    } else {
+      EXPECT_EQ(c["cuda"]["covered"], true) << c["id"] << ": " << c["cuda"].dump();
+    }
+  }
+}
+
 // A cell the trainer would refuse stops `lar launch` and `lar reproduce`-style launches
 // before anything exists: no registry, no run folder, no script; exit 2 with the place.
 TEST(PlanCli, LaunchOfABadCellWritesNothing) {

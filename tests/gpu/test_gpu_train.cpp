@@ -215,14 +215,14 @@ TEST(GpuTrain, LinearMixerOnCudaIsAUserError) {
     trainer::prepare_config(gdn32);
     FAIL() << "no error";
   } catch (const UserError& e) {
-    EXPECT_NE(std::string(e.what()).find("model.head_dim: the linear CUDA kernels need 64, got 32"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("model.head_dim: the linear CUDA kernels take 64, 128 or 256, got 32"), std::string::npos)
         << e.what();
   }
   gdn32["backend"] = "auto";
   EXPECT_EQ(trainer::resolve_train_backend(trainer::prepare_config(gdn32)), "cpu");
   // the fallback's reason (lar train prints it and records it in status.json)
   EXPECT_EQ(trainer::backend_fallback_reason(trainer::prepare_config(gdn32)),
-            "model.head_dim: the linear CUDA kernels need 64, got 32");
+            "model.head_dim: the linear CUDA kernels take 64, 128 or 256, got 32");
   gdn32["model"]["n_heads"] = 1;  // head_dim 64: runs on the GPU
   EXPECT_EQ(trainer::resolve_train_backend(trainer::prepare_config(gdn32)), "cuda");
   EXPECT_EQ(trainer::backend_fallback_reason(trainer::prepare_config(gdn32)), "");

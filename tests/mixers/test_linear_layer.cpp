@@ -609,4 +609,30 @@ TEST(LinearLayer, CudaRefusesTheOptionsItLacks) {
   EXPECT_EQ(tr::cuda_unsupported(carve), "");
   carve["carve"]["qkv"] = "paper";
   EXPECT_NE(tr::cuda_unsupported(carve).find("model.carve.qkv"), std::string::npos);
+  // key heads of 128 and 256 run (the wide-key kernels, CCQ too), without CARVE or cler/cler_h
+  json wide = plain;
+  wide["routing"] = "none";
+  for (int dk : {128, 256}) {
+    wide["head_dim"] = dk;
+    wide["value_dim"] = 512;
+    EXPECT_EQ(tr::cuda_unsupported(wide), "") << dk;
+    json w = wide;
+    w["routing"] = "clvr";
+    EXPECT_EQ(tr::cuda_unsupported(w), "") << dk;
+    w["routing"] = "cler_h";
+    EXPECT_NE(tr::cuda_unsupported(w).find("model.head_dim: the cler/cler_h readouts"), std::string::npos)
+        << tr::cuda_unsupported(w);
+    w = wide;
+    w["ccq"]["enabled"] = true;
+    EXPECT_EQ(tr::cuda_unsupported(w), "") << dk;
+    w = wide;
+    w["architecture"] = "carve";
+    w["value_dim"] = 0;
+    EXPECT_NE(tr::cuda_unsupported(w).find("model.head_dim: CARVE"), std::string::npos) << tr::cuda_unsupported(w);
+  }
+  wide["head_dim"] = 96;
+  wide["value_dim"] = 0;
+  EXPECT_NE(tr::cuda_unsupported(wide).find("model.head_dim: the linear CUDA kernels take 64, 128 or 256, got 96"),
+            std::string::npos)
+      << tr::cuda_unsupported(wide);
 }

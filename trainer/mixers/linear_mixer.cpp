@@ -25,7 +25,7 @@
 // head) recurrences run in parallel over the backend's threads (each one single-threaded,
 // so deterministic). On the CUDA backend forward/backward go to linear_mixer_cuda.cpp
 // (same parameters, same math; bf16 chunk kernels), CARVE and CCQ included, only with
-// dk = 64 and dv = 64·m (cuda_linear_unsupported says why not); decode stays on the CPU.
+// dk ∈ {64, 128, 256} and dv = 64·m (cuda_linear_unsupported says why not); decode stays on the CPU.
 #include <omp.h>
 
 #include <algorithm>
@@ -1095,7 +1095,14 @@ std::string cuda_linear_unsupported(const Dims& d) {
            std::to_string(d.Hk) + " key heads) have no CUDA path yet";
   if (d.resid_update) return "model.routing_signal: 'update' has no CUDA path yet";
   if (d.silu_only) return "model.carve.qkv: 'paper' has no CUDA path yet";
-  if (d.dk != 64) return "model.head_dim: the CUDA kernels need 64, got " + std::to_string(d.dk);
+  // key heads of 128 and 256: the recurrent wide-key kernels (kernels/cuda/linear/wide_key.hpp,
+  // CCQ included), without CARVE or the cler/cler_h readouts (64-wide kernels only)
+  if (d.dk != 64 && d.dk != 128 && d.dk != 256)
+    return "model.head_dim: the CUDA kernels take 64, 128 or 256, got " + std::to_string(d.dk);
+  if (d.dk != 64 && d.carve)
+    return "model.head_dim: CARVE runs on CUDA with key heads of 64 only, got " + std::to_string(d.dk);
+  if (d.dk != 64 && (d.route == Dims::Route::cler || d.route == Dims::Route::cler_h))
+    return "model.head_dim: the cler/cler_h readouts run on CUDA with key heads of 64 only, got " + std::to_string(d.dk);
   if (d.dv % 64 != 0 || d.dv > 512)
     return "model.value_dim: the CUDA kernels need a multiple of 64 up to 512, got " + std::to_string(d.dv);
   if (d.dv != 64 && (d.carve || d.route == Dims::Route::cler || d.route == Dims::Route::cler_h))

@@ -2,7 +2,9 @@
 // reference) on the CUDA backend. Same parameters and results as the CPU path within bf16
 // rounding:
 //   P = x [Wq;Wk;Wv]ᵀ             one GEMM (the three are adjacent in the flat buffer)
-//   q, k, v = conv+SiLU(P), L2     one fused pass → bf16 [B,T,H,64] (kernels/cuda/linear/layer_ops)
+//   q, k, v = conv+SiLU(P), L2     one fused pass → bf16 [B,T,H,dk] (kernels/cuda/linear/layer_ops;
+//                                  key heads of 128 or 256 get their L2 norm from a pass of their
+//                                  own, wide_key.hpp, and run the recurrent wide-key kernels)
 //   gates                          small GEMMs + one elementwise map each
 //   CCQ (model.ccq.enabled)        q ← (I − λΣ)q by ccq_fwd in front of any backbone,
 //                                  λ = σ(p_q W_λᵀ + b_λ) from P's q columns, or fixed
@@ -33,6 +35,7 @@
 #include "kernels/cuda/linear/layer_ops.hpp"
 #include "kernels/cuda/linear/linear_attention.hpp"
 #include "kernels/cuda/linear/linear_methods.hpp"
+#include "kernels/cuda/linear/wide_key.hpp"
 #include "trainer/mixers/linear_layer.hpp"
 
 namespace lar::trainer::mixers {
@@ -212,7 +215,8 @@ class CudaLinearImpl final : public CudaLinear {
       ccq_lambda(be, ar, st, N);
       const Bf qc = qc_.p ? qc_ : bf_alloc(ar, N * d_.Cq);
       cl::LayerTimer tm("linear: ccq_fwd", st);
-      cl::ccq_fwd(shape(), ccq_inputs(), qc.p, ccq_stats_, st);
+      if (d_.dk != 64) cl::wide_ccq_fwd(shape(), ccq_inputs(), qc.p, ccq_stats_, st);  // wide key heads
+      else cl::ccq_fwd(shape(), ccq_inputs(), qc.p, ccq_stats_, st);
       qread = qc.p;
     }
     // the recurrence
@@ -307,7 +311,8 @@ class CudaLinearImpl final : public CudaLinear {
       Tensor dlam = ar.alloc(DType::f32, {N, d_.H});
       {
         cl::LayerTimer tm("linear: ccq_bwd", st);
-        cl::ccq_bwd(shape(), ccq_inputs(), stats, g.dq.p, dq.p, g.dk.p, dlam.ptr<float>(), st);
+        if (d_.dk != 64) cl::wide_ccq_bwd(shape(), ccq_inputs(), stats, g.dq.p, dq.p, g.dk.p, dlam.ptr<float>(), st);
+        else cl::ccq_bwd(shape(), ccq_inputs(), stats, g.dq.p, dq.p, g.dk.p, dlam.ptr<float>(), st);
       }
       g.dq = dq;
       if (d_.ccq_learned) {
@@ -375,6 +380,10 @@ class CudaLinearImpl final : public CudaLinear {
         dgam = ar.alloc(DType::f32, {N, d_.Cv});
         qg.dgam_terms = dgam.ptr<float>();
         qg.d_in = fptr(route.d_in);
+      }
+      if (wide_l2()) {  // the L2 norm of wide key heads, outside the fused pass
+        cl::l2_rows_backward(N * d_.H, d_.dk, q_.p, rq_.ptr<float>(), g.dq.p, st);
+        cl::l2_rows_backward(N * d_.H, d_.dk, k_.p, rk_.ptr<float>(), g.dk.p, st);
       }
       const cl::QkvArgs qa = qkv_args();
       Tensor scratch = ar.alloc(DType::f32, {(int64_t)cl::qkv_backward_scratch_floats(qa)});
@@ -562,7 +571,7 @@ class CudaLinearImpl final : public CudaLinear {
     a.Cq = d_.Cq;
     a.Cv = d_.Cv;
     a.W = d_.conv ? d_.W : 0;
-    a.l2 = d_.l2;
+    a.l2 = d_.l2 && !wide_l2();
     a.P = P_qkv_.data;
     a.p_bf16 = P_qkv_.dtype == DType::bf16;
     a.ldp = ldp_;
@@ -594,6 +603,8 @@ class CudaLinearImpl final : public CudaLinear {
   }
 
   bool act_bf16() const { return at_ == DType::bf16; }
+  // Key heads wider than 64 (wide_key.hpp): q, k are L2-normalised by a pass of their own.
+  bool wide_l2() const { return d_.l2 && d_.dk != 64; }
   // wcat_'s rows as pieces of the parameter (src) and gradient (dst) buffers: [Wq;Wk;Wv],
   // (fold_: [W_β;W_a] and zero padding rows), (wide_: W_g).
   cl::Pieces wcat_pieces() const {
@@ -678,6 +689,12 @@ class CudaLinearImpl final : public CudaLinear {
     {
       cl::LayerTimer tm(again ? "linear: conv+silu+l2 (recompute)" : "linear: conv+silu+l2 (fwd)", st);
       cl::qkv_forward(qkv_args(), q_.p, k_.p, v_.p, vout, st);
+      if (wide_l2()) {  // the fused pass normalises heads of 64 only
+        rq_ = ar.alloc(DType::f32, {N * d_.H});
+        rk_ = ar.alloc(DType::f32, {N * d_.H});
+        cl::l2_rows_forward(N * d_.H, d_.dk, q_.p, rq_.ptr<float>(), st);
+        cl::l2_rows_forward(N * d_.H, d_.dk, k_.p, rk_.ptr<float>(), st);
+      }
     }
     if (m == lk::Mixer::gdn && fold_) {
       if (!again) {
@@ -926,6 +943,7 @@ class CudaLinearImpl final : public CudaLinear {
   Tensor X_, P_qkv_, rin_, bound_, og_, rstd_;
   Tensor g_, beta_, fg_, h1_, fbeta_, fb_, fw_;
   Bf q_, k_, v_, o_, b_, w_, qr_;
+  Tensor rq_, rk_;  // wide key heads (wide_l2): 1 / ‖q‖, 1 / ‖k‖ per (token, head) of the last qkv pass
   // CCQ: whether this forward applied it, λ [N, H] and its pre-activation (learned)
   bool ccq_on_ = false;
   bool keep_p_ = true;   // this step keeps P, see keep_p_setting

@@ -10,6 +10,7 @@
 
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/linear/scratch.hpp"
+#include "kernels/cuda/linear/wide_key.hpp"
 
 namespace lar::kernels::cuda::linear {
 namespace {
@@ -61,7 +62,7 @@ struct Virtual {
 Virtual make_virtual(const GroupedShape& g, bool decode, const char* what) {
   const int64_t Hk = g.Hk > 0 ? g.Hk : g.H;
   if (g.dk != 64)
-    throw RuntimeError(std::string(what) + ": key dim dk=" + std::to_string(g.dk) + " (supported: 64)");
+    throw RuntimeError(std::string(what) + ": key dim dk=" + std::to_string(g.dk) + " (supported: 64, 128, 256)");
   if (g.dv < 64 || g.dv % 64 != 0)
     throw RuntimeError(std::string(what) + ": value dim dv=" + std::to_string(g.dv) + " (supported: multiples of 64)");
   if (g.H < 1 || Hk < 1 || g.H % Hk != 0)
@@ -114,12 +115,14 @@ ChannelInputs virtual_inputs(Scratch& sc, const Virtual& v, const ChannelInputs&
 }  // namespace
 
 std::size_t grouped_boundary_bytes(const GroupedShape& s) {
+  if (s.dk != 64) return wide_boundary_bytes(s);
   return delta_boundary_bytes(make_virtual(s, false, "grouped boundary").s);
 }
 
 void grouped_delta_fwd(const GroupedShape& gs, const bf16* q, const bf16* k, const bf16* v, const float* g,
                        const float* beta, const float* S0, bf16* o, float* S_out, bf16* boundary,
                        cudaStream_t stream) {
+  if (gs.dk != 64) return wide_delta_fwd(gs, q, k, v, g, beta, S0, o, S_out, boundary, stream);
   const Virtual vs = make_virtual(gs, false, "grouped delta forward");
   if (vs.direct()) return delta_fwd(vs.s, q, k, v, g, beta, S0, o, S_out, boundary, stream);
   Scratch sc(stream);
@@ -131,6 +134,8 @@ void grouped_delta_fwd(const GroupedShape& gs, const bf16* q, const bf16* k, con
 void grouped_delta_bwd(const GroupedShape& gs, const bf16* q, const bf16* k, const bf16* v, const float* g,
                        const float* beta, const bf16* boundary, const bf16* dout, const float* dST, bf16* dq,
                        bf16* dk, bf16* dv, float* dg, float* dbeta, float* dS0, cudaStream_t stream) {
+  if (gs.dk != 64)
+    return wide_delta_bwd(gs, q, k, v, g, beta, boundary, dout, dST, dq, dk, dv, dg, dbeta, dS0, stream);
   const Virtual vs = make_virtual(gs, false, "grouped delta backward");
   if (vs.direct()) return delta_bwd(vs.s, q, k, v, g, beta, boundary, dout, dST, dq, dk, dv, dg, dbeta, dS0, stream);
   Scratch sc(stream);
@@ -149,6 +154,7 @@ void grouped_delta_bwd(const GroupedShape& gs, const bf16* q, const bf16* k, con
 
 void grouped_delta_decode(const GroupedShape& gs, const bf16* q, const bf16* k, const bf16* v, const float* g,
                           const float* beta, float* S, bf16* o, cudaStream_t stream) {
+  if (gs.dk != 64) return wide_delta_decode(gs, q, k, v, g, beta, S, o, stream);
   const Virtual vs = make_virtual(gs, true, "grouped delta decode");
   if (vs.direct()) return delta_decode(vs.s, q, k, v, g, beta, S, o, stream);
   Scratch sc(stream);
@@ -159,6 +165,7 @@ void grouped_delta_decode(const GroupedShape& gs, const bf16* q, const bf16* k, 
 
 void grouped_channel_fwd(ChannelMixer m, const GroupedShape& gs, const ChannelInputs& in, bf16* o, float* S_out,
                          bf16* boundary, cudaStream_t stream) {
+  if (gs.dk != 64) return wide_channel_fwd(m, gs, in, o, S_out, boundary, stream);
   const Virtual vs = make_virtual(gs, false, "grouped channel forward");
   if (vs.direct()) return channel_fwd(m, vs.s, in, o, S_out, boundary, stream);
   Scratch sc(stream);
@@ -167,6 +174,7 @@ void grouped_channel_fwd(ChannelMixer m, const GroupedShape& gs, const ChannelIn
 
 void grouped_channel_bwd(ChannelMixer m, const GroupedShape& gs, const ChannelInputs& in, const bf16* boundary,
                          const bf16* dout, const float* dST, const ChannelGrads& gr, cudaStream_t stream) {
+  if (gs.dk != 64) return wide_channel_bwd(m, gs, in, boundary, dout, dST, gr, stream);
   const Virtual vs = make_virtual(gs, false, "grouped channel backward");
   if (vs.direct()) return channel_bwd(m, vs.s, in, boundary, dout, dST, gr, stream);
   Scratch sc(stream);
@@ -186,6 +194,7 @@ void grouped_channel_bwd(ChannelMixer m, const GroupedShape& gs, const ChannelIn
 
 void grouped_channel_decode(ChannelMixer m, const GroupedShape& gs, const ChannelInputs& in, float* S, bf16* o,
                             cudaStream_t stream) {
+  if (gs.dk != 64) return wide_channel_decode(m, gs, in, S, o, stream);
   const Virtual vs = make_virtual(gs, true, "grouped channel decode");
   if (vs.direct()) return channel_decode(m, vs.s, in, S, o, stream);
   Scratch sc(stream);

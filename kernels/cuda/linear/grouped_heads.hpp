@@ -16,8 +16,10 @@
 // Layouts (row-major): q, k [B,T,Hk,64] bf16; v, o, dv, dout, gdn2's w [B,T,H,dv] bf16;
 // gdn's g and β [B,T,H] fp32; the channel gate g [B,T,H,64] fp32, gdn2's b [B,T,H,64] bf16;
 // S0, S_out, dST, dS0 [B,H,dv,64] fp32; boundary grouped_boundary_bytes. The decodes take the
-// same layouts without T. Key dim 64 only (dk > 64 couples the key channels inside the chunk
-// products and the solve: not covered here). Tests: tests/gpu/test_linear_grouped.cpp.
+// same layouts without T. Key dim 64 here; dk ∈ {128, 256} (which couples the key channels
+// inside the chunk products and the solve) goes to the recurrent kernels of wide_key.hpp,
+// whose boundary workspace grouped_boundary_bytes then sizes. Tests:
+// tests/gpu/test_linear_grouped.cpp, tests/gpu/test_linear_keydim.cpp.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
