@@ -710,6 +710,11 @@ class Builder {
         if (!s) fail(k->loc, with_hint(in.what + ": unknown axis or config key '" + k->text + "'", k->text, axis_candidates()));
         flatten_override(path, s, *k, *v, in, claim);
       }
+      for (const auto& o : in.overrides)
+        if (std::find(include_paths_.begin(), include_paths_.end(), o.parts) == include_paths_.end()) {
+          include_paths_.push_back(o.parts);
+          plan_.meta["axes"].push_back(join(o.parts, "."));
+        }
       includes_.push_back(std::move(in));
     }
   }
@@ -1024,6 +1029,17 @@ class Builder {
       }
       if (d.include >= 0)
         for (const auto& o : includes_[d.include].overrides) id += (id.empty() ? "" : ".") + o.id_part;
+      // An include's config keys are axes too, with the template's value on the other cells:
+      // CARVE's two Mamba-3 rows differ only in model.mamba3.form, and tables, claims and
+      // `lar plan` must tell them apart.
+      for (const auto& parts : include_paths_) {
+        const json* v = nullptr;
+        if (d.include >= 0)
+          for (const auto& o : includes_[d.include].overrides)
+            if (o.parts == parts) v = &o.value;
+        if (!v) v = get_leaf(template_, parts);
+        if (v) c.axes.emplace_back(join(parts, "."), *v);
+      }
       if (id.empty()) id = "base";
       c.id = std::move(id);
       bool fast_hash = splice && d.include < 0;
@@ -1282,6 +1298,7 @@ class Builder {
   std::vector<Axis> axes_;
   std::vector<ZipGroup> zips_;
   std::vector<Include> includes_;
+  std::vector<std::vector<std::string>> include_paths_;  // config keys some include sets, in order
   std::vector<Matcher> excludes_;
   std::vector<std::pair<Matcher, std::string>> roles_;
   std::vector<BaselineRule> baselines_;

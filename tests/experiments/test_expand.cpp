@@ -156,6 +156,16 @@ include:
                        "lr1e-3.s1.n_layers4", "lr1e-3.s2.n_layers4"}));
   EXPECT_EQ(cell(p, "lr1e-3.s1.n_layers4").config["model"]["n_layers"], 4);
   EXPECT_EQ(cell(p, "lr0.01.s0").config["optimizer"]["lr"], 0.01);
+  // An include's config key is an axis of every cell (the template's value elsewhere), so
+  // tables and claims tell the included rows apart from the matrix's.
+  EXPECT_EQ(p.meta["axes"], json::array({"lr", "seed", "model.n_layers"}));
+  const auto& inc = cell(p, "lr1e-3.s1.n_layers4").axes;
+  ASSERT_EQ(inc.size(), 3u);
+  EXPECT_EQ(inc[2].first, "model.n_layers");
+  EXPECT_EQ(inc[2].second, 4);
+  const auto& other = cell(p, "lr1e-3.s1").axes;
+  ASSERT_EQ(other.size(), 3u);
+  EXPECT_EQ(other[2].second, cell(p, "lr1e-3.s1").config["model"]["n_layers"]);
 }
 
 TEST(Expand, ExcludeMatchingNothingWarns) {
