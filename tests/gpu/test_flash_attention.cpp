@@ -198,6 +198,26 @@ TEST(FlashAttention, BackwardIsDeterministic) {
   for (double x : runs[0]) ASSERT_TRUE(std::isfinite(x));
 }
 
+// FlashShape::tiles forces one tile configuration for both passes (`lar-bench attention
+// --tiles`); each against the CPU reference, and any other value is an error naming it.
+TEST(FlashAttention, EachTileConfigurationMatchesTheCpu) {
+  Harness hx;
+  for (const int tiles : {0, 1})
+    for (FlashShape s : {shape(2, 200, 200, 4, 2, 64, 0), shape(1, 257, 257, 4, 1, 128, 50)}) {
+      s.tiles = tiles;
+      const std::string how = "flash tiles " + std::to_string(tiles);
+      expect_close(compare(hx, s), describe(s, how.c_str()));
+    }
+  FlashShape s = shape(1, 16, 16, 2, 2, 64, 0);
+  s.tiles = 2;
+  try {
+    cuda::attention::flash_attention_fwd(s, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr);
+    FAIL() << "no error";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("tiles 2: expected -1, 0 or 1"), std::string::npos) << e.what();
+  }
+}
+
 TEST(FlashAttention, RejectsBadShapes) {
   FlashShape s = shape(1, 16, 16, 3, 2, 64, 0);  // Hq % Hkv != 0
   try {

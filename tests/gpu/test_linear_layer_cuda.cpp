@@ -379,6 +379,32 @@ TEST(LinearLayerCuda, GdnLossCurveTracksTheCpuRun) {
   EXPECT_TRUE(st->summary.contains("gpu_peak_mem_mb")) << st->summary.dump();
 }
 
+// The run config's cuda keys reach the layer and the chunk kernels (trainer::backend_options):
+// deterministic runs that keep P (og recomputed) or og (P recomputed) run the same GEMMs, so
+// their losses agree bit for bit, on the two-phase kernels as forced by cuda.linear_path.
+TEST(LinearLayerCuda, CudaKeysReachTheLayerThroughTheRunConfig) {
+  TempDir a, b;
+  const json model = {{"architecture", "gdn"}, {"stack", "pure"}};
+  for (auto [dir, keep] : {std::pair{&a, "p"}, std::pair{&b, "og"}}) {
+    const json cfg = run_config(model, {{"backend", "cuda"}, {"deterministic", true}, {"budget", {{"steps", 6}}},
+                                        {"cuda", {{"linear_keep", keep}, {"linear_path", "chunked"}}}});
+    RunDir(dir->path).write_config({{"experiment", "test"}, {"cell_id", "c"}, {"hash", "h"},
+                                    {"axes", json::object()}, {"role", "main"}, {"baseline", nullptr},
+                                    {"config", cfg}});
+    ASSERT_EQ(trainer::train_run(dir->path), 0) << keep;
+    EXPECT_EQ(RunDir(dir->path).read_config()["config"]["cuda"]["linear_keep"], keep);
+  }
+  auto losses = [](const fs::path& dir) {
+    std::vector<double> out;
+    for (const auto& l : read_metrics(RunDir(dir).metrics_path()).lines)
+      if (l.contains("loss")) out.push_back(l["loss"].get<double>());
+    return out;
+  };
+  const auto la = losses(a.path), lb = losses(b.path);
+  ASSERT_EQ(la.size(), 6u);
+  EXPECT_EQ(la, lb);
+}
+
 TEST(LinearLayerCuda, WhatTheCudaPathDoesNotRunIsAClearError) {
   const json base = run_config({{"architecture", "gdn"}, {"stack", "pure"}});
   EXPECT_EQ(trainer::cuda_unsupported(base.at("model")), "");
