@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "cli/command.hpp"
+#include "core/env.hpp"
 #include "core/error.hpp"
 #include "core/paths.hpp"
 #include "experiments/cell.hpp"
@@ -78,9 +79,8 @@ int run_launch(const LaunchArgs& a) {
   // UserError on a bad spec or cell, before anything is written. lar's own trainer in a
   // local launch needs the data here; a Slurm job reads it on the cluster's file system, a
   // dry run not at all, and what another --trainer-cmd reads lar cannot know.
-  const char* other_trainer = std::getenv("LAR_TRAINER_CMD");  // runner/local_executor.hpp
-  const bool data_here = !a.dry_run && a.executor == "local" && a.trainer_cmd.empty() &&
-                         !(other_trainer && *other_trainer);
+  const bool other_trainer = env_string("LAR_TRAINER_CMD").has_value();  // runner/local_executor.hpp
+  const bool data_here = !a.dry_run && a.executor == "local" && a.trainer_cmd.empty() && !other_trainer;
   experiments::Plan plan = experiments::load_plan(a.spec, a.scale, {.require_data = data_here});
   for (const auto& w : plan.notes) std::cerr << w << "\n";
   for (const auto& w : plan.warnings) std::cerr << w << "\n";

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "cli/command.hpp"
+#include "core/config_hash.hpp"
 #include "core/error.hpp"
 #include "core/hash.hpp"
 #include "core/paths.hpp"
@@ -86,7 +87,7 @@ void set_checkpoint_every(lar::experiments::Plan& plan, long every) {
   for (auto& c : plan.cells) {
     if (!c.config.is_object()) continue;
     c.config["checkpoint"]["every"] = every;
-    c.hash = lar::sha256_hex(lar::canonical_dump(c.config));
+    c.hash = lar::config_hash(c.config);
   }
 }
 

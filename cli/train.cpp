@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "cli/command.hpp"
+#include "core/config_hash.hpp"
 #include "core/error.hpp"
 #include "core/hash.hpp"
 #include "core/run_dir.hpp"
@@ -97,10 +98,10 @@ int run_train(const TrainArgs& a) {
   } else if (!a.config.empty()) {
     // Everything is checked before the directory is created.
     lar::json cfg = lar::trainer::prepare_config(lar::trainer::load_config_file(a.config));
-    const std::string hash = lar::sha256_hex(lar::canonical_dump(cfg));
+    const std::string hash = lar::config_hash(cfg);
     if (fs::exists(rd.config_path())) {
       lar::json old = lar::trainer::read_run_config(rd.root());
-      if (lar::sha256_hex(lar::canonical_dump(old)) != hash)
+      if (lar::config_hash(old) != hash)
         throw lar::UserError(rd.config_path().string() + ": the run directory holds a different config; "
                              "use a new --run-dir, or omit --config to resume it");
     } else {

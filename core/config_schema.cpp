@@ -2,7 +2,9 @@
 
 #include <sstream>
 
+#include "core/config_hash.hpp"
 #include "core/error.hpp"
+#include "core/hash.hpp"
 
 namespace lar {
 
@@ -38,6 +40,15 @@ SchemaNode build_schema() {
     {"deterministic", boolean(false, "bit-identical results on the GPU (slower reductions)")},
     {"precision", choice({"auto", "fp32", "tf32", "mixed"}, "auto", "cuda backend: fp32 = every op in fp32 (the GPU reference); mixed = bf16 tensor-core GEMMs (fp32 accumulation) and bf16 flash attention over fp32 weights and activations; tf32 = the same with TF32 GEMMs; auto = mixed. The cpu backend is always fp32")},
     {"threads", integer(0, "CPU threads for the cpu backend; 0 = all cores")},
+    {"cuda", map("cuda backend: which kernels run (the cpu backend ignores these). Each is recorded with the run; a key at its default is left out of the run's hash (core/config_hash.hpp)", {
+      {"attention", choice({"auto", "cudnn", "flash"}, "auto", "softmax attention: auto = cuDNN's fused attention where libcudnn.so.9 loads and covers the shape, else lar's flash kernels (deterministic runs: always flash); cudnn = cuDNN or an error; flash = lar's kernels. cuDNN and flash differ in the last bits")},
+      {"gemm", choice({"heuristic", "tune", "cublas"}, "heuristic", "GEMM algorithms: heuristic = cuBLASLt's pick with lar's measured H200 table; tune = time cuBLASLt's candidates once per shape and keep the fastest (the bits then depend on the timings: not bit-reproducible across processes; refused with deterministic); cublas = plain cuBLAS")},
+      {"linear_path", choice({"auto", "fused", "chunked"}, "auto", "chunk kernels of the linear mixers (deltanet, gdn, gla, kda, gdn2, carve): fused = one CTA per (batch, head) over the whole sequence; chunked = the two-phase kernels that spread the chunks over the GPU; auto = the faster per pass by a cost model of batch·heads against the SMs. fused and chunked differ in the last bits")},
+      {"linear_keep", choice({"all", "p", "og"}, "all", "what a linear layer keeps for the backward: all = P = x·[Wq;Wk;Wv]ᵀ and the output gate og, from one GEMM (the fastest); p = P only, og recomputed (a [tokens, value channels] buffer less per layer, one GEMM more); og = og only, P recomputed (the smallest). p and og give the same bits; all differs from them in the last bits")},
+      {"ccq_fwd", choice({"auto", "par", "ws"}, "auto", "CCQ forward kernels: par = chunk-parallel; ws = warp-specialised (one CTA per (batch, head)); auto = ws while its waves of batch·heads over the SMs cost less. They differ in the last bits")},
+      {"ccq_bwd", choice({"auto", "par", "ws"}, "auto", "CCQ backward kernels, as ccq_fwd")},
+      {"ccq_group", integer(0, "CCQ's chunk-parallel kernels: chunks per group, 1 to 64; 0 = the fewest that fit batch·heads·groups CTAs in one wave")},
+    })},
     {"model", map("the network", {
       {"architecture", choice({"softmax", "linear", "gla", "deltanet", "gdn", "kda", "gdn2", "carve", "mamba2", "mamba3", "gla_hedgehog"}, "softmax", "token mixer of the linear layers (softmax: every layer softmax; mamba2, mamba3, gla_hedgehog: the papers' Mamba-2, Mamba-3 and GLA-Hedgehog baselines, CPU only)")},
       {"stack", choice({"dense", "pure", "hybrid"}, "dense", "dense: all softmax; pure: all linear; hybrid: 1 softmax per hybrid_ratio linear")},
@@ -197,6 +208,12 @@ std::string type_desc(const SchemaNode& n) {
   return to_string(n.type);
 }
 
+// Integer keys with a bounded range (checked with the types).
+const std::map<std::string, std::pair<long, long>>& integer_ranges() {
+  static const std::map<std::string, std::pair<long, long>> r = {{"cuda.ccq_group", {0, 64}}};
+  return r;
+}
+
 void validate_rec(const SchemaNode& n, const json& v, const std::string& path, std::vector<SchemaIssue>& out) {
   std::string why;
   if (!type_ok(n, v, why)) {
@@ -204,6 +221,13 @@ void validate_rec(const SchemaNode& n, const json& v, const std::string& path, s
     out.push_back({path, why, false});
     return;
   }
+  if (n.type == SchemaType::integer)
+    if (auto r = integer_ranges().find(path); r != integer_ranges().end()) {
+      const double x = v.get<double>();
+      if (x < r->second.first || x > r->second.second)
+        out.push_back({path, "expected an integer from " + std::to_string(r->second.first) + " to " +
+                                 std::to_string(r->second.second) + ", got " + v.dump(), false});
+    }
   if (n.type != SchemaType::map) return;
   for (const auto& [k, sub] : v.items()) {
     std::string p = path.empty() ? k : path + "." + k;
@@ -278,6 +302,19 @@ std::vector<SchemaIssue> validate_config(const json& config) {
 }
 
 json with_defaults(const json& config) { return defaults_rec(config_schema(), config); }
+
+json hashed_config(const json& config) {
+  if (!config.is_object() || !config.contains("cuda") || !config["cuda"].is_object()) return config;
+  json out = config;
+  json& cuda = out["cuda"];
+  const SchemaNode* schema = child(config_schema(), "cuda");
+  for (const auto& [k, c] : schema->children)
+    if (cuda.contains(k) && cuda[k] == c.default_value) cuda.erase(k);
+  if (cuda.empty()) out.erase("cuda");
+  return out;
+}
+
+std::string config_hash(const json& config) { return sha256_hex(canonical_dump(hashed_config(config))); }
 
 const std::map<std::string, std::string>& axis_aliases() {
   static const std::map<std::string, std::string> a = {

@@ -1,12 +1,12 @@
 #include "core/paths.hpp"
 
-#include <cstdlib>
+#include "core/env.hpp"
 
 namespace lar {
 
 static std::filesystem::path env_or(const char* name, const std::filesystem::path& dflt) {
-  const char* v = std::getenv(name);
-  return (v && *v) ? std::filesystem::path(v) : dflt;
+  const auto v = env_string(name);
+  return v ? std::filesystem::path(*v) : dflt;
 }
 
 std::filesystem::path lar_home() { return env_or("LAR_HOME", "."); }

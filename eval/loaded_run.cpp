@@ -27,9 +27,7 @@ std::unique_ptr<LoadedRun> LoadedRun::open(const fs::path& run_dir, const OpenOp
     throw UserError(run_dir.string() + ": no intact checkpoint to evaluate (train the run first: lar train --run-dir " +
                     run_dir.string() + ")");
   r->step_ = ck->step;
-  kernels::Backend::Options bopts;
-  bopts.deterministic = cfg.at("deterministic").get<bool>();
-  bopts.precision = cfg.value("precision", std::string("auto"));
+  const kernels::Backend::Options bopts = trainer::backend_options(cfg);
   r->be_ = kernels::make_backend(trainer::resolve_train_backend(cfg), cfg.at("threads").get<int>(),
                                  kernels::DType::f32, bopts);
   r->model_ = std::make_unique<trainer::Model>(cfg, *r->be_);

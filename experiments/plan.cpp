@@ -18,6 +18,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "core/config_hash.hpp"
 #include "core/config_schema.hpp"
 #include "experiments/cell.hpp"
 #include "experiments/ids.hpp"
@@ -989,9 +990,12 @@ class Builder {
   bool prepare_splice() {
     const std::string tag = "@@lar-axis-";
     if (canonical_dump(template_).find(tag) != std::string::npos) return false;
+    // (an axis over a `cuda` key: whether its value is hashed depends on the value)
+    for (const auto& ax : axes_)
+      if (!ax.parts.empty() && ax.parts[0] == "cuda") return false;
     json t = template_;
     for (size_t a = 0; a < axes_.size(); ++a) set_leaf(t, axes_[a].parts, tag + std::to_string(a) + "@@");
-    std::string d = canonical_dump(t);
+    std::string d = canonical_dump(hashed_config(t));
     std::vector<std::pair<size_t, int>> at;  // position, axis
     for (size_t a = 0; a < axes_.size(); ++a) {
       std::string s = "\"" + tag + std::to_string(a) + "@@\"";
@@ -1058,7 +1062,7 @@ class Builder {
         text += segments_.back();
         c.hash = sha.hex(text);
       } else {
-        c.hash = sha.hex(canonical_dump(c.config));
+        c.hash = sha.hex(canonical_dump(hashed_config(c.config)));
       }
       check_architecture(c, d, arch, stack);
       plan_.cells.push_back(std::move(c));

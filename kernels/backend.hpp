@@ -331,6 +331,17 @@ class Backend {
     // fp32 accumulation and bf16 flash attention over fp32 storage (the fast path);
     // "tf32": the same with TF32 GEMMs; "auto": mixed on GPUs.
     std::string precision = "auto";
+    // Which CUDA kernels run: the run's `cuda` keys (core/config_schema.cpp documents each
+    // value); the CUDA backend refuses a value it does not know, naming the key.
+    struct Cuda {
+      std::string attention = "auto";    // auto | cudnn | flash
+      std::string gemm = "heuristic";    // heuristic | tune | cublas
+      std::string linear_path = "auto";  // auto | fused | chunked
+      std::string linear_keep = "all";   // all | p | og
+      std::string ccq_fwd = "auto";      // auto | par | ws
+      std::string ccq_bwd = "auto";      // auto | par | ws
+      int ccq_group = 0;                 // 0: per shape; 1..64
+    } cuda;
   };
   virtual void set_options(const Options& o) { options_ = o; }
   const Options& options() const { return options_; }

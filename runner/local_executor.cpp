@@ -12,6 +12,7 @@
 #include <sstream>
 #include <thread>
 
+#include "core/env.hpp"
 #include "core/error.hpp"
 #include "core/run_dir.hpp"
 #include "runner/run_dirs.hpp"
@@ -19,9 +20,9 @@
 namespace lar::runner {
 
 std::vector<std::string> default_trainer_cmd() {
-  if (const char* env = std::getenv("LAR_TRAINER_CMD"); env && *env) {
+  if (const auto env = env_string("LAR_TRAINER_CMD")) {
     std::vector<std::string> cmd;
-    std::istringstream in(env);
+    std::istringstream in(*env);
     for (std::string w; in >> w;) cmd.push_back(w);
     return cmd;
   }

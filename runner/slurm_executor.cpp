@@ -12,6 +12,7 @@
 #include <sstream>
 #include <thread>
 
+#include "core/env.hpp"
 #include "core/error.hpp"
 #include "core/fs.hpp"
 #include "core/paths.hpp"
@@ -301,14 +302,7 @@ SlurmExecutor::SlurmExecutor(std::string experiment, SlurmOptions opts)
     : experiment_(std::move(experiment)), opts_(std::move(opts)) {
   if (opts_.lar_binary.empty()) opts_.lar_binary = this_executable();
   if (opts_.nproc == 0)
-    if (const char* n = std::getenv("LAR_SLURM_NPROC"); n && *n) {
-      try {
-        opts_.nproc = std::stoi(n);
-      } catch (...) {
-        throw UserError(std::string("LAR_SLURM_NPROC='") + n + "': expected a number of ranks per run");
-      }
-      if (opts_.nproc < 1) throw UserError(std::string("LAR_SLURM_NPROC='") + n + "': at least 1");
-    }
+    opts_.nproc = static_cast<int>(env_int("LAR_SLURM_NPROC", 0, 1, 4096));
 }
 
 void SlurmExecutor::submit(const std::vector<Job>& jobs) {

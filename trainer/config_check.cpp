@@ -64,6 +64,11 @@ json data_check_key(const json& config) {
 }
 
 void check_config_without_data(const json& config) {
+  // cuda.gemm tune times the GEMM candidates: the bits follow the timings
+  if (config.contains("cuda") && config["cuda"].value("gemm", std::string()) == "tune" &&
+      config.value("deterministic", false))
+    throw UserError("cuda.gemm: 'tune' picks GEMM algorithms by their timings, so the bits vary between processes; "
+                    "deterministic: true takes heuristic or cublas");
   validate_model_config(config);
   check_mixers(config.at("model"));
   check_batch_split(config, 1);

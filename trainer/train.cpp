@@ -16,6 +16,7 @@
 #include <optional>
 #include <iostream>
 
+#include "core/config_hash.hpp"
 #include "core/config_schema.hpp"
 #include "core/env.hpp"
 #include "core/error.hpp"
@@ -83,6 +84,21 @@ std::string backend_fallback_reason(const json& config) {
   const std::string asked = config.at("backend").get<std::string>();
   if (asked != "auto" || kernels::resolve_backend(asked) != "cuda") return "";
   return cuda_unsupported(config.at("model"));
+}
+
+kernels::Backend::Options backend_options(const json& config) {
+  kernels::Backend::Options o;
+  o.deterministic = config.value("deterministic", false);
+  o.precision = config.value("precision", std::string("auto"));
+  const json cuda = config.contains("cuda") && config["cuda"].is_object() ? config["cuda"] : json::object();
+  o.cuda.attention = cuda.value("attention", o.cuda.attention);
+  o.cuda.gemm = cuda.value("gemm", o.cuda.gemm);
+  o.cuda.linear_path = cuda.value("linear_path", o.cuda.linear_path);
+  o.cuda.linear_keep = cuda.value("linear_keep", o.cuda.linear_keep);
+  o.cuda.ccq_fwd = cuda.value("ccq_fwd", o.cuda.ccq_fwd);
+  o.cuda.ccq_bwd = cuda.value("ccq_bwd", o.cuda.ccq_bwd);
+  o.cuda.ccq_group = cuda.value("ccq_group", o.cuda.ccq_group);
+  return o;
 }
 
 std::string resolve_train_backend(const json& config) {
@@ -449,7 +465,7 @@ void Trainer::save(long step) {
   }
   const double wall = wall_offset_ + std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start_).count();
   ck.state = {{"data", ds_->state()}, {"tokens", tokens_}, {"summary", summary_}, {"wall_time", wall},
-              {"config_hash", sha256_hex(canonical_dump(cfg_))}, {"world_size", world_}};
+              {"config_hash", config_hash(cfg_)}, {"world_size", world_}};
   save_checkpoint(rd_.checkpoints_dir(), ck, cfg_.at("checkpoint").at("keep").get<int>());
   log("checkpoint step " + std::to_string(step));
   if (dp_) dp_->sum({0.0}, save_timeout_s_);
@@ -481,9 +497,7 @@ int Trainer::run() {
     return 0;
   }
   // Build everything before touching the run directory.
-  kernels::Backend::Options bopts;
-  bopts.deterministic = cfg_.at("deterministic").get<bool>();
-  bopts.precision = cfg_.value("precision", std::string("auto"));
+  const kernels::Backend::Options bopts = backend_options(cfg_);
   const std::string backend = resolve_train_backend(cfg_);
   const std::string fallback = backend_fallback_reason(cfg_);
   if (!fallback.empty())

@@ -76,6 +76,9 @@ int train_run(const std::filesystem::path& run_dir, const TrainOptions& opts = {
 // built with CUDA and a GPU is present), except that auto picks cpu for a model the CUDA
 // backend cannot run (trainer::cuda_unsupported, trainer/mixer.hpp).
 std::string resolve_train_backend(const json& config);
+// The backend options a (defaults-filled) config asks for: deterministic, precision and the
+// `cuda` kernel keys (a config without them gets their defaults).
+kernels::Backend::Options backend_options(const json& config);
 // Why resolve_train_backend falls back to the CPU: `backend: auto` on a machine with a GPU and
 // a model the CUDA backend cannot run gives cuda_unsupported's reason; "" otherwise. `lar
 // train` prints it on stderr and records it in status.json's summary (backend_fallback).

@@ -41,6 +41,8 @@ struct Options {
   bool quick = false;
   int64_t B = 0, T = 0, H = 16, kv = 0, d = 64;  // --T given: that one shape only
   std::string sdpa;  // JSON of SDPA times: {"B,T,H,kv,d": {"fwd": ms, "fwd_bwd": ms}, ...}
+  int tiles = -1;    // the flash kernels' tile configuration for both passes; -1: each pass its faster
+  std::string attention = "auto";  // the cuda.attention value whose path is reported
 };
 
 // SDPA milliseconds of one shape (fwd, fwd+bwd); negative where not measured.
@@ -129,14 +131,13 @@ int bench_attention(const Options& o) {
     cases = {{o.B > 0 ? o.B : 1, o.T, o.H, kv, o.d}};
   }
   const std::map<std::string, SdpaMs> sdpa = read_sdpa(o.sdpa);
-  const char* tiles = std::getenv("LAR_FLASH_TILES");
-  const fa::AttentionMode mode = fa::attention_mode();
+  const fa::AttentionMode mode = fa::attention_mode(o.attention);
   std::unique_ptr<fa::CudnnAttention> cudnn;
   if (fa::cudnn_available()) cudnn = std::make_unique<fa::CudnnAttention>();
   std::cout << fmt::format("attention: causal bf16 on {} ({} SMs), scale 1/sqrt(d); median of {} after {} warm-up; "
                            "floor at {:.0f} TFLOP/s (fwd 2·B·H·T²·d flops, bwd 2.5×); flash tiles {}\n",
                            prop.name, prop.multiProcessorCount, o.reps, o.warmup, kPeakTflops,
-                           tiles ? fmt::format("LAR_FLASH_TILES={}", tiles) : "default");
+                           o.tiles >= 0 ? fmt::format("{} (--tiles)", o.tiles) : "default");
   std::cout << (cudnn ? fmt::format("cudnn: cuDNN {} (fused flash attention, backend graph API)\n", fa::cudnn_version())
                       : "cudnn: unavailable (" + fa::cudnn_unavailable_reason() + ")\n");
   lar::registry::TextTable table;
@@ -145,6 +146,7 @@ int bench_attention(const Options& o) {
   std::vector<std::string> paths;
   for (const Case& c : cases) {
     fa::FlashShape s;
+    s.tiles = static_cast<int>(o.tiles);
     s.B = c.B, s.T = c.T, s.S = c.T, s.Hq = c.H, s.Hkv = c.Hkv, s.D = c.D;
     s.scale = 1.0 / std::sqrt(static_cast<double>(c.D));
     std::string why;
@@ -196,9 +198,7 @@ int bench_attention(const Options& o) {
     paths.push_back(fmt::format("{}: {}", name, backend_cudnn ? "cudnn" : "flash"));
   }
   std::cout << table.to_table();
-  const char* env = std::getenv("LAR_ATTENTION");
-  std::cout << fmt::format("path `lar train` takes (LAR_ATTENTION={}; deterministic runs: flash): ",
-                           env && *env ? env : "auto");
+  std::cout << fmt::format("path `lar train` takes (cuda.attention: {}; deterministic runs: flash): ", o.attention);
   for (size_t i = 0; i < paths.size(); ++i) std::cout << (i ? "; " : "") << paths[i];
   std::cout << "\n";
   if (o.sdpa.empty())
@@ -224,6 +224,10 @@ static lar::bench::Registration attention_reg{
       app.add_option("--H", o->H, "Query heads of that shape");
       app.add_option("--kv", o->kv, "KV heads of that shape (default: --H)");
       app.add_option("--d", o->d, "Head dim of that shape (64 or 128)");
+      app.add_option("--tiles", o->tiles, "Flash tile configuration for both passes: 0 or 1 (default: each pass its faster)")
+          ->check(CLI::Range(0, 1));
+      app.add_option("--attention", o->attention, "The cuda.attention value whose path is reported")
+          ->check(CLI::IsMember({"auto", "cudnn", "flash"}));
       app.add_option("--sdpa", o->sdpa, "JSON of PyTorch SDPA ms measured in this session, keyed \"B,T,H,kv,d\"");
       return [o] { return bench_attention(*o); };
     }};

@@ -1,7 +1,7 @@
 // `lar-bench ccq-kernels` — CCQ's own kernels (ccq_fwd, ccq_bwd; kernels/cuda/linear/ccq.cu)
 // timed alone at the paper's layer shape (B=1 T=4096 H=32) and the 344M model's (B=8 T=4096
 // H=16); CUDA events, median of --reps after --warmup. The whole layer with and without CCQ is
-// `lar-bench linear-layer`. LAR_CCQ_GROUP, LAR_CCQ_FWD and LAR_CCQ_BWD pick the variants (A/B).
+// `lar-bench linear-layer`. --group, --fwd and --bwd force the variants (A/B; cuda.ccq_* in a run).
 // Only in CUDA builds (LAR_HAVE_CUDA comes from kernels/cuda/CMakeLists.txt).
 #ifdef LAR_HAVE_CUDA
 #include <fmt/format.h>
@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <iostream>
 #include <random>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -25,15 +26,17 @@ using lar::bench::DeviceBuffer;
 
 struct Options {
   int reps = 20, warmup = 5;
+  int group = 0;                       // 0: per shape
+  std::string fwd = "auto", bwd = "auto";  // auto | par | ws
 };
 
 int bench_ccq(const Options& o) {
   constexpr int D = 64, T = 4096;
   std::mt19937_64 rng{42};
   std::normal_distribution<double> nd(0.0, 1.0);
-  auto env = [](const char* name) { return std::getenv(name) ? std::getenv(name) : "auto"; };
-  std::cout << fmt::format("ccq-kernels: median of {} after {} warm-up; LAR_CCQ_GROUP={} LAR_CCQ_FWD={} LAR_CCQ_BWD={}\n",
-                           o.reps, o.warmup, env("LAR_CCQ_GROUP"), env("LAR_CCQ_FWD"), env("LAR_CCQ_BWD"));
+  const gl::KernelChoice kc = gl::kernel_choice("auto", o.fwd, o.bwd, o.group);
+  std::cout << fmt::format("ccq-kernels: median of {} after {} warm-up; group {} fwd {} bwd {}\n", o.reps, o.warmup,
+                           o.group ? std::to_string(o.group) : std::string("auto"), o.fwd, o.bwd);
   for (const auto& [B, H] : {std::pair<int, int>{1, 32}, std::pair<int, int>{8, 16}}) {
     const size_t rows = static_cast<size_t>(B) * T * H, nx = rows * D, ns = static_cast<size_t>(B) * H * D * D;
     std::vector<float> q(nx), lam(rows, 0.3f);
@@ -43,6 +46,7 @@ int bench_ccq(const Options& o) {
     q_.put(q), k_.put(q), dqc_.put(q), dk_.put(q), lam_.put(lam);
     gl::DeltaShape s;
     s.B = B, s.T = T, s.H = H;
+    s.kernels = kc;
     gl::CcqInputs in;
     in.q = q_.p, in.k = k_.p, in.lambda = lam_.p;
     const double f = lar::bench::median_event_ms([&] { gl::ccq_fwd(s, in, qc_.p, {K_.p, m_.p}, nullptr); }, o.reps,
@@ -64,6 +68,10 @@ static lar::bench::Registration ccq_reg{
       auto o = std::make_shared<Options>();
       app.add_option("--reps", o->reps, "Timed repetitions (median reported)")->check(CLI::Range(1, 100000));
       app.add_option("--warmup", o->warmup, "Untimed warm-up calls")->check(CLI::Range(0, 100000));
+      app.add_option("--group", o->group, "Chunks per group of the chunk-parallel kernels (0: per shape)")
+          ->check(CLI::Range(0, 64));
+      app.add_option("--fwd", o->fwd, "Forward kernels: auto, par or ws")->check(CLI::IsMember({"auto", "par", "ws"}));
+      app.add_option("--bwd", o->bwd, "Backward kernels: auto, par or ws")->check(CLI::IsMember({"auto", "par", "ws"}));
       return [o] { return bench_ccq(*o); };
     }};
 #endif  // LAR_HAVE_CUDA

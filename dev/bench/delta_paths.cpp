@@ -28,16 +28,7 @@ struct Options {
   int reps = 7, warmup = 2;
 };
 
-// LAR_DELTA_PATH for one measurement (the kernels read it at every launch).
-struct ForcedPath {
-  explicit ForcedPath(const char* path) { setenv("LAR_DELTA_PATH", path, 1); }
-  ~ForcedPath() { unsetenv("LAR_DELTA_PATH"); }
-  ForcedPath(const ForcedPath&) = delete;
-  ForcedPath& operator=(const ForcedPath&) = delete;
-};
-
 int bench_delta_paths(const Options& o) {
-  if (std::getenv("LAR_DELTA_PATH")) throw lar::UserError("bench delta-paths: unset LAR_DELTA_PATH (it forces each path itself)");
   const int H = 16, D = 64, total = 32768;
   const size_t nx = static_cast<size_t>(total) * H * D, nr = static_cast<size_t>(total) * H;
   uint64_t state = 0x9e3779b97f4a7c15ull ^ std::random_device{}();
@@ -69,9 +60,9 @@ int bench_delta_paths(const Options& o) {
     s.B = B, s.T = total / B, s.H = H, s.scale = 0.125;
     DeviceBuffer<bf16> bound(gl::delta_boundary_bytes(s) / sizeof(bf16));
     double t[2][3];
-    const char* paths[] = {"fused", "chunked", "auto"};
+    const gl::PathChoice paths[] = {gl::PathChoice::fused, gl::PathChoice::chunked, gl::PathChoice::automatic};
     for (int pi = 0; pi < 3; ++pi) {
-      const ForcedPath forced(paths[pi]);
+      s.kernels.path = paths[pi];
       t[0][pi] = lar::bench::median_event_ms(
           [&] { gl::delta_fwd(s, q.p, k.p, v.p, g.p, beta.p, nullptr, out.p, nullptr, bound.p, nullptr); }, o.reps,
           o.warmup);

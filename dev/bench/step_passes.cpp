@@ -2,7 +2,7 @@
 // trainer at the 344M step's shapes (N = 32768 tokens, d = 1024, V = 32000, 344M parameters),
 // with copy / write / read references for their byte floors (AdamW, norms, embedding,
 // cross-entropy; host clock around `reps` calls between two synchronising downloads).
-// --gemms adds every cuBLASLt candidate's µs (LAR_GEMM=tune, LAR_GEMM_LOG=1, on stderr) for the
+// --gemms adds every cuBLASLt candidate's µs (cuda.gemm tune, LAR_GEMM_LOG=1, on stderr) for the
 // linear layer's fused projection GEMMs. Only in CUDA builds.
 #ifdef LAR_HAVE_CUDA
 #include <chrono>
@@ -92,16 +92,9 @@ int bench_step_passes(const Options& o) {
     Tensor y = filled(DType::bf16, {N, d}, 0.f), rs = filled(DType::f32, {N}, 1.f), dw = filled(DType::f32, {d}, 0.f);
     time_us("add_rmsnorm_fwd (h in place, bf16 r, y)", 2 * nd4 + 2 * nd2, 20,
             [&] { be.add_rmsnorm_fwd(h, r, h, w, y, rs, 1e-5); });
-    for (const char* path : {"rows", "pipe"}) {
-      setenv("LAR_NORM_BWD", path, 1);
-      be.set_options(bo);
-      time_us(std::string("rmsnorm_bwd_convert ") + path, 3 * nd4 + 2 * nd2, 20,
-              [&] { be.rmsnorm_bwd_convert(x, w, rs, dy, dx, dw, dxa); });
-      time_us(std::string("add_rmsnorm_bwd_convert ") + path, 3 * nd4 + 3 * nd2, 20,
-              [&] { be.add_rmsnorm_bwd_convert(x, r, w, rs, dy, dx, dw, dxa); });
-    }
-    unsetenv("LAR_NORM_BWD");
-    be.set_options(bo);
+    time_us("rmsnorm_bwd_convert", 3 * nd4 + 2 * nd2, 20, [&] { be.rmsnorm_bwd_convert(x, w, rs, dy, dx, dw, dxa); });
+    time_us("add_rmsnorm_bwd_convert", 3 * nd4 + 3 * nd2, 20,
+            [&] { be.add_rmsnorm_bwd_convert(x, r, w, rs, dy, dx, dw, dxa); });
   }
   {  // embedding forward (gather) and backward (sorted accumulate) of N tokens
     Tensor table = filled(DType::f32, {V, d}, 0.01f), out = filled(DType::f32, {N, d}, 0.f);
@@ -111,12 +104,13 @@ int bench_step_passes(const Options& o) {
     time_us("embedding_bwd 32768 x 1024", 3 * nd4, 10, [&] { be.embedding_bwd(ids, out, dtable); });
   }
   if (o.gemms) {
-    // LAR_GEMM=tune, LAR_GEMM_LOG=1: every cuBLASLt candidate's µs (stderr) for the linear
+    // cuda.gemm: tune, LAR_GEMM_LOG=1: every cuBLASLt candidate's µs (stderr) for the linear
     // layer's fused [P | og] GEMMs (N = 3072 + 32 + 1024 = 4128) and the q·k·v projection
     // beside them. Operands are constant here: absolute times run below the step's (clocks).
-    setenv("LAR_GEMM", "tune", 1);
+    Backend::Options tune = bo;
+    tune.cuda.gemm = "tune";
     setenv("LAR_GEMM_LOG", "1", 1);
-    be.set_options(bo);
+    be.set_options(tune);
     struct Shape {
       int64_t M, N, K;
       bool ta, tb, bf16_c;
@@ -129,7 +123,6 @@ int bench_step_passes(const Options& o) {
       be.gemm(A, g.ta, B, g.tb, C);
       sync();
     }
-    unsetenv("LAR_GEMM");
     unsetenv("LAR_GEMM_LOG");
     be.set_options(bo);
   }

@@ -14,10 +14,12 @@
 #include <cub/device/device_radix_sort.cuh>
 #include <cuda.h>
 
+#include "core/env.hpp"
 #include "kernels/cuda/attention/cudnn_attention.hpp"
 #include "kernels/cuda/attention/flash_attention.hpp"
 #include "kernels/cuda/cuda_backend.hpp"
 #include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/linear/linear_attention.hpp"
 #include "kernels/cuda/optim/optim_kernels.hpp"
 
 namespace lar::kernels::cuda {
@@ -1283,23 +1285,22 @@ void CudaBackend::set_options(const Options& o) {
   bf16_gemm_ = o.precision == "mixed" || o.precision == "auto";
   // fp32 keeps pedantic fp32 GEMMs, so that path stays the GPU's fp32 reference.
   LAR_CUBLAS_CHECK(cublasSetMathMode(cublas_, mixed_ ? CUBLAS_DEFAULT_MATH : CUBLAS_PEDANTIC_MATH));
-  // GEMM algorithm choice: LAR_GEMM=tune|heuristic|cublas; deterministic runs never time
-  // candidates (the choice would depend on the timings, the bits with it).
-  const char* g = std::getenv("LAR_GEMM");
-  const std::string gm = g ? g : "";
+  // GEMM algorithm choice (cuda.gemm): deterministic runs never time candidates (the choice
+  // would depend on the timings, the bits with it).
+  const std::string& gm = o.cuda.gemm;
   if (!gm.empty() && gm != "tune" && gm != "heuristic" && gm != "cublas")
-    throw UserError("LAR_GEMM: '" + gm + "' is not one of tune, heuristic, cublas");
+    throw UserError("cuda.gemm: '" + gm + "' is not one of heuristic, tune, cublas");
+  if (gm == "tune" && o.deterministic)
+    throw UserError("cuda.gemm: 'tune' picks GEMM algorithms by their timings, so the bits vary between processes; "
+                    "a deterministic run takes heuristic or cublas");
+  // the other kernel keys, checked here so that a bad value fails before the run starts
+  (void)attention::attention_mode(o.cuda.attention);
+  (void)linear::kernel_choice(o.cuda.linear_path, o.cuda.ccq_fwd, o.cuda.ccq_bwd, o.cuda.ccq_group);
+  const std::string& keep = o.cuda.linear_keep;
+  if (!keep.empty() && keep != "all" && keep != "p" && keep != "og")
+    throw UserError("cuda.linear_keep: '" + keep + "' is not one of all, p, og");
   h200_ = gpu_sms_ == 132 && gpu_major_ == 9;  // where kH200Gemms was measured
-  // The one-pass norm backward: LAR_NORM_BWD=pipe (the default: rows staged through shared
-  // memory by cp.async) or rows (the register-staged kernel of session 6; A/B measurements).
-  const char* nb = std::getenv("LAR_NORM_BWD");
-  const std::string nbs = nb ? nb : "";
-  if (!nbs.empty() && nbs != "pipe" && nbs != "rows")
-    throw UserError("LAR_NORM_BWD: '" + nbs + "' is not one of pipe, rows");
-  norm_pipe_ = nbs != "rows";
-  gemm_mode_ = gm == "cublas" ? GemmMode::cublas
-               : gm == "tune" && !o.deterministic ? GemmMode::tune
-                                                  : GemmMode::heuristic;
+  gemm_mode_ = gm == "cublas" ? GemmMode::cublas : gm == "tune" ? GemmMode::tune : GemmMode::heuristic;
   gemm_plans_.clear();
   name_ = std::string(!mixed_ ? "cuda-f32" : bf16_gemm_ ? "cuda-mixed-bf16" : "cuda-mixed-tf32") +
           (o.deterministic ? " deterministic" : "") + (bf16_gemm_ ? std::string(", gemm ") + gemm_mode() : "") +
@@ -1562,10 +1563,6 @@ int64_t ptr_align(const void* p) {  // the pointer's alignment in bytes, capped 
   while (a > 1 && u % static_cast<uintptr_t>(a) != 0) a /= 2;
   return a;
 }
-bool env_is(const char* name, const char* value) {
-  const char* e = std::getenv(name);
-  return e && std::string(e) == value;
-}
 // "a<algo>t<tile>s<stages>k<split-K>r<reduction>c<cluster>w<swizzle>o<custom>i<inner shape>": a
 // candidate's configuration (LAR_GEMM_LOG).
 std::string algo_config(const cublasLtMatmulAlgo_t& algo) {
@@ -1587,7 +1584,7 @@ std::string algo_config(const cublasLtMatmulAlgo_t& algo) {
 }
 }  // namespace
 
-// Measured on the H200 (LAR_GEMM=tune, LAR_GEMM_LOG=1, in the 344M GDN step at B·T = 32768;
+// Measured on the H200 (cuda.gemm: tune, LAR_GEMM_LOG=1, in the 344M GDN step at B·T = 32768;
 // dev/perf-history.md, "Training step, session 7"): shapes whose fastest heuristic candidate beat the
 // first one by ≥ 2% (mean over the layers timed), and the prefix of that candidate's
 // configuration (algo_config: algorithm, tile, stages, split-K, reduction, cluster). flags: 1 A
@@ -1759,7 +1756,7 @@ CudaBackend::GemmPlan& CudaBackend::gemm_plan(const GemmKey& key, const void* a,
         if (cands[i].config.rfind(want, 0) == 0) best = i;
     }
   }
-  if (gemm_mode_ == GemmMode::heuristic && env_is("LAR_GEMM_LOG", "1"))
+  if (gemm_mode_ == GemmMode::heuristic && env_flag("LAR_GEMM_LOG"))
     std::fprintf(stderr, "gemm plan %lldx%lldx%lld b%lld %c%c %s β%s: #%zu %s of %zu\n", static_cast<long long>(M),
                  static_cast<long long>(N), static_cast<long long>(K), static_cast<long long>(batches), ta ? 'T' : 'N',
                  tb ? 'T' : 'N', c_bf16 ? "bf16" : "f32", beta != 0.f ? "1" : "0", best, cands[best].config.c_str(),
@@ -1813,7 +1810,7 @@ CudaBackend::GemmPlan& CudaBackend::gemm_plan(const GemmKey& key, const void* a,
       LAR_CUDA_CHECK(cudaFree(out));
     }
     if (best_ms < 0) best = 0;
-    if (env_is("LAR_GEMM_LOG", "1")) {  // every candidate: its configuration and µs (#0 … heuristic's, then built)
+    if (env_flag("LAR_GEMM_LOG")) {  // every candidate: its configuration and µs (#0 … heuristic's, then built)
       std::string all;
       for (std::size_t i = 0; i < cands.size(); ++i) {
         char t[32];
@@ -2218,7 +2215,7 @@ void CudaBackend::norm_bwd(const Tensor& x, const Tensor& r, const Tensor& w, co
   if (norm_rows_ok(x, {&r, &w, &dy, &dx, &dx_out}) && (dx_out.empty() || dx_out.dtype == DType::bf16)) {
     // One pass: dx, the bf16 copy and dw's per-block partials, then the partials in order.
     const std::size_t dyb = dtype_size(dy.dtype), rb = r.empty() ? 0 : dtype_size(r.dtype);
-    if (norm_pipe_ && norm_pipe_fits(smem_optin_, d, dyb, rb)) {  // pipelined through shared memory
+    if (norm_pipe_fits(smem_optin_, d, dyb, rb)) {  // pipelined through shared memory
       float* partial =
           reinterpret_cast<float*>(scratch_doubles((static_cast<std::size_t>(kNormPipeBlocks) * d + 1) / 2));
       int blocks = 0;
@@ -2236,7 +2233,7 @@ void CudaBackend::norm_bwd(const Tensor& x, const Tensor& r, const Tensor& w, co
     }
     // x + r whose buffers do not fit while x alone would: the sum in scratch, then the
     // pipelined plain backward below (the same bits as the plain backward of the stored sum).
-    const bool sum_first = norm_pipe_ && rb > 0 && norm_pipe_fits(smem_optin_, d, dyb, 0);
+    const bool sum_first = rb > 0 && norm_pipe_fits(smem_optin_, d, dyb, 0);
     if (!sum_first) {
       const int blocks = norm_bwd_blocks(n), g = norm_groups(d);
       float* partial = reinterpret_cast<float*>(scratch_doubles((static_cast<std::size_t>(blocks) * d + 1) / 2));
@@ -2576,24 +2573,24 @@ Tensor as_f32(const Tensor& t, char*& cursor) {
 }  // namespace
 
 // cuDNN's fused attention for the bf16 shapes it covers (attention/cudnn_attention.hpp),
-// unless deterministic (its backward accumulates dQ with atomics) or LAR_ATTENTION=flash.
+// unless deterministic (its backward accumulates dQ with atomics) or cuda.attention: flash.
 // The forward and backward plans of a shape are built together, so both directions of a
 // shape take the same path; were they ever to differ, the saved lse means the same in both
 // (natural-log LSE of scale·q·kᵀ, [B, Hq, T]).
 bool CudaBackend::attn_cudnn(const attention::FlashShape& fs) {
-  const attention::AttentionMode mode = attention::attention_mode();
+  const attention::AttentionMode mode = attention::attention_mode(options().cuda.attention);
   if (mode == attention::AttentionMode::flash || options().deterministic || !attention::cudnn_covers(fs)) return false;
   const bool forced = mode == attention::AttentionMode::cudnn;
   if (!cudnn_attn_) {
     if (!attention::cudnn_available()) {
-      if (forced) throw RuntimeError("LAR_ATTENTION=cudnn: " + attention::cudnn_unavailable_reason());
+      if (forced) throw RuntimeError("cuda.attention: cudnn: " + attention::cudnn_unavailable_reason());
       return false;
     }
     cudnn_attn_ = std::make_unique<attention::CudnnAttention>();
   }
   std::string why;
   if (cudnn_attn_->prepare(fs, &why)) return true;
-  if (forced) throw RuntimeError("LAR_ATTENTION=cudnn: " + why);
+  if (forced) throw RuntimeError("cuda.attention: cudnn: " + why);
   static bool warned = false;  // once per process: the flash kernels take over
   if (!warned) std::fprintf(stderr, "lar: cuDNN attention unavailable (%s); using the flash kernels\n", why.c_str());
   warned = true;

@@ -122,14 +122,14 @@ class CudaBackend final : public Backend {
   // attention), "flash" (our bf16 mma.sync kernels), "fp32" (the reference kernels), or
   // "none". bf16 attention uses cuDNN where attention::cudnn_covers() the shape (causal,
   // optional window, S == T, D 64/128), cuDNN loads and has an engine, unless deterministic
-  // or LAR_ATTENTION=flash; the flash kernels otherwise (kernels/cuda/attention/cudnn_attention.hpp).
+  // or cuda.attention: flash; the flash kernels otherwise (kernels/cuda/attention/cudnn_attention.hpp).
   const char* attention_path() const { return attn_path_; }
   // With LAR_CUDA_PROFILE=1 in the environment: device seconds per op kind since the last
   // report (CUDA events around every op), largest first; empty otherwise. GEMMs are split
   // by shape and role, "gemm MxNxK op β=b →C-dtype ×calls TFLOP/s" (op: the row-major
   // operands' transposes, e.g. NT = x·Wᵀ), plus a "gemm (all shapes)" total.
   std::vector<std::pair<std::string, double>> profile_report();
-  // How the bf16 GEMMs of precision mixed pick their cuBLASLt algorithm (LAR_GEMM=…):
+  // How the bf16 GEMMs of precision mixed pick their cuBLASLt algorithm (the run's cuda.gemm):
   // "heuristic" (the default): among cuBLASLt's heuristic candidates for the shape and the
   // operands' alignment, the one measured fastest on the H200 for that shape (a fixed table in
   // cuda_backend.cu), else the first — a fixed function of them (run-to-run and resume
@@ -179,7 +179,6 @@ class CudaBackend final : public Backend {
   GemmMode gemm_mode_ = GemmMode::heuristic;
   int gpu_sms_ = 0, gpu_major_ = 0;
   std::size_t smem_optin_ = 0;  // shared memory a block may opt in to (bytes)
-  bool norm_pipe_ = true;       // LAR_NORM_BWD: the pipelined norm backward (else the register kernel)
   bool h200_ = false;  // an sm_90 GPU with 132 SMs: the measured GEMM preferences apply
   cublasLtHandle_t lt_ = nullptr;
   void* lt_workspace_ = nullptr;  // shared by cuBLASLt and cuBLAS (one stream)

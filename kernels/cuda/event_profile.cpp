@@ -3,15 +3,13 @@
 #include <algorithm>
 #include <cstdlib>
 
+#include "core/env.hpp"
 #include "kernels/cuda/cuda_check.hpp"
 
 namespace lar::kernels::cuda {
 
 bool profiling_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("LAR_CUDA_PROFILE");
-    return e && std::string(e) == "1";
-  }();
+  static const bool on = env_flag("LAR_CUDA_PROFILE");
   return on;
 }
 

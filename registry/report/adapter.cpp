@@ -11,6 +11,8 @@
 #include <map>
 #include <mutex>
 
+#include "core/config_hash.hpp"
+#include "core/env.hpp"
 #include "core/error.hpp"
 #include "core/hash.hpp"
 #include "core/paths.hpp"
@@ -70,7 +72,7 @@ bool has_reference(const json& r) {
 
 fs::path papers_root() {
   std::vector<fs::path> candidates;
-  if (const char* env = std::getenv("LAR_PAPERS"); env && *env) candidates.emplace_back(env);
+  if (const auto env = env_string("LAR_PAPERS")) candidates.emplace_back(*env);
   if (fs::path exe = self_exe(); !exe.empty()) {
     candidates.push_back(exe.parent_path() / ".." / "experiments" / "papers");
     candidates.push_back(exe.parent_path() / ".." / ".." / "experiments" / "papers");
@@ -146,7 +148,7 @@ experiments::Plan with_seeds(const experiments::Plan& plan, int n) {
       }
       c.id = old ? reseed_id(c.id, old_seed, seed) : c.id + "." + seed_token(seed);
       c.config["seed"] = s;
-      c.hash = sha256_hex(canonical_dump(c.config));
+      c.hash = config_hash(c.config);
       if (c.baseline) c.baseline = old ? reseed_id(*c.baseline, old_seed, seed) : *c.baseline + "." + seed_token(seed);
       out.cells.push_back(std::move(c));
     }

@@ -4,6 +4,7 @@
 #include <fstream>
 
 #include "core/config_schema.hpp"
+#include "core/config_hash.hpp"
 #include "core/hash.hpp"
 #include "experiments/ids.hpp"
 #include "spec_fixture.hpp"
@@ -305,11 +306,16 @@ TEST(Hash, GoldenCanonicalDump) {
   EXPECT_EQ(sha256_hex(canonical_dump(cfg)), "067ca58f8c0ebd89f60752c75fb1396b7c504b9cd6ef52a02cd05a56a60145fb");
 }
 
+// (The `cuda` kernel keys at their defaults are left out: core/config_hash.hpp.)
 TEST(Hash, CellHashIsSha256OfCanonicalConfig) {
   SpecDir d;
   Plan p = d.load(kTable2);
   for (const auto& c : p.cells) {
-    EXPECT_EQ(c.hash, sha256_hex(canonical_dump(c.config))) << c.id;
+    json named = c.config;
+    ASSERT_TRUE(named.contains("cuda")) << c.id;
+    named.erase("cuda");
+    EXPECT_EQ(c.hash, sha256_hex(canonical_dump(named))) << c.id;
+    EXPECT_EQ(c.hash, config_hash(c.config)) << c.id;
     EXPECT_EQ(c.config, with_defaults(c.config)) << c.id;
     EXPECT_TRUE(validate_config(c.config).empty()) << c.id;
     EXPECT_EQ(c.short_hash(), c.hash.substr(0, 12));
@@ -328,6 +334,45 @@ TEST(Hash, KeyOrderAndNumberSpellingDoNotMatter) {
   // The same config reached through an axis or through base hashes the same.
   Plan f = d.load("name: h\nbase:\n  model: {n_layers: 2, d_model: 64}\n  optimizer: {weight_decay: 0}\nmatrix:\n  lr: [3e-4]\n");
   EXPECT_EQ(a.cells[0].hash, f.cells[0].hash);
+}
+
+// The `cuda` keys choose kernels: recorded in every cell's config, hashed only away from their
+// defaults — so cells planned before the keys existed keep their hashes (and their runs), a
+// cell asking for other kernels is another run, through base or through an axis alike.
+TEST(Hash, CudaKeysAtTheirDefaultsAreNotHashed) {
+  SpecDir d;
+  Plan a = d.load("name: h\nbase:\n  model: {n_layers: 2}\n");
+  EXPECT_EQ(a.cells[0].config["cuda"]["attention"], "auto");
+  EXPECT_EQ(a.cells[0].config["cuda"]["ccq_group"], 0);
+  json before = a.cells[0].config;
+  before.erase("cuda");  // a config written before the schema had the cuda keys
+  EXPECT_EQ(a.cells[0].hash, sha256_hex(canonical_dump(before)));
+  Plan same = d.load("name: h\nbase:\n  model: {n_layers: 2}\n  cuda: {attention: auto, gemm: heuristic, ccq_group: 0}\n");
+  EXPECT_EQ(same.cells[0].hash, a.cells[0].hash);
+  Plan flash = d.load("name: h\nbase:\n  model: {n_layers: 2}\n  cuda: {attention: flash}\n");
+  EXPECT_NE(flash.cells[0].hash, a.cells[0].hash);
+  Plan keep = d.load("name: h\nbase:\n  model: {n_layers: 2}\n  cuda: {linear_keep: og}\n");
+  EXPECT_NE(keep.cells[0].hash, a.cells[0].hash);
+  EXPECT_NE(keep.cells[0].hash, flash.cells[0].hash);
+  // an axis over a cuda key: its default value hashes as the plain config, the others as base does
+  Plan axis = d.load("name: h\nbase:\n  model: {n_layers: 2}\nmatrix:\n  cuda.attention: [auto, flash]\n");
+  ASSERT_EQ(axis.cells.size(), 2u);
+  EXPECT_EQ(axis.cells[0].hash, a.cells[0].hash);
+  EXPECT_EQ(axis.cells[1].hash, flash.cells[0].hash);
+  for (const auto& c : axis.cells) EXPECT_EQ(c.hash, config_hash(c.config)) << c.id;
+}
+
+TEST(Hash, CudaKeysAreValidatedWithTheSpec) {
+  SpecDir d;
+  EXPECT_NE(d.error("name: h\nbase:\n  cuda: {attention: sdpa}\n").find("cuda.attention"), std::string::npos);
+  EXPECT_NE(d.error("name: h\nbase:\n  cuda: {attention: sdpa}\n").find("unknown value 'sdpa' (choices: auto, cudnn, flash)"),
+            std::string::npos)
+      << d.error("name: h\nbase:\n  cuda: {attention: sdpa}\n");
+  EXPECT_NE(d.error("name: h\nbase:\n  cuda: {ccq_group: 65}\n").find("expected an integer from 0 to 64, got 65"),
+            std::string::npos)
+      << d.error("name: h\nbase:\n  cuda: {ccq_group: 65}\n");
+  EXPECT_NE(d.error("name: h\nbase:\n  cuda: {atention: flash}\n").find("did you mean 'attention'?"), std::string::npos)
+      << d.error("name: h\nbase:\n  cuda: {atention: flash}\n");
 }
 
 TEST(Hash, ExperimentNameAndIdAreNotPartOfTheHash) {

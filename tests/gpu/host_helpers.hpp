@@ -15,12 +15,14 @@
 
 namespace lar::gpu_test {
 
-// deterministic: the backend's bit-reproducible mode.
+// deterministic: the backend's bit-reproducible mode; cuda: the run's cuda keys.
 inline std::unique_ptr<kernels::Backend> backend(const std::string& kind, const std::string& precision,
-                                                 bool deterministic = false) {
+                                                 bool deterministic = false,
+                                                 const kernels::Backend::Options::Cuda& cuda = {}) {
   kernels::Backend::Options o;
   o.precision = precision;
   o.deterministic = deterministic;
+  o.cuda = cuda;
   return kernels::make_backend(kind, 2, kernels::DType::f32, o);
 }
 

@@ -27,6 +27,7 @@ Backend::Options with_precision(const std::string& p) {
 
 struct Pair {
   explicit Pair(const std::string& precision = "fp32") : gpu(make_backend("cuda", 1, DType::f32, with_precision(precision))) {}
+  explicit Pair(const Backend::Options& o) : gpu(make_backend("cuda", 1, DType::f32, o)) {}
   std::unique_ptr<Backend> gpu;
   std::unique_ptr<Backend> cpu = make_backend("cpu", 1, DType::f64);
   Arena ga{*gpu}, ca{*cpu};
@@ -647,12 +648,12 @@ TEST(CudaBackend, FusedNormPassesBf16) {
   }
 }
 
-// Both paths of the one-pass norm backward (LAR_NORM_BWD: the cp.async pipeline and the
+// The one-pass norm backward (the cp.async pipeline where its buffers fit, else the
 // register-staged kernel) against the CPU: plain (f32 and bf16 dy) and x0 + r (bf16 and f32
 // r), more rows than the pipeline's grid has warps (several rows per warp, a ragged last
-// round), d = 1024 / 256 / 64 / 1000 (d % 8 ≠ 0: the register kernel on both); x0 + r
-// bit-equal to the plain backward of the stored sum on the same path, and each path twice
-// from the same inputs gives the same bits.
+// round), d = 1024 / 256 / 64 (the pipeline) / 1000 (d % 8 ≠ 0: the register kernel); x0 + r
+// bit-equal to the plain backward of the stored sum, and twice from the same inputs the same
+// bits.
 TEST(CudaBackend, NormBackwardPaths) {
   Pair p("mixed");
   for (auto [n, d] : {std::pair<int64_t, int64_t>{2113, 1024}, {1111, 256}, {1500, 64}, {77, 1000}})
@@ -680,10 +681,8 @@ TEST(CudaBackend, NormBackwardPaths) {
         p.cpu->rmsnorm_bwd_convert(x.second, w.second, rs.second, dy.second, dx.second, dw.second, dx_a.second);
       Tensor dx2 = p.ga.alloc(DType::f32, {n, d}), dw2 = p.ga.alloc(DType::f32, {d});
       Tensor dx_a2 = p.ga.alloc(DType::bf16, {n, d});
-      for (const char* path : {"pipe", "rows"}) {
-        ASSERT_EQ(setenv("LAR_NORM_BWD", path, 1), 0);
-        p.gpu->set_options(with_precision("mixed"));
-        const std::string what = std::string(path) + " " + std::to_string(n) + "x" + std::to_string(d) + " variant " +
+      {
+        const std::string what = std::string(d % 8 ? "rows" : "pipe") + " " + std::to_string(n) + "x" + std::to_string(d) + " variant " +
                                  std::to_string(variant);
         for (auto [a, b] : {std::pair<Tensor, Tensor>{dx0, dx.first}, {dw0, dw.first}, {dx0, dx2}, {dw0, dw2}})
           p.gpu->copy(a, b);
@@ -702,10 +701,6 @@ TEST(CudaBackend, NormBackwardPaths) {
         EXPECT_TRUE(same_bits(*p.gpu, dx_a.first, dx_a2)) << what;
       }
     }
-  ASSERT_EQ(setenv("LAR_NORM_BWD", "bogus", 1), 0);
-  EXPECT_THROW(p.gpu->set_options(with_precision("mixed")), lar::UserError);
-  ASSERT_EQ(unsetenv("LAR_NORM_BWD"), 0);
-  p.gpu->set_options(with_precision("mixed"));
 }
 
 // swiglu_bwd_fwd: the backward and the recomputed hidden from one read of gate·up — the
@@ -985,7 +980,40 @@ TEST(CudaBackend, AddNormBackwardFormsTheSumAgain) {
     }
 }
 
-// The bf16 GEMMs through cuBLASLt in each algorithm mode (LAR_GEMM): against the fp64 CPU on
+// The run's cuda keys reach the backend as Options::cuda; a value it does not know is refused
+// when the options are set, naming the key and the value.
+TEST(CudaBackend, KernelKeysAreChecked) {
+  const auto message = [](const Backend::Options& o) {
+    try {
+      make_backend("cuda", 1, DType::f32, o);
+    } catch (const lar::UserError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  Backend::Options o = with_precision("mixed");
+  EXPECT_EQ(message(o), "no error");
+  o.cuda.gemm = "fastest";
+  EXPECT_EQ(message(o), "cuda.gemm: 'fastest' is not one of heuristic, tune, cublas");
+  o.cuda.gemm = "tune";
+  EXPECT_EQ(message(o), "no error");
+  o.deterministic = true;
+  EXPECT_NE(message(o).find("cuda.gemm: 'tune' picks GEMM algorithms by their timings"), std::string::npos) << message(o);
+  o = with_precision("mixed");
+  o.cuda.attention = "sdpa";
+  EXPECT_EQ(message(o), "cuda.attention: 'sdpa' is not one of auto, cudnn, flash");
+  o = with_precision("mixed");
+  o.cuda.linear_keep = "none";
+  EXPECT_EQ(message(o), "cuda.linear_keep: 'none' is not one of all, p, og");
+  o = with_precision("mixed");
+  o.cuda.linear_path = "twophase";
+  EXPECT_EQ(message(o), "cuda.linear_path: 'twophase' is not one of auto, fused, chunked");
+  o = with_precision("mixed");
+  o.cuda.ccq_group = 65;
+  EXPECT_EQ(message(o), "cuda.ccq_group: 65 is not from 0 to 64");
+}
+
+// The bf16 GEMMs through cuBLASLt in each algorithm mode (cuda.gemm): against the fp64 CPU on
 // bf16-representable operands (f32 C: only the accumulation order differs), β = 1 into f32
 // C (a timed candidate must not add into C twice), bf16 C, a tall-skinny and a long-K
 // (weight gradient) shape, a batched one, an operand at a 2-byte offset (its own plan), and
@@ -995,9 +1023,9 @@ TEST(CudaBackend, Bf16GemmAlgorithmModes) {
   const Case cases[] = {{300, 257, 520, false, true, 0.5, false}, {4099, 32, 1024, false, true, 0.0, true},
                         {96, 1024, 4096, true, false, 1.0, false}, {513, 1024, 96, false, false, 1.0, true}};
   for (const char* mode : {"heuristic", "tune", "cublas"}) {
-    setenv("LAR_GEMM", mode, 1);
-    Pair p("mixed");
-    unsetenv("LAR_GEMM");
+    Backend::Options o = with_precision("mixed");
+    o.cuda.gemm = mode;
+    Pair p(o);
     for (const Case& c : cases) {
       auto A = p.randn_bf16(c.ta ? std::vector<int64_t>{c.K, c.M} : std::vector<int64_t>{c.M, c.K});
       auto B = p.randn_bf16(c.tb ? std::vector<int64_t>{c.N, c.K} : std::vector<int64_t>{c.K, c.N});

@@ -2,7 +2,7 @@
 // against the CPU reference backend in fp64, on fresh random bf16 inputs: relative RMS
 // error ≤ 1e-2 for o, dq, dk, dv (and lse), every output poisoned with NaN before each
 // launch; the two implementations' forward and backward combined both ways; the CUDA
-// backend's choice between them (LAR_ATTENTION, deterministic, windows).
+// backend's choice between them (cuda.attention, deterministic, windows).
 #include <gtest/gtest.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -198,6 +198,26 @@ TEST(FlashAttention, BackwardIsDeterministic) {
   for (double x : runs[0]) ASSERT_TRUE(std::isfinite(x));
 }
 
+// FlashShape::tiles forces one tile configuration for both passes (`lar-bench attention
+// --tiles`); each against the CPU reference, and any other value is an error naming it.
+TEST(FlashAttention, EachTileConfigurationMatchesTheCpu) {
+  Harness hx;
+  for (const int tiles : {0, 1})
+    for (FlashShape s : {shape(2, 200, 200, 4, 2, 64, 0), shape(1, 257, 257, 4, 1, 128, 50)}) {
+      s.tiles = tiles;
+      const std::string how = "flash tiles " + std::to_string(tiles);
+      expect_close(compare(hx, s), describe(s, how.c_str()));
+    }
+  FlashShape s = shape(1, 16, 16, 2, 2, 64, 0);
+  s.tiles = 2;
+  try {
+    cuda::attention::flash_attention_fwd(s, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr);
+    FAIL() << "no error";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("tiles 2: expected -1, 0 or 1"), std::string::npos) << e.what();
+  }
+}
+
 TEST(FlashAttention, RejectsBadShapes) {
   FlashShape s = shape(1, 16, 16, 3, 2, 64, 0);  // Hq % Hkv != 0
   try {
@@ -261,17 +281,6 @@ TEST(CudnnAttention, CoversOnlyCausalFullSequences) {
 }
 
 namespace {
-// An environment variable set for one scope.
-struct ScopedEnv {
-  explicit ScopedEnv(const char* value) {
-    if (value)
-      setenv("LAR_ATTENTION", value, 1);
-    else
-      unsetenv("LAR_ATTENTION");
-  }
-  ~ScopedEnv() { unsetenv("LAR_ATTENTION"); }
-};
-
 struct BackendRun {
   std::string path_fwd, path_bwd;
   std::vector<double> o, dq, dk, dv;
@@ -279,10 +288,12 @@ struct BackendRun {
 
 // attention_fwd + attention_bwd through the CUDA backend on bf16 tensors (same inputs
 // every call: seeded); S > T is a KV cache.
-BackendRun backend_run(bool deterministic, int64_t window, int64_t S = 192) {
+// attention: the run's cuda.attention.
+BackendRun backend_run(bool deterministic, int64_t window, int64_t S = 192, const char* attention = "auto") {
   Backend::Options opt;
   opt.precision = "mixed";
   opt.deterministic = deterministic;
+  opt.cuda.attention = attention;
   auto be = make_backend("cuda", 0, DType::f32, opt);
   auto* cb = dynamic_cast<cuda::CudaBackend*>(be.get());
   EXPECT_NE(cb, nullptr);
@@ -314,8 +325,7 @@ BackendRun backend_run(bool deterministic, int64_t window, int64_t S = 192) {
 TEST(CudnnAttention, BackendPicksThePath) {
   require_cudnn();
   BackendRun flash, cud;
-  {
-    ScopedEnv env(nullptr);  // auto
+  {  // auto
     cud = backend_run(false, 0);
     EXPECT_EQ(cud.path_fwd, "cudnn");
     EXPECT_EQ(cud.path_bwd, "cudnn");
@@ -330,15 +340,13 @@ TEST(CudnnAttention, BackendPicksThePath) {
     EXPECT_EQ(d.path_bwd, "flash");
   }
   {
-    ScopedEnv env("flash");
-    flash = backend_run(false, 0);
+    flash = backend_run(false, 0, 192, "flash");
     EXPECT_EQ(flash.path_fwd, "flash");
     EXPECT_EQ(flash.path_bwd, "flash");
   }
   {
-    ScopedEnv env("cudnn");
-    EXPECT_EQ(backend_run(false, 0).path_bwd, "cudnn");
-    EXPECT_EQ(backend_run(false, 0, 256).path_fwd, "flash");  // not a shape cuDNN's graph covers
+    EXPECT_EQ(backend_run(false, 0, 192, "cudnn").path_bwd, "cudnn");
+    EXPECT_EQ(backend_run(false, 0, 256, "cudnn").path_fwd, "flash");  // not a shape cuDNN's graph covers
   }
   // The two paths agree on the same inputs (each is checked against fp64 above).
   EXPECT_LT(rel_rms(cud.o, flash.o), kTol);
@@ -346,12 +354,11 @@ TEST(CudnnAttention, BackendPicksThePath) {
   EXPECT_LT(rel_rms(cud.dk, flash.dk), kTol);
   EXPECT_LT(rel_rms(cud.dv, flash.dv), kTol);
   {
-    ScopedEnv env("bogus");
     try {
-      backend_run(false, 0);
+      backend_run(false, 0, 192, "bogus");
       FAIL() << "no error";
     } catch (const lar::UserError& e) {
-      EXPECT_NE(std::string(e.what()).find("LAR_ATTENTION: 'bogus'"), std::string::npos) << e.what();
+      EXPECT_STREQ(e.what(), "cuda.attention: 'bogus' is not one of auto, cudnn, flash");
     }
   }
 }

@@ -32,6 +32,10 @@ using lar::gpu_test::bf16;
 
 namespace {
 
+// The path a case forces ("fused", "chunked", or "" / "auto": the cost model), as the run's
+// cuda.linear_path.
+gl::PathChoice forced_path(const char* path) { return gl::kernel_choice(path, "auto", "auto", 0).path; }
+
 using lar::gpu_test::Dev;
 using lar::gpu_test::rel_rms;
 using lar::gpu_test::to_bf;
@@ -77,7 +81,7 @@ struct Case {
   gl::ChannelMixer m;
   int B, T, H;
   bool with_state;
-  const char* fwd_path = "fused";  // LAR_CHANNEL_PATH of the forward and of the backward
+  const char* fwd_path = "fused";  // the forward's and the backward's path (cuda.linear_path)
   const char* bwd_path = "fused";
   Gates gates = Gates::mild;
 };
@@ -142,11 +146,10 @@ Errors run_case(std::mt19937_64& rng, const Case& c, Outputs* raw = nullptr, int
       for (auto* d : {&o_, &dq_, &dk_, &dv_, &db_, &dw_}) d->poison();
       for (auto* d : {&S_, &dg_, &dbeta_, &dS0_}) d->poison();
     }
-    setenv("LAR_CHANNEL_PATH", c.fwd_path, 1);
+    s.kernels.path = forced_path(c.fwd_path);
     gl::channel_fwd(c.m, s, in, o_.p, S_.p, bound.p, nullptr);
-    setenv("LAR_CHANNEL_PATH", c.bwd_path, 1);
+    s.kernels.path = forced_path(c.bwd_path);
     gl::channel_bwd(c.m, s, in, bound.p, dO_.p, c.with_state ? dST_.p : nullptr, gr, nullptr);
-    unsetenv("LAR_CHANNEL_PATH");
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << name(c);
     if (raw) {
       Outputs now = {o_.get(), S_.get(), dq_.get(), dk_.get(), dv_.get(), dg_.get(), dbeta_.get(), db_.get(),
@@ -318,10 +321,10 @@ CarveErrors run_carve(std::mt19937_64& rng, const CarveCase& c, Outputs* raw = n
   for (int rep = 0; rep < repeats; ++rep) {  // repeats > 1: every run's outputs must be bit-identical
     for (auto* d : {&o_, &dq_, &dk_, &dv_, &dbx_}) d->poison();
     for (auto* d : {&S_, &dg_, &dw_, &dU1_, &dU2_, &dS0_, &content}) d->poison();
+    s.kernels.path = gl::PathChoice::automatic;
     gl::carve_fwd(s, in, o_.p, S_.p, bound.p, content.p, nullptr);
-    setenv("LAR_CHANNEL_PATH", c.bwd_path, 1);
+    s.kernels.path = forced_path(c.bwd_path);
     gl::carve_bwd(s, in, bound.p, content.p, dO_.p, c.with_state ? dST_.p : nullptr, gr, nullptr);
-    unsetenv("LAR_CHANNEL_PATH");
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << name(c);
     if (raw) {
       Outputs now = {o_.get(), S_.get(), dq_.get(), dk_.get(), dv_.get(), dbx_.get(), dg_.get(),
@@ -500,22 +503,26 @@ TEST(LinearChannelCuda, BitReproducible) {
     }
 }
 
+// The kernel keys' values are checked, naming the key: cuda.linear_path, cuda.ccq_fwd/bwd, cuda.ccq_group.
 TEST(LinearChannelCuda, RejectsBadPathOverride) {
-  gl::DeltaShape s;
-  s.B = 1, s.T = 16, s.H = 1;
-  gl::ChannelInputs in;
-  in.q = in.k = in.v = reinterpret_cast<const bf16*>(16);
-  in.g = reinterpret_cast<const float*>(16);
-  setenv("LAR_CHANNEL_PATH", "twophase", 1);
-  try {
-    gl::channel_fwd(gl::ChannelMixer::gla, s, in, reinterpret_cast<bf16*>(16), nullptr, nullptr, nullptr);
-    unsetenv("LAR_CHANNEL_PATH");
-    FAIL() << "no error";
-  } catch (const std::exception& e) {
-    unsetenv("LAR_CHANNEL_PATH");
-    EXPECT_NE(std::string(e.what()).find("LAR_CHANNEL_PATH=twophase: expected fused, chunked or auto"), std::string::npos)
-        << e.what();
-  }
+  const auto message = [](const char* path, const char* fwd, const char* bwd, int group) {
+    try {
+      (void)gl::kernel_choice(path, fwd, bwd, group);
+    } catch (const lar::UserError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(message("twophase", "auto", "auto", 0), "cuda.linear_path: 'twophase' is not one of auto, fused, chunked");
+  EXPECT_EQ(message("auto", "fast", "auto", 0), "cuda.ccq_fwd: 'fast' is not one of auto, par, ws");
+  EXPECT_EQ(message("auto", "auto", "seq", 0), "cuda.ccq_bwd: 'seq' is not one of auto, par, ws");
+  EXPECT_EQ(message("auto", "auto", "auto", 65), "cuda.ccq_group: 65 is not from 0 to 64");
+  EXPECT_EQ(message("", "", "", 0), "no error");
+  const gl::KernelChoice c = gl::kernel_choice("chunked", "ws", "par", 8);
+  EXPECT_EQ(c.path, gl::PathChoice::chunked);
+  EXPECT_EQ(c.ccq_fwd, gl::CcqPath::ws);
+  EXPECT_EQ(c.ccq_bwd, gl::CcqPath::par);
+  EXPECT_EQ(c.ccq_group, 8);
 }
 
 TEST(LinearChannelCuda, RejectsMissingInputs) {

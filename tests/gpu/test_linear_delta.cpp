@@ -139,13 +139,10 @@ Ref reference(const Inputs& in, bool gated) {
   return r;
 }
 
-// LAR_DELTA_PATH set for one scope (restored to unset even when an assertion returns early).
-struct ScopedPath {
-  explicit ScopedPath(const char* path) { setenv("LAR_DELTA_PATH", path, 1); }
-  ~ScopedPath() { unsetenv("LAR_DELTA_PATH"); }
-  ScopedPath(const ScopedPath&) = delete;
-  ScopedPath& operator=(const ScopedPath&) = delete;
-};
+// The path a test forces ("fused" or "chunked", as the run's cuda.linear_path).
+gl::PathChoice forced_path(const char* path) {
+  return gl::kernel_choice(path, "auto", "auto", 0).path;
+}
 
 // The device side of one case: inputs uploaded, every output poisoned with NaN.
 struct Buffers {
@@ -199,9 +196,9 @@ TEST(LinearDeltaCuda, MatchesCpuReference) {
                           Case{1, 333, 2, false, true}, Case{2, 1, 8, true, true}, Case{1, 1000, 2, true, true},
                           Case{3, 129, 1, true, false}, Case{2, 256, 2, true, true, 0.9},
                           Case{1, 200, 2, false, false, 0.7}}) {
-      const ScopedPath forced(path);
       const Inputs in = make_inputs(rng, c);
       Buffers d(in);
+      d.s.kernels.path = forced_path(path);
       auto& [s, q, k, v, o, dO, dq, dk, dv, bound, g, beta, dg, dbeta, S0, S, dST, dS0] = d;
       const float* gp = c.gated ? g.p : nullptr;
       gl::delta_fwd(s, q.p, k.p, v.p, gp, beta.p, c.with_state ? S0.p : nullptr, o.p, S.p, bound.p, nullptr);
@@ -233,9 +230,9 @@ TEST(LinearDeltaCuda, MatchesCpuReference) {
 TEST(LinearDeltaCuda, BackwardIsBitReproducible) {
   std::mt19937_64 rng{std::random_device{}()};
   for (const char* path : {"chunked", "fused"}) {
-    const ScopedPath forced(path);
     const Inputs in = make_inputs(rng, Case{2, 300, 3, true, true});
     Buffers d(in);
+    d.s.kernels.path = forced_path(path);
     auto& [s, q, k, v, o, dO, dq, dk, dv, bound, g, beta, dg, dbeta, S0, S, dST, dS0] = d;
     gl::delta_fwd(s, q.p, k.p, v.p, g.p, beta.p, S0.p, o.p, S.p, bound.p, nullptr);
     std::vector<std::vector<double>> first;
@@ -255,102 +252,13 @@ TEST(LinearDeltaCuda, BackwardIsBitReproducible) {
   }
 }
 
-// The fused forward's two orders of group A's work (LAR_DELTA_QS0=early computes o's state term
-// inside the slack of the next chunk's T⁻¹ build instead of before it) give the same bits: o,
-// the final state and every boundary state.
-TEST(LinearDeltaCuda, FusedForwardOrdersAgree) {
-  std::mt19937_64 rng{std::random_device{}()};
-  const ScopedPath forced("fused");
-  for (const Case& c : {Case{2, 300, 3, true, true}, Case{1, 129, 2, false, false}, Case{1, 64, 2, true, true}}) {
-    const Inputs in = make_inputs(rng, c);
-    Buffers d(in);
-    auto& [s, q, k, v, o, dO, dq, dk, dv, bound, g, beta, dg, dbeta, S0, S, dST, dS0] = d;
-    std::vector<std::vector<double>> first;
-    for (const char* order : {"late", "early"}) {
-      setenv("LAR_DELTA_QS0", order, 1);
-      o.poison(), S.poison(), bound.poison();
-      gl::delta_fwd(s, q.p, k.p, v.p, c.gated ? g.p : nullptr, beta.p, c.with_state ? S0.p : nullptr, o.p, S.p,
-                    bound.p, nullptr);
-      const cudaError_t err = cudaDeviceSynchronize();
-      unsetenv("LAR_DELTA_QS0");
-      ASSERT_EQ(err, cudaSuccess) << order << " " << name(c);
-      std::vector<std::vector<double>> out = {o.get(), S.get(), bound.get()};
-      for (const auto& x : out[0]) ASSERT_TRUE(std::isfinite(x)) << order << " " << name(c);
-      if (first.empty()) {
-        first = std::move(out);
-        continue;
-      }
-      const char* names[] = {"o", "S", "boundary"};
-      for (size_t i = 0; i < out.size(); ++i) EXPECT_EQ(out[i], first[i]) << name(c) << " " << names[i];
-    }
-  }
-  setenv("LAR_DELTA_QS0", "soon", 1);
-  const Inputs in = make_inputs(rng, Case{1, 64, 2, true, false});
-  Buffers d(in);
-  try {
-    gl::delta_fwd(d.s, d.q.p, d.k.p, d.v.p, d.g.p, d.beta.p, nullptr, d.o.p, nullptr, d.bound.p, nullptr);
-    ADD_FAILURE() << "LAR_DELTA_QS0=soon was accepted";
-  } catch (const std::exception& e) {
-    EXPECT_NE(std::string(e.what()).find("LAR_DELTA_QS0=soon"), std::string::npos) << e.what();
-  }
-  unsetenv("LAR_DELTA_QS0");
-}
-
-// The fused backward's two placements of the next chunk's loads (LAR_DELTA_BWD_LOADS=merge issues
-// them in P1 by warps 1 and 2 instead of by every warp at the top of a chunk) give the same bits.
-TEST(LinearDeltaCuda, FusedBackwardLoadPlacementsAgree) {
-  std::mt19937_64 rng{std::random_device{}()};
-  const ScopedPath forced("fused");
-  for (const Case& c : {Case{2, 300, 3, true, true}, Case{1, 129, 2, false, false}, Case{2, 1, 2, true, true}}) {
-    const Inputs in = make_inputs(rng, c);
-    Buffers d(in);
-    auto& [s, q, k, v, o, dO, dq, dk, dv, bound, g, beta, dg, dbeta, S0, S, dST, dS0] = d;
-    const float* gp = c.gated ? g.p : nullptr;
-    gl::delta_fwd(s, q.p, k.p, v.p, gp, beta.p, c.with_state ? S0.p : nullptr, o.p, S.p, bound.p, nullptr);
-    std::vector<std::vector<double>> first;
-    for (const char* where : {"top", "merge"}) {
-      setenv("LAR_DELTA_BWD_LOADS", where, 1);
-      d.poison_grads();
-      gl::delta_bwd(s, q.p, k.p, v.p, gp, beta.p, bound.p, dO.p, c.with_state ? dST.p : nullptr, dq.p, dk.p, dv.p,
-                    c.gated ? dg.p : nullptr, dbeta.p, dS0.p, nullptr);
-      const cudaError_t err = cudaDeviceSynchronize();
-      unsetenv("LAR_DELTA_BWD_LOADS");
-      ASSERT_EQ(err, cudaSuccess) << where << " " << name(c);
-      std::vector<std::vector<double>> out = {dq.get(), dk.get(), dv.get(), dbeta.get(), dS0.get()};
-      if (c.gated) out.push_back(dg.get());
-      for (const auto& x : out[0]) ASSERT_TRUE(std::isfinite(x)) << where << " " << name(c);
-      if (first.empty()) {
-        first = std::move(out);
-        continue;
-      }
-      const char* names[] = {"dq", "dk", "dv", "dbeta", "dS0", "dg"};
-      for (size_t i = 0; i < out.size(); ++i) EXPECT_EQ(out[i], first[i]) << name(c) << " " << names[i];
-    }
-  }
-  setenv("LAR_DELTA_BWD_LOADS", "later", 1);
-  const Inputs in = make_inputs(rng, Case{1, 64, 2, true, false});
-  Buffers d(in);
-  try {
-    gl::delta_bwd(d.s, d.q.p, d.k.p, d.v.p, d.g.p, d.beta.p, d.bound.p, d.dO.p, nullptr, d.dq.p, d.dk.p, d.dv.p,
-                  d.dg.p, d.dbeta.p, nullptr, nullptr);
-    ADD_FAILURE() << "LAR_DELTA_BWD_LOADS=later was accepted";
-  } catch (const std::exception& e) {
-    EXPECT_NE(std::string(e.what()).find("LAR_DELTA_BWD_LOADS=later"), std::string::npos) << e.what();
-  }
-  unsetenv("LAR_DELTA_BWD_LOADS");
-}
-
+// A path the kernels do not know is refused, naming the run's key.
 TEST(LinearDeltaCuda, RejectsBadPathSetting) {
-  gl::DeltaShape s;
-  s.B = 1, s.T = 16, s.H = 2;
-  Dev<bf16> x(16 * 2 * 64);
-  Dev<float> beta(16 * 2);
-  const ScopedPath forced("fastest");
   try {
-    gl::delta_fwd(s, x.p, x.p, x.p, nullptr, beta.p, nullptr, x.p, nullptr, nullptr, nullptr);
+    (void)gl::kernel_choice("fastest", "auto", "auto", 0);
     FAIL() << "no error";
-  } catch (const std::exception& e) {
-    EXPECT_NE(std::string(e.what()).find("LAR_DELTA_PATH=fastest"), std::string::npos) << e.what();
+  } catch (const lar::UserError& e) {
+    EXPECT_STREQ(e.what(), "cuda.linear_path: 'fastest' is not one of auto, fused, chunked");
   }
 }
 

@@ -32,7 +32,7 @@ struct GCase {
   cl::Mixer m;
   int B, T, Hk, H, dv;
   bool with_state;
-  const char* path = "fused";  // LAR_CHANNEL_PATH (channel mixers)
+  const char* path = "fused";  // channel mixers: cuda.linear_path
   bool strong = false;         // a tenth of the channels (gdn: of the heads) decay by up to 16 per token
 };
 std::string name(const GCase& c) {
@@ -120,10 +120,9 @@ Result run(std::mt19937_64& rng, const GCase& c) {
     gr.dq = dq_.p, gr.dk = dk_.p, gr.dv = dv_.p, gr.dg = dg_.p, gr.dS0 = dS0_.p;
     if (c.m == cl::Mixer::kda) gr.dbeta = dbeta_.p;
     if (c.m == cl::Mixer::gdn2) gr.db = db_.p, gr.dw = dw_.p;
-    setenv("LAR_CHANNEL_PATH", c.path, 1);
+    s.kernels.path = gl::kernel_choice(c.path, "auto", "auto", 0).path;
     gl::grouped_channel_fwd(channel_kind(c.m), s, in, o_.p, S_.p, bound.p, nullptr);
     gl::grouped_channel_bwd(channel_kind(c.m), s, in, bound.p, dO_.p, dSTp, gr, nullptr);
-    unsetenv("LAR_CHANNEL_PATH");
   } else {
     const float* gp = gated ? g_.p : nullptr;
     gl::grouped_delta_fwd(s, q_.p, k_.p, v_.p, gp, beta_.p, S0p, o_.p, S_.p, bound.p, nullptr);

@@ -129,7 +129,8 @@ double rel_rms(const float* a, const float* ref, int64_t n) {
 // must_have: parameter names (substrings) that the model must have, each held to its bound
 // above (so a test names the gradients it is about).
 void compare_step(const std::string& what, const json& cfg, const std::string& precision, int T = 100,
-                  bool deterministic = false, const std::vector<std::string>& must_have = {}) {
+                  bool deterministic = false, const std::vector<std::string>& must_have = {},
+                  const kernels::Backend::Options::Cuda& cuda = {}) {
   const bool fp32 = precision == "fp32";
   const bool cler = cfg.at("model").at("routing") == "cler";
   const double tol_all = fp32 ? 1e-2 : cler ? 2e-2 : 1.5e-2, tol_param = fp32 ? 2e-2 : 4e-2;
@@ -143,7 +144,7 @@ void compare_step(const std::string& what, const json& cfg, const std::string& p
   const double tol_sum = cler || carve ? 2.5e-1 : fp32 && !wide ? 6e-2 : 1.5e-1;
   const auto batch = random_batch(4, T, 96, 3, 7);
   auto cpu = backend("cpu", "fp32");
-  auto gpu = backend("cuda", precision, deterministic);
+  auto gpu = backend("cuda", precision, deterministic, cuda);
   const StepOut ref = one_step(*cpu, cfg, batch);
   const StepOut got = one_step(*gpu, cfg, batch);
   ASSERT_EQ(got.grads.size(), ref.grads.size());
@@ -345,19 +346,16 @@ TEST(LinearLayerCuda, CcqStepMatchesTheCpuBackend) {
                "mixed");
 }
 
-// The layouts of what the layer keeps and of its projection GEMM: [P | og] from one GEMM
-// (the default), P and og from GEMMs of their own (LAR_LINEAR_FUSE_OG=0), P alone with og
-// recomputed (LAR_LINEAR_KEEP_OG=0), og alone with P recomputed (LAR_LINEAR_KEEP_P=0); gdn's
-// gate pre-activations in P (the default) or from GEMMs of their own (LAR_LINEAR_FOLD_GATES=0).
-// Each against the CPU (compare_step, mixed, with CCQ + cler on gdn so that P's q columns feed
-// λ and the second readout runs, a kda hybrid stack, CARVE; gdn with 3 heads — 2H = 6 gate
-// columns padded to 8 — against the CPU in fp32, where no step of it had a mixed baseline, and
-// between layouts in mixed). The three layouts with og from its own GEMM run the same GEMMs on the
-// same inputs: the same bits. Another GEMM shape (og beside P, the gates beside q, k, v)
-// changes the products' last bits, and the bf16 chunk kernels turn that into a different
-// rounding pattern of the same size as their error against the CPU (measured on the H200:
-// 3e-3 – 1e-2 between layouts, each layout's error against the CPU unchanged). Any other
-// value of the switches is an error naming it.
+// The layouts of what the layer keeps (cuda.linear_keep): [P | og] from one GEMM (all, the
+// default), P alone with og recomputed (p), og alone with P recomputed (og). Each against the
+// CPU (compare_step, mixed, with CCQ + cler on gdn so that P's q columns feed λ and the second
+// readout runs, a kda hybrid stack, CARVE; gdn with 3 heads — 2H = 6 gate columns padded to 8 —
+// against the CPU in fp32, where no step of it had a mixed baseline, and between layouts in
+// mixed). p and og run og's own GEMM on the same inputs: the same bits. all's wider GEMM (og
+// beside P) changes the products' last bits, and the bf16 chunk kernels turn that into a
+// different rounding pattern of the same size as their error against the CPU (measured on the
+// H200: 3e-3 – 1e-2 between layouts, each layout's error against the CPU unchanged). Any other
+// value is an error naming the key.
 TEST(LinearLayerCuda, EveryLayoutMatchesTheCpuAndTheRecomputesRepeatTheBits) {
   const json models[] = {
       {{"architecture", "gdn"}, {"stack", "pure"}, {"n_layers", 3}, {"routing", "cler"}, {"ccq", {{"enabled", true}}}},
@@ -366,53 +364,43 @@ TEST(LinearLayerCuda, EveryLayoutMatchesTheCpuAndTheRecomputesRepeatTheBits) {
       {{"architecture", "gdn"}, {"stack", "pure"}, {"d_model", 192}, {"n_heads", 3}, {"n_kv_heads", 3}}};
   struct Layout {
     const char* name;
-    std::vector<std::pair<const char*, const char*>> env;
+    const char* keep;  // cuda.linear_keep
   };
-  const Layout layouts[] = {{"[P|og] kept", {}},
-                            {"P, og kept", {{"LAR_LINEAR_FUSE_OG", "0"}}},
-                            {"P kept", {{"LAR_LINEAR_KEEP_OG", "0"}}},
-                            {"og kept", {{"LAR_LINEAR_KEEP_P", "0"}}},
-                            {"gates own GEMMs", {{"LAR_LINEAR_FOLD_GATES", "0"}}}};
-  auto gpu = backend("cuda", "mixed", true);
+  const Layout layouts[] = {{"[P|og] kept", "all"}, {"P kept", "p"}, {"og kept", "og"}};
+  std::vector<kernels::Backend::Options::Cuda> keys;
+  std::vector<std::unique_ptr<kernels::Backend>> gpus;
+  for (const Layout& l : layouts) {
+    keys.emplace_back().linear_keep = l.keep;
+    gpus.push_back(backend("cuda", "mixed", true, keys.back()));
+  }
   const auto batch = random_batch(4, 100, 96, 3, 7);
   for (const json& model : models) {
     const json cfg = run_config(model);
     std::vector<StepOut> outs;
-    for (const Layout& l : layouts) {
-      for (const auto& [var, val] : l.env) setenv(var, val, 1);
+    for (size_t i = 0; i < std::size(layouts); ++i) {
       if (&model != &models[3])
-        compare_step(std::string(model.at("architecture").get<std::string>()) + " " + l.name, cfg, "mixed");
-      outs.push_back(one_step(*gpu, cfg, batch));
-      for (const auto& [var, val] : l.env) unsetenv(var);
+        compare_step(std::string(model.at("architecture").get<std::string>()) + " " + layouts[i].name, cfg, "mixed",
+                     100, false, {}, keys[i]);
+      outs.push_back(one_step(*gpus[i], cfg, batch));
     }
     // og from its own GEMM, kept or recomputed, with P kept or recomputed: the same bits
-    EXPECT_TRUE(outs[1].grads == outs[2].grads && outs[1].loss == outs[2].loss) << model.dump() << ": og recomputed";
-    EXPECT_TRUE(outs[1].grads == outs[3].grads && outs[1].loss == outs[3].loss) << model.dump() << ": P recomputed";
+    EXPECT_TRUE(outs[1].grads == outs[2].grads && outs[1].loss == outs[2].loss) << model.dump() << ": P recomputed";
     // the default repeats its bits (deterministic backend)
-    const StepOut again = one_step(*gpu, cfg, batch);
+    const StepOut again = one_step(*gpus[0], cfg, batch);
     EXPECT_TRUE(again.grads == outs[0].grads && again.loss == outs[0].loss) << model.dump() << ": default not repeatable";
-    std::printf("layouts of %s: grads rel RMS to the default %.2e / %.2e / %.2e / %.2e\n", model.dump().c_str(),
+    std::printf("layouts of %s: grads rel RMS to the default %.2e / %.2e\n", model.dump().c_str(),
                 rel_rms(outs[1].grads.data(), outs[0].grads.data(), (int64_t)outs[0].grads.size()),
-                rel_rms(outs[2].grads.data(), outs[0].grads.data(), (int64_t)outs[0].grads.size()),
-                rel_rms(outs[3].grads.data(), outs[0].grads.data(), (int64_t)outs[0].grads.size()),
-                rel_rms(outs[4].grads.data(), outs[0].grads.data(), (int64_t)outs[0].grads.size()));
+                rel_rms(outs[2].grads.data(), outs[0].grads.data(), (int64_t)outs[0].grads.size()));
   }
-  // fp32 with gdn's padded gate columns (3 heads) against the CPU, folded and not
-  const json three = run_config(models[3]);
-  compare_step("gdn 3 heads folded", three, "fp32");
-  setenv("LAR_LINEAR_FOLD_GATES", "0", 1);
-  compare_step("gdn 3 heads own GEMMs", three, "fp32");
-  unsetenv("LAR_LINEAR_FOLD_GATES");
-  for (const char* var : {"LAR_LINEAR_KEEP_P", "LAR_LINEAR_KEEP_OG", "LAR_LINEAR_FOLD_GATES", "LAR_LINEAR_FUSE_OG"}) {
-    setenv(var, "yes", 1);
-    try {
-      one_step(*gpu, run_config({{"architecture", "gdn"}, {"stack", "pure"}}), batch);
-      ADD_FAILURE() << var << "=yes: no error";
-    } catch (const UserError& err) {
-      EXPECT_NE(std::string(err.what()).find(std::string(var) + ": expected 0 or 1, got 'yes'"), std::string::npos)
-          << err.what();
-    }
-    unsetenv(var);
+  // fp32 with gdn's padded gate columns (3 heads) against the CPU
+  compare_step("gdn 3 heads folded", run_config(models[3]), "fp32");
+  kernels::Backend::Options::Cuda bad;
+  bad.linear_keep = "yes";
+  try {
+    backend("cuda", "mixed", true, bad);
+    ADD_FAILURE() << "cuda.linear_keep yes: no error";
+  } catch (const UserError& err) {
+    EXPECT_STREQ(err.what(), "cuda.linear_keep: 'yes' is not one of all, p, og");
   }
 }
 
@@ -448,6 +436,32 @@ TEST(LinearLayerCuda, GdnLossCurveTracksTheCpuRun) {
   auto st = RunDir(g.path).read_status();
   ASSERT_TRUE(st);
   EXPECT_TRUE(st->summary.contains("gpu_peak_mem_mb")) << st->summary.dump();
+}
+
+// The run config's cuda keys reach the layer and the chunk kernels (trainer::backend_options):
+// deterministic runs that keep P (og recomputed) or og (P recomputed) run the same GEMMs, so
+// their losses agree bit for bit, on the two-phase kernels as forced by cuda.linear_path.
+TEST(LinearLayerCuda, CudaKeysReachTheLayerThroughTheRunConfig) {
+  TempDir a, b;
+  const json model = {{"architecture", "gdn"}, {"stack", "pure"}};
+  for (auto [dir, keep] : {std::pair{&a, "p"}, std::pair{&b, "og"}}) {
+    const json cfg = run_config(model, {{"backend", "cuda"}, {"deterministic", true}, {"budget", {{"steps", 6}}},
+                                        {"cuda", {{"linear_keep", keep}, {"linear_path", "chunked"}}}});
+    RunDir(dir->path).write_config({{"experiment", "test"}, {"cell_id", "c"}, {"hash", "h"},
+                                    {"axes", json::object()}, {"role", "main"}, {"baseline", nullptr},
+                                    {"config", cfg}});
+    ASSERT_EQ(trainer::train_run(dir->path), 0) << keep;
+    EXPECT_EQ(RunDir(dir->path).read_config()["config"]["cuda"]["linear_keep"], keep);
+  }
+  auto losses = [](const fs::path& dir) {
+    std::vector<double> out;
+    for (const auto& l : read_metrics(RunDir(dir).metrics_path()).lines)
+      if (l.contains("loss")) out.push_back(l["loss"].get<double>());
+    return out;
+  };
+  const auto la = losses(a.path), lb = losses(b.path);
+  ASSERT_EQ(la.size(), 6u);
+  EXPECT_EQ(la, lb);
 }
 
 TEST(LinearLayerCuda, WhatTheCudaPathDoesNotRunIsAClearError) {
@@ -696,27 +710,22 @@ void check_qkv_case(const QkvCase& c) {
   if (c.W > 0) a.wq = dwq.p, a.wk = dwk.p, a.wv = dwv.p;
   if (c.cler) a.rin = drin.p, a.gamma = dgamma.p;
   kl::qkv_forward(a, q.p, k.p, v.p, vout.p, nullptr);
-  // bf16: the 4-channel forward too (LAR_QKV_LANE_CHANNELS=4) — the same values within the
-  // L2 sums' order (q, k, v in bf16: at most one rounding step apart)
+  // bf16: the 4-channel forward too, the kernel that P rows off 16-byte alignment take (here P
+  // 8 bytes further on) — the same values within the L2 sums' order (q, k, v in bf16: at
+  // most one rounding step apart)
   if (c.p_bf16) {
+    Dev<bf16> Pmis(Pb.n + 4);
+    ASSERT_EQ(cudaMemcpy(Pmis.p + 4, Pb.p, Pb.n * sizeof(bf16), cudaMemcpyDeviceToDevice), cudaSuccess);
+    kl::QkvArgs a4 = a;
+    a4.P = Pmis.p + 4;
     Dev<bf16> q4((std::size_t)N * c.Cq), k4((std::size_t)N * c.Cq), v4((std::size_t)N * c.Cv);
     Dev<float> vout4((std::size_t)N * c.Cv);
-    setenv("LAR_QKV_LANE_CHANNELS", "4", 1);
-    kl::qkv_forward(a, q4.p, k4.p, v4.p, vout4.p, nullptr);
-    unsetenv("LAR_QKV_LANE_CHANNELS");
+    kl::qkv_forward(a4, q4.p, k4.p, v4.p, vout4.p, nullptr);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
     EXPECT_LT(gpu_test::rel_rms(q4.get(), q.get()), 5e-3) << what << ": q, 4 vs 8 channels a lane";
     EXPECT_LT(gpu_test::rel_rms(k4.get(), k.get()), 5e-3) << what << ": k, 4 vs 8 channels a lane";
     EXPECT_TRUE(v4.get() == v.get()) << what << ": v (no L2), 4 vs 8 channels a lane";
     EXPECT_LT(gpu_test::rel_rms(vout4.get(), vout.get()), 1e-6) << what << ": vout, 4 vs 8 channels a lane";
-    setenv("LAR_QKV_LANE_CHANNELS", "2", 1);
-    try {
-      kl::qkv_forward(a, q4.p, k4.p, v4.p, vout4.p, nullptr);
-      ADD_FAILURE() << "LAR_QKV_LANE_CHANNELS=2: no error";
-    } catch (const RuntimeError& e) {
-      EXPECT_NE(std::string(e.what()).find("LAR_QKV_LANE_CHANNELS=2: expected 4 or 8"), std::string::npos) << e.what();
-    }
-    unsetenv("LAR_QKV_LANE_CHANNELS");
   }
   kl::QkvGrads g;
   g.dq = gdq.p, g.dk = gdk.p, g.dv = gdv.p;

@@ -316,7 +316,7 @@ struct CcqErrors {
   bool same_bits;  // a second fwd + bwd on the same inputs gave identical outputs
 };
 
-CcqErrors run_ccq(std::mt19937_64& rng, const CcqCase& c) {
+CcqErrors run_ccq(std::mt19937_64& rng, const CcqCase& c, const gl::KernelChoice& kernels = {}) {
   const int B = c.B, T = c.T, H = c.H;
   Inputs x(rng, B, T, H);
   std::uniform_real_distribution<double> ud(0.0, 1.0);
@@ -358,6 +358,7 @@ CcqErrors run_ccq(std::mt19937_64& rng, const CcqCase& c) {
   }
   gl::DeltaShape s;
   s.B = B, s.T = T, s.H = H;
+  s.kernels = kernels;
   Dev<bf16> q_(nx), k_(nx), dqc_(nx), qc_(nx), dq_(nx), dk_(nx);
   Dev<float> lam_(rows), K0_(ns), m0_(m0.size()), K_(ns), m_(m0.size()), dl_(rows);
   q_.put(x.q), k_.put(x.k), dqc_.put(x.dO), lam_.put(lam), K0_.put(K0), m0_.put(m0), dk_.put(dk_in);
@@ -426,16 +427,14 @@ TEST(LinearMethodsCuda, CcqMatchesCpuReference) {
   for (const CcqCase& c : {CcqCase{2, 200, 3, 0, true}, CcqCase{1, 700, 2, 0, true}, CcqCase{2, 130, 2, 50, true},
                            CcqCase{1, 100, 2, 0, false}, CcqCase{1, 1, 16, 5, true}, CcqCase{2, 1500, 2, 0, true},
                            CcqCase{1, 4645, 1, 7, true}, CcqCase{1, 1100, 2, 3, false}, CcqCase{8, 200, 12, 0, true}}) {
-    // both kernels of each pass (LAR_CCQ_FWD, LAR_CCQ_BWD; the default picks by B·H against
+    // both kernels of each pass (cuda.ccq_fwd, cuda.ccq_bwd; the default picks by B·H against
     // the SM count, and these small shapes but the last would get the chunk-parallel ones):
     // chunk-parallel, and warp-specialised (one 16-warp CTA per (b, h); its backward starts
     // from the forward's final statistics, so it also runs after the chunk-parallel forward)
     const std::pair<const char*, const char*> paths[] = {{"par", "par"}, {"ws", "ws"}, {"par", "ws"}};
     for (const auto& [fwd, bwd] : paths) {
-      setenv("LAR_CCQ_FWD", fwd, 1);
-      setenv("LAR_CCQ_BWD", bwd, 1);
       const std::string what = name(c) + " fwd=" + fwd + " bwd=" + bwd;
-      const CcqErrors e = run_ccq(rng, c);
+      const CcqErrors e = run_ccq(rng, c, gl::kernel_choice("auto", fwd, bwd, 0));
       std::printf("%s: qc %.2e K %.2e m %.2e dq %.2e dk %.2e (CCQ's part %.2e) dlambda %.2e (CCQ moves q by %.2e)\n",
                   what.c_str(), e.qc, e.K, e.m, e.dq, e.dk, e.dk_add, e.dl, e.effect);
       EXPECT_LT(e.qc, 5e-3) << what;
@@ -446,8 +445,6 @@ TEST(LinearMethodsCuda, CcqMatchesCpuReference) {
       EXPECT_GT(e.effect, 1e-2) << what;
       EXPECT_TRUE(e.same_bits) << what << ": a second call gave different bits";
     }
-    unsetenv("LAR_CCQ_FWD");
-    unsetenv("LAR_CCQ_BWD");
   }
 }
 
@@ -493,33 +490,27 @@ TEST(LinearMethodsCuda, WgmmaTileProduct) {
   }
 }
 
-// The tuning settings are checked: a bad LAR_CCQ_GROUP, LAR_CCQ_FWD or LAR_CCQ_BWD is an error that names
-// it, raised before anything runs.
+// A forced group size outside 1..64 is an error that names it, raised before anything runs
+// (the run's cuda.ccq_* values are checked by kernel_choice: test_linear_channel's
+// RejectsBadPathOverride).
 TEST(LinearMethodsCuda, CcqRejectsBadSettings) {
   gl::DeltaShape s;
   s.B = 1, s.T = 16, s.H = 1;
-  const auto message = [&](const char* var, const char* value, bool bwd) {
-    setenv(var, value, 1);
-    std::string what = "no error";
-    try {
-      if (bwd)
-        gl::ccq_bwd(s, gl::CcqInputs{}, gl::CcqStats{}, nullptr, nullptr, nullptr, nullptr, nullptr);
-      else
-        gl::ccq_fwd(s, gl::CcqInputs{}, nullptr, gl::CcqStats{}, nullptr);
-    } catch (const std::exception& e) {
-      what = e.what();
-    }
-    unsetenv(var);
-    return what;
-  };
-  for (const char* bad : {"0", "65", "8x", "many"})
-    EXPECT_NE(message("LAR_CCQ_GROUP", bad, false).find(std::string("LAR_CCQ_GROUP=") + bad + ": expected"),
-              std::string::npos)
-        << bad;
-  for (const char* var : {"LAR_CCQ_FWD", "LAR_CCQ_BWD"})
-    for (const char* bad : {"fast", "seq", "one"})
-      EXPECT_NE(message(var, bad, std::string(var) == "LAR_CCQ_BWD")
-                    .find(std::string(var) + "=" + bad + ": expected auto, par or ws"),
+  for (const int bad : {-1, 65}) {
+    s.kernels.ccq_group = bad;
+    for (const bool bwd : {false, true}) {
+      std::string what = "no error";
+      try {
+        if (bwd)
+          gl::ccq_bwd(s, gl::CcqInputs{}, gl::CcqStats{}, nullptr, nullptr, nullptr, nullptr, nullptr);
+        else
+          gl::ccq_fwd(s, gl::CcqInputs{}, nullptr, gl::CcqStats{}, nullptr);
+      } catch (const std::exception& e) {
+        what = e.what();
+      }
+      EXPECT_NE(what.find(std::to_string(bad) + " chunks per group (cuda.ccq_group): expected 1 to 64"),
                 std::string::npos)
-          << var << "=" << bad;
+          << what;
+    }
+  }
 }

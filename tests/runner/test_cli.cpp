@@ -135,6 +135,19 @@ TEST(CliLaunch, FailureExitCodeAndDryRun) {
   EXPECT_NE(unknown.out.find("no runs of experiment 'no-such-exp'"), std::string::npos) << unknown.out;
 }
 
+// A bad value of an environment variable lar reads is a user error (exit 2) naming the
+// variable and the value (core/env.hpp), before anything is submitted.
+TEST(CliLaunch, ABadEnvironmentValueIsAUserError) {
+  CliEnv env("cli_env");
+  fs::path spec = env.spec("cli-env", 1, 4);
+  ::setenv("LAR_SLURM_NPROC", "many", 1);
+  Result r = run_lar(env, {"launch", spec.string(), "--executor", "slurm"});
+  ::unsetenv("LAR_SLURM_NPROC");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("LAR_SLURM_NPROC=many: expected an integer from 1 to 4096"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(run_dir_for("cli-env", "s0"))) << "a run directory was written";
+}
+
 TEST(CliLaunch, ThenNeedsTheSlurmExecutorAndDryRunPrintsTheFollowUpScript) {
   CliEnv env("cli_then");
   fs::path spec = env.spec("cli-then", 2, 4);

@@ -4,6 +4,7 @@
 
 #include <sstream>
 
+#include "core/config_hash.hpp"
 #include "core/config_schema.hpp"
 #include "core/error.hpp"
 #include "core/fs.hpp"
@@ -76,6 +77,33 @@ TEST(Classify, NewCompletedPartialAndChanged) {
   EXPECT_EQ(ch.action, CellAction::start_new);
   EXPECT_TRUE(ch.hash_changed);
   EXPECT_NE(ch.detail.find("config hash changed (" + cell.hash.substr(0, 12)), std::string::npos);
+}
+
+// The cuda kernel keys at their defaults are not hashed: a run planned before they existed
+// keeps its hash (not even re-keyed), and asking for other kernels starts another run.
+TEST(Classify, CudaKeysAtTheirDefaultsKeepTheRunAndItsHash) {
+  TempHome home("cuda_keys");
+  const json full = with_defaults(json{{"seed", 3}});
+  json older = full;
+  older.erase("cuda");  // as written before the schema had the cuda keys
+  const auto old_cell = make_cell("exp", "c0", older);
+  const fs::path d = run_dir_for("exp", "c0");
+  prepare_run_dir(classify_cell(old_cell, d));
+  RunDir(d).write_status(status_with(RunState::completed, 5, 1));
+  auto now = make_cell("exp", "c0", full);
+  now.hash = config_hash(full);
+  EXPECT_EQ(now.hash, old_cell.hash);
+  const CellPlan p = classify_cell(now, d);
+  EXPECT_EQ(p.action, CellAction::skip_completed);
+  EXPECT_FALSE(p.rekeyed);
+  EXPECT_FALSE(p.hash_changed);
+  json other = full;
+  other["cuda"]["gemm"] = "cublas";
+  auto changed = make_cell("exp", "c0", other);
+  changed.hash = config_hash(other);
+  const CellPlan ch = classify_cell(changed, d);
+  EXPECT_TRUE(ch.hash_changed);
+  EXPECT_EQ(ch.action, CellAction::start_new);
 }
 
 // A key the schema gained since a run was planned, at its default, changes the hash but

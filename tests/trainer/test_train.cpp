@@ -187,6 +187,39 @@ TEST(TrainConfig, BadConfigsAreUserErrorsNamingTheProblem) {
   EXPECT_NO_THROW(trainer::prepare_config(tiny_run()));
 }
 
+// The cuda kernel keys are validated with the config, naming the key and the value, and reach
+// the backend as Backend::Options::cuda (a config written without them: their defaults).
+TEST(TrainConfig, CudaKeysAreCheckedAndReachTheBackendOptions) {
+  expect_config_error({{"cuda", {{"attention", "sdpa"}}}}, "cuda.attention: unknown value 'sdpa' (choices: auto, cudnn, flash)");
+  expect_config_error({{"cuda", {{"gemm", "fast"}}}}, "cuda.gemm: unknown value 'fast'");
+  expect_config_error({{"cuda", {{"linear_keep", "none"}}}}, "cuda.linear_keep: unknown value 'none' (choices: all, p, og)");
+  expect_config_error({{"cuda", {{"ccq_group", 65}}}}, "cuda.ccq_group: expected an integer from 0 to 64, got 65");
+  expect_config_error({{"cuda", {{"ccq_group", -1}}}}, "cuda.ccq_group: expected an integer from 0 to 64, got -1");
+  expect_config_error({{"cuda", {{"gemm", "tune"}}}, {"deterministic", true}}, "cuda.gemm: 'tune' picks GEMM algorithms");
+  const json cfg = trainer::prepare_config(tiny_run({{"cuda", {{"attention", "flash"}, {"gemm", "cublas"},
+                                                                {"linear_path", "chunked"}, {"linear_keep", "og"},
+                                                                {"ccq_fwd", "ws"}, {"ccq_bwd", "par"}, {"ccq_group", 8}}},
+                                                      {"deterministic", true}, {"precision", "fp32"}}));
+  const kernels::Backend::Options o = trainer::backend_options(cfg);
+  EXPECT_TRUE(o.deterministic);
+  EXPECT_EQ(o.precision, "fp32");
+  EXPECT_EQ(o.cuda.attention, "flash");
+  EXPECT_EQ(o.cuda.gemm, "cublas");
+  EXPECT_EQ(o.cuda.linear_path, "chunked");
+  EXPECT_EQ(o.cuda.linear_keep, "og");
+  EXPECT_EQ(o.cuda.ccq_fwd, "ws");
+  EXPECT_EQ(o.cuda.ccq_bwd, "par");
+  EXPECT_EQ(o.cuda.ccq_group, 8);
+  const kernels::Backend::Options d = trainer::backend_options(json{{"deterministic", false}});
+  EXPECT_EQ(d.cuda.attention, "auto");
+  EXPECT_EQ(d.cuda.gemm, "heuristic");
+  EXPECT_EQ(d.cuda.linear_path, "auto");
+  EXPECT_EQ(d.cuda.linear_keep, "all");
+  EXPECT_EQ(d.cuda.ccq_group, 0);
+  const json dflt = trainer::prepare_config(tiny_run());
+  EXPECT_EQ(dflt["cuda"], with_defaults(json::object())["cuda"]);
+}
+
 TEST(TrainConfig, YamlAndJsonConfigFilesLoad) {
   TempDir d;
   atomic_write(d.path / "c.yaml", "seed: 4\nmodel:\n  d_model: 32\n  rope_base: 5.0e5\n  architecture: \"softmax\"\n");

@@ -50,35 +50,22 @@ using kernels::Tensor;
 
 constexpr float kNormEps = 1e-5f;  // output RMSNorm, as on the CPU
 
-// A 0/1 switch from the environment (unset or empty: `dflt`); any other value is an error
-// naming the variable.
-bool env_switch(const char* name, bool dflt) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return dflt;
-  if (std::string(v) == "1") return true;
-  if (std::string(v) == "0") return false;
-  throw UserError(std::string(name) + ": expected 0 or 1, got '" + std::string(v) + "'");
-}
-
 // What the layer keeps from forward to backward besides o, the boundary states and the
-// small gates: P = x [Wq;Wk;Wv]ᵀ (LAR_LINEAR_KEEP_P=1, the default) or not (0: P
-// recomputed in the backward, the smaller layout), and og = x W_gᵀ (always when P is not
-// kept; with P only while LAR_LINEAR_KEEP_OG=1, the default: else og is recomputed in the
-// backward, one [Cv, d] GEMM — 1.9 ms a step for the 344M GDN — for 64 MiB a layer less at
-// B·T = 32K in bf16). Every layout gives the same values. Read at every forward.
-bool keep_p_setting() { return env_switch("LAR_LINEAR_KEEP_P", true); }
-bool keep_og_setting() { return env_switch("LAR_LINEAR_KEEP_OG", true); }
-// gdn: the gate pre-activations x [W_β; W_a]ᵀ as 2H more columns of the q·k·v GEMM's P
-// (LAR_LINEAR_FOLD_GATES=1, the default) instead of GEMMs of their own (0: the forward's
-// x·[W_β; W_a]ᵀ and the backward's two, which re-read x and read-modify-write dx for 32
-// columns — memory-bound, 2.3 ms a step for the 344M GDN). Folded, fβ and fa are rounded
-// to act_dtype() with P (bf16 in mixed precision, like q, k, v before their conv).
-bool fold_gates_setting() { return env_switch("LAR_LINEAR_FOLD_GATES", true); }
-// With P and og both kept: og's columns in the same GEMM as P (LAR_LINEAR_FUSE_OG=1, the
-// default): x [Wq;Wk;Wv;(W_β;W_a;0);W_g]ᵀ → [P | og], one wider GEMM instead of two, and in the
-// backward one weight-gradient GEMM and one dx GEMM over [∂P | ∂og] (dog is written into
-// those columns) instead of two each; 0: og by a GEMM of its own.
-bool fuse_og_setting() { return env_switch("LAR_LINEAR_FUSE_OG", true); }
+// small gates, by the run's cuda.linear_keep: all (the default) keeps P = x [Wq;Wk;Wv]ᵀ and
+// og = x W_gᵀ, og's columns in the same GEMM as P — x [Wq;Wk;Wv;(W_β;W_a;0);W_g]ᵀ → [P | og],
+// one wider GEMM instead of two, and in the backward one weight-gradient GEMM and one dx GEMM
+// over [∂P | ∂og] (dog is written into those columns) instead of two each; p keeps P and
+// recomputes og in the backward (one [Cv, d] GEMM — 1.9 ms a step for the 344M GDN — for
+// 64 MiB a layer less at B·T = 32K in bf16); og keeps og and recomputes P (the smallest). p
+// and og run og's own GEMM on the same inputs: the same bits; all's wider GEMM changes the
+// products' last bits. (The CUDA backend has checked the value.)
+bool keeps_p(const kernels::Backend& be) { return be.options().cuda.linear_keep != "og"; }
+bool keeps_og(const kernels::Backend& be) { return be.options().cuda.linear_keep != "p"; }
+// The chunk and CCQ kernels the run's cuda.linear_path and cuda.ccq_* keys ask for.
+cl::KernelChoice kernel_choice(const kernels::Backend& be) {
+  const auto& c = be.options().cuda;
+  return cl::kernel_choice(c.linear_path, c.ccq_fwd, c.ccq_bwd, c.ccq_group);
+}
 
 // A bf16 buffer of n elements carved from the arena (which only knows f32/f64/i32).
 struct Bf {
@@ -127,7 +114,7 @@ class CudaLinearImpl final : public CudaLinear {
   // the backend's act_dtype() (bf16 in mixed precision) wherever they are GEMM operands or
   // outputs, so no GEMM converts an operand. Kept from forward to backward (per layer): o
   // and the boundary states (the chunk kernels'), P = x [Wq;Wk;Wv]ᵀ and og = x W_gᵀ or one
-  // of them (keep_p_setting, keep_og_setting), gdn's folded weight copy, the output norm's
+  // of them (keeps_p, keeps_og), gdn's folded weight copy, the output norm's
   // rstd and the small gate tensors ([N, H] or [N, rank]). Everything else of the forward
   // lives above an arena mark and is released at its end: og or P when not kept, q, k, v,
   // the channel mixers' [N, Cq] log-gates (and gdn2's b, w), ypre; the backward recomputes
@@ -151,14 +138,17 @@ class CudaLinearImpl final : public CudaLinear {
       rin_ = route.in;
     }
     // kept for the backward (and the published side channel): o, the boundary states, P
-    // and/or og (keep_p_setting, keep_og_setting)
-    keep_p_ = keep_p_setting() && ctx.training;  // evaluation has no backward: keep the smaller og
-    keep_og_ = !keep_p_ || keep_og_setting();
+    // and/or og (keeps_p, keeps_og)
+    kernels_ = kernel_choice(be);
+    keep_p_ = keeps_p(be) && ctx.training;  // evaluation has no backward: keep the smaller og
+    keep_og_ = !keep_p_ || keeps_og(be);
     // gdn's folded gates: P gets fβ, fa and zero padding to a multiple of 8 columns (16-byte
     // bf16 rows), from a copy of [Wq; Wk; Wv; W_β; W_a; 0] in act_dtype() made here — the
-    // weights are tiny next to x — and kept for the backward's dx GEMM
-    fold_ = !Wba_.empty() && fold_gates_setting();
-    wide_ = keep_p_ && keep_og_ && fuse_og_setting();
+    // weights are tiny next to x — and kept for the backward's dx GEMM (GEMMs of their own
+    // re-read x and read-modify-write dx for 32 columns: memory-bound, 2.3 ms a step slower for
+    // the 344M GDN). fβ and fa are rounded to act_dtype() with P, like q, k, v.
+    fold_ = !Wba_.empty();
+    wide_ = keep_p_ && keep_og_;
     pw_ = fold_ ? (nqkv_ + 2 * d_.H + 7) / 8 * 8 : nqkv_;
     ldp_ = pw_ + (wide_ ? d_.Cv : 0);
     wcat_ = Tensor();
@@ -257,6 +247,7 @@ class CudaLinearImpl final : public CudaLinear {
     const int64_t N = B_ * T_;
     const lk::Mixer m = d_.mixer;
     det_ = be.options().deterministic;
+    kernels_ = kernel_choice(be);
     const Tensor dX = dx.view({N, d_.d});
     auto mark = ar.mark();
     const Tensor Xa = as_act(be, ar, X_);
@@ -432,6 +423,7 @@ class CudaLinearImpl final : public CudaLinear {
     s.dk = d_.dk;
     s.dv = d_.dv;
     s.scale = 1.0 / std::sqrt((double)d_.dk);
+    s.kernels = kernels_;
     return s;
   }
   // The delta and channel kernels' shape: value heads of dv = 64·m channels run as m heads of
@@ -445,6 +437,7 @@ class CudaLinearImpl final : public CudaLinear {
     s.dk = d_.dk;
     s.dv = d_.dv;
     s.scale = 1.0 / std::sqrt((double)d_.dk);
+    s.kernels = kernels_;
     return s;
   }
   bf16* bound_bf() const { return static_cast<bf16*>(bound_.data); }
@@ -946,10 +939,11 @@ class CudaLinearImpl final : public CudaLinear {
   Tensor rq_, rk_;  // wide key heads (wide_l2): 1 / ‖q‖, 1 / ‖k‖ per (token, head) of the last qkv pass
   // CCQ: whether this forward applied it, λ [N, H] and its pre-activation (learned)
   bool ccq_on_ = false;
-  bool keep_p_ = true;   // this step keeps P, see keep_p_setting
-  bool keep_og_ = true;  // this step keeps og, see keep_og_setting
-  bool fold_ = false;    // gdn's gates come out of the q·k·v GEMM (fold_gates_setting)
-  bool wide_ = false;    // og comes out of the q·k·v GEMM too (fuse_og_setting)
+  bool keep_p_ = true;   // this step keeps P, see keeps_p
+  bool keep_og_ = true;  // this step keeps og, see keeps_og
+  bool fold_ = false;    // gdn's gates come out of the q·k·v GEMM (always, for gdn)
+  bool wide_ = false;    // og comes out of the q·k·v GEMM too (P and og both kept)
+  cl::KernelChoice kernels_;  // the chunk and CCQ kernels (kernel_choice)
   Tensor wcat_;          // fold_ or wide_: [Wq; Wk; Wv; (W_β; W_a; 0); (W_g)] in act_dtype(), [ldp_, d]
   bool det_ = false;  // the backend promises bit-identical results (CARVE's dU1, dU2 per sequence)
   Tensor lam_, flam_;

@@ -23,12 +23,11 @@
 
 namespace lar::kernels::cuda::attention {
 
-AttentionMode attention_mode() {
-  const char* e = std::getenv("LAR_ATTENTION");
-  if (e == nullptr || *e == '\0' || std::strcmp(e, "auto") == 0) return AttentionMode::auto_;
-  if (std::strcmp(e, "cudnn") == 0) return AttentionMode::cudnn;
-  if (std::strcmp(e, "flash") == 0) return AttentionMode::flash;
-  throw UserError(std::string("LAR_ATTENTION: '") + e + "' is not one of auto, cudnn, flash");
+AttentionMode attention_mode(const std::string& v) {
+  if (v.empty() || v == "auto") return AttentionMode::auto_;
+  if (v == "cudnn") return AttentionMode::cudnn;
+  if (v == "flash") return AttentionMode::flash;
+  throw UserError("cuda.attention: '" + v + "' is not one of auto, cudnn, flash");
 }
 
 bool cudnn_covers(const FlashShape& s) {

@@ -13,7 +13,7 @@
 // diagonal band: keep t − j < window), S == T, D = 64 or 128, GQA (Hq a multiple of Hkv).
 // The CUDA backend uses the flash kernels for everything else (KV cache S > T, other head
 // dims), in deterministic mode (cuDNN's backward accumulates dQ with atomics), and where
-// cuDNN cannot be loaded. LAR_ATTENTION=auto|cudnn|flash (default auto) forces one.
+// cuDNN cannot be loaded. The run's cuda.attention = auto|cudnn|flash (default auto) forces one.
 //
 // cuDNN is optional twice over: the build defines LAR_HAVE_CUDNN only when the CUDA
 // toolkit has its headers, and the library (libcudnn.so.9) is opened at run time, so a
@@ -32,8 +32,8 @@
 namespace lar::kernels::cuda::attention {
 
 enum class AttentionMode { auto_, cudnn, flash };
-// LAR_ATTENTION from the environment (unset or empty: auto); lar::UserError for any other value.
-AttentionMode attention_mode();
+// The value of cuda.attention ("" or "auto": auto); lar::UserError naming the key for any other.
+AttentionMode attention_mode(const std::string& value);
 
 // True when cuDNN's graph covers this problem (see above); says nothing about the library.
 bool cudnn_covers(const FlashShape& s);

@@ -677,18 +677,15 @@ void launch(Kernel kernel, dim3 grid, int threads, std::size_t smem, cudaStream_
 //   tiles 1: 128-row CTAs — D=64: 4 warps × 2 m-tiles; D=128: 8 warps × 1 — so each K/V
 //            (Q/dO) tile staged in shared memory serves twice the rows
 // Measured on the H200 (dev/perf-history.md): tiles 1 is faster in the forward, tiles 0 in the
-// backward, so the default takes each pass's faster one. LAR_FLASH_TILES=0|1 forces one
-// configuration for both passes (benchmarking; read once).
+// backward, so the default takes each pass's faster one. FlashShape::tiles = 0 or 1 forces one
+// configuration for both passes (`lar-bench attention --tiles`).
 struct Tiles {
   int fwd, bwd;
 };
-Tiles tiles_choice() {
-  static const Tiles t = [] {
-    const char* e = std::getenv("LAR_FLASH_TILES");
-    const std::string v = e ? e : "";
-    return v == "0" ? Tiles{0, 0} : v == "1" ? Tiles{1, 1} : Tiles{1, 0};
-  }();
-  return t;
+Tiles tiles_choice(const FlashShape& s) {
+  if (s.tiles != -1 && s.tiles != 0 && s.tiles != 1)
+    throw RuntimeError("flash attention: tiles " + std::to_string(s.tiles) + ": expected -1, 0 or 1");
+  return s.tiles == 0 ? Tiles{0, 0} : s.tiles == 1 ? Tiles{1, 1} : Tiles{1, 0};
 }
 
 template <int D, int NW, int MT, int BC>
@@ -710,8 +707,8 @@ void bwd_launch(const Params& p, int B, cudaStream_t st) {
   launch(dq_kernel<D, NW, MT, BI>, dim3((p.T + BR - 1) / BR, p.Hq, B), NW * 32, smem_q, st, p, true);
 }
 template <int D>
-void fwd_impl(const Params& p, int B, cudaStream_t st) {
-  if (tiles_choice().fwd == 0)
+void fwd_impl(const Params& p, int B, int tiles, cudaStream_t st) {
+  if (tiles == 0)
     fwd_launch<D, 4, 1, 64>(p, B, st);
   else if constexpr (D == 64)
     fwd_launch<64, 4, 2, 64>(p, B, st);
@@ -719,8 +716,8 @@ void fwd_impl(const Params& p, int B, cudaStream_t st) {
     fwd_launch<128, 8, 1, 64>(p, B, st);
 }
 template <int D>
-void bwd_impl(const Params& p, int B, cudaStream_t st) {
-  if (tiles_choice().bwd == 0)
+void bwd_impl(const Params& p, int B, int tiles, cudaStream_t st) {
+  if (tiles == 0)
     bwd_launch<D, 4, 1, D == 64 ? 64 : 32>(p, B, st);
   else if constexpr (D == 64)
     bwd_launch<64, 4, 2, 32>(p, B, st);
@@ -734,10 +731,11 @@ void flash_attention_fwd(const FlashShape& s, const bf16* q, const bf16* k, cons
                          cudaStream_t stream) {
   Params p = make_params(s);
   p.q = q, p.k = k, p.v = v, p.out = o, p.lse = lse;
+  const int tiles = tiles_choice(s).fwd;
   if (s.D == 64)
-    fwd_impl<64>(p, static_cast<int>(s.B), stream);
+    fwd_impl<64>(p, static_cast<int>(s.B), tiles, stream);
   else
-    fwd_impl<128>(p, static_cast<int>(s.B), stream);
+    fwd_impl<128>(p, static_cast<int>(s.B), tiles, stream);
 }
 
 std::size_t flash_attention_bwd_workspace_bytes(const FlashShape& s) {
@@ -751,10 +749,11 @@ void flash_attention_bwd(const FlashShape& s, const bf16* q, const bf16* k, cons
   if (workspace == nullptr) throw RuntimeError("flash attention: backward needs a workspace");
   p.q = q, p.k = k, p.v = v, p.o = o, p.lse_in = lse, p.dout = dout;
   p.dq = dq, p.dk = dk, p.dv = dv, p.delta = static_cast<float*>(workspace);
+  const int tiles = tiles_choice(s).bwd;
   if (s.D == 64)
-    bwd_impl<64>(p, static_cast<int>(s.B), stream);
+    bwd_impl<64>(p, static_cast<int>(s.B), tiles, stream);
   else
-    bwd_impl<128>(p, static_cast<int>(s.B), stream);
+    bwd_impl<128>(p, static_cast<int>(s.B), tiles, stream);
 }
 
 }  // namespace lar::kernels::cuda::attention

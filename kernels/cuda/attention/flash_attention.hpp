@@ -27,6 +27,7 @@ struct FlashShape {
   int64_t B = 1, T = 0, S = 0, Hq = 1, Hkv = 1, D = 64;
   double scale = 0.125;  // multiplies q·k (usually 1/sqrt(D))
   int64_t window = 0;    // ≤ 0: full causal
+  int tiles = -1;        // 0 or 1: one tile configuration for both passes (benchmarks); -1: each pass its faster
 };
 
 // o and lse are overwritten.

@@ -1150,36 +1150,23 @@ __global__ void __launch_bounds__(kWsThreads, 1) ccq_fwd_ws_kernel(const QParams
 }
 
 // ---------------------------------------------------------------- host side
-// LAR_CCQ_GROUP=N (chunks per group of the chunk-parallel passes, 1–64; default group_chunks' rule),
-// LAR_CCQ_FWD and LAR_CCQ_BWD=auto|par|ws (chunk-parallel or warp-specialised kernels; auto:
-// use_ws) are read at every call, so that a test can run each setting; anything else is an error.
-// Default: the fewest chunks per group (at least kMinGroup) that still fit the B·H·ng CTAs of
+// DeltaShape::kernels (the run's cuda.ccq_group, cuda.ccq_fwd and cuda.ccq_bwd) may force the
+// chunks per group of the chunk-parallel passes (1–64) and the kernels of each pass
+// (chunk-parallel or warp-specialised; automatic: use_ws); anything else is an error.
+// Group size by default: the fewest chunks per group (at least kMinGroup) that still fit the B·H·ng CTAs of
 // the main kernels in one wave at 2 CTAs per SM: a CTA walks its group's chunks one after the
 // other, so at small B·H (the paper's layer, B=1 H=32: 8 chunks, 256 CTAs) shorter groups
 // shorten the chain; at larger B·H the groups get longer instead of adding waves.
-int group_chunks(const QParams& p) {
-  const char* e = std::getenv("LAR_CCQ_GROUP");
-  if (!e || !*e) {
+int group_chunks(const QParams& p, int forced) {
+  if (forced == 0) {
     const long slots = 2L * sm_count(), heads = static_cast<long>(p.B) * p.H;
     int g = kMinGroup;
     while (g < 64 && heads * ((p.nc + g - 1) / g) > slots) g *= 2;
     return g;
   }
-  char* end = nullptr;
-  const long v = std::strtol(e, &end, 10);
-  if (*end != '\0' || v < 1 || v > 64)
-    throw RuntimeError(std::string("LAR_CCQ_GROUP=") + e + ": expected a number of chunks from 1 to 64");
-  return static_cast<int>(v);
-}
-enum class Path { kAuto, kPar, kWs };
-Path path_of(const char* var) {
-  const char* e = std::getenv(var);
-  if (!e || !*e) return Path::kAuto;
-  const std::string v = e;
-  if (v == "auto") return Path::kAuto;
-  if (v == "par") return Path::kPar;
-  if (v == "ws") return Path::kWs;
-  throw RuntimeError(std::string(var) + "=" + v + ": expected auto, par or ws");
+  if (forced < 1 || forced > 64)
+    throw RuntimeError("CCQ: " + std::to_string(forced) + " chunks per group (cuda.ccq_group): expected 1 to 64");
+  return forced;
 }
 // auto: a warp-specialised kernel runs one CTA per (b, h) on its own SM, so its time is
 // ⌈B·H / SMs⌉ waves of a whole sequence; the chunk-parallel one spreads B·H·ng CTAs, 2 per SM,
@@ -1202,7 +1189,7 @@ QParams make_qparams(const DeltaShape& s, const char* what) {
   QParams p{};
   p.B = static_cast<int>(s.B), p.T = static_cast<int>(s.T), p.H = static_cast<int>(s.H);
   p.nc = static_cast<int>(delta_num_chunks(s));
-  p.G = group_chunks(p);
+  p.G = group_chunks(p, s.kernels.ccq_group);
   p.ng = (p.nc + p.G - 1) / p.G;
   return p;
 }
@@ -1227,11 +1214,11 @@ void set_inputs(QParams& p, const CcqInputs& in, const char* what) {
 
 void ccq_fwd(const DeltaShape& s, const CcqInputs& in, __nv_bfloat16* qc, const CcqStats& out, cudaStream_t stream) {
   QParams p = make_qparams(s, "ccq_fwd");
-  const Path path = path_of("LAR_CCQ_FWD");
+  const CcqPath path = s.kernels.ccq_fwd;
   if (!in.q || !in.k || !in.lambda || !qc) throw RuntimeError("ccq_fwd: q, k, lambda and qc are required");
   set_inputs(p, in, "ccq_fwd");
   p.qc = qc, p.Kout = out.K, p.mout = out.m;
-  if (path == Path::kWs || (path == Path::kAuto && use_ws(p))) {
+  if (path == CcqPath::ws || (path == CcqPath::automatic && use_ws(p))) {
     qlaunch(ccq_fwd_ws_kernel, dim3(p.H, p.B), kQFwdWsSmem, p, stream, kWsThreads);
     return;
   }
@@ -1247,13 +1234,13 @@ void ccq_fwd(const DeltaShape& s, const CcqInputs& in, __nv_bfloat16* qc, const 
 void ccq_bwd(const DeltaShape& s, const CcqInputs& in, const CcqStats& fin, const __nv_bfloat16* dqc,
              __nv_bfloat16* dq, __nv_bfloat16* dk, float* dlambda, cudaStream_t stream) {
   QParams p = make_qparams(s, "ccq_bwd");
-  const Path path = path_of("LAR_CCQ_BWD");
+  const CcqPath path = s.kernels.ccq_bwd;
   if (!in.q || !in.k || !in.lambda || !fin.K || !fin.m || !dqc || !dq || !dk || !dlambda)
     throw RuntimeError("ccq_bwd: q, k, lambda, the final statistics, dqc, dq, dk and dlambda are required");
   if (dq == dqc) throw RuntimeError("ccq_bwd: dq must not alias dqc");
   set_inputs(p, in, "ccq_bwd");
   p.dqc = dqc, p.dq = dq, p.dk = dk, p.dlam = dlambda;
-  if (path == Path::kWs || (path == Path::kAuto && use_ws(p))) {  // from fin
+  if (path == CcqPath::ws || (path == CcqPath::automatic && use_ws(p))) {  // from fin
     p.Kfin = fin.K, p.mfin = fin.m;
     qlaunch(ccq_bwd_ws_kernel, dim3(p.H, p.B), kQBwdWsSmem, p, stream, kWsThreads);
     return;

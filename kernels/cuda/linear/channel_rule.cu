@@ -14,8 +14,8 @@
 // K̄^(wm) tile. The gate gradient uses that every factor carries +G of its row for q and e
 // and −G for k: dG = q∘dq + e∘de − k∘dk (core gradients), plus the G_last terms.
 //
-// Two implementations of gla / kda / gdn2, chosen per pass from the shape (use_two_phase; env
-// LAR_CHANNEL_PATH=fused|chunked|auto): the fused kernels (one CTA per (b, h) walks the chunks;
+// Two implementations of gla / kda / gdn2, chosen per pass from the shape (use_two_phase;
+// DeltaShape::kernels.path, the run's cuda.linear_path, forces one): the fused kernels (one CTA per (b, h) walks the chunks;
 // best when B·H fills the GPU) and the two-phase path ("two-phase" below; for long sequences
 // with few (b, h), e.g. B=1 T=32K). Both write and read the same boundary states. CARVE's
 // forward always runs fused (its content gate chains the chunks); its backward splits into a
@@ -1537,10 +1537,9 @@ void launch(K kernel, size_t smem, const CParams& p, cudaStream_t stream, dim3 g
 // CTAs; the two-phase chunk work is 1.29–1.39× the fused work per chunk, spread over all SMs;
 // the state pass took 0.7 µs per chunk with one warp per 16 rows (≈ 0.3 expected with four).
 // So the two-phase path wins below B·H ≈ 95 on 132 SMs (and between 1 and 1.4 waves above).
-// LAR_CHANNEL_PATH=fused|chunked|auto overrides (A/B timing, tests of both paths).
+// DeltaShape::kernels.path (cuda.linear_path) forces one.
 constexpr double kChunkedCost = 1.35, kStateUs = 0.3, kFusedChunkUs = 12.0;
-bool use_two_phase(const CParams& p) {
-  const PathChoice want = path_override("LAR_CHANNEL_PATH");
+bool use_two_phase(const CParams& p, PathChoice want) {
   if (want != PathChoice::automatic) return want == PathChoice::chunked;
   const int sms = sm_count();
   const double bh = static_cast<double>(p.B) * p.H;
@@ -1610,7 +1609,7 @@ void channel_fwd(ChannelMixer m, const DeltaShape& s, const ChannelInputs& in, _
   if (!o) throw RuntimeError("channel_fwd: o is required");
   p.q = in.q, p.k = in.k, p.v = in.v, p.g = in.g, p.beta = in.beta, p.bg = in.b, p.wg = in.w, p.S0 = in.S0;
   p.o = o, p.S_out = S_out, p.bound = boundary;
-  if (use_two_phase(p)) {
+  if (use_two_phase(p, s.kernels.path)) {
     switch (m) {
       case ChannelMixer::gla: fwd_two_phase<kGla>(p, stream); break;
       case ChannelMixer::kda: fwd_two_phase<kKda>(p, stream); break;
@@ -1637,7 +1636,7 @@ void channel_bwd(ChannelMixer m, const DeltaShape& s, const ChannelInputs& in, c
   p.bound_in = boundary, p.dout = dout, p.dST = dST;
   p.dq = gr.dq, p.dk = gr.dk, p.dv = gr.dv, p.dg = gr.dg, p.dbeta = gr.dbeta, p.dbg = gr.db, p.dwg = gr.dw;
   p.dS0 = gr.dS0;
-  if (use_two_phase(p)) {
+  if (use_two_phase(p, s.kernels.path)) {
     switch (m) {
       case ChannelMixer::gla: bwd_two_phase<kGla>(p, stream); break;
       case ChannelMixer::kda: bwd_two_phase<kKda>(p, stream); break;
@@ -1679,10 +1678,9 @@ void check_carve(const CarveInputs& in, const char* what) {
 // = 0.86, 0.90, 0.96 at B·H = 16, 32, 64 (the chain pass ≈ 0.86–0.9 of the fused walk; the chunk
 // CTAs, one chunk step each, share the SMs the chains leave) and 1.73 at B·H = 128. So the split
 // while max(kChainCost, kParCost · B·H / (SMs − B·H)) stays below the fused kernel's waves.
-// LAR_CHANNEL_PATH=fused|chunked|auto overrides.
+// DeltaShape::kernels.path (cuda.linear_path) forces one.
 constexpr double kChainCost = 0.9, kParCost = 1.0;
-bool use_carve_split(const CParams& p) {
-  const PathChoice want = path_override("LAR_CHANNEL_PATH");
+bool use_carve_split(const CParams& p, PathChoice want) {
   if (want != PathChoice::automatic) return want == PathChoice::chunked;
   const int sms = sm_count();
   const double bh = static_cast<double>(p.B) * p.H;
@@ -1717,7 +1715,7 @@ void carve_bwd(const DeltaShape& s, const CarveInputs& in, const __nv_bfloat16* 
   const size_t nu = static_cast<size_t>(s.H) * in.rank * 64 * sizeof(float);
   LAR_CUDA_CHECK(cudaMemsetAsync(gr.dU1, 0, nu, stream));
   LAR_CUDA_CHECK(cudaMemsetAsync(gr.dU2, 0, nu, stream));
-  if (!use_carve_split(p)) {
+  if (!use_carve_split(p, s.kernels.path)) {
     launch(cbwd_kernel<kCarve, kBwdFused>, kCBwdSmem, p, stream);
     return;
   }

@@ -16,19 +16,6 @@
 namespace lar::kernels::cuda::linear {
 namespace {
 
-// The path a LAR_DELTA_PATH / LAR_CHANNEL_PATH variable asks for (A/B timing, tests of both
-// paths): unset or "auto" leaves the choice to the cost model; anything else is an error.
-enum class PathChoice { automatic, fused, chunked };
-inline PathChoice path_override(const char* var) {
-  const char* env = std::getenv(var);
-  const std::string want = env ? env : "";
-  if (want == "fused") return PathChoice::fused;
-  if (want == "chunked") return PathChoice::chunked;
-  if (!want.empty() && want != "auto")
-    throw RuntimeError(std::string(var) + "=" + want + ": expected fused, chunked or auto");
-  return PathChoice::automatic;
-}
-
 // SMs of the current device, for the path cost models (132, the H200's, if the query fails).
 inline int sm_count() {
   static const int sms = [] {

@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "core/env.hpp"
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/linear/chunk_common.cuh"
 #include "kernels/cuda/linear/linear_attention.hpp"
@@ -567,17 +568,13 @@ __device__ __forceinline__ void load_tile_b(bf16* s, const bf16* gsrc, size_t st
 //                                                           the start state out, loads of c+2
 //   phase 2  A: o += P U, stored                        B: S ← e^{G_last} S + Ûᵀ K
 // Group A is the longer path in both phases (phase marks on the H200), so group B also writes
-// the boundary states and issues the loads; LAR_DELTA_QS0=early (A/B) moves group A's Q S0ᵀ into
-// the slack of its T⁻¹ build. q, k, v are loaded two chunks ahead (3 buffers), the
+// the boundary states and issues the loads. q, k, v are loaded two chunks ahead (3 buffers), the
 // gates published one chunk ahead (2 slots), P and T⁻¹ double-buffered. Barrier ids: 2 group B,
 // 3 group A, 4–5 the merge (group A's warps 1..3).
 constexpr size_t kFwdSmem = 20 * TILE * sizeof(bf16) + (TILEF + 4 * C) * sizeof(float);
 
 __device__ __forceinline__ void group_a_sync() { asm volatile("bar.sync 3, %0;\n" ::"n"(NT) : "memory"); }
 
-// kEarlyQS0 (LAR_DELTA_QS0=early, A/B): group A computes o = e^G Q S0ᵀ inside local_terms' slack
-// instead of before it (see local_terms); same arithmetic, bit-identical results.
-template <bool kEarlyQS0>
 __global__ void __launch_bounds__(NT2, 1) fwd_kernel(const Params p) {
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* sQ = reinterpret_cast<bf16*>(smem);  // [3] each
@@ -626,9 +623,9 @@ __global__ void __launch_bounds__(NT2, 1) fwd_kernel(const Params p) {
   };
   auto gates = [&](int ci) { return fetch_gates(p, b, h, ci * C, min(C, p.T - ci * C)); };
   // Group A: P, Aw and T⁻¹ of chunk ci (its tiles and gates in place).
-  // own(): this warp's part of the current chunk's o = e^G Q S0ᵀ, run where the warp has slack —
-  // before the group barrier by the warps that invert no diagonal block, after it by the others
-  // (warp 1 after its one-step merge), so T⁻¹'s chain (diagonal blocks → merge) starts earlier.
+  // own(): work to run where the warp has slack — before the group barrier by the warps that
+  // invert no diagonal block, after it by the others (warp 1 after its one-step merge). The
+  // callers pass none (o's Q S0ᵀ runs before it, q_s0).
   auto local_terms = [&](int ci, auto&& own) {
     const bf16 *Q = sQ + (ci % 3) * TILE, *K = sK + (ci % 3) * TILE;
     const float *G = sG + (ci & 1) * C, *Bt = sB + (ci & 1) * C;
@@ -701,15 +698,8 @@ __global__ void __launch_bounds__(NT2, 1) fwd_kernel(const Params p) {
 #pragma unroll
           for (int e = 0; e < 4; ++e) keep[nt][e] *= eg[e >> 1];
       };
-      if constexpr (kEarlyQS0) {
-        if (ci + 1 < p.nc)
-          local_terms(ci + 1, q_s0);
-        else
-          q_s0();
-      } else {
-        q_s0();
-        if (ci + 1 < p.nc) local_terms(ci + 1, [] {});
-      }
+      q_s0();
+      if (ci + 1 < p.nc) local_terms(ci + 1, [] {});
     } else {
       Acc x;
       zero(x);
@@ -795,10 +785,6 @@ __global__ void __launch_bounds__(NT2, 1) fwd_kernel(const Params p) {
 constexpr size_t kBwdSmem = 22 * TILE * sizeof(bf16) + (TILEF + 10 * C + 8) * sizeof(float);
 static_assert(kBwdSmem <= 227 * 1024, "fused backward: one CTA per SM");
 
-// kMergeLoads (LAR_DELTA_BWD_LOADS=merge, A/B): the next chunk's tiles are issued in P1 by warps 1
-// and 2 after their T⁻¹ merge steps (the warps with the most slack there) instead of by all warps
-// at the top of the chunk (≈ 2 k cycles a chunk, H200 phase marks); same results, bit for bit.
-template <bool kMergeLoads>
 __global__ void __launch_bounds__(NT, 1) bwd_kernel(const Params p) {
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* sIn = reinterpret_cast<bf16*>(smem);  // [2][5] tiles: Q K V dO S0 of chunks with parity 0, 1
@@ -849,39 +835,17 @@ __global__ void __launch_bounds__(NT, 1) bwd_kernel(const Params p) {
     load_tile(dst + 3 * TILE, p.dout + row_off(p, b, t0, h), stride, n);
     load_tile(dst + 4 * TILE, p.bound_in + (bh * p.nc + ci) * D * D, D, C);
   };
-  // kMergeLoads: chunk ci's five tiles by the `count` threads from threadIdx.x = `first`
-  auto prefetch_part = [&](int ci, int first, int count) {
-    const int t0 = ci * C, n = min(C, p.T - t0);
-    bf16* dst = sIn + (ci & 1) * 5 * TILE;
-    const bf16* src[5] = {p.q + row_off(p, b, t0, h), p.k + row_off(p, b, t0, h), p.v + row_off(p, b, t0, h),
-                          p.dout + row_off(p, b, t0, h), p.bound_in + (bh * p.nc + ci) * D * D};
-#pragma unroll
-    for (int j = 0; j < 5; ++j) {
-      const size_t st = j < 4 ? stride : D;
-      const int rows = j < 4 ? n : C;
-      for (int i = threadIdx.x - first; i < C * 8; i += count) {
-        const int r = i >> 3, c = i & 7;
-        const bool ok = r < rows;
-        cp_async16(dst + j * TILE + r * LD + c * 8, ok ? src[j] + r * st + c * 8 : src[j], ok);
-      }
-    }
-  };
   prefetch(p.nc - 1);
   cp_async_commit();
   GateRegs gr = fetch_gates(p, b, h, (p.nc - 1) * C, p.T - (p.nc - 1) * C);
 
   for (int ci = p.nc - 1; ci >= 0; --ci) {
     const int t0 = ci * C, n = min(C, p.T - t0);
-    if (!kMergeLoads) {
-      if (ci > 0) prefetch(ci - 1);
-      cp_async_commit();
-    }
+    if (ci > 0) prefetch(ci - 1);
+    cp_async_commit();
     publish_gates(gr, sG, sB);
     if (ci > 0) gr = fetch_gates(p, b, h, t0 - C, C);
-    if (kMergeLoads)
-      cp_async_wait<0>();  // chunk ci's tiles (issued in chunk ci+1's P1)
-    else
-      cp_async_wait<1>();
+    cp_async_wait<1>();
     __syncthreads();  // P0
     const bf16* sQ = sIn + (ci & 1) * 5 * TILE;
     const bf16 *sK = sQ + TILE, *sV = sQ + 2 * TILE, *sdO = sQ + 3 * TILE, *sS0 = sQ + 4 * TILE;
@@ -942,11 +906,6 @@ __global__ void __launch_bounds__(NT, 1) bwd_kernel(const Params p) {
     }
     if (warp == 2) merge_row<2>(sAw, sB, sTiH, sTiL, L.lane, 1);
     if (warp == 3) merge_row<3>(sAw, sB, sTiH, sTiL, L.lane, 1);
-    if (kMergeLoads && (warp == 1 || warp == 2)) {
-      // chunk ci−1's tiles into the other parity (last read in chunk ci+1, before P0)
-      if (ci > 0) prefetch_part(ci - 1, 32, 64);
-      cp_async_commit();
-    }
     if (warp == 0 || warp >= 4) {
       // Q̃ = e^G q, K̃ = β e^G k (operands of the dS update, read after P3), by the 5 warps that
       // do not merge T⁻¹'s blocks meanwhile
@@ -1594,9 +1553,8 @@ Params make_params(const DeltaShape& s, const char* what) {
 // B = 1, 2, 4, 8 at T = 32K / B: `lar-bench delta-paths`): fused fwd 6.4, bwd 13.6 per wave of
 // B·H CTAs; two-phase fwd 0.0787, bwd 0.121 per (b, h) plus the sequential pass's 0.15 per chunk.
 // So the fused path wins from about B·H ≥ 80 (fwd) / 112 (bwd) on 132 SMs.
-// LAR_DELTA_PATH=fused|chunked|auto overrides (A/B timing, tests of both paths).
-bool use_two_phase(const Params& p, bool bwd) {
-  const PathChoice want = path_override("LAR_DELTA_PATH");
+// DeltaShape::kernels.path (cuda.linear_path) forces one.
+bool use_two_phase(const Params& p, bool bwd, PathChoice want) {
   if (want != PathChoice::automatic) return want == PathChoice::chunked;
   const int sms = sm_count();
   const double bh = static_cast<double>(p.B) * p.H;
@@ -1616,8 +1574,7 @@ struct ClockLog {
 void clock_report();
 ClockLog* clock_log() {
   static ClockLog* log = []() -> ClockLog* {
-    const char* env = std::getenv("LAR_DELTA_CLOCKS");
-    if (!env || std::string(env) != "1") return nullptr;
+    if (!env_flag("LAR_DELTA_CLOCKS")) return nullptr;
     auto* l = new ClockLog;
     const size_t bytes = 2 * kClockSlots * 4 * sizeof(unsigned long long);
     LAR_CUDA_CHECK(cudaMalloc(&l->dev, bytes));
@@ -1655,26 +1612,6 @@ void clock_report() {
   }
 }
 
-// LAR_DELTA_QS0=early: the fused forward's kEarlyQS0 order (A/B timing; unset or "late": the
-// default order). Read at every launch, so that a test can switch it.
-bool qs0_early() {
-  const char* env = std::getenv("LAR_DELTA_QS0");
-  const std::string want = env ? env : "";
-  if (want == "early") return true;
-  if (!want.empty() && want != "late") throw RuntimeError("LAR_DELTA_QS0=" + want + ": expected early or late");
-  return false;
-}
-
-// LAR_DELTA_BWD_LOADS=merge: the fused backward's kMergeLoads placement (A/B timing; unset or
-// "top": the default). Read at every launch, so that a test can switch it.
-bool bwd_merge_loads() {
-  const char* env = std::getenv("LAR_DELTA_BWD_LOADS");
-  const std::string want = env ? env : "";
-  if (want == "merge") return true;
-  if (!want.empty() && want != "top") throw RuntimeError("LAR_DELTA_BWD_LOADS=" + want + ": expected merge or top");
-  return false;
-}
-
 // One launch with its dynamic shared memory (the limit must be raised above 48 KB first).
 void launch(void (*kernel)(Params), dim3 grid, size_t smem, const Params& p, cudaStream_t stream, int threads = NT) {
   LAR_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
@@ -1707,10 +1644,9 @@ void delta_fwd(const DeltaShape& s, const bf16* q, const bf16* k, const bf16* v,
   Params p = make_params(s, "delta_fwd");
   if (!q || !k || !v || !beta || !o) throw RuntimeError("delta_fwd: q, k, v, beta and o are required");
   p.q = q, p.k = k, p.v = v, p.g = g, p.beta = beta, p.S0 = S0, p.o = o, p.S_out = S_out, p.bound = boundary;
-  if (!use_two_phase(p, false)) {
+  if (!use_two_phase(p, false, s.kernels.path)) {
     clock_slot(p, 0);
-    const bool early = qs0_early();
-    launch(early ? fwd_kernel<true> : fwd_kernel<false>, dim3(p.H, p.B), kFwdSmem, p, stream, NT2);
+    launch(fwd_kernel, dim3(p.H, p.B), kFwdSmem, p, stream, NT2);
     return;
   }
   const size_t chunks = static_cast<size_t>(p.B) * p.H * p.nc;
@@ -1731,10 +1667,9 @@ void delta_bwd(const DeltaShape& s, const bf16* q, const bf16* k, const bf16* v,
     throw RuntimeError("delta_bwd: q, k, v, beta, boundary, dout, dq, dk, dv and dbeta are required");
   p.q = q, p.k = k, p.v = v, p.g = g, p.beta = beta, p.bound_in = boundary, p.dout = dout, p.dST = dST;
   p.dq = dq, p.dk = dk, p.dv = dv, p.dg = dg, p.dbeta = dbeta, p.dS0 = dS0;
-  if (!use_two_phase(p, true)) {
+  if (!use_two_phase(p, true, s.kernels.path)) {
     clock_slot(p, 1);
-    const bool merge = bwd_merge_loads();
-    launch(merge ? bwd_kernel<true> : bwd_kernel<false>, dim3(p.H, p.B), kBwdSmem, p, stream);
+    launch(bwd_kernel, dim3(p.H, p.B), kBwdSmem, p, stream);
     return;
   }
   const size_t chunks = static_cast<size_t>(p.B) * p.H * p.nc;

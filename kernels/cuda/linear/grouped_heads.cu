@@ -72,6 +72,7 @@ Virtual make_virtual(const GroupedShape& g, bool decode, const char* what) {
   v.Hk = static_cast<int>(Hk), v.H = static_cast<int>(g.H), v.m = static_cast<int>(g.dv / 64);
   v.rep_qk = static_cast<int>(g.H / Hk) * v.m;
   v.s.B = g.B, v.s.T = g.T, v.s.H = g.H * v.m, v.s.dk = 64, v.s.dv = 64, v.s.scale = g.scale;
+  v.s.kernels = g.kernels;
   v.rows = decode ? g.B : g.B * g.T;
   return v;
 }

@@ -37,6 +37,7 @@ struct GroupedShape {
   int64_t Hk = 0;  // key heads (0: H); H must be a multiple
   int64_t dk = 64, dv = 64;
   double scale = 0.125;
+  KernelChoice kernels;  // (linear_attention.hpp)
 };
 
 // Bytes of the boundary workspace (the forward writes it, the backward reads it).

@@ -1422,23 +1422,14 @@ void qkv_backward_with(const QkvArgs& a, const QkvGrads& g, void* dP, float* gwq
 
 }  // namespace
 
-// LAR_QKV_LANE_CHANNELS=8 (the default) or 4: the forward's channels per lane where both
-// kernels apply (A/B timing; any other value is an error).
-static int lane_channels_setting() {
-  const char* e = std::getenv("LAR_QKV_LANE_CHANNELS");
-  if (!e || !*e || std::string(e) == "8") return 8;
-  if (std::string(e) == "4") return 4;
-  throw RuntimeError(std::string("LAR_QKV_LANE_CHANNELS=") + e + ": expected 4 or 8");
-}
-
 void qkv_forward(const QkvArgs& a, bf16* q, bf16* k, bf16* v, float* vout, cudaStream_t stream) {
   qkv_check(a);
   require(!a.rin || a.gamma, "qkv: cler needs gamma");
-  const int lane_channels = lane_channels_setting();  // checked on every call
   if (a.B * a.T == 0) return;
-  // bf16 P in 16-byte rows and convs up to 4 wide: 8 channels a lane (with the 8-tap
-  // weights of W = 5..8 that kernel would spill: the 4-channel one takes them)
-  if (a.p_bf16 && a.W <= 4 && a.ldp % 8 == 0 && reinterpret_cast<uintptr_t>(a.P) % 16 == 0 && lane_channels == 8)
+  // bf16 P in 16-byte rows and convs up to 4 wide: 8 channels a lane, the faster where both
+  // apply (with the 8-tap weights of W = 5..8 that kernel would spill: the 4-channel one takes
+  // them, and every other case)
+  if (a.p_bf16 && a.W <= 4 && a.ldp % 8 == 0 && reinterpret_cast<uintptr_t>(a.P) % 16 == 0)
     qkv_forward8_with<kFwdG, kFwdS, kFwdRun>(a, q, k, v, vout, stream);
   else
     qkv_forward_with<kFwdG, kFwdS, kFwdRun>(a, q, k, v, vout, stream);

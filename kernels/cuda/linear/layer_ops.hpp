@@ -42,8 +42,8 @@ struct QkvArgs {
   const float* gamma = nullptr;  // cler: Γ, one float in device memory (no host sync)
 };
 // Outputs q, k [N, Cq], v [N, Cv] in bf16; vout (nullable) gets ṽ in fp32. bf16 P with 16-byte
-// rows and W ≤ 4 takes a kernel with 8 channels a lane (LAR_QKV_LANE_CHANNELS=4: the 4-channel
-// one, for A/B timing); the same values up to the L2 sums' order.
+// rows and W ≤ 4 takes a kernel with 8 channels a lane, everything else one with 4; the two
+// give the same values up to the L2 sums' order.
 void qkv_forward(const QkvArgs& a, __nv_bfloat16* q, __nv_bfloat16* k, __nv_bfloat16* v, float* vout,
                  cudaStream_t stream);
 

@@ -30,12 +30,51 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
+
+#include "core/error.hpp"
 
 namespace lar::kernels::cuda::linear {
+
+// Which kernels a pass runs: the run's cuda.linear_path and cuda.ccq_* keys, through the
+// mixer (kernels/cuda/cuda_backend.hpp parses them); tests and benchmarks force each path.
+// automatic: the cost model beside each choice (use_two_phase, use_carve_split, use_ws,
+// group_chunks).
+enum class PathChoice { automatic, fused, chunked };  // delta and channel rules, CARVE
+enum class CcqPath { automatic, par, ws };            // CCQ: chunk-parallel or warp-specialised
+struct KernelChoice {
+  PathChoice path = PathChoice::automatic;
+  CcqPath ccq_fwd = CcqPath::automatic, ccq_bwd = CcqPath::automatic;
+  int ccq_group = 0;  // CCQ's chunks per group of the chunk-parallel passes, 1..64; 0: per shape
+};
+
+// The choice from the run's keys ("auto" or "" for each default); lar::UserError naming the key
+// for a value it does not know.
+inline KernelChoice kernel_choice(const std::string& linear_path, const std::string& ccq_fwd,
+                                  const std::string& ccq_bwd, int ccq_group) {
+  KernelChoice c;
+  if (linear_path == "fused") c.path = PathChoice::fused;
+  else if (linear_path == "chunked") c.path = PathChoice::chunked;
+  else if (!linear_path.empty() && linear_path != "auto")
+    throw UserError("cuda.linear_path: '" + linear_path + "' is not one of auto, fused, chunked");
+  const auto ccq = [](const std::string& v, const char* key) {
+    if (v == "par") return CcqPath::par;
+    if (v == "ws") return CcqPath::ws;
+    if (!v.empty() && v != "auto") throw UserError(std::string(key) + ": '" + v + "' is not one of auto, par, ws");
+    return CcqPath::automatic;
+  };
+  c.ccq_fwd = ccq(ccq_fwd, "cuda.ccq_fwd");
+  c.ccq_bwd = ccq(ccq_bwd, "cuda.ccq_bwd");
+  if (ccq_group < 0 || ccq_group > 64)
+    throw UserError("cuda.ccq_group: " + std::to_string(ccq_group) + " is not from 0 to 64");
+  c.ccq_group = ccq_group;
+  return c;
+}
 
 struct DeltaShape {
   int64_t B = 1, T = 0, H = 1, dk = 64, dv = 64;
   double scale = 0.125;  // output scale (1/sqrt(dk) in SPEC §1)
+  KernelChoice kernels;
 };
 
 constexpr int kChunk = 64;

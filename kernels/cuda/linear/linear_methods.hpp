@@ -74,7 +74,7 @@ void ccq_fwd(const DeltaShape& s, const CcqInputs& in, __nv_bfloat16* qc, const 
 // fp32 is overwritten. Each pass picks, per call, between a warp-specialised kernel (one 16-warp
 // CTA per (b, h), two warp teams on consecutive chunks) when B·H fills the GPU and a
 // chunk-parallel one (stats, scan over groups of chunks, main; workspace from a private
-// stream-ordered pool) otherwise; LAR_CCQ_FWD / LAR_CCQ_BWD=auto|par|ws override. Both are
+// stream-ordered pool) otherwise; s.kernels.ccq_fwd / ccq_bwd (cuda.ccq_fwd, cuda.ccq_bwd) force one. Both are
 // deterministic (fixed summation order, no atomics).
 void ccq_bwd(const DeltaShape& s, const CcqInputs& in, const CcqStats& fin, const __nv_bfloat16* dqc,
              __nv_bfloat16* dq, __nv_bfloat16* dk, float* dlambda, cudaStream_t stream);
