@@ -1,5 +1,5 @@
 #pragma once
-// The per-layer token-mixer interface (SPEC §2–§4). A block is
+// The per-layer token-mixer interface (docs/spec.md §2–§4). A block is
 //     h ← h + Mixer(RMSNorm(h));  h ← h + SwiGLU(RMSNorm(h))
 // and the model (trainer/model.hpp) owns everything except the Mixer: norms, SwiGLU,
 // residual adds, the cross-layer routing projections P_l, and the layer list.
@@ -62,7 +62,7 @@ struct ForwardContext {
   bool training = true;
 };
 
-// Cross-layer routing (SPEC §4, LAA §4): a side channel [B,T,side_dim] that a linear
+// Cross-layer routing (docs/spec.md §4, LAA §4): a side channel [B,T,side_dim] that a linear
 // layer publishes (its write residual r_l for cler/cler_h, its written value v_l for clvr)
 // and that p(l') — the nearest lower linear layer — hands to layer l'. Softmax layers
 // neither read nor publish; the channel skips them.
@@ -129,7 +129,7 @@ bool mixer_runs_on_cuda(const std::string& kind);
 // names the value). mixer_runs_on_cuda checks kinds only.
 std::string cuda_unsupported(const json& model);
 
-// The layer list (SPEC §3): the mixer kind of each layer. Layer l is softmax when
+// The layer list (docs/spec.md §3): the mixer kind of each layer. Layer l is softmax when
 // architecture == softmax, or stack == dense, or (stack == hybrid and
 // l % (hybrid_ratio+1) == hybrid_ratio); otherwise model.architecture.
 std::vector<std::string> layer_kinds(const json& model);

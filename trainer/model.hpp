@@ -1,5 +1,5 @@
 #pragma once
-// The language model (SPEC §3): untied embedding; per block
+// The language model (docs/spec.md §3): untied embedding; per block
 //     h ← h + Mixer_l(RMSNorm(h));  [cler_h/clvr: h ← h + P_l·side_l];  h ← h + SwiGLU(RMSNorm(h))
 // (P_l full rank and zero at init, or U_l·D_l with D_l zero when model.routing_rank > 0;
 // model.routing_inject: layer adds P_l·side_l after the SwiGLU branch instead)

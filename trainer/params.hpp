@@ -9,7 +9,7 @@
 //   matrix_hidden — 2-D hidden weight matrices [rows=out, cols=in]: Muon/NorMuon under
 //                   muon/normuon, AdamW with weight decay under adamw.
 //   embedding, head — 2-D but never Muon: AdamW (scalar_lr under muon), with weight decay.
-//   norm, bias, scalar — AdamW, NO weight decay (SPEC §5: not on norms, biases, gate scalars).
+//   norm, bias, scalar — AdamW, NO weight decay (docs/spec.md §5: not on norms, biases, gate scalars).
 // On the CPU backend `host_params()` / `host_grads()` are plain float* (training is
 // fp32); the gradients are complete (summed over the batch, divided by the number of
 // loss tokens) when the optimiser runs. Parameter order is deterministic (declaration
@@ -25,7 +25,7 @@ namespace lar::trainer {
 
 enum class ParamKind { matrix_hidden, embedding, head, norm, bias, scalar };
 std::string to_string(ParamKind k);
-// Weight decay applies (SPEC §5): matrix_hidden, embedding, head.
+// Weight decay applies (docs/spec.md §5): matrix_hidden, embedding, head.
 bool decays(ParamKind k);
 
 // How a parameter is initialised (from the run's init RNG stream, one sub-stream per

@@ -1,5 +1,5 @@
 #pragma once
-// The `softmax` token mixer (SPEC §2): q, k, v projections with grouped-query attention
+// The `softmax` token mixer (docs/spec.md §2): q, k, v projections with grouped-query attention
 // (model.n_kv_heads key/value heads), RoPE (model.rope_base) on q and k, causal softmax
 // attention with an optional sliding window (model.window), output projection W_o.
 // Registered as "softmax".

@@ -540,7 +540,7 @@ __global__ void __launch_bounds__(32 * kDwRows) rmsnorm_dw_sum(const float* part
 // register-staged kernel above holds one row per warp in registers (16 rows per SM, none in
 // flight while a warp reduces and stores); here loads never wait on a warp's own arithmetic
 // (H200, 32768 × 1024, bf16 dy: 179 → 152 µs plain, 195 → 167 µs with r; dev/perf-history.md,
-// "Training step, session 8"). dw's row terms stay in registers (lane-owned columns), then the block's warps
+// "Training step: pipelined norm backward, clip folded into AdamW, bf16 reductions"). dw's row terms stay in registers (lane-owned columns), then the block's warps
 // are summed in a fixed order into partial[block][col] as above. Rows go to warps
 // round-robin over a fixed grid: deterministic, no atomics. d % 8 == 0, d ≤ 128·KMAX, every
 // row 16-byte aligned.
@@ -1585,7 +1585,7 @@ std::string algo_config(const cublasLtMatmulAlgo_t& algo) {
 }  // namespace
 
 // Measured on the H200 (cuda.gemm: tune, LAR_GEMM_LOG=1, in the 344M GDN step at B·T = 32768;
-// dev/perf-history.md, "Training step, session 7"): shapes whose fastest heuristic candidate beat the
+// dev/perf-history.md, "Training step: GEMM choice, norms, memory"): shapes whose fastest heuristic candidate beat the
 // first one by ≥ 2% (mean over the layers timed), and the prefix of that candidate's
 // configuration (algo_config: algorithm, tile, stages, split-K, reduction, cluster). flags: 1 A
 // transposed, 2 B transposed, 4 C bf16, 8 β ≠ 0. A fixed table instead of timing at run time
@@ -2074,7 +2074,7 @@ int norm_pipe_blocks(int64_t n, int warps) {
 }
 // The pipeline's shape: 8 warps × 2 row buffers per SM (measured on the H200 at d = 1024,
 // plain / with r: 151.9 / 167.5 µs, against 153.8 / 171.1 for 6 warps × 3 buffers, 155.6 /
-// 172.8 for 4 × 4 and 153.6 / 171.2 for 9 × 2; dev/perf-history.md, "Training step, session 8"), and
+// 172.8 for 4 × 4 and 153.6 / 171.2 for 9 × 2; dev/perf-history.md, "Training step: pipelined norm backward, clip folded into AdamW, bf16 reductions"), and
 // its shared memory.
 constexpr int kPipeWarps = 8, kPipeStages = 2;
 std::size_t norm_pipe_smem(int64_t d, std::size_t dy_bytes, std::size_t r_bytes) {

@@ -6,7 +6,7 @@
 // weights reach the GEMMs through a bf16 mirror refreshed after writes; the residual
 // stream, norm statistics and master weights stay fp32. Arena blocks grow in place
 // (CUDA virtual memory). Deterministic: no atomics; every reduction has a fixed order
-// (dev/perf-history.md, issue-7 section).
+// (dev/perf-history.md, "CUDA backend, part 1").
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>

@@ -65,7 +65,7 @@ TableTiming estimate_table(const experiments::Plan& plan, int jobs, const Timing
 // under 1% here). What `tflops_per_gpu` multiplies tokens/s by (LAA Table 8).
 double model_flops_per_token(const json& config);
 
-// Parameters of a config by the model's shapes (SPEC §2, approximately: gates and norms
+// Parameters of a config by the model's shapes (docs/spec.md §2, approximately: gates and norms
 // of linear mixers as 1·d² a layer).
 double estimate_params(const json& config);
 

@@ -1,5 +1,5 @@
 // Recurrent vs chunkwise forms of every linear-attention recurrence, finite-difference
-// gradients in fp64, the special-case equalities of SPEC §2 and decode = full forward.
+// gradients in fp64, the special-case equalities of docs/spec.md §2 and decode = full forward.
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -1,4 +1,4 @@
-// Cross-layer routing (SPEC §4, LAA §4) at the model level, with the real delta-rule mixers:
+// Cross-layer routing (docs/spec.md §4, LAA §4) at the model level, with the real delta-rule mixers:
 // for every routing variant (cler, cler_h, clvr) on pure and hybrid stacks of deltanet, gdn,
 // kda, gdn2 and carve, in fp64 on the CPU backend:
 //   - at init (zero Γ_l / zero P_l) the loss and every shared parameter's gradient are

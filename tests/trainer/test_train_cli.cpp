@@ -217,9 +217,10 @@ log: {every: 50}
   const double acc = st->summary.at("acc").get<double>();
   std::printf("MQAR: accuracy %.4f, %.1f CPU-s, %.1f s wall\n", acc, cpu, wall);
   EXPECT_GE(acc, 0.99);
-  // The budget is compute on one core (measured: ≈ 70 CPU-s, 99.95%); on a shared
-  // machine the wall clock also counts other load, so it is printed, not asserted.
-  EXPECT_LT(cpu, 120.0);
+  // The budget is compute on one core (measured: ≈ 70 CPU-s alone, 99.95%; 137 CPU-s beside a
+  // two-job compile on the 2-core machine, whose neighbours slow each core's work); the bound
+  // catches a trainer three times slower. The wall clock counts other load: printed only.
+  EXPECT_LT(cpu, 210.0);
 }
 
 }  // namespace

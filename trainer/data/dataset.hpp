@@ -1,6 +1,6 @@
 #pragma once
 // Where training batches come from: token shards (LM) or synthetic tasks generated from
-// the seed. The trainer sees only this interface. See SPEC §6.
+// the seed. The trainer sees only this interface. See docs/spec.md §6.
 #include <cstdint>
 #include <filesystem>
 #include <memory>

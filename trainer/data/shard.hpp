@@ -1,5 +1,5 @@
 #pragma once
-// Token shards (SPEC §6): one binary file holds a run of token ids behind a small header.
+// Token shards (docs/spec.md §6): one binary file holds a run of token ids behind a small header.
 // Readers memory-map the file, so a corpus larger than RAM costs nothing until touched.
 //
 // Layout, little-endian (docs/data.md):

@@ -1,5 +1,5 @@
 #pragma once
-// Synthetic retrieval tasks (SPEC §6), each a pure function of (parameters, rng): the
+// Synthetic retrieval tasks (docs/spec.md §6), each a pure function of (parameters, rng): the
 // dataset seeds an Rng from (seed, stream, sample index), so any sample can be regenerated
 // on its own. docs/data.md describes every layout precisely.
 #include <cstdint>

@@ -1,4 +1,4 @@
-// The linear-attention mixer layer (SPEC §2) around the recurrences of kernels/cpu/linear:
+// The linear-attention mixer layer (docs/spec.md §2) around the recurrences of kernels/cpu/linear:
 //   q,k,v = projections of the normed input x
 //   optional short causal depthwise conv (width model.conv_size) + SiLU on q, k, v
 //   delta rules (deltanet, gdn, kda, gdn2), CCQ and model.qk_l2norm: q, k L2-normalised per

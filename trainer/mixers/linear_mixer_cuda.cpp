@@ -1,4 +1,4 @@
-// The linear-mixer layer (SPEC §2; see linear_mixer.cpp for the math and the CPU
+// The linear-mixer layer (docs/spec.md §2; see linear_mixer.cpp for the math and the CPU
 // reference) on the CUDA backend. Same parameters and results as the CPU path within bf16
 // rounding:
 //   P = x [Wq;Wk;Wv]ᵀ             one GEMM (the three are adjacent in the flat buffer)

@@ -1,5 +1,5 @@
 #pragma once
-// Optimisers of SPEC §5 over flat fp32 buffers: `adamw`, `muon`, `normuon`.
+// Optimisers of docs/spec.md §5 over flat fp32 buffers: `adamw`, `muon`, `normuon`.
 //
 // The trainer keeps every parameter in one flat float buffer and every gradient in a
 // second buffer of the same layout. A table of ParamView says where each tensor lives and

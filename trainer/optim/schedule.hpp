@@ -1,5 +1,5 @@
 #pragma once
-// Learning-rate schedules of SPEC §5: linear warmup, then `wsd` (warmup–stable–decay with
+// Learning-rate schedules of docs/spec.md §5: linear warmup, then `wsd` (warmup–stable–decay with
 // minus_sqrt decay), `cosine`, or `constant`.
 //
 // Steps are 0-based update indices k = 0 … S−1 (S = budget.steps); the formulas use the

@@ -1,4 +1,4 @@
-// CARVE (SPEC §4): the gdn2 recurrence with a content-aware key-axis erase gate and a
+// CARVE (docs/spec.md §4): the gdn2 recurrence with a content-aware key-axis erase gate and a
 // scalar write gate, for one (batch, head) sequence:
 //   b_{c,t} = σ(bx_t + U_b(m_c)),  U_b(m) = U2 tanh(U1 m)   (U1 [r,dv], U2 [dk,r])
 //   m_c     = mean of the outputs o_t over content chunk c−1 (length L), m_0 = 0

@@ -1,4 +1,4 @@
-// CCQ (Curvature-Conditioned Query, SPEC §4): the read-side correction
+// CCQ (Curvature-Conditioned Query, docs/spec.md §4): the read-side correction
 //   q_clean_t = (I − λ_t Σ_t) q_t,   Σ_t = C̄_t − μ_t μ_tᵀ  (centered) or C̄_t (uncentered)
 //   C̄_t = (1/t) Σ_{j≤t} k_j k_jᵀ,    μ_t = (1/t) Σ_{j≤t} k_j       (1/t, current key included)
 // on L2-normalised q, k of one (batch, head) sequence. The backbone then reads S_t q_clean_t.

@@ -1,4 +1,4 @@
-// The one recurrence behind every linear-attention mixer (SPEC §2), on raw arrays.
+// The one recurrence behind every linear-attention mixer (docs/spec.md §2), on raw arrays.
 //
 // Per (batch, head) sequence, with state S ∈ R^{dv×dk} (row-major: value rows, key columns):
 //   a_t = exp(g_t)                      (log-gate g ≤ 0; scalar or per key channel; none = 1)

@@ -1,4 +1,4 @@
-// The six linear-attention recurrences of SPEC §2 (linear, gla, deltanet, gdn, kda, gdn2)
+// The six linear-attention recurrences of docs/spec.md §2 (linear, gla, deltanet, gdn, kda, gdn2)
 // mapped onto the core recurrence of core.hpp. Per (batch, head) sequence, raw arrays.
 //
 //   mixer     gate g          erase e      write z
@@ -10,7 +10,7 @@
 //   gdn2      channel [T,dk]  b ⊙ k        w ⊙ v       (b [T,dk], w [T,dv])
 //
 // q and k arrive already normalised (the layer L2-normalises them for delta rules); the
-// output scale (1/sqrt(dk) in SPEC §1) is a parameter.
+// output scale (1/sqrt(dk) in docs/spec.md §1) is a parameter.
 #pragma once
 
 #include <optional>

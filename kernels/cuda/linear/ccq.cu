@@ -1,10 +1,10 @@
-// CCQ read correction (SPEC §4, kernels/cpu/linear/ccq.hpp) forward and backward:
+// CCQ read correction (docs/spec.md §4, kernels/cpu/linear/ccq.hpp) forward and backward:
 //   q_c = q − λ_t r_t,  r_t = (K_t q)/t − m_t (m_tᵀ q)/t²  (centered; uncentered: no m term)
 // with the running key statistics K_t = Σ_{j≤t} k_j k_jᵀ, m_t = Σ_{j≤t} k_j (no forgetting).
 // The backbone then runs on q_c; its gradient on q_c comes back here as dqc. See
 // linear_methods.hpp for the contract.
 //
-// Chunk-parallel (dev/perf-history.md, "CCQ chunk-parallel" and "CCQ, session 6"). The statistics
+// Chunk-parallel (dev/perf-history.md, "CCQ chunk-parallel" and "CCQ: warp-specialised kernels"). The statistics
 // have no decay, so the state before a chunk is a prefix sum of per-chunk terms, and the
 // gradients on it (GK on K_prev, Gm on m_prev) are suffix sums. Chunks (64 tokens) are taken
 // in groups of G (group_chunks); when B·H is too small to fill the GPU (else the warp-specialised

@@ -1533,7 +1533,7 @@ void launch(K kernel, size_t smem, const CParams& p, cudaStream_t stream, dim3 g
 // with B·H below the SM count most of the GPU idles; the two-phase path spreads the chunks over
 // the GPU but adds the prep kernel's solves and bytes and the sequential state pass. Fitted on
 // the H200 (132 SMs; kda, gdn2 at B·H = 16, 32, 64, 128 with 512K tokens, H=16; dev/perf-history.md
-// "Channel rule, session 7"): fused 12–16 µs (fwd) / 24–30 µs (bwd) per chunk and wave of B·H
+// "Channel rule: two-phase path for B=1 T=32K"): fused 12–16 µs (fwd) / 24–30 µs (bwd) per chunk and wave of B·H
 // CTAs; the two-phase chunk work is 1.29–1.39× the fused work per chunk, spread over all SMs;
 // the state pass took 0.7 µs per chunk with one warp per 16 rows (≈ 0.3 expected with four).
 // So the two-phase path wins below B·H ≈ 95 on 132 SMs (and between 1 and 1.4 waves above).
@@ -1674,7 +1674,7 @@ void check_carve(const CarveInputs& in, const char* what) {
 // global writes). The chain pass does the rest in one CTA per (b, h) and hands each chunk's
 // dS_end and dm on; the chunk CTAs recompute their chunk from them on the other SMs while the
 // chain goes on (one launch, cbwd_carve_split_kernel). Fitted on the H200 (T·B = 32K, H = 16;
-// dev/perf-history.md, "Channel rule, session 8"), in units of the fused kernel's time: split / fused
+// dev/perf-history.md, "Channel rule: CARVE at B=1 T=32K"), in units of the fused kernel's time: split / fused
 // = 0.86, 0.90, 0.96 at B·H = 16, 32, 64 (the chain pass ≈ 0.86–0.9 of the fused walk; the chunk
 // CTAs, one chunk step each, share the SMs the chains leave) and 1.73 at B·H = 128. So the split
 // while max(kChainCost, kParCost · B·H / (SMs − B·H)) stays below the fused kernel's waves.

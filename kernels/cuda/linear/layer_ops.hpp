@@ -1,5 +1,5 @@
 #pragma once
-// The elementwise and reduction parts of a linear-mixer layer on the GPU (SPEC §2), around
+// The elementwise and reduction parts of a linear-mixer layer on the GPU (docs/spec.md §2), around
 // the chunkwise kernels of linear_attention.hpp: short causal conv + SiLU, L2 norm and the
 // packing of q, k, v into the kernels' bf16 [B,T,H,64] layout (one fused pass), the gate
 // maps, the per-head output RMSNorm × SiLU gate, the cross-layer routing readouts, and

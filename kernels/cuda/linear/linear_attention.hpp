@@ -1,5 +1,5 @@
 #pragma once
-// Fused chunkwise CUDA kernels for the linear mixers of SPEC §2 on Hopper: bf16 in and out,
+// Fused chunkwise CUDA kernels for the linear mixers of docs/spec.md §2 on Hopper: bf16 in and out,
 // fp32 state and accumulation, tensor cores through mma.sync m16n8k16, chunk 64.
 //   delta_fwd / delta_bwd / delta_decode     gdn (scalar decay per token and head), deltanet
 //   channel_fwd / channel_bwd                gla, kda, gdn2 (decay per key channel)
@@ -73,7 +73,7 @@ inline KernelChoice kernel_choice(const std::string& linear_path, const std::str
 
 struct DeltaShape {
   int64_t B = 1, T = 0, H = 1, dk = 64, dv = 64;
-  double scale = 0.125;  // output scale (1/sqrt(dk) in SPEC §1)
+  double scale = 0.125;  // output scale (1/sqrt(dk) in docs/spec.md §1)
   KernelChoice kernels;
 };
 

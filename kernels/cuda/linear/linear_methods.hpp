@@ -1,5 +1,5 @@
 #pragma once
-// CUDA kernels of the papers' methods on top of the linear mixers (SPEC §4), and the
+// CUDA kernels of the papers' methods on top of the linear mixers (docs/spec.md §4), and the
 // recurrent decode of the channel-gated mixers. Same conventions as linear_attention.hpp:
 // bf16 [B,T,H,64] activations, fp32 gates and state [B,H,64 (dv),64 (dk)], chunk 64, any T,
 // plain functions on device pointers + a stream, bad shapes throw lar::RuntimeError.

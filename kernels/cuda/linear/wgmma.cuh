@@ -1,7 +1,7 @@
 #pragma once
 // Hopper warpgroup MMA (wgmma, sm_90a; HGMMA in SASS) for the 64×64×64 bf16 products of the
 // chunk kernels, with the operands read by the tensor cores straight from shared memory (no
-// ldmatrix: dev/perf-history.md, "CCQ, session 6", found the mma.sync kernels bound by it).
+// ldmatrix: dev/perf-history.md, "CCQ: warp-specialised kernels", found the mma.sync kernels bound by it).
 //
 // Tile layout ("swizzled tile"): a 64 × 64 bf16 tile, 128 bytes a row, the 16-byte chunk c of
 // row r stored at chunk c ^ (r & 7) (the 128-byte swizzle of the wgmma descriptors; every

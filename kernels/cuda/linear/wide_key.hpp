@@ -1,5 +1,5 @@
 #pragma once
-// The linear mixers (SPEC §2, kernels/cpu/linear/core.hpp) at key head dims dk ∈ {128, 256}:
+// The linear mixers (docs/spec.md §2, kernels/cpu/linear/core.hpp) at key head dims dk ∈ {128, 256}:
 // the recurrent (token-by-token) form, exact for any log-decay ≤ 0 (the decays are applied
 // step by step; nothing is factored inside a chunk, so no exp(−G) can overflow).
 //   S_t = S_{t−1} D(a_t) + u_t k_tᵀ,  u_t = z_t − S_{t−1}(a_t ⊙ e_t),  o_t = scale S_t q_t
