@@ -14,6 +14,7 @@
 #include "core/error.hpp"
 #include "dist/env.hpp"
 #include "dist/id_exchange.hpp"
+#include "dist/nccl_communicator.hpp"
 #include "kernels/cuda/cuda_backend.hpp"
 
 namespace lar::dist {
@@ -208,6 +209,11 @@ std::vector<double> NcclDataParallel::sum(const std::vector<double>& values, dou
 }
 
 void NcclDataParallel::abort() { impl_->abort_comm(); }
+
+std::unique_ptr<optim::Communicator> NcclDataParallel::communicator() {
+  if (!impl_->comm) throw RuntimeError("the NCCL communicator was aborted");
+  return std::make_unique<NcclCommunicator>(impl_->comm, impl_->be->stream(), o_.rank, o_.world, o_.timeout_s);
+}
 
 int visible_gpus() {
   int n = 0;

@@ -19,6 +19,7 @@
 
 #include "core/json.hpp"
 #include "kernels/backend.hpp"
+#include "trainer/optim/zero.hpp"
 #include "trainer/train.hpp"
 
 namespace lar::dist {
@@ -43,6 +44,9 @@ class NcclDataParallel final : public trainer::DataParallel {
   void wait_reduced() override;
   std::vector<double> sum(const std::vector<double>& values, double timeout_s = 0) override;
   void abort() override;
+  // ZeRO-1's collectives over this communicator (dist/nccl_communicator.hpp), ordered after
+  // the backend's stream; valid while this object lives.
+  std::unique_ptr<optim::Communicator> communicator();
 
  private:
   struct Impl;

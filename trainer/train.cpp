@@ -104,6 +104,10 @@ json prepare_config(const json& raw) {
     throw UserError("backend: '" + cfg.at("backend").get<std::string>() + "' is not available in this build");
   // The same rules every cell of a spec passed at plan time (trainer/config_check.hpp).
   (void)check_config(cfg);
+  if (cfg.at("optimizer").at("zero_stage").get<long>() == 1)
+    throw UserError("optimizer.zero_stage: 1 (ZeRO-1) is not wired into lar train yet: the sharded optimiser "
+                    "(trainer/optim/zero.hpp) is implemented and tested, the trainer still holds the whole "
+                    "state on every rank; use 0");
   if (cfg.at("backend").get<std::string>() == "cuda") {
     const std::string why = cuda_unsupported(cfg.at("model"));
     if (!why.empty())

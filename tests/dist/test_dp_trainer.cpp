@@ -284,3 +284,34 @@ TEST(DataParallelTrainer, BatchThatDoesNotSplitIsAUserError) {
   EXPECT_EQ(r.errors[0], "data.batch_size 3 does not split into 2 rank(s) × data.micro_batches 1 equal micro-batches");
   EXPECT_FALSE(fs::exists(RunDir(d.path).status_path()));  // nothing written
 }
+
+// optimizer.zero_stage: 0 is the default and changes nothing; 2, 3, -1 are user errors
+// naming the key and value; 1 is valid but not yet wired into lar train (refused, exit 2).
+TEST(DistZeroConfig, StageIsCheckedBeforeAnyWork) {
+  auto stage = [](long s) { return json{{"optimizer", {{"zero_stage", s}}}}; };
+  EXPECT_EQ(trainer::prepare_config(json::object()), trainer::prepare_config(stage(0)));
+  for (long bad : {2L, 3L, -1L}) {
+    try {
+      trainer::prepare_config(stage(bad));
+      ADD_FAILURE() << "zero_stage " << bad << " accepted";
+    } catch (const UserError& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("optimizer.zero_stage: " + std::to_string(bad)), std::string::npos) << m;
+      if (bad > 0) EXPECT_NE(m.find("not implemented"), std::string::npos) << m;
+    }
+  }
+  try {
+    trainer::prepare_config(stage(1));
+    ADD_FAILURE() << "zero_stage 1 accepted by lar train";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("optimizer.zero_stage: 1 (ZeRO-1) is not wired into lar train"),
+              std::string::npos)
+        << e.what();
+  }
+  // Through the trainer: exit 2, nothing written.
+  TempDir d;
+  write_run(d.path, tiny_run({{"optimizer", {{"zero_stage", 2}}}}));
+  Ranks r = train_ranks(d.path, 2);
+  EXPECT_EQ(r.rc, (std::vector<int>{2, 2}));
+  EXPECT_FALSE(fs::exists(RunDir(d.path).status_path()));
+}
