@@ -148,6 +148,7 @@ NcclDataParallel::NcclDataParallel(kernels::Backend& be, const NcclOptions& o) :
 }
 
 NcclDataParallel::~NcclDataParallel() {
+  zero_comm_.reset();  // its stream and events, before the communicator goes
   Impl& m = *impl_;
   if (m.comm) {
     // Finalize (flush outstanding work), with a deadline; abort when it does not end.
@@ -210,9 +211,11 @@ std::vector<double> NcclDataParallel::sum(const std::vector<double>& values, dou
 
 void NcclDataParallel::abort() { impl_->abort_comm(); }
 
-std::unique_ptr<optim::Communicator> NcclDataParallel::communicator() {
+optim::Communicator* NcclDataParallel::communicator() {
   if (!impl_->comm) throw RuntimeError("the NCCL communicator was aborted");
-  return std::make_unique<NcclCommunicator>(impl_->comm, impl_->be->stream(), o_.rank, o_.world, o_.timeout_s);
+  if (!zero_comm_)
+    zero_comm_ = std::make_unique<NcclCommunicator>(impl_->comm, impl_->be->stream(), o_.rank, o_.world, o_.timeout_s);
+  return zero_comm_.get();
 }
 
 int visible_gpus() {

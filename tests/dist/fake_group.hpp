@@ -14,6 +14,7 @@
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -45,6 +46,14 @@ class FakeGroup {
   }
 
   int collectives() const { return collectives_; }
+
+ private:
+  class Rank;
+
+ public:
+  // Rank r's communicator, for ranks run on threads of the caller's own (one per rank,
+  // each rank calling the same collectives).
+  std::unique_ptr<optim::Communicator> member(int r) { return std::make_unique<Rank>(*this, r); }
 
  private:
   class Rank final : public optim::Communicator {

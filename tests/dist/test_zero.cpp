@@ -279,7 +279,7 @@ INSTANTIATE_TEST_SUITE_P(Zero, ZeroBitIdentical,
 
 class ZeroResume : public ::testing::TestWithParam<OptimizerName> {};
 
-// 3 steps at 2 ranks, checkpoint, 2 more at 3 ranks and at 1: the parameters and state of an
+// 3 steps at 2 ranks, checkpoint, 2 more at 3 ranks and at 1 (ZeRO-1 and unsharded): the parameters and state of an
 // uninterrupted unsharded run on the same summed gradients, bit for bit.
 TEST_P(ZeroResume, OnAnotherWorldSize) {
   const OptimizerName name = GetParam();
@@ -289,7 +289,7 @@ TEST_P(ZeroResume, OnAnotherWorldSize) {
   const std::vector<RankResult> first = run_zero(cfg, table, total, 2, 0, 3, initial_params(total), "");
   ASSERT_TRUE(first[0].state == first[1].state);
   ASSERT_TRUE(same_bits(first[0].params, first[1].params));
-  for (int world : {3, 1, 2, 4}) {
+  for (int world : {3, 1}) {
     SCOPED_TRACE("resumed on " + std::to_string(world) + " rank(s)");
     const Reference ref = run_unsharded(cfg, table, total, {2, 2, 2, world, world}, 5);
     const std::vector<RankResult> second = run_zero(cfg, table, total, world, 3, 5, first[0].params, first[0].state);
