@@ -599,6 +599,11 @@ int Trainer::run() {
         (world_ > 1 ? ", " + std::to_string(world_) + " data-parallel ranks" : std::string()));
   }
   if (micro_ > 1) log("gradient accumulation: " + std::to_string(micro_) + " micro-batches per rank");
+  if (zopt_) {
+    const optim::StateBytes sb = optim::optimizer_state_bytes(ocfg, views, world_);
+    log("zero_stage 1: optimiser state sharded over " + std::to_string(world_) + " ranks, rank 0 holds " +
+        std::to_string(sb.per_rank[0]) + " of " + std::to_string(sb.full) + " bytes");
+  }
   for (const auto& s : skipped) log("skipped damaged checkpoint: " + s);
   // Steps replayed after the checkpoint must not be recorded twice. Rank 0 alone writes.
   std::optional<MetricsWriter> metrics;

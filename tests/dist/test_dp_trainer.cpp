@@ -297,8 +297,8 @@ TEST(DataParallelTrainer, BatchThatDoesNotSplitIsAUserError) {
 // optimizer.zero_stage: 0 is the default and changes nothing; 2, 3, -1 are user errors
 // naming the key and value (exit 2, nothing written).
 TEST(DistZeroConfig, StageIsCheckedBeforeAnyWork) {
-  auto stage = [](long s) { return json{{"optimizer", {{"zero_stage", s}}}}; };
-  EXPECT_EQ(trainer::prepare_config(json::object()), trainer::prepare_config(stage(0)));
+  auto stage = [](long s) { return tiny_run({{"optimizer", {{"zero_stage", s}}}}); };
+  EXPECT_EQ(trainer::prepare_config(tiny_run()), trainer::prepare_config(stage(0)));
   for (long bad : {2L, 3L, -1L}) {
     try {
       trainer::prepare_config(stage(bad));
@@ -311,8 +311,7 @@ TEST(DistZeroConfig, StageIsCheckedBeforeAnyWork) {
       }
     }
   }
-  EXPECT_EQ(trainer::prepare_config(json{{"backend", "cpu"}, {"optimizer", {{"zero_stage", 1}}}})
-                .at("optimizer").at("zero_stage"), 1);
+  EXPECT_EQ(trainer::prepare_config(stage(1)).at("optimizer").at("zero_stage"), 1);  // backend cpu
   // Through the trainer: exit 2, nothing written.
   TempDir d;
   write_run(d.path, tiny_run({{"optimizer", {{"zero_stage", 2}}}}));
@@ -332,9 +331,12 @@ TEST(DistZeroTrainer, ShardedStateGivesTheBitsOfReplicatedState) {
     write_run(zero.path, tiny_run({{"optimizer", {{"name", opt}, {"zero_stage", 1}}}}));
     write_run(resumed.path, tiny_run({{"optimizer", {{"name", opt}, {"zero_stage", 1}}}}));
     ASSERT_EQ(train_ranks(plain.path, 2).rc, (std::vector<int>{0, 0}));
-    ASSERT_EQ(train_ranks(zero.path, 2).rc, (std::vector<int>{0, 0}));
+    const Ranks z = train_ranks(zero.path, 2);
+    ASSERT_EQ(z.rc, (std::vector<int>{0, 0})) << z.errors[0];
     EXPECT_FALSE(metric_values(plain.path).empty());
     EXPECT_EQ(metric_values(zero.path), metric_values(plain.path));
+    EXPECT_NE(read_file(RunDir(zero.path).log_path()).find("optimiser state sharded over 2 ranks"), std::string::npos);
+    EXPECT_EQ(read_file(RunDir(plain.path).log_path()).find("sharded"), std::string::npos);
     auto stop3 = [](int, trainer::TrainOptions& o, long&) { o.stop_after_steps = 3; };
     ASSERT_EQ(train_ranks(resumed.path, 2, stop3).rc, (std::vector<int>{3, 3}));
     ASSERT_EQ(train_ranks(resumed.path, 2).rc, (std::vector<int>{0, 0}));
