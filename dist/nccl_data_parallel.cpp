@@ -14,6 +14,7 @@
 #include "core/error.hpp"
 #include "dist/env.hpp"
 #include "dist/id_exchange.hpp"
+#include "dist/nccl_communicator.hpp"
 #include "kernels/cuda/cuda_backend.hpp"
 
 namespace lar::dist {
@@ -147,6 +148,7 @@ NcclDataParallel::NcclDataParallel(kernels::Backend& be, const NcclOptions& o) :
 }
 
 NcclDataParallel::~NcclDataParallel() {
+  zero_comm_.reset();  // its stream and events, before the communicator goes
   Impl& m = *impl_;
   if (m.comm) {
     // Finalize (flush outstanding work), with a deadline; abort when it does not end.
@@ -208,6 +210,13 @@ std::vector<double> NcclDataParallel::sum(const std::vector<double>& values, dou
 }
 
 void NcclDataParallel::abort() { impl_->abort_comm(); }
+
+optim::Communicator* NcclDataParallel::communicator() {
+  if (!impl_->comm) throw RuntimeError("the NCCL communicator was aborted");
+  if (!zero_comm_)
+    zero_comm_ = std::make_unique<NcclCommunicator>(impl_->comm, impl_->be->stream(), o_.rank, o_.world, o_.timeout_s);
+  return zero_comm_.get();
+}
 
 int visible_gpus() {
   int n = 0;

@@ -19,6 +19,7 @@
 
 #include "core/json.hpp"
 #include "kernels/backend.hpp"
+#include "trainer/optim/zero.hpp"
 #include "trainer/train.hpp"
 
 namespace lar::dist {
@@ -43,11 +44,15 @@ class NcclDataParallel final : public trainer::DataParallel {
   void wait_reduced() override;
   std::vector<double> sum(const std::vector<double>& values, double timeout_s = 0) override;
   void abort() override;
+  // ZeRO-1's collectives over this communicator (dist/nccl_communicator.hpp), ordered after
+  // the backend's stream; made on first use, valid while this object lives.
+  optim::Communicator* communicator() override;
 
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
   NcclOptions o_;
+  std::unique_ptr<optim::Communicator> zero_comm_;
 };
 
 // The CUDA backend on GPU `local_rank` (local_rank modulo the visible GPUs when a

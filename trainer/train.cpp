@@ -31,6 +31,7 @@
 #include "trainer/model.hpp"
 #include "trainer/optim/device_optimizer.hpp"
 #include "trainer/optim/optimizer.hpp"
+#include "trainer/optim/zero.hpp"
 #include "trainer/optim/param_views.hpp"
 #include "trainer/optim/schedule.hpp"
 
@@ -120,6 +121,10 @@ json prepare_config(const json& raw) {
     throw UserError("backend: '" + cfg.at("backend").get<std::string>() + "' is not available in this build");
   // The same rules every cell of a spec passed at plan time (trainer/config_check.hpp).
   (void)check_config(cfg);
+  if (cfg.at("optimizer").at("zero_stage").get<long>() == 1 && resolve_train_backend(cfg) != "cpu")
+    throw UserError("optimizer.zero_stage: 1 (ZeRO-1) runs on the cpu backend only so far (the device "
+                    "optimiser has no sharded variant yet); this run resolves to backend " +
+                    resolve_train_backend(cfg) + "; use zero_stage 0");
   if (cfg.at("backend").get<std::string>() == "cuda") {
     const std::string why = cuda_unsupported(cfg.at("model"));
     if (!why.empty())
@@ -318,6 +323,7 @@ class Trainer {
   std::unique_ptr<data::Dataset> ds_;
   std::unique_ptr<optim::Optimizer> opt_;         // cpu backend: host fp32 buffers
   std::unique_ptr<optim::DeviceOptimizer> dopt_;  // other backends: state in device memory
+  std::unique_ptr<optim::ZeroOptimizer> zopt_;    // cpu backend, zero_stage 1, several ranks
   json summary_ = json::object();  // recorded so far (saturation_loss, ...)
   long tokens_ = 0;
   double wall_offset_ = 0;  // wall time of earlier attempts
@@ -446,6 +452,8 @@ double Trainer::train_step(const data::Batch& global, bool stop_here, bool* stop
 }
 
 void Trainer::save(long step) {
+  // ZeRO-1: every rank takes part in gathering the unsharded state.
+  std::string zero_state = zopt_ ? zopt_->save_state() : std::string();
   if (!primary()) {
     // Rank 0 writes the one checkpoint; wait for it with the long timeout (a multi-GB
     // file may take longer than a collective is allowed to).
@@ -457,7 +465,7 @@ void Trainer::save(long step) {
   const auto& ps = model_->params();
   if (opt_) {
     ck.params.assign(static_cast<const char*>(ps.params().data), ps.params().bytes());
-    ck.optimizer = opt_->save_state();
+    ck.optimizer = zopt_ ? std::move(zero_state) : opt_->save_state();
   } else {
     ck.params.resize(ps.params().bytes());
     be_->download(ps.params(), ck.params.data());
@@ -542,6 +550,14 @@ int Trainer::run() {
     rank_ = dp_->rank();
     world_ = dp_->world();
     check_batch_split(cfg_, world_);
+    if (ocfg.zero_stage == 1 && opt_) {
+      // Only this rank's shard of the state is held: opt_ keeps an empty table (it marks
+      // the host-buffer path). One process (no dp_): the unsharded optimiser, the same bits.
+      optim::Communicator* comm = dp_->communicator();
+      if (!comm) throw RuntimeError("optimizer.zero_stage 1: this data-parallel implementation has no communicator");
+      zopt_ = std::make_unique<optim::ZeroOptimizer>(ocfg, views, numel, *comm);
+      opt_ = std::make_unique<optim::Optimizer>(ocfg, std::vector<optim::ParamView>{}, numel);
+    }
     const double mb = env_number("LAR_DIST_BUCKET_MB", 25, "MiB");
     save_timeout_s_ = env_number("LAR_DIST_SAVE_TIMEOUT", 1800, "seconds");
     bucket_elems_ = std::max<int64_t>(1, static_cast<int64_t>(mb * 1048576 / 4));
@@ -573,7 +589,8 @@ int Trainer::run() {
                          " parameter bytes, the model has " + std::to_string(model_->params().params().bytes()));
     if (opt_) {
       std::memcpy(params, ck->params.data(), ck->params.size());
-      opt_->load_state(ck->optimizer);
+      if (zopt_) zopt_->load_state(ck->optimizer);
+      else opt_->load_state(ck->optimizer);
     } else {
       be_->upload(ck->params.data(), model_->params().params());
       dopt_->load_state(ck->optimizer);
@@ -596,6 +613,11 @@ int Trainer::run() {
         (world_ > 1 ? ", " + std::to_string(world_) + " data-parallel ranks" : std::string()));
   }
   if (micro_ > 1) log("gradient accumulation: " + std::to_string(micro_) + " micro-batches per rank");
+  if (zopt_) {
+    const optim::StateBytes sb = optim::optimizer_state_bytes(ocfg, views, world_);
+    log("zero_stage 1: optimiser state sharded over " + std::to_string(world_) + " ranks, rank 0 holds " +
+        std::to_string(sb.per_rank[0]) + " of " + std::to_string(sb.full) + " bytes");
+  }
   for (const auto& s : skipped) log("skipped damaged checkpoint: " + s);
   // Steps replayed after the checkpoint must not be recorded twice. Rank 0 alone writes.
   std::optional<MetricsWriter> metrics;
@@ -673,14 +695,19 @@ int Trainer::run() {
         finish_status(RunState::diverged, "non-finite loss at step " + std::to_string(step + 1));
         return kExitDiverged;
       }
-      const double gnorm = opt_ ? opt_->clip_gradients(grads) : dopt_->clip_gradients(model_->params().grads());
+      // ZeRO-1: the gradients were all-reduced above (every rank holds the sums); each
+      // rank clips and steps its shard, and the step all-gathers the parameters.
+      const double gnorm = zopt_  ? zopt_->clip_gradients(grads)
+                           : opt_ ? opt_->clip_gradients(grads)
+                                  : dopt_->clip_gradients(model_->params().grads());
       if (!std::isfinite(gnorm)) {
         st_.step = step;
         log("diverged: gradient norm " + fmt_num(gnorm) + " at step " + std::to_string(step + 1));
         finish_status(RunState::diverged, "non-finite gradients at step " + std::to_string(step + 1));
         return kExitDiverged;
       }
-      if (opt_) opt_->step(params, grads, sched, step);
+      if (zopt_) zopt_->step(params, grads, sched, step);
+      else if (opt_) opt_->step(params, grads, sched, step);
       else dopt_->step(model_->params().params(), model_->params().grads(), sched, step);
       const double lr = sched.lr(step);
       ++step;

@@ -18,6 +18,10 @@
 #include "kernels/backend.hpp"
 #include "trainer/data/dataset.hpp"
 
+namespace lar::optim {
+class Communicator;  // trainer/optim/zero.hpp
+}
+
 namespace lar::trainer {
 
 constexpr int kExitPreempted = 3;
@@ -56,6 +60,9 @@ class DataParallel {
   virtual std::vector<double> sum(const std::vector<double>& values, double timeout_s = 0) = 0;
   // On an error: abort the communicator so that no peer stays blocked on this rank.
   virtual void abort() = 0;
+  // ZeRO-1's collectives (optimizer.zero_stage: 1) over host buffers; nullptr when this
+  // implementation has none. Owned by this object.
+  virtual optim::Communicator* communicator() { return nullptr; }
 };
 
 struct TrainOptions {

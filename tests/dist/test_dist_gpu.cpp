@@ -1,7 +1,9 @@
 // Data-parallel training on 2 GPUs through the real `lar train --nproc 2` (label gpu; needs
 // 2 GPUs and NCCL): bit-identity with 1 GPU × 2 micro-batches in deterministic mode, the
 // same losses as 1 GPU on the whole batch within bf16 tolerance, preemption by signal, and
-// a killed rank ending the launch within 60 s with the failure recorded.
+// a killed rank ending the launch within 60 s with the failure recorded; ZeRO-1's NCCL
+// communicator (dist/nccl_communicator.hpp) on device and host buffers, and ZeroOptimizer
+// over it against the unsharded optimiser (2 ranks: a + b is exact in either order).
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -9,6 +11,8 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -17,6 +21,7 @@
 #include "core/json.hpp"
 #include "core/run_dir.hpp"
 #include "dist/nccl_data_parallel.hpp"
+#include "trainer/optim/zero.hpp"
 
 using namespace lar;
 namespace fs = std::filesystem;
@@ -201,3 +206,123 @@ TEST_F(DistGpu, AKilledRankEndsTheLaunchWithinAMinute) {
   std::printf("recorded: %s\n", st->reason.c_str());
   fs::remove_all(d);
 }
+
+// ---- ZeRO-1 over NCCL: two processes (this binary re-executed as rank 0 and 1) --------
+
+namespace {
+
+std::vector<optim::ParamView> zero_table(std::size_t* total) {
+  std::vector<optim::ParamView> t;
+  std::size_t off = 0;
+  auto add = [&](const char* name, int rows, int cols, optim::ParamKind kind) {
+    optim::ParamView v;
+    v.name = name, v.offset = off, v.rows = rows, v.cols = cols, v.kind = kind;
+    off += v.size();
+    t.push_back(v);
+  };
+  add("embed", 1201, 97, optim::ParamKind::embedding);
+  add("norm", 1, 97, optim::ParamKind::norm);
+  add("q", 97, 97, optim::ParamKind::matrix_hidden);
+  add("up", 97, 61, optim::ParamKind::matrix_hidden);
+  add("down", 61, 97, optim::ParamKind::matrix_hidden);
+  add("head", 353, 97, optim::ParamKind::head);
+  *total = off;
+  return t;
+}
+
+std::vector<float> zero_grads(std::size_t n, int rank, int step) {
+  std::vector<float> g(n);
+  for (std::size_t i = 0; i < n; ++i)
+    g[i] = static_cast<float>(std::sin(0.37 * double(i) + 1.3 * rank + 0.7 * step)) * (step % 2 ? 1e-4f : 5e-3f);
+  return g;
+}
+
+// One rank's checks; returns "" or what failed.
+std::string zero_worker(int rank, const fs::path& dir) {
+  auto be = dist::make_rank_backend(rank);
+  dist::NcclOptions o;
+  o.rank = rank, o.world = 2, o.id_file = dir / "nccl-id", o.deterministic = true;
+  dist::NcclDataParallel dp(*be, o);
+  optim::Communicator* comm = dp.communicator();
+  // Collectives on device buffers: integers in floats, so every sum is exact.
+  const std::size_t n = 1000;
+  const std::vector<optim::Segment> segs = {{0, 300, 1}, {300, 450, 0}, {750, 250, 1}};
+  std::vector<float> h(n);
+  for (std::size_t i = 0; i < n; ++i) h[i] = static_cast<float>(i * (rank + 1));
+  kernels::Tensor t(be->alloc_bytes(n * sizeof(float)), kernels::DType::f32, {static_cast<int64_t>(n)});
+  be->upload(h.data(), t);
+  comm->reduce_scatter(t.ptr<float>(), segs);
+  std::vector<float> back(n);
+  be->download(t, back.data());
+  for (const optim::Segment& s : segs)
+    if (s.owner == rank)
+      for (std::size_t i = s.offset; i < s.offset + s.count; ++i)
+        if (back[i] != static_cast<float>(3 * i)) return "reduce_scatter: element " + std::to_string(i);
+  for (std::size_t i = 0; i < n; ++i) back[i] = static_cast<float>(i + 7 * rank);
+  be->upload(back.data(), t);
+  comm->all_gather(t.ptr<float>(), segs);
+  be->download(t, back.data());
+  for (const optim::Segment& s : segs)
+    for (std::size_t i = s.offset; i < s.offset + s.count; ++i)
+      if (back[i] != static_cast<float>(i + 7 * s.owner)) return "all_gather: element " + std::to_string(i);
+  std::vector<double> d = {1.0 + rank, 0.5};
+  comm->all_reduce(d.data(), d.size());  // a host buffer, staged
+  if (d[0] != 3.0 || d[1] != 1.0) return "all_reduce(double) on the host";
+  be->free_bytes(t.data);
+
+  // ZeroOptimizer (host buffers) against the unsharded optimiser on a + b.
+  std::size_t total = 0;
+  const std::vector<optim::ParamView> table = zero_table(&total);
+  for (optim::OptimizerName name : {optim::OptimizerName::adamw, optim::OptimizerName::normuon}) {
+    optim::OptimizerConfig cfg;
+    cfg.name = name;
+    cfg.lr = 2e-2;
+    cfg.scalar_lr = name == optim::OptimizerName::adamw ? 0.0 : 3e-2;
+    std::vector<float> p(total, 0.01f), ref(total, 0.01f);
+    optim::ZeroOptimizer zero(cfg, table, total, *comm);
+    optim::Optimizer plain(cfg, table, total);
+    for (int s = 0; s < 3; ++s) {
+      std::vector<float> g = zero_grads(total, rank, s), sum = zero_grads(total, 0, s);
+      const std::vector<float> g1 = zero_grads(total, 1, s);
+      for (std::size_t i = 0; i < total; ++i) sum[i] += g1[i];
+      zero.reduce_gradients(g.data());
+      const double a = zero.clip_gradients(g.data()), b = plain.clip_gradients(sum.data());
+      if (a != b) return "grad norm differs at step " + std::to_string(s);
+      zero.step(p.data(), g.data(), 1.0, 1.0);
+      plain.step(ref.data(), sum.data(), 1.0, 1.0);
+    }
+    if (std::memcmp(p.data(), ref.data(), total * sizeof(float)) != 0) return "ZeroOptimizer parameters differ";
+    if (zero.save_state() != plain.save_state()) return "ZeroOptimizer state differs";
+  }
+  return "";
+}
+
+}  // namespace
+
+// Not a test by itself: the body of one rank of the test below (skipped unless it set
+// LAR_ZERO_WORKER).
+TEST(DistGpuZeroWorker, Rank) {
+  const char* rank = std::getenv("LAR_ZERO_WORKER");
+  if (!rank) GTEST_SKIP() << "a rank of DistGpu.ZeroOverNccl";
+  const std::string why = zero_worker(std::atoi(rank), std::getenv("LAR_ZERO_DIR"));
+  EXPECT_EQ(why, "");
+}
+
+TEST_F(DistGpu, ZeroOverNcclMatchesTheUnshardedOptimiser) {
+  const fs::path d = temp("zero");
+  std::vector<pid_t> pids;
+  for (int r = 0; r < 2; ++r) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::setenv("LAR_ZERO_WORKER", std::to_string(r).c_str(), 1);
+      ::setenv("LAR_ZERO_DIR", d.c_str(), 1);
+      const std::string exe = fs::read_symlink("/proc/self/exe").string();
+      const char* argv[] = {exe.c_str(), "--gtest_filter=DistGpuZeroWorker.Rank", nullptr};
+      ::execv(exe.c_str(), const_cast<char**>(argv));
+      ::_exit(127);
+    }
+    pids.push_back(pid);
+  }
+  for (pid_t pid : pids) EXPECT_EQ(wait_rc(pid), 0);
+}
+

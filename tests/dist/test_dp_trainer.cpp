@@ -18,6 +18,7 @@
 #include "core/run_dir.hpp"
 #include "trainer/checkpoint.hpp"
 #include "trainer/train.hpp"
+#include "tests/dist/fake_group.hpp"
 #include "tests/temp_dir.hpp"
 #include "tests/trainer/run_test_helpers.hpp"
 
@@ -103,6 +104,8 @@ class FakeDp final : public trainer::DataParallel {
     return out;
   }
   void abort() override { aborted = true; }
+  optim::Communicator* communicator() override { return zero; }
+  optim::Communicator* zero = nullptr;  // ZeRO-1's collectives (tests/dist/fake_group.hpp)
   long reduces = 0;
   bool aborted = false;
 
@@ -137,12 +140,15 @@ struct Shell final : trainer::DataParallel {
   void wait_reduced() override { d->wait_reduced(); }
   std::vector<double> sum(const std::vector<double>& v, double t) override { return d->sum(v, t); }
   void abort() override { d->abort(); }
+  optim::Communicator* communicator() override { return d->communicator(); }
 };
 
 struct Ranks {
   std::vector<int> rc;
   std::vector<std::string> errors;  // UserError messages (rc 2)
   std::vector<std::unique_ptr<FakeDp>> dps;
+  std::unique_ptr<lar::testing::FakeGroup> zero_group;
+  std::vector<std::unique_ptr<optim::Communicator>> zero;
 };
 
 // Train `dir` with `world` ranks (threads); per-rank options from `tweak`.
@@ -152,6 +158,7 @@ Ranks train_ranks(const fs::path& dir, int world,
   Ranks out;
   out.rc.assign(world, -1);
   out.errors.assign(world, "");
+  out.zero_group = std::make_unique<lar::testing::FakeGroup>(world);
   std::vector<std::thread> th;
   for (int r = 0; r < world; ++r) {
     long fail_at = -1;
@@ -159,6 +166,8 @@ Ranks train_ranks(const fs::path& dir, int world,
     if (tweak) tweak(r, o, fail_at);
     out.dps.push_back(std::make_unique<FakeDp>(g, r, fail_at));
     FakeDp* dp = out.dps.back().get();
+    out.zero.push_back(out.zero_group->member(r));
+    dp->zero = out.zero.back().get();
     o.make_data_parallel = [dp](kernels::Backend&, const json&, const fs::path&) {
       dp->sum({0.0}, 5);  // the ranks meet, as NCCL's communicator forms once all arrive
       return std::unique_ptr<trainer::DataParallel>(new Shell(dp));
@@ -284,3 +293,70 @@ TEST(DataParallelTrainer, BatchThatDoesNotSplitIsAUserError) {
   EXPECT_EQ(r.errors[0], "data.batch_size 3 does not split into 2 rank(s) × data.micro_batches 1 equal micro-batches");
   EXPECT_FALSE(fs::exists(RunDir(d.path).status_path()));  // nothing written
 }
+
+// optimizer.zero_stage: 0 is the default and changes nothing; 2, 3, -1 are user errors
+// naming the key and value (exit 2, nothing written).
+TEST(DistZeroConfig, StageIsCheckedBeforeAnyWork) {
+  auto stage = [](long s) { return tiny_run({{"optimizer", {{"zero_stage", s}}}}); };
+  EXPECT_EQ(trainer::prepare_config(tiny_run()), trainer::prepare_config(stage(0)));
+  for (long bad : {2L, 3L, -1L}) {
+    try {
+      trainer::prepare_config(stage(bad));
+      ADD_FAILURE() << "zero_stage " << bad << " accepted";
+    } catch (const UserError& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("optimizer.zero_stage: " + std::to_string(bad)), std::string::npos) << m;
+      if (bad > 0) {
+        EXPECT_NE(m.find("not implemented"), std::string::npos) << m;
+      }
+    }
+  }
+  EXPECT_EQ(trainer::prepare_config(stage(1)).at("optimizer").at("zero_stage"), 1);  // backend cpu
+  // Through the trainer: exit 2, nothing written.
+  TempDir d;
+  write_run(d.path, tiny_run({{"optimizer", {{"zero_stage", 2}}}}));
+  Ranks r = train_ranks(d.path, 2);
+  EXPECT_EQ(r.rc, (std::vector<int>{2, 2}));
+  EXPECT_FALSE(fs::exists(RunDir(d.path).status_path()));
+}
+
+// ZeRO-1 in the trainer (cpu backend, 2 in-process ranks): the bits of zero_stage 0 —
+// losses, gradient norms, evaluations — with AdamW and NorMuon, and a run stopped after 3
+// steps resumes sharded (the checkpoint holds the unsharded state) to the same bits.
+TEST(DistZeroTrainer, ShardedStateGivesTheBitsOfReplicatedState) {
+  for (const char* opt : {"adamw", "normuon"}) {
+    SCOPED_TRACE(opt);
+    TempDir plain, zero, resumed;
+    write_run(plain.path, tiny_run({{"optimizer", {{"name", opt}}}}));
+    write_run(zero.path, tiny_run({{"optimizer", {{"name", opt}, {"zero_stage", 1}}}}));
+    write_run(resumed.path, tiny_run({{"optimizer", {{"name", opt}, {"zero_stage", 1}}}}));
+    ASSERT_EQ(train_ranks(plain.path, 2).rc, (std::vector<int>{0, 0}));
+    const Ranks z = train_ranks(zero.path, 2);
+    ASSERT_EQ(z.rc, (std::vector<int>{0, 0})) << z.errors[0];
+    EXPECT_FALSE(metric_values(plain.path).empty());
+    EXPECT_EQ(metric_values(zero.path), metric_values(plain.path));
+    EXPECT_NE(read_file(RunDir(zero.path).log_path()).find("optimiser state sharded over 2 ranks"), std::string::npos);
+    EXPECT_EQ(read_file(RunDir(plain.path).log_path()).find("sharded"), std::string::npos);
+    auto stop3 = [](int, trainer::TrainOptions& o, long&) { o.stop_after_steps = 3; };
+    ASSERT_EQ(train_ranks(resumed.path, 2, stop3).rc, (std::vector<int>{3, 3}));
+    ASSERT_EQ(train_ranks(resumed.path, 2).rc, (std::vector<int>{0, 0}));
+    EXPECT_EQ(metric_values(resumed.path), metric_values(plain.path));
+    // The final checkpoints hold the same parameters and optimiser state.
+    const auto a = trainer::load_latest_checkpoint(RunDir(plain.path).checkpoints_dir());
+    const auto b = trainer::load_latest_checkpoint(RunDir(zero.path).checkpoints_dir());
+    ASSERT_TRUE(a && b);
+    EXPECT_TRUE(a->params == b->params);
+    EXPECT_TRUE(a->optimizer == b->optimizer);
+  }
+}
+
+// A sharded checkpoint resumes in one process (the unsharded optimiser reads it).
+TEST(DistZeroTrainer, ResumesInOneProcess) {
+  TempDir d;
+  write_run(d.path, tiny_run({{"optimizer", {{"name", "normuon"}, {"zero_stage", 1}}}}));
+  auto stop3 = [](int, trainer::TrainOptions& o, long&) { o.stop_after_steps = 3; };
+  ASSERT_EQ(train_ranks(d.path, 2, stop3).rc, (std::vector<int>{3, 3}));
+  EXPECT_EQ(trainer::train_run(d.path), 0);
+  EXPECT_EQ(RunDir(d.path).read_status()->state, RunState::completed);
+}
+

@@ -78,6 +78,13 @@ OptimizerConfig OptimizerConfig::from_json(const json& run_config) {
   else if (mode == "spectral") c.scale_mode = ScaleMode::spectral;
   else throw UserError(fmt::format("optimizer.scale_mode: unknown mode '{}' (default, spectral)", mode));
   c.normuon_beta2 = o.at("normuon_beta2").get<double>();
+  const long zero = o.at("zero_stage").get<long>();
+  if (zero == 2 || zero == 3)
+    throw UserError(fmt::format("optimizer.zero_stage: {} is not implemented (0 = off, 1 = ZeRO-1 sharded "
+                                "optimiser state; ZeRO-2/3 are not implemented)", zero));
+  if (zero != 0 && zero != 1)
+    throw UserError(fmt::format("optimizer.zero_stage: {} is not a ZeRO stage (0 = off, 1 = ZeRO-1)", zero));
+  c.zero_stage = static_cast<int>(zero);
 
   require(c.lr > 0 && std::isfinite(c.lr), "lr", "> 0", c.lr);
   require(c.scalar_lr >= 0, "scalar_lr", "≥ 0 (0 = lr)", c.scalar_lr);
@@ -97,6 +104,12 @@ double global_norm(const float* x, std::size_t n) {
   double ss = 0;
   for (std::size_t i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
   return std::sqrt(ss);
+}
+
+double block_sum_squares(const float* x, std::size_t n) {
+  double ss = 0;
+  for (std::size_t i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
+  return ss;
 }
 
 Optimizer::Optimizer(OptimizerConfig config, std::vector<ParamView> params, std::size_t total_size)
@@ -165,10 +178,12 @@ double Optimizer::muon_scale(int rows, int cols) const {
 double Optimizer::clip_gradients(float* grads) const {
   double norm = 0;
   {
+    // Blocked (kNormBlock) so that ZeRO-1's sharded norm is this one bit for bit.
     double ss = 0;
     for (const ParamView& p : params_) {
       const float* g = grads + p.offset;
-      for (std::size_t i = 0; i < p.size(); ++i) ss += static_cast<double>(g[i]) * g[i];
+      for (std::size_t lo = 0; lo < p.size(); lo += kNormBlock)
+        ss += block_sum_squares(g + lo, std::min(kNormBlock, p.size() - lo));
     }
     norm = std::sqrt(ss);
   }

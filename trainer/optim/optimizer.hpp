@@ -78,6 +78,7 @@ struct OptimizerConfig {
   std::array<double, 3> ns_coefficients{3.4445, -4.7750, 2.0315};
   ScaleMode scale_mode = ScaleMode::default_;
   double normuon_beta2 = 0.95;
+  int zero_stage = 0;  // 0 = replicated state; 1 = ZeRO-1 (trainer/optim/zero.hpp)
 
   // Reads config["optimizer"] (missing keys take the schema defaults). Throws UserError
   // naming the key and value for out-of-range values (e.g. beta2 ≥ 1, ns_steps < 1).
@@ -86,6 +87,16 @@ struct OptimizerConfig {
 
 // Global L2 norm of n floats, accumulated in double (NaN/Inf propagate).
 double global_norm(const float* x, std::size_t n);
+
+// The gradient norm of clip_gradients is a blocked sum: every tensor is cut into blocks of
+// kNormBlock elements (the last one shorter), each block's squares are summed in double in
+// element order, and the block sums are added in table order. ZeRO-1 (zero.hpp) cuts its
+// shards on block boundaries, so each rank sums whole blocks and the ranks' block sums,
+// added in the same order, give the unsharded norm bit for bit.
+constexpr std::size_t kNormBlock = std::size_t(1) << 14;
+double block_sum_squares(const float* x, std::size_t n);
+// Blocks of a tensor of n elements.
+inline std::size_t norm_blocks(std::size_t n) { return (n + kNormBlock - 1) / kNormBlock; }
 
 class Optimizer {
  public:
@@ -112,6 +123,8 @@ class Optimizer {
   void load_state(const std::string& blob);
 
   std::int64_t steps_taken() const { return t_; }
+  // Floats of optimiser state held (moments, momentum and second-moment buffers).
+  std::size_t state_floats() const { return m_.size() + v_.size(); }
   const OptimizerConfig& config() const { return cfg_; }
   const std::vector<ParamView>& params() const { return params_; }
   // True when this tensor is updated by Muon/NorMuon (not AdamW).
@@ -121,6 +134,7 @@ class Optimizer {
 
  private:
   friend class DeviceOptimizer;  // shares the slot layout and the state format
+  friend class ZeroOptimizer;    // maps its shard's state into the unsharded layout
   struct Slot {           // per-tensor state layout
     bool muon = false;    // Muon/NorMuon (true) or AdamW (false)
     bool own_lr = false;  // AdamW group under muon/normuon with its own scalar_lr
