@@ -9,8 +9,10 @@
 namespace lar {
 
 // The part of a (defaults-filled) config that names the run: the config without the `cuda`
-// keys that sit at their defaults (an empty `cuda` map dropped too). So a run planned before a
-// `cuda` key existed keeps its hash, and only a run that asks for other kernels gets another.
+// keys that sit at their defaults (an empty `cuda` map dropped too) and without
+// `optimizer.zero_stage` (a layout of the optimiser state: same numbers). So a run planned
+// before those keys existed keeps its hash, and only a run that asks for other kernels gets
+// another.
 json hashed_config(const json& config);
 // SHA-256 (64 hex) of canonical_dump(hashed_config(config)).
 std::string config_hash(const json& config);

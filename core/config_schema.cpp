@@ -305,8 +305,12 @@ std::vector<SchemaIssue> validate_config(const json& config) {
 json with_defaults(const json& config) { return defaults_rec(config_schema(), config); }
 
 json hashed_config(const json& config) {
-  if (!config.is_object() || !config.contains("cuda") || !config["cuda"].is_object()) return config;
+  if (!config.is_object()) return config;
   json out = config;
+  // ZeRO's stage lays the optimiser state out across ranks; the numbers are bit-identical and
+  // checkpoints resume at any stage, so it never names a run.
+  if (out.contains("optimizer") && out["optimizer"].is_object()) out["optimizer"].erase("zero_stage");
+  if (!out.contains("cuda") || !out["cuda"].is_object()) return out;
   json& cuda = out["cuda"];
   const SchemaNode* schema = child(config_schema(), "cuda");
   for (const auto& [k, c] : schema->children)

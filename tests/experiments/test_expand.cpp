@@ -314,6 +314,7 @@ TEST(Hash, CellHashIsSha256OfCanonicalConfig) {
     json named = c.config;
     ASSERT_TRUE(named.contains("cuda")) << c.id;
     named.erase("cuda");
+    named["optimizer"].erase("zero_stage");
     EXPECT_EQ(c.hash, sha256_hex(canonical_dump(named))) << c.id;
     EXPECT_EQ(c.hash, config_hash(c.config)) << c.id;
     EXPECT_EQ(c.config, with_defaults(c.config)) << c.id;
@@ -346,6 +347,7 @@ TEST(Hash, CudaKeysAtTheirDefaultsAreNotHashed) {
   EXPECT_EQ(a.cells[0].config["cuda"]["ccq_group"], 0);
   json before = a.cells[0].config;
   before.erase("cuda");  // a config written before the schema had the cuda keys
+  before["optimizer"].erase("zero_stage");  // and ZeRO's stage
   EXPECT_EQ(a.cells[0].hash, sha256_hex(canonical_dump(before)));
   Plan same = d.load("name: h\nbase:\n  model: {n_layers: 2}\n  cuda: {attention: auto, gemm: heuristic, ccq_group: 0}\n");
   EXPECT_EQ(same.cells[0].hash, a.cells[0].hash);
@@ -360,6 +362,22 @@ TEST(Hash, CudaKeysAtTheirDefaultsAreNotHashed) {
   EXPECT_EQ(axis.cells[0].hash, a.cells[0].hash);
   EXPECT_EQ(axis.cells[1].hash, flash.cells[0].hash);
   for (const auto& c : axis.cells) EXPECT_EQ(c.hash, config_hash(c.config)) << c.id;
+}
+
+// ZeRO-1 gives the unsharded numbers bit for bit and its checkpoints resume at any stage:
+// the stage never names a run (an axis over it would plan one run twice).
+TEST(Hash, ZeroStageIsNotHashed) {
+  SpecDir d;
+  Plan a = d.load("name: h\nbase:\n  model: {n_layers: 2}\n");
+  EXPECT_EQ(a.cells[0].config["optimizer"]["zero_stage"], 0);
+  Plan one = d.load("name: h\nbase:\n  model: {n_layers: 2}\n  optimizer: {zero_stage: 1}\n");
+  EXPECT_EQ(one.cells[0].hash, a.cells[0].hash);
+  try {
+    d.load("name: h\nbase:\n  model: {n_layers: 2}\nmatrix:\n  optimizer.zero_stage: [0, 1]\n");
+    ADD_FAILURE() << "an axis over optimizer.zero_stage planned";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("have identical configs"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Hash, CudaKeysAreValidatedWithTheSpec) {
