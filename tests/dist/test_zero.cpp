@@ -419,7 +419,8 @@ TEST(ZeroConfig, StageKeyIsValidated) {
   EXPECT_EQ(OptimizerConfig::from_json(json::object()).zero_stage, 0);  // the default
   EXPECT_EQ(OptimizerConfig::from_json(with_stage(0)).zero_stage, 0);
   EXPECT_EQ(OptimizerConfig::from_json(with_stage(1)).zero_stage, 1);
-  for (int bad : {2, 3}) {
+  // Stages 2 and 3 are named as not implemented; -1 and 4 are no stage at all.
+  for (int bad : {2, 3, -1, 4}) {
     try {
       OptimizerConfig::from_json(with_stage(bad));
       ADD_FAILURE() << "zero_stage " << bad << " accepted";
@@ -427,17 +428,9 @@ TEST(ZeroConfig, StageKeyIsValidated) {
       const std::string m = e.what();
       EXPECT_NE(m.find("optimizer.zero_stage"), std::string::npos) << m;
       EXPECT_NE(m.find(std::to_string(bad)), std::string::npos) << m;
-      EXPECT_NE(m.find("not implemented"), std::string::npos) << m;
-    }
-  }
-  for (int bad : {-1, 4}) {
-    try {
-      OptimizerConfig::from_json(with_stage(bad));
-      ADD_FAILURE() << "zero_stage " << bad << " accepted";
-    } catch (const UserError& e) {
-      const std::string m = e.what();
-      EXPECT_NE(m.find("optimizer.zero_stage"), std::string::npos) << m;
-      EXPECT_NE(m.find(std::to_string(bad)), std::string::npos) << m;
+      if (bad == 2 || bad == 3) {
+        EXPECT_NE(m.find("not implemented"), std::string::npos) << m;
+      }
     }
   }
   // Not an integer: the schema says so.
