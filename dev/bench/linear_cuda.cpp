@@ -2,8 +2,9 @@
 // the GPU: deltanet, gdn, gla, kda, gdn2 forward, backward and forward+backward at B=8, T=4096, H=16,
 // dk=dv=64 and B=1, T=32K; CUDA-event timing, median of --reps after --warmup, against the
 // byte and FLOP floors and, with --fla FILE, fla's chunk kernels timed in the same device call
-// (dev/fla/fla_check.py --time --json FILE). --value-dim N times value heads of N channels (key
-// heads of 64) through kernels/cuda/linear/grouped_heads.hpp.
+// (dev/fla/fla_check.py --time --json FILE). --key-dim K and --value-dim N time heads of K × N
+// channels through kernels/cuda/linear/grouped_heads.hpp (key dims 128 and 256 go to the recurrent
+// kernels of wide_key.hpp; CCQ in front at any key dim).
 // Only in CUDA builds (LAR_HAVE_CUDA comes from kernels/cuda/CMakeLists.txt).
 #ifdef LAR_HAVE_CUDA
 #include <cuda_bf16.h>
@@ -27,6 +28,7 @@
 #include "kernels/cuda/linear/grouped_heads.hpp"
 #include "kernels/cuda/linear/linear_attention.hpp"
 #include "kernels/cuda/linear/linear_methods.hpp"
+#include "kernels/cuda/linear/wide_key.hpp"
 #include "registry/text_table.hpp"
 
 namespace {
@@ -41,12 +43,13 @@ constexpr double kBandwidthTBs = 4.3;
 
 struct Options {
   int reps = 20, warmup = 3;
-  int value_dim = 64;  // ≠ 64: value heads of 64·m through grouped_heads.hpp (no floors, no anchors)
+  int value_dim = 64;  // ≠ 64: value heads of 64·m through grouped_heads.hpp (no floors)
+  int key_dim = 64;    // 128, 256: the wide-key kernels (no floors, no CARVE, no decode rows)
   bool quick = false;
   bool long_seq = true;
   bool short_seq = true;
   std::string only;  // comma-separated case names; empty = all
-  std::string fla;   // JSON of fla's times from the same call: {"mixer,B,T,H,dv": {"fwd": ms, "fwd_bwd": ms}}
+  std::string fla;   // JSON of fla's times from the same call: {"mixer,B,T,H,dk,dv": {"fwd": ms, "fwd_bwd": ms}}
   bool wants(const std::string& name) const {
     if (only.empty()) return true;
     size_t a = 0;
@@ -59,7 +62,7 @@ struct Options {
   }
 };
 
-// fla's fwd+bwd ms per "mixer,B,T,H,dv" (dev/fla/fla_check.py --time --json writes the file).
+// fla's fwd+bwd ms per "mixer,B,T,H,dk,dv" (dev/fla/fla_check.py --time --json writes the file).
 std::map<std::string, double> read_fla(const std::string& path) {
   std::map<std::string, double> out;
   if (path.empty()) return out;
@@ -129,16 +132,17 @@ struct Rng {
 };
 // Each generator takes the caller's Rng only to draw a seed for its blocks (one draw per call,
 // so successive tensors differ and the sequence stays deterministic).
-std::vector<float> rows_unit(size_t rows, Rng& r) {
-  std::vector<float> h(rows * 64);
+std::vector<float> rows_unit(size_t rows, Rng& r, int width = 64) {
+  std::vector<float> h(rows * width);
   const uint64_t seed = r.x;
   r.uniform();
+  // blocks of 64K elements hold whole rows of 64, 128 or 256
   parallel_blocks(h.size(), [&](size_t blk, size_t a, size_t b) {
     Rng rb(seed + blk);
-    for (size_t i = a / 64; i < b / 64; ++i) {
+    for (size_t i = a / width; i < b / width; ++i) {
       double s = 0;
-      for (int c = 0; c < 64; ++c) s += (h[i * 64 + c] = static_cast<float>(rb.normal())) * h[i * 64 + c];
-      for (int c = 0; c < 64; ++c) h[i * 64 + c] = static_cast<float>(h[i * 64 + c] / std::sqrt(s));
+      for (int c = 0; c < width; ++c) s += (h[i * width + c] = static_cast<float>(rb.normal())) * h[i * width + c];
+      for (int c = 0; c < width; ++c) h[i * width + c] = static_cast<float>(h[i * width + c] / std::sqrt(s));
     }
   });
   return h;
@@ -188,36 +192,41 @@ double median_ms(F&& f, int reps, int warmup) {
 
 // Everything one problem needs on the device. mixer: deltanet, gdn (delta_fwd/bwd) or gla,
 // kda, gdn2 (channel_fwd/bwd), carve (carve_fwd/bwd, content rank 16), each optionally
-// "+ccq" (ccq_fwd in front of the backbone's forward, ccq_bwd after its backward).
+// "+ccq" (ccq_fwd in front of the backbone's forward, ccq_bwd after its backward). Heads of
+// dk × dv other than 64 × 64 ("wide") go through grouped_heads.hpp.
 struct Problem {
   std::string mixer, base;
   bool ccq, carve, channel, gated;
   ll::ChannelMixer cm = ll::ChannelMixer::gla;
   ll::DeltaShape s;
-  ll::GroupedShape gs;  // the same with value heads of dv (wide)
+  ll::GroupedShape gs;  // the same with heads of dk × dv (wide)
   bool wide;
-  size_t nx, nr, ns, nv, nsv;  // q/k elements, rows, 64×64 states; v/o elements and states at dv
+  int64_t hk;                       // key dim
+  size_t nx, nr, ns, nv, nsv, nk;  // q/k elements, rows, 64×64 states; v/o elements, dv×dk states; CCQ's dk×dk
+
   DevBuf<bf16> q, k, v, o, dO, dq, dk, dv, bound, bg, wg, dbg, dwg;
   DevBuf<float> g, beta, S, dg, dbeta, dS0;
   // CARVE: scalar w, U1, U2, content workspace; CCQ: corrected q, λ, statistics, dq_c
   static constexpr int kRank = 16;
   DevBuf<float> wsc, U1, U2, content, dwsc, dU1, dU2, lam, Kst, mst, dlam;
   DevBuf<bf16> qc, dqc;
-  Problem(const std::string& m, int64_t B, int64_t T, int64_t H, uint64_t seed, int64_t dv = 64)
+  Problem(const std::string& m, int64_t B, int64_t T, int64_t H, uint64_t seed, int64_t dv = 64, int64_t dk = 64)
       : mixer(m),
         base(m.substr(0, m.find('+'))),
         ccq(m.find("+ccq") != std::string::npos),
         carve(base == "carve"),
         channel(base == "gla" || base == "kda" || base == "gdn2" || base == "carve"),
         gated(base != "deltanet"),
-        s{B, T, H, 64, 64, 0.125, {}},
-        gs{B, T, H, H, 64, dv, 0.125, {}},
-        wide(dv != 64),
-        nx(static_cast<size_t>(B * T * H) * 64),
+        s{B, T, H, dk, 64, 1.0 / std::sqrt(static_cast<double>(dk)), {}},
+        gs{B, T, H, H, dk, dv, 1.0 / std::sqrt(static_cast<double>(dk)), {}},
+        wide(dv != 64 || dk != 64),
+        hk(dk),
+        nx(static_cast<size_t>(B * T * H) * dk),
         nr(static_cast<size_t>(B * T * H)),
         ns(static_cast<size_t>(B * H) * 64 * 64),
-        nv(nx / 64 * dv),
-        nsv(ns / 64 * dv),
+        nv(nr * dv),
+        nsv(static_cast<size_t>(B * H) * dv * dk),
+        nk(static_cast<size_t>(B * H) * dk * dk),
         q(nx), k(nx), v(nv), o(nv), dO(nv), dq(nx), dk(nx), dv(nv),
         bound(ll::grouped_boundary_bytes(gs) / sizeof(bf16)),
         bg(channel ? nx : 1), wg(channel ? nv : 1), dbg(channel ? nx : 1), dwg(channel ? nv : 1),
@@ -225,15 +234,15 @@ struct Problem {
         wsc(carve ? nr : 1), U1(carve ? static_cast<size_t>(H) * kRank * 64 : 1),
         U2(carve ? static_cast<size_t>(H) * kRank * 64 : 1), content(carve ? ll::carve_content_bytes(s) / 4 : 1),
         dwsc(carve ? nr : 1), dU1(carve ? static_cast<size_t>(H) * kRank * 64 : 1),
-        dU2(carve ? static_cast<size_t>(H) * kRank * 64 : 1), lam(ccq ? nr : 1), Kst(ccq ? ns : 1),
-        mst(ccq ? static_cast<size_t>(B * H) * 64 : 1), dlam(ccq ? nr : 1), qc(ccq ? nx : 1), dqc(ccq ? nx : 1) {
+        dU2(carve ? static_cast<size_t>(H) * kRank * 64 : 1), lam(ccq ? nr : 1), Kst(ccq ? nk : 1),
+        mst(ccq ? static_cast<size_t>(B * H) * dk : 1), dlam(ccq ? nr : 1), qc(ccq ? nx : 1), dqc(ccq ? nx : 1) {
     if (base == "kda") cm = ll::ChannelMixer::kda;
     if (base == "gdn2") cm = ll::ChannelMixer::gdn2;
-    if (wide && (carve || ccq))
-      throw lar::UserError("bench linear-cuda: --value-dim " + std::to_string(dv) + " runs linear mixers without CCQ and "
-                           "CARVE only (got " + m + ")");
+    if (wide && carve)
+      throw lar::UserError("bench linear-cuda: CARVE runs heads of 64 × 64 only (got dk " + std::to_string(dk) +
+                           ", dv " + std::to_string(dv) + ")");
     Rng r(seed);
-    q.put(bf_round(rows_unit(nr, r))), k.put(bf_round(rows_unit(nr, r)));
+    q.put(bf_round(rows_unit(nr, r, dk))), k.put(bf_round(rows_unit(nr, r, dk)));
     v.put(bf_round(normal(nv, r))), dO.put(bf_round(normal(nv, r)));
     beta.put(uniform(nr, r, 0.05, 0.9));
     std::vector<float> hg(g.n, 0.f);
@@ -273,11 +282,14 @@ struct Problem {
     return in;
   }
   void fwd() {
-    if (ccq) ll::ccq_fwd(s, ccq_inputs(), qc.p, {Kst.p, mst.p}, nullptr);
+    if (ccq && hk != 64)
+      ll::wide_ccq_fwd(s, ccq_inputs(), qc.p, {Kst.p, mst.p}, nullptr);
+    else if (ccq)
+      ll::ccq_fwd(s, ccq_inputs(), qc.p, {Kst.p, mst.p}, nullptr);
     if (wide && channel)
       ll::grouped_channel_fwd(cm, gs, inputs(), o.p, S.p, bound.p, nullptr);
     else if (wide)
-      ll::grouped_delta_fwd(gs, q.p, k.p, v.p, gated ? g.p : nullptr, beta.p, nullptr, o.p, S.p, bound.p, nullptr);
+      ll::grouped_delta_fwd(gs, qin(), k.p, v.p, gated ? g.p : nullptr, beta.p, nullptr, o.p, S.p, bound.p, nullptr);
     else if (carve)
       ll::carve_fwd(s, carve_inputs(), o.p, S.p, bound.p, content.p, nullptr);
     else if (channel)
@@ -301,13 +313,16 @@ struct Problem {
       else
         ll::channel_bwd(cm, s, inputs(), bound.p, dO.p, nullptr, gr, nullptr);
     } else if (wide) {
-      ll::grouped_delta_bwd(gs, q.p, k.p, v.p, gated ? g.p : nullptr, beta.p, bound.p, dO.p, nullptr, dq.p, dk.p,
+      ll::grouped_delta_bwd(gs, qin(), k.p, v.p, gated ? g.p : nullptr, beta.p, bound.p, dO.p, nullptr, dq_b, dk.p,
                             dv.p, gated ? dg.p : nullptr, dbeta.p, dS0.p, nullptr);
     } else {
       ll::delta_bwd(s, qin(), k.p, v.p, gated ? g.p : nullptr, beta.p, bound.p, dO.p, nullptr, dq_b, dk.p, dv.p,
                     gated ? dg.p : nullptr, dbeta.p, dS0.p, nullptr);
     }
-    if (ccq) ll::ccq_bwd(s, ccq_inputs(), {Kst.p, mst.p}, dqc.p, dq.p, dk.p, dlam.p, nullptr);
+    if (ccq && hk != 64)
+      ll::wide_ccq_bwd(s, ccq_inputs(), {Kst.p, mst.p}, dqc.p, dq.p, dk.p, dlam.p, nullptr);
+    else if (ccq)
+      ll::ccq_bwd(s, ccq_inputs(), {Kst.p, mst.p}, dqc.p, dq.p, dk.p, dlam.p, nullptr);
   }
 };
 
@@ -327,10 +342,13 @@ int bench_linear(const Options& o) {
   if (o.quick) cases = {{1, 1024, 4}};
   if (o.value_dim % 64 != 0)
     throw lar::UserError("bench linear-cuda: --value-dim " + std::to_string(o.value_dim) + " is not a multiple of 64");
+  if (o.key_dim != 64 && !ll::wide_key_dim(o.key_dim))
+    throw lar::UserError("bench linear-cuda: --key-dim " + std::to_string(o.key_dim) + ": the kernels take 64, 128 or 256");
+  const bool wide = o.key_dim != 64 || o.value_dim != 64;
   std::cout << fmt::format(
-      "linear-cuda: fused chunkwise linear mixers (chunk 64, dk=64, dv={}, bf16 in/out, fp32 state) on {} ({} SMs); "
+      "linear-cuda: {} linear mixers (dk={}, dv={}, bf16 in/out, fp32 state) on {} ({} SMs); "
       "median of {} after {} warm-up; floors at {:.0f} TFLOP/s and {:.1f} TB/s\n",
-      o.value_dim, prop.name, prop.multiProcessorCount, o.reps, o.warmup, kPeakTflops, kBandwidthTBs);
+      o.key_dim == 64 ? "fused chunkwise (chunk 64)" : "recurrent wide-key", o.key_dim, o.value_dim, prop.name, prop.multiProcessorCount, o.reps, o.warmup, kPeakTflops, kBandwidthTBs);
   const std::map<std::string, double> fla = read_fla(o.fla);
   lar::registry::TextTable table;
   table.headers = {"mixer", "shape", "pass", "ms", "floor ms (bytes | flops)", "anchor ms", "anchor/ours"};
@@ -342,8 +360,8 @@ int bench_linear(const Options& o) {
     const std::string own_anchor = mixer == "carve" ? "gdn2" : mixer.substr(0, mixer.find('+'));
     if (!o.wants(mixer)) continue;
     for (const Case& c : cases) {
-      if (o.value_dim != 64 && (mixer == "carve" || mixer.find("+ccq") != std::string::npos)) continue;
-      Problem p(mixer, c.B, c.T, c.H, 7, o.value_dim);
+      if (wide && mixer == "carve") continue;
+      Problem p(mixer, c.B, c.T, c.H, 7, o.value_dim, o.key_dim);
       auto fwd = [&] { p.fwd(); };
       auto bwd = [&] { p.bwd(); };
       p.fwd();
@@ -366,9 +384,9 @@ int bench_linear(const Options& o) {
         const double b = bytes / (kBandwidthTBs * 1e9), f = flops / (kPeakTflops * 1e9);
         return fmt::format("{:.3f} ({:.3f} | {:.3f})", std::max(b, f), b, f);
       };
-      const std::string name =
-          fmt::format("B={} T={} H={}", c.B, c.T, c.H) + (p.wide ? fmt::format(" dv={}", o.value_dim) : "");
-      const auto fla_it = fla.find(fmt::format("{},{},{},{},{}", mixer, c.B, c.T, c.H, o.value_dim));
+      const std::string name = fmt::format("B={} T={} H={}", c.B, c.T, c.H) +
+                               (p.wide ? fmt::format(" dk={} dv={}", o.key_dim, o.value_dim) : "");
+      const auto fla_it = fla.find(fmt::format("{},{},{},{},{},{}", mixer, c.B, c.T, c.H, o.key_dim, o.value_dim));
       const double anchor = fla_it == fla.end() ? 0.0 : fla_it->second;  // fla fwd+bwd, same call
       const bool anchored = anchor > 0;
       for (const auto& [pass, t] : {std::pair<std::string, double>{"fwd", t_fwd}, {"bwd", t_bwd}, {"fwd+bwd", t_all}})
@@ -387,7 +405,7 @@ int bench_linear(const Options& o) {
       // one line as soon as a case is timed: a run stopped by a time limit keeps what it measured
       std::cout << fmt::format("  {} {}: fwd {:.3f}  bwd {:.3f}  fwd+bwd {:.3f} ms\n", mixer, name, t_fwd, t_bwd, t_all)
                 << std::flush;
-      // (the floors count value heads of 64: none for --value-dim)
+      // (the floors count heads of 64 × 64: none for wide heads)
       row("fwd", t_fwd, p.wide ? "-" : floor_ms(fwd_bytes, fwd_flops), false);
       row("bwd", t_bwd, p.wide ? "-" : floor_ms(bwd_bytes, bwd_flops), false);
       row("fwd+bwd", t_all, p.wide ? "-" : floor_ms(fwd_bytes + bwd_bytes, fwd_flops + bwd_flops), anchored);
@@ -396,7 +414,7 @@ int bench_linear(const Options& o) {
   // recurrent single-token decode of every mixer: one launch per token, state read
   // and written once (floor: 2 · B·H·16 KiB at the copy bandwidth)
   for (const std::string mixer : {"deltanet", "gdn", "gla", "kda", "gdn2", "carve"}) {
-    if (!o.wants(mixer + "-decode") || o.value_dim != 64) continue;
+    if (!o.wants(mixer + "-decode") || wide) continue;
     const int64_t B = o.quick ? 1 : 8, H = o.quick ? 4 : 16;
     Problem p(mixer, B, 1, H, 11);
     const double t = median_ms(
@@ -437,14 +455,18 @@ static lar::bench::Registration linear_cuda_reg{
       app.add_flag("!--no-long", o->long_seq, "Skip the B=1, T=32K shape");
       app.add_flag("!--no-short", o->short_seq, "Skip the B=8, T=4096 shape");
       app.add_option("--value-dim", o->value_dim,
-                     "Value head dim (a multiple of 64 up to 512; key dim 64): value heads of 64·m run as m heads "
-                     "sharing q, k (kernels/cuda/linear/grouped_heads.hpp); no CARVE, no +ccq, no decode rows")
+                     "Value head dim (a multiple of 64 up to 512): value heads of 64·m run as m heads "
+                     "sharing q, k (kernels/cuda/linear/grouped_heads.hpp); no CARVE, no decode rows")
           ->check(CLI::Range(64, 512));
+      app.add_option("--key-dim", o->key_dim,
+                     "Key head dim, 64, 128 or 256 (CARVE's paper heads are 128, CCQ's 256 × 512): 128 and 256 run "
+                     "the recurrent wide-key kernels (kernels/cuda/linear/wide_key.hpp); no CARVE, no decode rows")
+          ->check(CLI::IsMember({64, 128, 256}));
       app.add_option("--mixer", o->only,
                      "Only these cases, comma-separated (deltanet, gdn, gla, kda, gdn2, carve, gdn+ccq, gla+ccq, "
                      "<mixer>-decode for deltanet, gdn, gla, kda, gdn2, carve)");
       app.add_option("--fla", o->fla,
-                     "JSON of fla's fwd+bwd ms timed in the same device call, keyed \"mixer,B,T,H,dv\" "
+                     "JSON of fla's fwd+bwd ms timed in the same device call, keyed \"mixer,B,T,H,dk,dv\" "
                      "(dev/fla/fla_check.py --time --json FILE)");
       return [o] { return bench_linear(*o); };
     }};

@@ -8,10 +8,12 @@ DUMP is the folder `fla-dump` (dev/fla/fla_dump.cpp) wrote: inputs, outputs and 
 gdn, deltanet, gla, kda and gdn2. Checks our outputs and gradients against fla's naive
 PyTorch recurrences (fp32, autograd), then with --time measures fla's chunk kernels (bf16) at
 the bench shapes with CUDA events (median of 20 after 3 warm-ups); --json FILE writes those
-times as `lar-bench linear-cuda --fla FILE` reads them, {"mixer,B,T,H,dv": {"fwd": ms,
+times as `lar-bench linear-cuda --fla FILE` reads them, {"mixer,B,T,H,dk,dv": {"fwd": ms,
 "fwd_bwd": ms}}, so that the anchor beside our numbers is measured in the same device call.
 fla refuses its gated backward on Hopper with Triton < 3.7.1 (numerically wrong there):
 the guard is bypassed for timing only, its gradients are not used.
+--key-dim / --value-dim time heads of dk × dv (CCQ's 256 × 512, CARVE's 128 × 128) at scale
+1/sqrt(dk), the shapes `lar-bench linear-cuda --key-dim --value-dim` times.
 """
 import argparse
 import json
@@ -120,7 +122,7 @@ def median_ms(f, reps=20, warmup=3):
     return ts[len(ts) // 2]
 
 
-def time_fla(shapes, mixers, V=64, times=None):
+def time_fla(shapes, mixers, V=64, times=None, D=64):
     import fla.ops.common.chunk_o as chunk_o
     from fla.ops.delta_rule import chunk_delta_rule
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
@@ -129,8 +131,8 @@ def time_fla(shapes, mixers, V=64, times=None):
     from fla.ops.kda import chunk_kda
     chunk_o.IS_NVIDIA_HOPPER = False  # timing only (see the module docstring)
     torch.manual_seed(0)
+    scale = D ** -0.5
     for B, T, H in shapes:
-        D = 64
         dev, bf = "cuda", torch.bfloat16
         q = torch.nn.functional.normalize(torch.randn(B, T, H, D, device=dev), dim=-1).to(bf)
         k = torch.nn.functional.normalize(torch.randn(B, T, H, D, device=dev), dim=-1).to(bf)
@@ -142,11 +144,11 @@ def time_fla(shapes, mixers, V=64, times=None):
         eb = (0.05 + 0.9 * torch.rand(B, T, H, D, device=dev)).to(bf)  # gdn2's erase and write gates
         ew = (0.05 + 0.9 * torch.rand(B, T, H, V, device=dev)).to(bf)
         runs = {
-            "deltanet": lambda *a: chunk_delta_rule(*a[:3], a[4], scale=0.125)[0],
-            "gdn": lambda *a: chunk_gated_delta_rule(*a[:3], a[3], a[4], scale=0.125)[0],
-            "gla": lambda *a: chunk_gla(*a[:3], a[5], scale=0.125)[0],
-            "kda": lambda *a: chunk_kda(*a[:3], a[5], a[4], scale=0.125)[0],
-            "gdn2": lambda *a: chunk_gdn2(*a[:3], a[5], a[6], a[7], scale=0.125)[0],
+            "deltanet": lambda *a: chunk_delta_rule(*a[:3], a[4], scale=scale)[0],
+            "gdn": lambda *a: chunk_gated_delta_rule(*a[:3], a[3], a[4], scale=scale)[0],
+            "gla": lambda *a: chunk_gla(*a[:3], a[5], scale=scale)[0],
+            "kda": lambda *a: chunk_kda(*a[:3], a[5], a[4], scale=scale)[0],
+            "gdn2": lambda *a: chunk_gdn2(*a[:3], a[5], a[6], a[7], scale=scale)[0],
         }
         for name, f in runs.items():
             if name not in mixers:
@@ -155,9 +157,9 @@ def time_fla(shapes, mixers, V=64, times=None):
             try:
                 t_f = median_ms(lambda: f(*xs))
                 t_fb = median_ms(lambda: f(*xs).backward(dO))
-                print(f"fla {name} B={B} T={T} H={H} dv={V}: fwd {t_f:.3f} ms, fwd+bwd {t_fb:.3f} ms", flush=True)
+                print(f"fla {name} B={B} T={T} H={H} dk={D} dv={V}: fwd {t_f:.3f} ms, fwd+bwd {t_fb:.3f} ms", flush=True)
                 if times is not None:
-                    times[f"{name},{B},{T},{H},{V}"] = {"fwd": t_f, "fwd_bwd": t_fb}
+                    times[f"{name},{B},{T},{H},{D},{V}"] = {"fwd": t_f, "fwd_bwd": t_fb}
             except Exception as e:  # report, keep timing the others
                 print(f"fla {name} B={B} T={T} H={H}: failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
 
@@ -169,7 +171,8 @@ def main():
     ap.add_argument("--time", action="store_true")
     ap.add_argument("--shapes", default="8x4096x16,1x32768x16", help="BxTxH,... to time")
     ap.add_argument("--mixers", default="deltanet,gdn,gla,kda,gdn2")
-    ap.add_argument("--value-dim", type=int, default=64, help="value head dim of the timed shapes (key dim 64)")
+    ap.add_argument("--value-dim", type=int, default=64, help="value head dim of the timed shapes")
+    ap.add_argument("--key-dim", type=int, default=64, help="key head dim of the timed shapes")
     ap.add_argument("--json", help="with --time: write the times here for `lar-bench linear-cuda --fla`")
     a = ap.parse_args()
     sys.path.insert(0, a.fla)
@@ -186,7 +189,7 @@ def main():
         shapes = [tuple(int(x) for x in sh.split("x")) for sh in a.shapes.split(",")]
         times = {}
         try:
-            time_fla(shapes, a.mixers.split(","), a.value_dim, times)
+            time_fla(shapes, a.mixers.split(","), a.value_dim, times, a.key_dim)
         finally:  # what was timed before a time limit still counts
             if a.json:
                 with open(a.json, "w") as f:
