@@ -84,9 +84,16 @@ std::string cuda_unsupported(const json& model) {
     if (model.contains("carve") && model["carve"].is_object() && model["carve"].value("qkv", "gdn2") == "paper")
       return "model.carve.qkv: 'paper' (no conv, no L2 norm) has no CUDA path yet";
   }
-  if (c.n_v_heads != c.n_heads)
-    return "model.n_v_heads: grouped value heads (" + std::to_string(c.n_v_heads) + " value heads over " +
-           std::to_string(c.n_heads) + " key heads) have no CUDA path yet";
+  // Grouped value heads run through the grouped chunk kernels; CCQ and CARVE take one key head
+  // per value head (cuda_linear_unsupported says the same per layer).
+  if (c.n_v_heads != c.n_heads) {
+    const std::string g = "model.n_v_heads: " + std::to_string(c.n_v_heads) + " value heads over " +
+                          std::to_string(c.n_heads) + " key heads";
+    const bool ccq = model.contains("ccq") && model["ccq"].is_object() && model["ccq"].value("enabled", false);
+    if (model.value("architecture", "") == "carve")
+      return g + " with CARVE have no CUDA path (the CARVE kernel takes one key head per value head)";
+    if (ccq) return g + " with model.ccq.enabled have no CUDA path (the CCQ kernels take one key head per value head)";
+  }
   const std::string routing = model.value("routing", "none");
   const std::string arch = model.value("architecture", "");
   const bool beta_mixer = arch == "deltanet" || arch == "gdn" || arch == "kda";

@@ -127,10 +127,10 @@ double rel_rms(const float* a, const float* ref, int64_t n) {
 // T: tokens per sequence (not a multiple of 64);
 // deterministic: the CUDA backend's bit-reproducible mode.
 // must_have: parameter names (substrings) that the model must have, each held to its bound
-// above (so a test names the gradients it is about).
+// above (so a test names the gradients it is about); B: sequences in the batch.
 void compare_step(const std::string& what, const json& cfg, const std::string& precision, int T = 100,
                   bool deterministic = false, const std::vector<std::string>& must_have = {},
-                  const kernels::Backend::Options::Cuda& cuda = {}) {
+                  const kernels::Backend::Options::Cuda& cuda = {}, int B = 4) {
   const bool fp32 = precision == "fp32";
   const bool cler = cfg.at("model").at("routing") == "cler";
   const double tol_all = fp32 ? 1e-2 : cler ? 2e-2 : 1.5e-2, tol_param = fp32 ? 2e-2 : 4e-2;
@@ -142,7 +142,7 @@ void compare_step(const std::string& what, const json& cfg, const std::string& p
   // within 8.5e-3; so wide heads take the mixed-precision bound for token sums.
   const bool wide = cfg.at("model").value("head_dim", 0) > 64;
   const double tol_sum = cler || carve ? 2.5e-1 : fp32 && !wide ? 6e-2 : 1.5e-1;
-  const auto batch = random_batch(4, T, 96, 3, 7);
+  const auto batch = random_batch(B, T, 96, 3, 7);
   auto cpu = backend("cpu", "fp32");
   auto gpu = backend("cuda", precision, deterministic, cuda);
   const StepOut ref = one_step(*cpu, cfg, batch);
@@ -247,6 +247,131 @@ TEST(LinearLayerCuda, WideKeyHeadsMatchTheCpuBackend) {
                run_config({{"architecture", "kda"}, {"stack", "pure"}, {"head_dim", 256}, {"value_dim", 128},
                            {"routing", "clvr"}, {"n_layers", 3}}),
                "fp32", 100, false, gates("kda"));
+}
+
+// Grouped value heads (model.n_v_heads = H over Hk < H key heads; value head j reads key head
+// j / (H / Hk)): q, k, their conv and L2 norm Hk heads wide, v, the gates, the recurrence and
+// the output gate H heads, the group's dq, dk summed onto its key head by the grouped kernels.
+// Against the CPU layer (the reference: the same parameters, shapes and init): the LAA GDN
+// (4 key heads of 64, 8 value heads), pure and in a hybrid stack beside softmax heads of their
+// own size; the channel mixers (gla, kda, gdn2) and deltanet with 2 key heads over 4 value
+// heads; wide key heads (dk 128, dv 128, 2 over 4: the recurrent kernels, with their own L2
+// pass over the key heads); value heads wider than the keys (dv 128: G·m virtual heads per key
+// head); B·H odd (3 sequences, 1 key head over 3 value heads) at T = 77; every routing: clvr
+// publishes ṽ per value head, cler/cler_h run their readout (whose shifted query carries the
+// value head's gates) over k repeated per group and sum its key gradient back, in the LAA
+// hybrid layout too. T is never a multiple of 64. The parameters that only exist
+// per key head (wq, wk and their convs) and the per-value-head gates are named so that each is
+// held to its bound.
+TEST(LinearLayerCuda, GroupedValueHeadsMatchTheCpuBackend) {
+  auto names = [](const std::string& arch) -> std::vector<std::string> {
+    std::vector<std::string> n = {"wq", "wk", "wv", "conv_q", "conv_k", "conv_v", "w_gate"};
+    if (arch == "gdn") n.insert(n.end(), {"A_log", "dt_bias", "w_beta", "w_a"});
+    if (arch == "deltanet") n.insert(n.end(), {"w_beta"});
+    if (arch == "kda") n.insert(n.end(), {"A_log", "dt_bias", "w_beta", "gate_w1", "gate_w2"});
+    if (arch == "gdn2") n.insert(n.end(), {"A_log", "dt_bias", "gate_w1", "gate_w2", "w_erase", "w_write"});
+    if (arch == "gla") n.insert(n.end(), {"gate_bias", "gate_w1", "gate_w2"});
+    return n;
+  };
+  // the LAA GDN layer: 4 key heads of 64, 8 value heads of 64
+  const json laa = {{"architecture", "gdn"}, {"stack", "pure"}, {"d_model", 256}, {"n_heads", 4},
+                    {"head_dim", 64},        {"value_dim", 64}, {"n_v_heads", 8}};
+  EXPECT_EQ(trainer::cuda_unsupported(run_config(laa).at("model")), "");
+  for (const char* precision : {"fp32", "mixed"})
+    compare_step("gdn Hk=4 H=8", run_config(laa), precision, 100, false, names("gdn"));
+  compare_step("gdn Hk=4 H=8 deterministic", run_config(laa), "mixed", 100, true, names("gdn"));
+  // the LAA hybrid layout: linear layers with their own 4 key heads of 64 and 8 value heads
+  // beside softmax layers of 2 heads of 64
+  compare_step("gdn hybrid Hk=4 H=8",
+               run_config({{"architecture", "gdn"},
+                           {"stack", "hybrid"},
+                           {"n_layers", 4},
+                           {"hybrid_ratio", 1},
+                           {"linear_heads", 4},
+                           {"linear_head_dim", 64},
+                           {"n_v_heads", 8}}),
+               "mixed", 100, false, names("gdn"));
+  // 2 key heads over 4 value heads, the channel mixers and deltanet
+  for (const char* arch : {"gla", "kda", "gdn2", "deltanet", "linear"}) {
+    const json cfg = run_config({{"architecture", arch}, {"stack", "pure"}, {"n_v_heads", 4}});
+    compare_step(std::string(arch) + " Hk=2 H=4", cfg, "fp32", 100, false, names(arch));
+    if (std::string(arch) == "kda") compare_step("kda Hk=2 H=4", cfg, "mixed", 100, false, names(arch));
+  }
+  // wide key heads: dk 128, dv 128, 2 key heads over 4 value heads
+  for (const char* arch : {"gdn", "kda"})
+    compare_step(
+        std::string(arch) + " dk=128 dv=128 Hk=2 H=4",
+        run_config(
+            {{"architecture", arch}, {"stack", "pure"}, {"head_dim", 128}, {"value_dim", 128}, {"n_v_heads", 4}}),
+        "fp32", 100, false, names(arch));
+  // value heads wider than the key heads: 2 key heads of 64 over 4 value heads of 128
+  compare_step("gla dv=128 Hk=2 H=4",
+               run_config({{"architecture", "gla"}, {"stack", "pure"}, {"value_dim", 128}, {"n_v_heads", 4}}), "fp32",
+               100, false, names("gla"));
+  // B·H odd: 3 sequences, 1 key head of 64 over 3 value heads, T = 77
+  for (const char* arch : {"gdn", "kda"})
+    compare_step(
+        std::string(arch) + " Hk=1 H=3 B=3 T=77",
+        run_config({{"architecture", arch}, {"stack", "pure"}, {"n_heads", 1}, {"head_dim", 64}, {"n_v_heads", 3}},
+                   {{"data", {{"seq_len", 77}, {"batch_size", 3}}}}),
+        "fp32", 77, false, names(arch), {}, 3);
+  // every routing (clvr: ṽ per value head; cler, cler_h: the readout over the repeated keys)
+  for (const char* arch : {"gdn", "deltanet", "kda", "gdn2"})
+    for (const char* routing : {"cler", "cler_h", "clvr"})
+      compare_step(std::string(arch) + " Hk=2 H=4 " + routing,
+                   run_config({{"architecture", arch},
+                               {"stack", "pure"},
+                               {"n_layers", 3},
+                               {"n_v_heads", 4},
+                               {"routing", routing}}),
+                   "fp32", 100, false, names(arch));
+  compare_step("gdn Hk=2 H=4 cler", run_config({{"architecture", "gdn"}, {"stack", "pure"}, {"n_layers", 3},
+                                                {"n_v_heads", 4}, {"routing", "cler"}}),
+               "mixed", 100, false, names("gdn"));
+  // the LAA paper layout with routing: hybrid, 4 key heads of 64 over 8 value heads, cler_h
+  compare_step("gdn hybrid Hk=4 H=8 cler_h",
+               run_config({{"architecture", "gdn"},
+                           {"stack", "hybrid"},
+                           {"n_layers", 4},
+                           {"hybrid_ratio", 1},
+                           {"linear_heads", 4},
+                           {"linear_head_dim", 64},
+                           {"n_v_heads", 8},
+                           {"routing", "cler_h"}}),
+               "mixed", 100, false, names("gdn"));
+}
+
+// What grouped value heads do not run on CUDA is named, per combination: CCQ and CARVE take one
+// key head per value head; every routing runs.
+TEST(LinearLayerCuda, GroupedValueHeadsRefuseOnlyCcqAndCarve) {
+  const json base = run_config({{"architecture", "gdn"}, {"stack", "pure"}, {"n_v_heads", 4}}).at("model");
+  EXPECT_EQ(trainer::cuda_unsupported(base), "");
+  json m = base;
+  m["ccq"]["enabled"] = true;
+  EXPECT_EQ(trainer::cuda_unsupported(m),
+            "model.n_v_heads: 4 value heads over 2 key heads with model.ccq.enabled have no CUDA path (the CCQ "
+            "kernels take one key head per value head)");
+  m = base;
+  m["architecture"] = "carve";
+  EXPECT_EQ(trainer::cuda_unsupported(m),
+            "model.n_v_heads: 4 value heads over 2 key heads with CARVE have no CUDA path (the CARVE kernel takes one "
+            "key head per value head)");
+  for (const char* r : {"cler", "cler_h", "clvr"}) {
+    m = base;
+    m["routing"] = r;
+    EXPECT_EQ(trainer::cuda_unsupported(m), "") << r;
+  }
+  // the layer names it too (a model built without prepare_config's check)
+  try {
+    one_step(*backend("cuda", "fp32"),
+             run_config({{"architecture", "gdn"}, {"stack", "pure"}, {"n_v_heads", 4}, {"ccq", {{"enabled", true}}}}),
+             random_batch(2, 16, 96, 1, 7));
+    FAIL() << "no error";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("model.n_v_heads: 4 value heads over 2 key heads with model.ccq.enabled"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 // Value heads of 256 (run with --gtest_also_run_disabled_tests): see the note above.

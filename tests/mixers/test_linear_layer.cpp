@@ -596,7 +596,33 @@ TEST(LinearLayer, CudaRefusesTheOptionsItLacks) {
     m[key] = v;
     return tr::cuda_unsupported(m);
   };
-  EXPECT_NE(with("n_v_heads", 4).find("model.n_v_heads"), std::string::npos);
+  // grouped value heads run (the grouped chunk kernels; the readouts over k repeated per
+  // group), but not with CCQ or CARVE (their kernels take one key head per value head)
+  EXPECT_EQ(with("n_v_heads", 4), "");
+  {
+    json g = plain;
+    g["n_v_heads"] = 4;
+    for (const char* r : {"none", "cler", "clvr"}) {
+      g["routing"] = r;
+      EXPECT_EQ(tr::cuda_unsupported(g), "") << r;
+    }
+    g["routing"] = "none";
+    g["head_dim"] = 128;
+    g["value_dim"] = 128;
+    EXPECT_EQ(tr::cuda_unsupported(g), "");  // grouped wide key heads
+    json c = g;
+    c["ccq"]["enabled"] = true;
+    EXPECT_EQ(tr::cuda_unsupported(c),
+              "model.n_v_heads: 4 value heads over 2 key heads with model.ccq.enabled have no CUDA path (the CCQ "
+              "kernels take one key head per value head)");
+    c = g;
+    c["head_dim"] = 64;
+    c["value_dim"] = 0;
+    c["architecture"] = "carve";
+    EXPECT_EQ(tr::cuda_unsupported(c),
+              "model.n_v_heads: 4 value heads over 2 key heads with CARVE have no CUDA path (the CARVE kernel takes "
+              "one key head per value head)");
+  }
   EXPECT_NE(with("routing_signal", "update").find("model.routing_signal"), std::string::npos);
   json clvr = plain;
   clvr["routing"] = "clvr";

@@ -2,9 +2,10 @@
 // reference) on the CUDA backend. Same parameters and results as the CPU path within bf16
 // rounding:
 //   P = x [Wq;Wk;Wv]ᵀ             one GEMM (the three are adjacent in the flat buffer)
-//   q, k, v = conv+SiLU(P), L2     one fused pass → bf16 [B,T,H,dk] (kernels/cuda/linear/layer_ops;
-//                                  key heads of 128 or 256 get their L2 norm from a pass of their
-//                                  own, wide_key.hpp, and run the recurrent wide-key kernels)
+//   q, k, v = conv+SiLU(P), L2     one fused pass → bf16 q, k [B,T,Hk,dk], v [B,T,H,dv]
+//                                  (kernels/cuda/linear/layer_ops; key heads of 128 or 256 get their
+//                                  L2 norm from a pass of their own, wide_key.hpp, and run the
+//                                  recurrent wide-key kernels)
 //   gates                          small GEMMs + one elementwise map each
 //   CCQ (model.ccq.enabled)        q ← (I − λΣ)q by ccq_fwd in front of any backbone,
 //                                  λ = σ(p_q W_λᵀ + b_λ) from P's q columns, or fixed
@@ -15,6 +16,12 @@
 //                                  head and the content projection U1, U2; kernels/cuda/linear/
 //                                  linear_methods.hpp)
 //   y = (RMSNorm_h(o) ⊙ SiLU(x W_gᵀ)) W_oᵀ   norm × gate fused
+// Grouped value heads (model.n_v_heads, Hk < H): q, k and their conv and L2 norm are Hk heads
+// wide, everything else H; the chunk kernels take gshape().Hk and sum the virtual heads' dq,
+// dk back onto their key head (grouped_heads.hpp). The cler/cler_h readout, whose shifted query
+// carries the value head's gates, runs over k repeated per group and sums its key gradient
+// back (readout_k). Not with CCQ or CARVE (cuda_linear_unsupported): their kernels take one
+// key head per value head, and CCQ's corrected query differs between the value heads (λ).
 // Routing: clvr publishes ṽ from the qkv pass; cler/cler_h publish the write residual
 // r_t = z_t − S_{t−1}(a_t ⊙ e_t) through a second readout of the same recurrence with the
 // query shifted by one token (layer_ops.hpp), and its gradient through a second backward
@@ -94,7 +101,7 @@ class CudaLinearImpl final : public CudaLinear {
     if (k != q + P_[s_.wq].bytes() || v != k + P_[s_.wk].bytes() || gk != gq + G_[s_.wq].bytes() ||
         gv != gk + G_[s_.wk].bytes())
       throw RuntimeError("linear mixer (cuda): wq, wk, wv are not adjacent in the parameter buffer");
-    nqkv_ = ldp_ = 2 * d_.Cq + d_.Cv;
+    nqkv_ = ldp_ = 2 * d_.Cqk + d_.Cv;
     Wqkv_ = Tensor(P_[s_.wq].data, DType::f32, {nqkv_, d_.d});
     Gqkv_ = Tensor(G_[s_.wq].data, DType::f32, {nqkv_, d_.d});
     // gdn: w_beta and w_a, declared one after the other, make one [2H, d] projection
@@ -220,7 +227,7 @@ class CudaLinearImpl final : public CudaLinear {
       cl::LayerTimer tm("linear: routing readout (fwd)", st);
       cl::route_query(route_args(), qr_.p, st);
       Bf o2 = bf_alloc(ar, N * d_.Cv);
-      kernel_fwd(qr_.p, o2.p, nullptr, st);
+      kernel_fwd(qr_.p, o2.p, nullptr, st, true);
       cl::route_residual(route_args(), o2.p, route.out.ptr<float>(), st);
     }
     // output: RMSNorm_h(o) ⊙ SiLU(x W_gᵀ) → W_o
@@ -323,8 +330,8 @@ class CudaLinearImpl final : public CudaLinear {
       cl::LayerTimer tm("linear: routing readout (bwd)", st);
       Bf do2 = bf_alloc(ar, N * d_.Cv);
       cl::route_readout_grad(route_args(), route.d_out.ptr<float>(), do2.p, st);
-      Grads g2 = grads_alloc(ar, N);
-      kernel_bwd(qr_.p, do2.p, g2, st);
+      Grads g2 = grads_alloc(ar, N, true);
+      kernel_bwd(qr_.p, do2.p, g2, st, true);
       ek = ar.alloc(DType::f32, {N, d_.Cq});
       ev = ar.alloc(DType::f32, {N, d_.Cv});
       cl::RouteGrads rg;
@@ -352,6 +359,11 @@ class CudaLinearImpl final : public CudaLinear {
         rg.ew = ew.ptr<float>();
       }
       cl::route_backward(route_args(), rg, st);
+      if (kr_.p) {  // grouped value heads: ek is on the repeated k, its sum on the key heads
+        Tensor ekk = ar.alloc(DType::f32, {N, d_.Cqk});
+        cl::sum_head_groups(ek.ptr<float>(), ekk.ptr<float>(), N, d_.Hk, d_.H / d_.Hk, d_.dk, st);
+        ek = ekk;
+      }
     }
     // gdn's folded gates write into dP; the others add into dx, which the W_g GEMM above
     // wrote (wide_: the final dx GEMM writes it, they follow that)
@@ -373,8 +385,8 @@ class CudaLinearImpl final : public CudaLinear {
         qg.d_in = fptr(route.d_in);
       }
       if (wide_l2()) {  // the L2 norm of wide key heads, outside the fused pass
-        cl::l2_rows_backward(N * d_.H, d_.dk, q_.p, rq_.ptr<float>(), g.dq.p, st);
-        cl::l2_rows_backward(N * d_.H, d_.dk, k_.p, rk_.ptr<float>(), g.dk.p, st);
+        cl::l2_rows_backward(N * d_.Hk, d_.dk, q_.p, rq_.ptr<float>(), g.dq.p, st);
+        cl::l2_rows_backward(N * d_.Hk, d_.dk, k_.p, rk_.ptr<float>(), g.dk.p, st);
       }
       const cl::QkvArgs qa = qkv_args();
       Tensor scratch = ar.alloc(DType::f32, {(int64_t)cl::qkv_backward_scratch_floats(qa)});
@@ -427,19 +439,29 @@ class CudaLinearImpl final : public CudaLinear {
     return s;
   }
   // The delta and channel kernels' shape: value heads of dv = 64·m channels run as m heads of
-  // 64 sharing q, k and the gates (kernels/cuda/linear/grouped_heads.hpp).
+  // 64 sharing q, k and the gates, and value head j reads key head j / (H / Hk)
+  // (kernels/cuda/linear/grouped_heads.hpp).
   cl::GroupedShape gshape() const {
     cl::GroupedShape s;
     s.B = B_;
     s.T = T_;
     s.H = d_.H;
-    s.Hk = d_.H;
+    s.Hk = d_.Hk;
     s.dk = d_.dk;
     s.dv = d_.dv;
     s.scale = 1.0 / std::sqrt((double)d_.dk);
     s.kernels = kernels_;
     return s;
   }
+  // The cler/cler_h readout's shape and keys: its shifted query a_t ⊙ e_t carries the value
+  // head's gates, so it runs one key head per value head, over k repeated per group (kr_) when
+  // the value heads are grouped.
+  cl::GroupedShape readout_shape() const {
+    cl::GroupedShape s = gshape();
+    s.Hk = d_.H;
+    return s;
+  }
+  const bf16* readout_k() const { return kr_.p ? kr_.p : k_.p; }
   bf16* bound_bf() const { return static_cast<bf16*>(bound_.data); }
   const char* kernel_name(bool bwd) const {
     if (d_.carve) return bwd ? "linear: carve_bwd" : "linear: carve_fwd";
@@ -476,10 +498,10 @@ class CudaLinearImpl final : public CudaLinear {
     if (d_.mixer == lk::Mixer::gdn2) return cl::ChannelMixer::gdn2;
     return cl::ChannelMixer::gla;  // gla, and linear with g = 0
   }
-  cl::ChannelInputs channel_inputs(const bf16* q) const {
+  cl::ChannelInputs channel_inputs(const bf16* q, const bf16* k) const {
     cl::ChannelInputs in;
     in.q = q;
-    in.k = k_.p;
+    in.k = k;
     in.v = v_.p;
     in.g = fptr(g_);
     in.beta = fptr(beta_);
@@ -488,19 +510,24 @@ class CudaLinearImpl final : public CudaLinear {
     return in;
   }
 
-  void kernel_fwd(const bf16* q, bf16* o, bf16* bound, cudaStream_t st) {
+  // readout: the cler/cler_h readout pass, whose query is per value head, over readout_k().
+  void kernel_fwd(const bf16* q, bf16* o, bf16* bound, cudaStream_t st, bool readout = false) {
+    const cl::GroupedShape gs = readout ? readout_shape() : gshape();
+    const bf16* k = readout ? readout_k() : k_.p;
     if (d_.carve)
       cl::carve_fwd(shape(), carve_inputs(q), o, nullptr, bound, content_.ptr<float>(), st);
     else if (delta_kernel())
-      cl::grouped_delta_fwd(gshape(), q, k_.p, v_.p, fptr(g_), fptr(beta_), nullptr, o, nullptr, bound, st);
+      cl::grouped_delta_fwd(gs, q, k, v_.p, fptr(g_), fptr(beta_), nullptr, o, nullptr, bound, st);
     else
-      cl::grouped_channel_fwd(channel_kind(), gshape(), channel_inputs(q), o, nullptr, bound, st);
+      cl::grouped_channel_fwd(channel_kind(), gs, channel_inputs(q, k), o, nullptr, bound, st);
   }
 
-  Grads grads_alloc(kernels::Arena& ar, int64_t N) {
+  // readout: for the readout pass (dq, dk per value head).
+  Grads grads_alloc(kernels::Arena& ar, int64_t N, bool readout = false) {
     Grads g;
-    g.dq = bf_alloc(ar, N * d_.Cq);
-    g.dk = bf_alloc(ar, N * d_.Cq);
+    const int64_t nk = N * (readout ? d_.Cq : d_.Cqk);
+    g.dq = bf_alloc(ar, nk);
+    g.dk = bf_alloc(ar, nk);
     g.dv = bf_alloc(ar, N * d_.Cv);
     if (!g_.empty()) g.dg = ar.alloc(DType::f32, g_.shape());
     if (!beta_.empty()) g.dbeta = ar.alloc(DType::f32, beta_.shape());
@@ -518,7 +545,9 @@ class CudaLinearImpl final : public CudaLinear {
     return g;
   }
 
-  void kernel_bwd(const bf16* q, const bf16* dO, Grads& g, cudaStream_t st) {
+  void kernel_bwd(const bf16* q, const bf16* dO, Grads& g, cudaStream_t st, bool readout = false) {
+    const cl::GroupedShape gs = readout ? readout_shape() : gshape();
+    const bf16* k = readout ? readout_k() : k_.p;
     if (d_.carve) {
       // carve_bwd sums dU1, dU2 over the batch with atomics (order-dependent in the last
       // bit). A deterministic backend runs it per sequence instead, into per-sequence
@@ -542,8 +571,8 @@ class CudaLinearImpl final : public CudaLinear {
                       content_.ptr<float>() + b * d_.H * nc * d_.dv, dO + b * tok, nullptr, cg, st);
       }
     } else if (delta_kernel()) {
-      cl::grouped_delta_bwd(gshape(), q, k_.p, v_.p, fptr(g_), fptr(beta_), bound_bf(), dO, nullptr, g.dq.p, g.dk.p, g.dv.p,
-                    fptr(g.dg), fptr(g.dbeta), nullptr, st);
+      cl::grouped_delta_bwd(gs, q, k, v_.p, fptr(g_), fptr(beta_), bound_bf(), dO, nullptr, g.dq.p, g.dk.p, g.dv.p,
+                            fptr(g.dg), fptr(g.dbeta), nullptr, st);
     } else {
       cl::ChannelGrads cg;
       cg.dq = g.dq.p;
@@ -553,7 +582,7 @@ class CudaLinearImpl final : public CudaLinear {
       cg.dbeta = fptr(g.dbeta);
       cg.db = g.db.p;
       cg.dw = g.dw.p;
-      cl::grouped_channel_bwd(channel_kind(), gshape(), channel_inputs(q), bound_bf(), dO, nullptr, cg, st);
+      cl::grouped_channel_bwd(channel_kind(), gs, channel_inputs(q, k), bound_bf(), dO, nullptr, cg, st);
     }
   }
 
@@ -561,7 +590,7 @@ class CudaLinearImpl final : public CudaLinear {
     cl::QkvArgs a;
     a.B = B_;
     a.T = T_;
-    a.Cq = d_.Cq;
+    a.Cq = d_.Cqk;
     a.Cv = d_.Cv;
     a.W = d_.conv ? d_.W : 0;
     a.l2 = d_.l2 && !wide_l2();
@@ -585,7 +614,7 @@ class CudaLinearImpl final : public CudaLinear {
     a.B = B_;
     a.T = T_;
     a.H = d_.H;
-    a.k = k_.p;
+    a.k = readout_k();
     a.v = v_.p;
     a.g = fptr(g_);
     a.g_channel = d_.mixer != lk::Mixer::gdn;
@@ -676,18 +705,23 @@ class CudaLinearImpl final : public CudaLinear {
       if (!keep_p_) P_qkv_ = ar.alloc(at_, {N, ldp_});
       be.gemm(Xa, false, wcat_.empty() ? Wqkv_ : wcat_, true, P_qkv_);
     }
-    q_ = bf_alloc(ar, N * d_.Cq);
-    k_ = bf_alloc(ar, N * d_.Cq);
+    q_ = bf_alloc(ar, N * d_.Cqk);
+    k_ = bf_alloc(ar, N * d_.Cqk);
     v_ = bf_alloc(ar, N * d_.Cv);
     {
       cl::LayerTimer tm(again ? "linear: conv+silu+l2 (recompute)" : "linear: conv+silu+l2 (fwd)", st);
       cl::qkv_forward(qkv_args(), q_.p, k_.p, v_.p, vout, st);
       if (wide_l2()) {  // the fused pass normalises heads of 64 only
-        rq_ = ar.alloc(DType::f32, {N * d_.H});
-        rk_ = ar.alloc(DType::f32, {N * d_.H});
-        cl::l2_rows_forward(N * d_.H, d_.dk, q_.p, rq_.ptr<float>(), st);
-        cl::l2_rows_forward(N * d_.H, d_.dk, k_.p, rk_.ptr<float>(), st);
+        rq_ = ar.alloc(DType::f32, {N * d_.Hk});
+        rk_ = ar.alloc(DType::f32, {N * d_.Hk});
+        cl::l2_rows_forward(N * d_.Hk, d_.dk, q_.p, rq_.ptr<float>(), st);
+        cl::l2_rows_forward(N * d_.Hk, d_.dk, k_.p, rk_.ptr<float>(), st);
       }
+    }
+    kr_ = Bf{};
+    if (d_.Hk != d_.H && (d_.route == Dims::Route::cler || d_.route == Dims::Route::cler_h)) {
+      kr_ = bf_alloc(ar, N * d_.Cq);  // the readout's keys (readout_k)
+      cl::repeat_heads(k_.p, kr_.p, N, d_.Hk, d_.H / d_.Hk, d_.dk, st);
     }
     if (m == lk::Mixer::gdn && fold_) {
       if (!again) {
@@ -774,7 +808,7 @@ class CudaLinearImpl final : public CudaLinear {
     be.gemm(df, false, P_[slot], false, dX, 1.0, 1.0);
   }
 
-  // gdn's folded gates: fβ, fa in P's columns [2Cq+Cv, 2Cq+Cv+2H).
+  // gdn's folded gates: fβ, fa in P's columns [2Cqk+Cv, 2Cqk+Cv+2H).
   cl::GdnGateArgs gdn_gate_args() const {
     cl::GdnGateArgs a;
     a.N = P_qkv_.size(0);
@@ -889,11 +923,11 @@ class CudaLinearImpl final : public CudaLinear {
                           scratch.ptr<float>(), st);
   }
 
-  // p_q = P's first Cq columns (row stride ldp) as a contiguous [N, Cq] in act_dtype().
+  // p_q = P's first Cqk columns (row stride ldp) as a contiguous [N, Cqk] in act_dtype().
   Tensor q_projection(kernels::Arena& ar, cudaStream_t st, int64_t N) const {
-    Tensor pq = ar.alloc(at_, {N, d_.Cq});
+    Tensor pq = ar.alloc(at_, {N, d_.Cqk});
     const std::size_t es = P_qkv_.bytes() / P_qkv_.numel();
-    LAR_CUDA_CHECK(cudaMemcpy2DAsync(pq.data, d_.Cq * es, P_qkv_.data, ldp_ * es, d_.Cq * es, N,
+    LAR_CUDA_CHECK(cudaMemcpy2DAsync(pq.data, d_.Cqk * es, P_qkv_.data, ldp_ * es, d_.Cqk * es, N,
                                      cudaMemcpyDeviceToDevice, st));
     return pq;
   }
@@ -909,23 +943,23 @@ class CudaLinearImpl final : public CudaLinear {
   }
 
   // λ's projection backward (dflam = ∂L/∂(p_q W_λᵀ)): W_λ's gradient from p_q (P as
-  // recomputed in this backward), and dP[:, :Cq] += dflam W_λ through a contiguous copy of
+  // recomputed in this backward), and dP[:, :Cqk] += dflam W_λ through a contiguous copy of
   // that column block (dP is overwritten by qkv_backward, so this runs after it).
   void ccq_lambda_backward(kernels::Backend& be, kernels::Arena& ar, cudaStream_t st, int64_t N, const Tensor& dflam,
                            const Tensor& dP) {
     be.gemm(dflam, true, q_projection(ar, st, N), false, G_[s_.wlam], 1.0, 1.0);
-    Tensor dpq = ar.alloc(dP.dtype, {N, d_.Cq});
+    Tensor dpq = ar.alloc(dP.dtype, {N, d_.Cqk});
     const std::size_t es = dP.bytes() / dP.numel();
-    LAR_CUDA_CHECK(cudaMemcpy2DAsync(dpq.data, d_.Cq * es, dP.data, ldp_ * es, d_.Cq * es, N,
+    LAR_CUDA_CHECK(cudaMemcpy2DAsync(dpq.data, d_.Cqk * es, dP.data, ldp_ * es, d_.Cqk * es, N,
                                      cudaMemcpyDeviceToDevice, st));
     be.gemm(dflam, false, P_[s_.wlam], false, dpq, 1.0, 1.0);
-    LAR_CUDA_CHECK(cudaMemcpy2DAsync(dP.data, ldp_ * es, dpq.data, d_.Cq * es, d_.Cq * es, N,
+    LAR_CUDA_CHECK(cudaMemcpy2DAsync(dP.data, ldp_ * es, dpq.data, d_.Cqk * es, d_.Cqk * es, N,
                                      cudaMemcpyDeviceToDevice, st));
   }
   Dims d_;
   Slots s_;
   std::vector<Tensor> P_, G_;
-  int64_t nqkv_ = 0;  // 2Cq + Cv: P's q, k, v columns
+  int64_t nqkv_ = 0;  // 2Cqk + Cv: P's q, k, v columns
   int64_t pw_ = 0;    // P's columns before og: nqkv_, or with gdn's folded gates and padding
   int64_t ldp_ = 0;   // P's row stride: pw_, or pw_ + Cv with og beside it (wide_)
   Tensor Wqkv_, Gqkv_;
@@ -936,6 +970,7 @@ class CudaLinearImpl final : public CudaLinear {
   Tensor X_, P_qkv_, rin_, bound_, og_, rstd_;
   Tensor g_, beta_, fg_, h1_, fbeta_, fb_, fw_;
   Bf q_, k_, v_, o_, b_, w_, qr_;
+  Bf kr_;  // grouped value heads with cler/cler_h: k repeated per group [N, Cq] (readout_k)
   Tensor rq_, rk_;  // wide key heads (wide_l2): 1 / ‖q‖, 1 / ‖k‖ per (token, head) of the last qkv pass
   // CCQ: whether this forward applied it, λ [N, H] and its pre-activation (learned)
   bool ccq_on_ = false;
