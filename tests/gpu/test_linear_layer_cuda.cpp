@@ -1,9 +1,10 @@
 // The linear mixers on the CUDA backend (trainer/mixers/linear_mixer_cuda.cpp over
 // kernels/cuda/linear): a full model step (loss and every parameter's gradient) against the
-// CPU backend for each mixer, a hybrid stack, each routing, CARVE and CCQ; a loss curve of
-// gdn tracking the CPU run; `backend: cuda` training a gdn config and writing metrics; the
-// clear errors for what the CUDA path does not run (dk ≠ 64, CARVE with a content chunk ≠ 64
-// or with cler/cler_h). Every comparison runs on fresh random inputs and randomised parameters
+// CPU backend for each mixer, a hybrid stack, each routing, CARVE, CCQ, wide key and value
+// heads and grouped value heads; a loss curve of gdn tracking the CPU run; `backend: cuda`
+// training a gdn config and writing metrics; the clear errors for what the CUDA path does not
+// run (dk ≠ 64, CARVE with a content chunk ≠ 64 or with cler/cler_h, grouped value heads with
+// CCQ or CARVE). Every comparison runs on fresh random inputs and randomised parameters
 // (the zero-initialised routing projections, Γ, gla's gate bias, CARVE's U2 and CCQ's W_λ
 // too, and CCQ's constant b_λ, so that no gradient path is trivially zero).
 #include <gtest/gtest.h>
