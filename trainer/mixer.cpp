@@ -62,6 +62,7 @@ std::string cuda_unsupported(const json& model) {
   }
   // Value heads of 64·m run as m heads of 64 sharing q, k (kernels/cuda/linear/grouped_heads.hpp);
   // not CARVE (its content signal couples the value channels) nor the cler/cler_h readouts.
+  // Grouped value heads (n_v_heads) run with every option, through the same mapping.
   if (c.value_dim % 64 != 0 || c.value_dim > 512)
     return "model.value_dim: the linear CUDA kernels need a multiple of 64 up to 512, got " +
            std::to_string(c.value_dim);
@@ -83,16 +84,6 @@ std::string cuda_unsupported(const json& model) {
     if (r == "cler" || r == "cler_h") return "model.routing: '" + r + "' with CARVE has no CUDA path (clvr has)";
     if (model.contains("carve") && model["carve"].is_object() && model["carve"].value("qkv", "gdn2") == "paper")
       return "model.carve.qkv: 'paper' (no conv, no L2 norm) has no CUDA path yet";
-  }
-  // Grouped value heads run through the grouped chunk kernels; CCQ and CARVE take one key head
-  // per value head (cuda_linear_unsupported says the same per layer).
-  if (c.n_v_heads != c.n_heads) {
-    const std::string g = "model.n_v_heads: " + std::to_string(c.n_v_heads) + " value heads over " +
-                          std::to_string(c.n_heads) + " key heads";
-    const bool ccq = model.contains("ccq") && model["ccq"].is_object() && model["ccq"].value("enabled", false);
-    if (model.value("architecture", "") == "carve")
-      return g + " with CARVE have no CUDA path (the CARVE kernel takes one key head per value head)";
-    if (ccq) return g + " with model.ccq.enabled have no CUDA path (the CCQ kernels take one key head per value head)";
   }
   const std::string routing = model.value("routing", "none");
   const std::string arch = model.value("architecture", "");

@@ -3,8 +3,7 @@
 // CPU backend for each mixer, a hybrid stack, each routing, CARVE, CCQ, wide key and value
 // heads and grouped value heads; a loss curve of gdn tracking the CPU run; `backend: cuda`
 // training a gdn config and writing metrics; the clear errors for what the CUDA path does not
-// run (dk ≠ 64, CARVE with a content chunk ≠ 64 or with cler/cler_h, grouped value heads with
-// CCQ or CARVE). Every comparison runs on fresh random inputs and randomised parameters
+// run (dk ≠ 64, CARVE with a content chunk ≠ 64 or with cler/cler_h). Every comparison runs on fresh random inputs and randomised parameters
 // (the zero-initialised routing projections, Γ, gla's gate bias, CARVE's U2 and CCQ's W_λ
 // too, and CCQ's constant b_λ, so that no gradient path is trivially zero).
 #include <gtest/gtest.h>
@@ -342,37 +341,79 @@ TEST(LinearLayerCuda, GroupedValueHeadsMatchTheCpuBackend) {
                "mixed", 100, false, names("gdn"));
 }
 
-// What grouped value heads do not run on CUDA is named, per combination: CCQ and CARVE take one
-// key head per value head; every routing runs.
-TEST(LinearLayerCuda, GroupedValueHeadsRefuseOnlyCcqAndCarve) {
-  const json base = run_config({{"architecture", "gdn"}, {"stack", "pure"}, {"n_v_heads", 4}}).at("model");
-  EXPECT_EQ(trainer::cuda_unsupported(base), "");
-  json m = base;
-  m["ccq"]["enabled"] = true;
-  EXPECT_EQ(trainer::cuda_unsupported(m),
-            "model.n_v_heads: 4 value heads over 2 key heads with model.ccq.enabled have no CUDA path (the CCQ "
-            "kernels take one key head per value head)");
-  m = base;
-  m["architecture"] = "carve";
-  EXPECT_EQ(trainer::cuda_unsupported(m),
-            "model.n_v_heads: 4 value heads over 2 key heads with CARVE have no CUDA path (the CARVE kernel takes one "
-            "key head per value head)");
-  for (const char* r : {"cler", "cler_h", "clvr"}) {
-    m = base;
-    m["routing"] = r;
-    EXPECT_EQ(trainer::cuda_unsupported(m), "") << r;
+// Grouped value heads whose query differs between the value heads of a group run over q, k
+// repeated per group, their dq, dk summed back onto the key head: CCQ (q_c by the value head's
+// λ; W_λ reads the key heads' p_q) on gdn and gla, fp32 and mixed, with cler on gdn, on wide
+// key heads (the wide-key CCQ kernels), and a fixed λ uncentered on kda; CARVE (its kernel takes
+// one key head per value head: U1, U2, the erase and write gates per value head), fp32, mixed,
+// clvr and deterministic. B·H odd (3 × 3) and T = 77 once each.
+TEST(LinearLayerCuda, GroupedValueHeadsWithCcqAndCarveMatchTheCpuBackend) {
+  const json ccq = {{"enabled", true}};
+  const std::vector<std::string> lam = {"ccq_b_lambda", "ccq_w_lambda", "wq", "wk", "conv_q", "conv_k"};
+  for (const char* arch : {"gdn", "gla"}) {
+    const json cfg = run_config({{"architecture", arch}, {"stack", "pure"}, {"n_v_heads", 4}, {"ccq", ccq}});
+    for (const char* precision : {"fp32", "mixed"})
+      compare_step(std::string(arch) + " ccq Hk=2 H=4", cfg, precision, 100, false, lam);
   }
-  // the layer names it too (a model built without prepare_config's check)
-  try {
-    one_step(*backend("cuda", "fp32"),
-             run_config({{"architecture", "gdn"}, {"stack", "pure"}, {"n_v_heads", 4}, {"ccq", {{"enabled", true}}}}),
-             random_batch(2, 16, 96, 1, 7));
-    FAIL() << "no error";
-  } catch (const UserError& e) {
-    EXPECT_NE(std::string(e.what()).find("model.n_v_heads: 4 value heads over 2 key heads with model.ccq.enabled"),
-              std::string::npos)
-        << e.what();
-  }
+  // the LAA GDN layout with CCQ
+  compare_step("gdn ccq Hk=4 H=8",
+               run_config({{"architecture", "gdn"},
+                           {"stack", "pure"},
+                           {"d_model", 256},
+                           {"n_heads", 4},
+                           {"head_dim", 64},
+                           {"n_v_heads", 8},
+                           {"ccq", ccq}}),
+               "fp32", 100, false, lam);
+  compare_step("gdn ccq cler Hk=2 H=4",
+               run_config({{"architecture", "gdn"},
+                           {"stack", "pure"},
+                           {"n_layers", 3},
+                           {"n_v_heads", 4},
+                           {"routing", "cler"},
+                           {"ccq", ccq}}),
+               "fp32", 100, false, lam);
+  compare_step("kda ccq fixed uncentered Hk=2 H=4",
+               run_config({{"architecture", "kda"},
+                           {"stack", "pure"},
+                           {"n_v_heads", 4},
+                           {"ccq", {{"enabled", true}, {"lambda", 0.2}, {"centered", false}}}}),
+               "fp32", 100, false, {"wq", "wk", "gate_w2"});
+  compare_step("gdn ccq dk=128 dv=128 Hk=2 H=4",
+               run_config({{"architecture", "gdn"},
+                           {"stack", "pure"},
+                           {"head_dim", 128},
+                           {"value_dim", 128},
+                           {"n_v_heads", 4},
+                           {"ccq", ccq}}),
+               "fp32", 100, false, lam);
+  compare_step("gla ccq Hk=1 H=3 B=3 T=77",
+               run_config({{"architecture", "gla"},
+                           {"stack", "pure"},
+                           {"n_heads", 1},
+                           {"head_dim", 64},
+                           {"n_v_heads", 3},
+                           {"ccq", ccq}},
+                          {{"data", {{"seq_len", 77}, {"batch_size", 3}}}}),
+               "fp32", 77, false, lam, {}, 3);
+  const std::vector<std::string> carve = {"content_u1", "content_u2", "w_erase", "w_write", "wq", "wk", "A_log"};
+  const json cv = run_config({{"architecture", "carve"}, {"stack", "pure"}, {"n_v_heads", 4}});
+  for (const char* precision : {"fp32", "mixed"}) compare_step("carve Hk=2 H=4", cv, precision, 100, false, carve);
+  compare_step("carve Hk=2 H=4 deterministic", cv, "mixed", 100, true, carve);
+  compare_step("carve Hk=2 H=4 clvr ccq",
+               run_config({{"architecture", "carve"},
+                           {"stack", "pure"},
+                           {"n_layers", 3},
+                           {"n_v_heads", 4},
+                           {"routing", "clvr"},
+                           {"ccq", ccq}}),
+               "fp32", 100, false, carve);
+  compare_step(
+      "carve Hk=1 H=3 B=3 T=77",
+      run_config({{"architecture", "carve"}, {"stack", "pure"}, {"n_heads", 1}, {"head_dim", 64}, {"n_v_heads", 3}},
+                 {{"data", {{"seq_len", 77}, {"batch_size", 3}}}}),
+      "fp32", 77, false, carve, {}, 3);
+  EXPECT_EQ(trainer::cuda_unsupported(cv.at("model")), "");
 }
 
 // Value heads of 256 (run with --gtest_also_run_disabled_tests): see the note above.

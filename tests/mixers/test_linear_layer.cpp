@@ -596,8 +596,8 @@ TEST(LinearLayer, CudaRefusesTheOptionsItLacks) {
     m[key] = v;
     return tr::cuda_unsupported(m);
   };
-  // grouped value heads run (the grouped chunk kernels; the readouts over k repeated per
-  // group), but not with CCQ or CARVE (their kernels take one key head per value head)
+  // grouped value heads run with every routing, CCQ, CARVE and wide key heads (the grouped chunk
+  // kernels, or q, k repeated per group where the query differs between the value heads)
   EXPECT_EQ(with("n_v_heads", 4), "");
   {
     json g = plain;
@@ -605,23 +605,20 @@ TEST(LinearLayer, CudaRefusesTheOptionsItLacks) {
     for (const char* r : {"none", "cler", "clvr"}) {
       g["routing"] = r;
       EXPECT_EQ(tr::cuda_unsupported(g), "") << r;
+      json c = g;
+      c["ccq"]["enabled"] = true;
+      EXPECT_EQ(tr::cuda_unsupported(c), "") << r << " ccq";
     }
+    g["routing"] = "clvr";
+    g["architecture"] = "carve";
+    EXPECT_EQ(tr::cuda_unsupported(g), "");
+    g["architecture"] = "gdn";
     g["routing"] = "none";
     g["head_dim"] = 128;
     g["value_dim"] = 128;
     EXPECT_EQ(tr::cuda_unsupported(g), "");  // grouped wide key heads
-    json c = g;
-    c["ccq"]["enabled"] = true;
-    EXPECT_EQ(tr::cuda_unsupported(c),
-              "model.n_v_heads: 4 value heads over 2 key heads with model.ccq.enabled have no CUDA path (the CCQ "
-              "kernels take one key head per value head)");
-    c = g;
-    c["head_dim"] = 64;
-    c["value_dim"] = 0;
-    c["architecture"] = "carve";
-    EXPECT_EQ(tr::cuda_unsupported(c),
-              "model.n_v_heads: 4 value heads over 2 key heads with CARVE have no CUDA path (the CARVE kernel takes "
-              "one key head per value head)");
+    g["ccq"]["enabled"] = true;
+    EXPECT_EQ(tr::cuda_unsupported(g), "");
   }
   EXPECT_NE(with("routing_signal", "update").find("model.routing_signal"), std::string::npos);
   json clvr = plain;

@@ -1091,16 +1091,6 @@ std::string cuda_linear_unsupported(const Dims& d) {
     return "model.carve.content_chunk: the CUDA CARVE kernel uses content chunks of 64, got " + std::to_string(d.L);
   if (d.carve && (d.route == Dims::Route::cler || d.route == Dims::Route::cler_h))
     return "model.routing: cler/cler_h with CARVE have no CUDA path (clvr has)";
-  // Grouped value heads run through the grouped chunk kernels (GroupedShape::Hk; the cler/cler_h
-  // readout over k repeated per group). CCQ and CARVE take one key head per value head (their
-  // kernels have no Hk), and CCQ's corrected query differs between the value heads (λ).
-  if (d.H != d.Hk) {
-    const std::string g = "model.n_v_heads: " + std::to_string(d.H) + " value heads over " + std::to_string(d.Hk) +
-                          " key heads";
-    if (d.carve) return g + " with CARVE have no CUDA path (the CARVE kernel takes one key head per value head)";
-    if (d.ccq)
-      return g + " with model.ccq.enabled have no CUDA path (the CCQ kernels take one key head per value head)";
-  }
   if (d.resid_update) return "model.routing_signal: 'update' has no CUDA path yet";
   if (d.silu_only) return "model.carve.qkv: 'paper' has no CUDA path yet";
   // key heads of 128 and 256: the recurrent wide-key kernels (kernels/cuda/linear/wide_key.hpp,

@@ -18,10 +18,10 @@
 //   y = (RMSNorm_h(o) ⊙ SiLU(x W_gᵀ)) W_oᵀ   norm × gate fused
 // Grouped value heads (model.n_v_heads, Hk < H): q, k and their conv and L2 norm are Hk heads
 // wide, everything else H; the chunk kernels take gshape().Hk and sum the virtual heads' dq,
-// dk back onto their key head (grouped_heads.hpp). The cler/cler_h readout, whose shifted query
-// carries the value head's gates, runs over k repeated per group and sums its key gradient
-// back (readout_k). Not with CCQ or CARVE (cuda_linear_unsupported): their kernels take one
-// key head per value head, and CCQ's corrected query differs between the value heads (λ).
+// dk back onto their key head (grouped_heads.hpp). Where the query differs between the value
+// heads of a group (CCQ's q_c by λ, the cler/cler_h readout's shifted query by the gates) or
+// the kernel takes one key head per value head (CARVE), the pass runs over q, k repeated per
+// group and the group's gradients are summed back (per_value_q, readout_k).
 // Routing: clvr publishes ṽ from the qkv pass; cler/cler_h publish the write residual
 // r_t = z_t − S_{t−1}(a_t ⊙ e_t) through a second readout of the same recurrence with the
 // query shifted by one token (layer_ops.hpp), and its gradient through a second backward
@@ -207,7 +207,7 @@ class CudaLinearImpl final : public CudaLinear {
     const Tensor Xa = as_act(be, ar, X_);
     inputs(be, ar, st, N, Xa, false, fptr(vout));
     // CCQ: the recurrence reads the corrected query
-    const bf16* qread = q_.p;
+    const bf16* qread = main_q();
     if (ccq_on_) {
       ccq_lambda(be, ar, st, N);
       const Bf qc = qc_.p ? qc_ : bf_alloc(ar, N * d_.Cq);
@@ -266,7 +266,7 @@ class CudaLinearImpl final : public CudaLinear {
       be.gemm(Xa, false, P_[s_.wgate], true, og_);
     }
     // CCQ: q_c and the final key statistics, kept by the forward
-    const bf16* qread = q_.p;
+    const bf16* qread = main_q();
     const cl::CcqStats stats = ccq_stats_;
     if (ccq_on_) {
       if (!qc_.p) throw RuntimeError("linear mixer (cuda): backward after an evaluation forward (CCQ kept nothing)");
@@ -296,7 +296,7 @@ class CudaLinearImpl final : public CudaLinear {
       be.gemm(dog, false, P_[s_.wgate], false, dX, 1.0, 0.0);  // dx overwritten
     }
     // the recurrence
-    Grads g = grads_alloc(ar, N);
+    Grads g = grads_alloc(ar, N, per_value_q());
     {
       cl::LayerTimer tm(kernel_name(true), st);
       kernel_bwd(qread, dO.p, g, st);
@@ -319,6 +319,14 @@ class CudaLinearImpl final : public CudaLinear {
                  dflam.ptr<float>(), d_.H, nullptr, st);
         colsum_param(ar, st, dflam, 1, s_.blam);
       }
+    }
+    if (per_value_q()) {  // grouped value heads over repeated q, k: the group's dq, dk onto its key head
+      const int G = static_cast<int>(d_.H / d_.Hk);
+      Bf dq = bf_alloc(ar, N * d_.Cqk), dk = bf_alloc(ar, N * d_.Cqk);
+      cl::sum_head_groups(g.dq.p, dq.p, N, d_.Hk, G, d_.dk, st);
+      cl::sum_head_groups(g.dk.p, dk.p, N, d_.Hk, G, d_.dk, st);
+      g.dq = dq;
+      g.dk = dk;
     }
     // routing: the gradient on the published side channel
     const bool has_dout = d_.route != Dims::Route::none && !route.d_out.empty();
@@ -453,15 +461,21 @@ class CudaLinearImpl final : public CudaLinear {
     s.kernels = kernels_;
     return s;
   }
-  // The cler/cler_h readout's shape and keys: its shifted query a_t ⊙ e_t carries the value
-  // head's gates, so it runs one key head per value head, over k repeated per group (kr_) when
-  // the value heads are grouped.
+  // Grouped value heads whose query differs between the value heads of a group run one key head
+  // per value head over q, k repeated per group (qx_, kr_; inputs() makes them) and sum the
+  // group's dq, dk back: CCQ (q_c by the value head's λ) and CARVE (its kernel takes one key
+  // head per value head) in the main pass, and the cler/cler_h readout (its shifted query
+  // a_t ⊙ e_t carries the value head's gates). Without grouping these are q_, k_ and gshape().
+  bool grouped() const { return d_.Hk != d_.H; }
+  bool per_value_q() const { return grouped() && (ccq_on_ || d_.carve); }
+  bool readout_routing() const { return d_.route == Dims::Route::cler || d_.route == Dims::Route::cler_h; }
   cl::GroupedShape readout_shape() const {
     cl::GroupedShape s = gshape();
     s.Hk = d_.H;
     return s;
   }
   const bf16* readout_k() const { return kr_.p ? kr_.p : k_.p; }
+  const bf16* main_q() const { return qx_.p ? qx_.p : q_.p; }
   bf16* bound_bf() const { return static_cast<bf16*>(bound_.data); }
   const char* kernel_name(bool bwd) const {
     if (d_.carve) return bwd ? "linear: carve_bwd" : "linear: carve_fwd";
@@ -473,7 +487,7 @@ class CudaLinearImpl final : public CudaLinear {
     const int64_t tok = b * T_ * d_.Cq, gate = b * T_ * d_.H;
     cl::CarveInputs in;
     in.q = q + tok;
-    in.k = k_.p + tok;
+    in.k = readout_k() + tok;
     in.v = v_.p + tok;
     in.g = g_.ptr<float>() + tok;
     in.bx = bx_.p + tok;
@@ -486,8 +500,8 @@ class CudaLinearImpl final : public CudaLinear {
   }
   cl::CcqInputs ccq_inputs() const {
     cl::CcqInputs in;
-    in.q = q_.p;
-    in.k = k_.p;
+    in.q = main_q();
+    in.k = readout_k();
     in.lambda = lam_.ptr<float>();
     in.centered = d_.ccq_centered;
     return in;
@@ -510,10 +524,12 @@ class CudaLinearImpl final : public CudaLinear {
     return in;
   }
 
-  // readout: the cler/cler_h readout pass, whose query is per value head, over readout_k().
+  // readout: the cler/cler_h readout pass. It and the main pass with per_value_q() read a
+  // query per value head, over readout_k().
   void kernel_fwd(const bf16* q, bf16* o, bf16* bound, cudaStream_t st, bool readout = false) {
-    const cl::GroupedShape gs = readout ? readout_shape() : gshape();
-    const bf16* k = readout ? readout_k() : k_.p;
+    const bool pv = readout || per_value_q();
+    const cl::GroupedShape gs = pv ? readout_shape() : gshape();
+    const bf16* k = pv ? readout_k() : k_.p;
     if (d_.carve)
       cl::carve_fwd(shape(), carve_inputs(q), o, nullptr, bound, content_.ptr<float>(), st);
     else if (delta_kernel())
@@ -522,10 +538,10 @@ class CudaLinearImpl final : public CudaLinear {
       cl::grouped_channel_fwd(channel_kind(), gs, channel_inputs(q, k), o, nullptr, bound, st);
   }
 
-  // readout: for the readout pass (dq, dk per value head).
-  Grads grads_alloc(kernels::Arena& ar, int64_t N, bool readout = false) {
+  // per_value: dq, dk per value head (the readout pass, the main pass with per_value_q()).
+  Grads grads_alloc(kernels::Arena& ar, int64_t N, bool per_value = false) {
     Grads g;
-    const int64_t nk = N * (readout ? d_.Cq : d_.Cqk);
+    const int64_t nk = N * (per_value ? d_.Cq : d_.Cqk);
     g.dq = bf_alloc(ar, nk);
     g.dk = bf_alloc(ar, nk);
     g.dv = bf_alloc(ar, N * d_.Cv);
@@ -546,8 +562,9 @@ class CudaLinearImpl final : public CudaLinear {
   }
 
   void kernel_bwd(const bf16* q, const bf16* dO, Grads& g, cudaStream_t st, bool readout = false) {
-    const cl::GroupedShape gs = readout ? readout_shape() : gshape();
-    const bf16* k = readout ? readout_k() : k_.p;
+    const bool pv = readout || per_value_q();
+    const cl::GroupedShape gs = pv ? readout_shape() : gshape();
+    const bf16* k = pv ? readout_k() : k_.p;
     if (d_.carve) {
       // carve_bwd sums dU1, dU2 over the batch with atomics (order-dependent in the last
       // bit). A deterministic backend runs it per sequence instead, into per-sequence
@@ -718,10 +735,14 @@ class CudaLinearImpl final : public CudaLinear {
         cl::l2_rows_forward(N * d_.Hk, d_.dk, k_.p, rk_.ptr<float>(), st);
       }
     }
-    kr_ = Bf{};
-    if (d_.Hk != d_.H && (d_.route == Dims::Route::cler || d_.route == Dims::Route::cler_h)) {
-      kr_ = bf_alloc(ar, N * d_.Cq);  // the readout's keys (readout_k)
+    kr_ = qx_ = Bf{};
+    if (grouped() && (readout_routing() || per_value_q())) {
+      kr_ = bf_alloc(ar, N * d_.Cq);  // readout_k
       cl::repeat_heads(k_.p, kr_.p, N, d_.Hk, d_.H / d_.Hk, d_.dk, st);
+    }
+    if (per_value_q()) {
+      qx_ = bf_alloc(ar, N * d_.Cq);  // main_q
+      cl::repeat_heads(q_.p, qx_.p, N, d_.Hk, d_.H / d_.Hk, d_.dk, st);
     }
     if (m == lk::Mixer::gdn && fold_) {
       if (!again) {
@@ -970,7 +991,7 @@ class CudaLinearImpl final : public CudaLinear {
   Tensor X_, P_qkv_, rin_, bound_, og_, rstd_;
   Tensor g_, beta_, fg_, h1_, fbeta_, fb_, fw_;
   Bf q_, k_, v_, o_, b_, w_, qr_;
-  Bf kr_;  // grouped value heads with cler/cler_h: k repeated per group [N, Cq] (readout_k)
+  Bf qx_, kr_;  // grouped value heads: q, k repeated per group [N, Cq] (per_value_q, readout_k)
   Tensor rq_, rk_;  // wide key heads (wide_l2): 1 / ‖q‖, 1 / ‖k‖ per (token, head) of the last qkv pass
   // CCQ: whether this forward applied it, λ [N, H] and its pre-activation (learned)
   bool ccq_on_ = false;

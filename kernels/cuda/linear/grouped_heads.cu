@@ -216,4 +216,11 @@ void sum_head_groups(const float* src, float* dst, int64_t rows, int Hk, int G, 
   LAR_CUDA_LAUNCHED();
 }
 
+void sum_head_groups(const bf16* src, bf16* dst, int64_t rows, int Hk, int G, int w, cudaStream_t stream) {
+  const int64_t n = rows * Hk * w;
+  if (n == 0) return;
+  sum_heads<<<grid_for(n), 256, 0, stream>>>(src, dst, rows, Hk, G, w);
+  LAR_CUDA_LAUNCHED();
+}
+
 }  // namespace lar::kernels::cuda::linear
