@@ -62,6 +62,7 @@ std::string cuda_unsupported(const json& model) {
   }
   // Value heads of 64·m run as m heads of 64 sharing q, k (kernels/cuda/linear/grouped_heads.hpp);
   // not CARVE (its content signal couples the value channels) nor the cler/cler_h readouts.
+  // Grouped value heads (n_v_heads) run with every option, through the same mapping.
   if (c.value_dim % 64 != 0 || c.value_dim > 512)
     return "model.value_dim: the linear CUDA kernels need a multiple of 64 up to 512, got " +
            std::to_string(c.value_dim);
@@ -84,9 +85,6 @@ std::string cuda_unsupported(const json& model) {
     if (model.contains("carve") && model["carve"].is_object() && model["carve"].value("qkv", "gdn2") == "paper")
       return "model.carve.qkv: 'paper' (no conv, no L2 norm) has no CUDA path yet";
   }
-  if (c.n_v_heads != c.n_heads)
-    return "model.n_v_heads: grouped value heads (" + std::to_string(c.n_v_heads) + " value heads over " +
-           std::to_string(c.n_heads) + " key heads) have no CUDA path yet";
   const std::string routing = model.value("routing", "none");
   const std::string arch = model.value("architecture", "");
   const bool beta_mixer = arch == "deltanet" || arch == "gdn" || arch == "kda";

@@ -152,6 +152,31 @@ TEST(PlanCli, CudaCoverageOfWideKeyHeads) {
   }
 }
 
+// Grouped value heads (model.n_v_heads over the key heads) are covered with every routing, CCQ
+// and CARVE (CUDA builds); CARVE with cler_h is not, grouped or not.
+TEST(PlanCli, CudaCoverageOfGroupedValueHeads) {
+  SpecDir d;
+  d.write("s.yaml", "name: grouped\nbase:\n  model: {stack: pure, n_layers: 2, d_model: 128, n_heads: 2}\nmatrix:\n"
+                    "  architecture: [gdn, kda, carve]\n  model.n_v_heads: [0, 4]\n  model.ccq.enabled: [false, true]\n"
+                    "  model.routing: [none, cler_h]\n");
+  Result j = run_lar(d, "plan s.yaml --format json");
+  ASSERT_EQ(j.code, 0) << j.err;
+  json cells = json::parse(j.out)["cells"];
+  ASSERT_EQ(cells.size(), 24u);
+  for (const auto& c : cells) {
+    if (c["cuda"]["covered"] == false &&
+        c["cuda"]["why"].get<std::string>().find("in this build") != std::string::npos)
+      GTEST_SKIP() << "no CUDA linear mixers in this build";
+    const json& m = c["config"]["model"];
+    const std::string arch = m["architecture"];
+    if (arch == "carve" && m["routing"] == "cler_h") {
+      EXPECT_EQ(c["cuda"]["why"], "model.routing: 'cler_h' with CARVE has no CUDA path (clvr has)") << c["id"];
+    } else {
+      EXPECT_EQ(c["cuda"]["covered"], true) << c["id"] << ": " << c["cuda"].dump();
+    }
+  }
+}
+
 // A cell the trainer would refuse stops `lar launch` and `lar reproduce`-style launches
 // before anything exists: no registry, no run folder, no script; exit 2 with the place.
 TEST(PlanCli, LaunchOfABadCellWritesNothing) {

@@ -3,7 +3,8 @@
 // key head: relative RMS ≤ 5e-3 on o and the final state, ≤ 1e-2 on every gradient (dq, dk
 // summed over the key head's group). Every mixer (linear as gla with a zero log-gate), value
 // dims 64..512, groups of 1..4 value heads per key head, both channel paths, strong gates in
-// some cases, and the recurrent decode token by token against the same reference.
+// some cases, and the recurrent decode token by token against the same reference; the head
+// repeat and group sum the layer uses where the query is per value head.
 #include <gtest/gtest.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -13,6 +14,7 @@
 #include <cstdlib>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kernels/cpu/linear/mixers.hpp"
@@ -253,5 +255,45 @@ TEST(LinearGroupedCuda, RejectsUnsupportedShapes) {
     FAIL() << "no error";
   } catch (const std::exception& e) {
     EXPECT_NE(std::string(e.what()).find("value dim dv=96 (supported: multiples of 64)"), std::string::npos) << e.what();
+  }
+}
+
+// repeat_heads and sum_head_groups (the layer's passes over q, k repeated per group): exact
+// copies, and the fixed-order fp32 sums of each group's heads (bf16 rounded once) against the
+// host, at the layer's head widths 64 and 128 and groups of 1, 2 and 3.
+TEST(LinearGroupedCuda, RepeatAndSumHeadGroups) {
+  std::mt19937_64 rng(5);
+  std::normal_distribution<double> nd(0.0, 1.0);
+  for (const auto& [rows, Hk, G, w] : {std::tuple{37, 2, 2, 64}, std::tuple{5, 1, 3, 128}, std::tuple{9, 3, 1, 64}}) {
+    const std::string what = "rows=" + std::to_string(rows) + " Hk=" + std::to_string(Hk) + " G=" + std::to_string(G) +
+                             " w=" + std::to_string(w);
+    const size_t nk = static_cast<size_t>(rows) * Hk * w, nv = nk * G;
+    std::vector<double> src(nk), grad(nv);
+    for (auto& e : src) e = to_bf(nd(rng));
+    for (auto& e : grad) e = to_bf(nd(rng));
+    Dev<bf16> s(nk), r(nv), gb(nv), sb(nk);
+    Dev<float> gf(nv), sf(nk);
+    s.put(src);
+    gb.put(grad);
+    gf.put(grad);
+    r.poison(), sb.poison(), sf.poison();
+    gl::repeat_heads(s.p, r.p, rows, Hk, G, w, nullptr);
+    gl::sum_head_groups(gf.p, sf.p, rows, Hk, G, w, nullptr);
+    gl::sum_head_groups(gb.p, sb.p, rows, Hk, G, w, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
+    const auto rep = r.get(), sumf = sf.get(), sumb = sb.get();
+    for (int n = 0; n < rows; ++n)
+      for (int j = 0; j < Hk; ++j)
+        for (int c = 0; c < w; ++c) {
+          const size_t k = (static_cast<size_t>(n) * Hk + j) * w + c;
+          double sum = 0;
+          for (int u = 0; u < G; ++u) {
+            const size_t v = ((static_cast<size_t>(n) * Hk + j) * G + u) * w + c;
+            ASSERT_EQ(rep[v], src[k]) << what << " row " << n << " head " << j * G + u << " channel " << c;
+            sum += static_cast<float>(grad[v]);
+          }
+          ASSERT_NEAR(sumf[k], sum, 1e-6 * (1 + std::abs(sum))) << what;
+          ASSERT_EQ(sumb[k], to_bf(static_cast<float>(sumf[k]))) << what;
+        }
   }
 }

@@ -1,9 +1,9 @@
 // The linear mixers on the CUDA backend (trainer/mixers/linear_mixer_cuda.cpp over
 // kernels/cuda/linear): a full model step (loss and every parameter's gradient) against the
-// CPU backend for each mixer, a hybrid stack, each routing, CARVE and CCQ; a loss curve of
-// gdn tracking the CPU run; `backend: cuda` training a gdn config and writing metrics; the
-// clear errors for what the CUDA path does not run (dk ≠ 64, CARVE with a content chunk ≠ 64
-// or with cler/cler_h). Every comparison runs on fresh random inputs and randomised parameters
+// CPU backend for each mixer, a hybrid stack, each routing, CARVE, CCQ, wide key and value
+// heads and grouped value heads; a loss curve of gdn tracking the CPU run; `backend: cuda`
+// training a gdn config and writing metrics; the clear errors for what the CUDA path does not
+// run (dk ≠ 64, CARVE with a content chunk ≠ 64 or with cler/cler_h). Every comparison runs on fresh random inputs and randomised parameters
 // (the zero-initialised routing projections, Γ, gla's gate bias, CARVE's U2 and CCQ's W_λ
 // too, and CCQ's constant b_λ, so that no gradient path is trivially zero).
 #include <gtest/gtest.h>
@@ -127,10 +127,10 @@ double rel_rms(const float* a, const float* ref, int64_t n) {
 // T: tokens per sequence (not a multiple of 64);
 // deterministic: the CUDA backend's bit-reproducible mode.
 // must_have: parameter names (substrings) that the model must have, each held to its bound
-// above (so a test names the gradients it is about).
+// above (so a test names the gradients it is about); B: sequences in the batch.
 void compare_step(const std::string& what, const json& cfg, const std::string& precision, int T = 100,
                   bool deterministic = false, const std::vector<std::string>& must_have = {},
-                  const kernels::Backend::Options::Cuda& cuda = {}) {
+                  const kernels::Backend::Options::Cuda& cuda = {}, int B = 4) {
   const bool fp32 = precision == "fp32";
   const bool cler = cfg.at("model").at("routing") == "cler";
   const double tol_all = fp32 ? 1e-2 : cler ? 2e-2 : 1.5e-2, tol_param = fp32 ? 2e-2 : 4e-2;
@@ -142,7 +142,7 @@ void compare_step(const std::string& what, const json& cfg, const std::string& p
   // within 8.5e-3; so wide heads take the mixed-precision bound for token sums.
   const bool wide = cfg.at("model").value("head_dim", 0) > 64;
   const double tol_sum = cler || carve ? 2.5e-1 : fp32 && !wide ? 6e-2 : 1.5e-1;
-  const auto batch = random_batch(4, T, 96, 3, 7);
+  const auto batch = random_batch(B, T, 96, 3, 7);
   auto cpu = backend("cpu", "fp32");
   auto gpu = backend("cuda", precision, deterministic, cuda);
   const StepOut ref = one_step(*cpu, cfg, batch);
@@ -247,6 +247,174 @@ TEST(LinearLayerCuda, WideKeyHeadsMatchTheCpuBackend) {
                run_config({{"architecture", "kda"}, {"stack", "pure"}, {"head_dim", 256}, {"value_dim", 128},
                            {"routing", "clvr"}, {"n_layers", 3}}),
                "fp32", 100, false, gates("kda"));
+}
+
+// Grouped value heads (model.n_v_heads = H over Hk < H key heads; value head j reads key head
+// j / (H / Hk)): q, k, their conv and L2 norm Hk heads wide, v, the gates, the recurrence and
+// the output gate H heads, the group's dq, dk summed onto its key head by the grouped kernels.
+// Against the CPU layer (the reference: the same parameters, shapes and init): the LAA GDN
+// (4 key heads of 64, 8 value heads), pure and in a hybrid stack beside softmax heads of their
+// own size; the channel mixers (gla, kda, gdn2) and deltanet with 2 key heads over 4 value
+// heads; wide key heads (dk 128, dv 128, 2 over 4: the recurrent kernels, with their own L2
+// pass over the key heads); value heads wider than the keys (dv 128: G·m virtual heads per key
+// head); B·H odd (3 sequences, 1 key head over 3 value heads) at T = 77; every routing: clvr
+// publishes ṽ per value head, cler/cler_h run their readout (whose shifted query carries the
+// value head's gates) over k repeated per group and sum its key gradient back, in the LAA
+// hybrid layout too. T is never a multiple of 64. The parameters that only exist
+// per key head (wq, wk and their convs) and the per-value-head gates are named so that each is
+// held to its bound.
+TEST(LinearLayerCuda, GroupedValueHeadsMatchTheCpuBackend) {
+  auto names = [](const std::string& arch) -> std::vector<std::string> {
+    std::vector<std::string> n = {"wq", "wk", "wv", "conv_q", "conv_k", "conv_v", "w_gate"};
+    if (arch == "gdn") n.insert(n.end(), {"A_log", "dt_bias", "w_beta", "w_a"});
+    if (arch == "deltanet") n.insert(n.end(), {"w_beta"});
+    if (arch == "kda") n.insert(n.end(), {"A_log", "dt_bias", "w_beta", "gate_w1", "gate_w2"});
+    if (arch == "gdn2") n.insert(n.end(), {"A_log", "dt_bias", "gate_w1", "gate_w2", "w_erase", "w_write"});
+    if (arch == "gla") n.insert(n.end(), {"gate_bias", "gate_w1", "gate_w2"});
+    return n;
+  };
+  // the LAA GDN layer: 4 key heads of 64, 8 value heads of 64
+  const json laa = {{"architecture", "gdn"}, {"stack", "pure"}, {"d_model", 256}, {"n_heads", 4},
+                    {"head_dim", 64},        {"value_dim", 64}, {"n_v_heads", 8}};
+  EXPECT_EQ(trainer::cuda_unsupported(run_config(laa).at("model")), "");
+  for (const char* precision : {"fp32", "mixed"})
+    compare_step("gdn Hk=4 H=8", run_config(laa), precision, 100, false, names("gdn"));
+  compare_step("gdn Hk=4 H=8 deterministic", run_config(laa), "mixed", 100, true, names("gdn"));
+  // the LAA hybrid layout: linear layers with their own 4 key heads of 64 and 8 value heads
+  // beside softmax layers of 2 heads of 64
+  compare_step("gdn hybrid Hk=4 H=8",
+               run_config({{"architecture", "gdn"},
+                           {"stack", "hybrid"},
+                           {"n_layers", 4},
+                           {"hybrid_ratio", 1},
+                           {"linear_heads", 4},
+                           {"linear_head_dim", 64},
+                           {"n_v_heads", 8}}),
+               "mixed", 100, false, names("gdn"));
+  // 2 key heads over 4 value heads, the channel mixers and deltanet
+  for (const char* arch : {"gla", "kda", "gdn2", "deltanet", "linear"}) {
+    const json cfg = run_config({{"architecture", arch}, {"stack", "pure"}, {"n_v_heads", 4}});
+    compare_step(std::string(arch) + " Hk=2 H=4", cfg, "fp32", 100, false, names(arch));
+    if (std::string(arch) == "kda") compare_step("kda Hk=2 H=4", cfg, "mixed", 100, false, names(arch));
+  }
+  // wide key heads: dk 128, dv 128, 2 key heads over 4 value heads
+  for (const char* arch : {"gdn", "kda"})
+    compare_step(
+        std::string(arch) + " dk=128 dv=128 Hk=2 H=4",
+        run_config(
+            {{"architecture", arch}, {"stack", "pure"}, {"head_dim", 128}, {"value_dim", 128}, {"n_v_heads", 4}}),
+        "fp32", 100, false, names(arch));
+  // value heads wider than the key heads: 2 key heads of 64 over 4 value heads of 128
+  compare_step("gla dv=128 Hk=2 H=4",
+               run_config({{"architecture", "gla"}, {"stack", "pure"}, {"value_dim", 128}, {"n_v_heads", 4}}), "fp32",
+               100, false, names("gla"));
+  // B·H odd: 3 sequences, 1 key head of 64 over 3 value heads, T = 77
+  for (const char* arch : {"gdn", "kda"})
+    compare_step(
+        std::string(arch) + " Hk=1 H=3 B=3 T=77",
+        run_config({{"architecture", arch}, {"stack", "pure"}, {"n_heads", 1}, {"head_dim", 64}, {"n_v_heads", 3}},
+                   {{"data", {{"seq_len", 77}, {"batch_size", 3}}}}),
+        "fp32", 77, false, names(arch), {}, 3);
+  // every routing (clvr: ṽ per value head; cler, cler_h: the readout over the repeated keys)
+  for (const char* arch : {"gdn", "deltanet", "kda", "gdn2"})
+    for (const char* routing : {"cler", "cler_h", "clvr"})
+      compare_step(std::string(arch) + " Hk=2 H=4 " + routing,
+                   run_config({{"architecture", arch},
+                               {"stack", "pure"},
+                               {"n_layers", 3},
+                               {"n_v_heads", 4},
+                               {"routing", routing}}),
+                   "fp32", 100, false, names(arch));
+  compare_step("gdn Hk=2 H=4 cler", run_config({{"architecture", "gdn"}, {"stack", "pure"}, {"n_layers", 3},
+                                                {"n_v_heads", 4}, {"routing", "cler"}}),
+               "mixed", 100, false, names("gdn"));
+  // the LAA paper layout with routing: hybrid, 4 key heads of 64 over 8 value heads, cler_h
+  compare_step("gdn hybrid Hk=4 H=8 cler_h",
+               run_config({{"architecture", "gdn"},
+                           {"stack", "hybrid"},
+                           {"n_layers", 4},
+                           {"hybrid_ratio", 1},
+                           {"linear_heads", 4},
+                           {"linear_head_dim", 64},
+                           {"n_v_heads", 8},
+                           {"routing", "cler_h"}}),
+               "mixed", 100, false, names("gdn"));
+}
+
+// Grouped value heads whose query differs between the value heads of a group run over q, k
+// repeated per group, their dq, dk summed back onto the key head: CCQ (q_c by the value head's
+// λ; W_λ reads the key heads' p_q) on gdn (fp32, mixed) and gla, with cler on gdn, on wide
+// key heads (the wide-key CCQ kernels), and a fixed λ uncentered on kda; CARVE (its kernel takes
+// one key head per value head: U1, U2, the erase and write gates per value head), fp32, mixed,
+// clvr and deterministic. B·H odd (3 × 3) and T = 77 once each.
+TEST(LinearLayerCuda, GroupedValueHeadsWithCcqAndCarveMatchTheCpuBackend) {
+  const json ccq = {{"enabled", true}};
+  const std::vector<std::string> lam = {"ccq_b_lambda", "ccq_w_lambda", "wq", "wk", "conv_q", "conv_k"};
+  for (const char* arch : {"gdn", "gla"}) {
+    const json cfg = run_config({{"architecture", arch}, {"stack", "pure"}, {"n_v_heads", 4}, {"ccq", ccq}});
+    compare_step(std::string(arch) + " ccq Hk=2 H=4", cfg, "fp32", 100, false, lam);
+    // mixed: gdn only (CCQ's whole gradient sits near the mixed bound, see WideValueHeadsMatchTheCpuBackend)
+    if (std::string(arch) == "gdn") compare_step("gdn ccq Hk=2 H=4", cfg, "mixed", 100, false, lam);
+  }
+  // the LAA GDN layout with CCQ
+  compare_step("gdn ccq Hk=4 H=8",
+               run_config({{"architecture", "gdn"},
+                           {"stack", "pure"},
+                           {"d_model", 256},
+                           {"n_heads", 4},
+                           {"head_dim", 64},
+                           {"n_v_heads", 8},
+                           {"ccq", ccq}}),
+               "fp32", 100, false, lam);
+  compare_step("gdn ccq cler Hk=2 H=4",
+               run_config({{"architecture", "gdn"},
+                           {"stack", "pure"},
+                           {"n_layers", 3},
+                           {"n_v_heads", 4},
+                           {"routing", "cler"},
+                           {"ccq", ccq}}),
+               "fp32", 100, false, lam);
+  compare_step("kda ccq fixed uncentered Hk=2 H=4",
+               run_config({{"architecture", "kda"},
+                           {"stack", "pure"},
+                           {"n_v_heads", 4},
+                           {"ccq", {{"enabled", true}, {"lambda", 0.2}, {"centered", false}}}}),
+               "fp32", 100, false, {"wq", "wk", "gate_w2"});
+  compare_step("gdn ccq dk=128 dv=128 Hk=2 H=4",
+               run_config({{"architecture", "gdn"},
+                           {"stack", "pure"},
+                           {"head_dim", 128},
+                           {"value_dim", 128},
+                           {"n_v_heads", 4},
+                           {"ccq", ccq}}),
+               "fp32", 100, false, lam);
+  compare_step("gla ccq Hk=1 H=3 B=3 T=77",
+               run_config({{"architecture", "gla"},
+                           {"stack", "pure"},
+                           {"n_heads", 1},
+                           {"head_dim", 64},
+                           {"n_v_heads", 3},
+                           {"ccq", ccq}},
+                          {{"data", {{"seq_len", 77}, {"batch_size", 3}}}}),
+               "fp32", 77, false, lam, {}, 3);
+  const std::vector<std::string> carve = {"content_u1", "content_u2", "w_erase", "w_write", "wq", "wk", "A_log"};
+  const json cv = run_config({{"architecture", "carve"}, {"stack", "pure"}, {"n_v_heads", 4}});
+  for (const char* precision : {"fp32", "mixed"}) compare_step("carve Hk=2 H=4", cv, precision, 100, false, carve);
+  compare_step("carve Hk=2 H=4 deterministic", cv, "mixed", 100, true, carve);
+  compare_step("carve Hk=2 H=4 clvr ccq",
+               run_config({{"architecture", "carve"},
+                           {"stack", "pure"},
+                           {"n_layers", 3},
+                           {"n_v_heads", 4},
+                           {"routing", "clvr"},
+                           {"ccq", ccq}}),
+               "fp32", 100, false, carve);
+  compare_step(
+      "carve Hk=1 H=3 B=3 T=77",
+      run_config({{"architecture", "carve"}, {"stack", "pure"}, {"n_heads", 1}, {"head_dim", 64}, {"n_v_heads", 3}},
+                 {{"data", {{"seq_len", 77}, {"batch_size", 3}}}}),
+      "fp32", 77, false, carve, {}, 3);
+  EXPECT_EQ(trainer::cuda_unsupported(cv.at("model")), "");
 }
 
 // Value heads of 256 (run with --gtest_also_run_disabled_tests): see the note above.

@@ -596,7 +596,30 @@ TEST(LinearLayer, CudaRefusesTheOptionsItLacks) {
     m[key] = v;
     return tr::cuda_unsupported(m);
   };
-  EXPECT_NE(with("n_v_heads", 4).find("model.n_v_heads"), std::string::npos);
+  // grouped value heads run with every routing, CCQ, CARVE and wide key heads (the grouped chunk
+  // kernels, or q, k repeated per group where the query differs between the value heads)
+  EXPECT_EQ(with("n_v_heads", 4), "");
+  {
+    json g = plain;
+    g["n_v_heads"] = 4;
+    for (const char* r : {"none", "cler", "clvr"}) {
+      g["routing"] = r;
+      EXPECT_EQ(tr::cuda_unsupported(g), "") << r;
+      json c = g;
+      c["ccq"]["enabled"] = true;
+      EXPECT_EQ(tr::cuda_unsupported(c), "") << r << " ccq";
+    }
+    g["routing"] = "clvr";
+    g["architecture"] = "carve";
+    EXPECT_EQ(tr::cuda_unsupported(g), "");
+    g["architecture"] = "gdn";
+    g["routing"] = "none";
+    g["head_dim"] = 128;
+    g["value_dim"] = 128;
+    EXPECT_EQ(tr::cuda_unsupported(g), "");  // grouped wide key heads
+    g["ccq"]["enabled"] = true;
+    EXPECT_EQ(tr::cuda_unsupported(g), "");
+  }
   EXPECT_NE(with("routing_signal", "update").find("model.routing_signal"), std::string::npos);
   json clvr = plain;
   clvr["routing"] = "clvr";

@@ -49,7 +49,8 @@ struct Slots {
 
 // Why the CUDA implementation cannot run this layer ("" when it can): key head dims other than
 // 64, 128, 256 (or other than 64 with CARVE or cler/cler_h), a conv wider than 8, CARVE with a content chunk other than 64 or with cler/cler_h
-// routing, grouped value heads, the β-scaled routing signal, CARVE's printed q, k, v form. The message names the offending value.
+// routing, the β-scaled routing signal, CARVE's printed q, k, v form. The message names the
+// offending value.
 std::string cuda_linear_unsupported(const Dims& d);
 
 // The CUDA implementation (linear_mixer_cuda.cpp): forward/backward of the Mixer contract

@@ -24,8 +24,9 @@
 // elementwise parts are host loops, projections go through Backend::gemm, the per-(batch,
 // head) recurrences run in parallel over the backend's threads (each one single-threaded,
 // so deterministic). On the CUDA backend forward/backward go to linear_mixer_cuda.cpp
-// (same parameters, same math; bf16 chunk kernels), CARVE and CCQ included, only with
-// dk ∈ {64, 128, 256} and dv = 64·m (cuda_linear_unsupported says why not); decode stays on the CPU.
+// (same parameters, same math; bf16 chunk kernels), CARVE, CCQ and grouped value heads
+// included, only with dk ∈ {64, 128, 256} and dv = 64·m (cuda_linear_unsupported says why
+// not); decode stays on the CPU.
 #include <omp.h>
 
 #include <algorithm>
@@ -1090,9 +1091,6 @@ std::string cuda_linear_unsupported(const Dims& d) {
     return "model.carve.content_chunk: the CUDA CARVE kernel uses content chunks of 64, got " + std::to_string(d.L);
   if (d.carve && (d.route == Dims::Route::cler || d.route == Dims::Route::cler_h))
     return "model.routing: cler/cler_h with CARVE have no CUDA path (clvr has)";
-  if (d.H != d.Hk)
-    return "model.n_v_heads: grouped value heads (" + std::to_string(d.H) + " value heads over " +
-           std::to_string(d.Hk) + " key heads) have no CUDA path yet";
   if (d.resid_update) return "model.routing_signal: 'update' has no CUDA path yet";
   if (d.silu_only) return "model.carve.qkv: 'paper' has no CUDA path yet";
   // key heads of 128 and 256: the recurrent wide-key kernels (kernels/cuda/linear/wide_key.hpp,

@@ -2,9 +2,10 @@
 // reference) on the CUDA backend. Same parameters and results as the CPU path within bf16
 // rounding:
 //   P = x [Wq;Wk;Wv]ᵀ             one GEMM (the three are adjacent in the flat buffer)
-//   q, k, v = conv+SiLU(P), L2     one fused pass → bf16 [B,T,H,dk] (kernels/cuda/linear/layer_ops;
-//                                  key heads of 128 or 256 get their L2 norm from a pass of their
-//                                  own, wide_key.hpp, and run the recurrent wide-key kernels)
+//   q, k, v = conv+SiLU(P), L2     one fused pass → bf16 q, k [B,T,Hk,dk], v [B,T,H,dv]
+//                                  (kernels/cuda/linear/layer_ops; key heads of 128 or 256 get their
+//                                  L2 norm from a pass of their own, wide_key.hpp, and run the
+//                                  recurrent wide-key kernels)
 //   gates                          small GEMMs + one elementwise map each
 //   CCQ (model.ccq.enabled)        q ← (I − λΣ)q by ccq_fwd in front of any backbone,
 //                                  λ = σ(p_q W_λᵀ + b_λ) from P's q columns, or fixed
@@ -15,6 +16,12 @@
 //                                  head and the content projection U1, U2; kernels/cuda/linear/
 //                                  linear_methods.hpp)
 //   y = (RMSNorm_h(o) ⊙ SiLU(x W_gᵀ)) W_oᵀ   norm × gate fused
+// Grouped value heads (model.n_v_heads, Hk < H): q, k and their conv and L2 norm are Hk heads
+// wide, everything else H; the chunk kernels take gshape().Hk and sum the virtual heads' dq,
+// dk back onto their key head (grouped_heads.hpp). Where the query differs between the value
+// heads of a group (CCQ's q_c by λ, the cler/cler_h readout's shifted query by the gates) or
+// the kernel takes one key head per value head (CARVE), the pass runs over q, k repeated per
+// group and the group's gradients are summed back (per_value_q, readout_k).
 // Routing: clvr publishes ṽ from the qkv pass; cler/cler_h publish the write residual
 // r_t = z_t − S_{t−1}(a_t ⊙ e_t) through a second readout of the same recurrence with the
 // query shifted by one token (layer_ops.hpp), and its gradient through a second backward
@@ -94,7 +101,7 @@ class CudaLinearImpl final : public CudaLinear {
     if (k != q + P_[s_.wq].bytes() || v != k + P_[s_.wk].bytes() || gk != gq + G_[s_.wq].bytes() ||
         gv != gk + G_[s_.wk].bytes())
       throw RuntimeError("linear mixer (cuda): wq, wk, wv are not adjacent in the parameter buffer");
-    nqkv_ = ldp_ = 2 * d_.Cq + d_.Cv;
+    nqkv_ = ldp_ = 2 * d_.Cqk + d_.Cv;
     Wqkv_ = Tensor(P_[s_.wq].data, DType::f32, {nqkv_, d_.d});
     Gqkv_ = Tensor(G_[s_.wq].data, DType::f32, {nqkv_, d_.d});
     // gdn: w_beta and w_a, declared one after the other, make one [2H, d] projection
@@ -200,7 +207,7 @@ class CudaLinearImpl final : public CudaLinear {
     const Tensor Xa = as_act(be, ar, X_);
     inputs(be, ar, st, N, Xa, false, fptr(vout));
     // CCQ: the recurrence reads the corrected query
-    const bf16* qread = q_.p;
+    const bf16* qread = main_q();
     if (ccq_on_) {
       ccq_lambda(be, ar, st, N);
       const Bf qc = qc_.p ? qc_ : bf_alloc(ar, N * d_.Cq);
@@ -220,7 +227,7 @@ class CudaLinearImpl final : public CudaLinear {
       cl::LayerTimer tm("linear: routing readout (fwd)", st);
       cl::route_query(route_args(), qr_.p, st);
       Bf o2 = bf_alloc(ar, N * d_.Cv);
-      kernel_fwd(qr_.p, o2.p, nullptr, st);
+      kernel_fwd(qr_.p, o2.p, nullptr, st, true);
       cl::route_residual(route_args(), o2.p, route.out.ptr<float>(), st);
     }
     // output: RMSNorm_h(o) ⊙ SiLU(x W_gᵀ) → W_o
@@ -259,7 +266,7 @@ class CudaLinearImpl final : public CudaLinear {
       be.gemm(Xa, false, P_[s_.wgate], true, og_);
     }
     // CCQ: q_c and the final key statistics, kept by the forward
-    const bf16* qread = q_.p;
+    const bf16* qread = main_q();
     const cl::CcqStats stats = ccq_stats_;
     if (ccq_on_) {
       if (!qc_.p) throw RuntimeError("linear mixer (cuda): backward after an evaluation forward (CCQ kept nothing)");
@@ -289,7 +296,7 @@ class CudaLinearImpl final : public CudaLinear {
       be.gemm(dog, false, P_[s_.wgate], false, dX, 1.0, 0.0);  // dx overwritten
     }
     // the recurrence
-    Grads g = grads_alloc(ar, N);
+    Grads g = grads_alloc(ar, N, per_value_q());
     {
       cl::LayerTimer tm(kernel_name(true), st);
       kernel_bwd(qread, dO.p, g, st);
@@ -313,6 +320,14 @@ class CudaLinearImpl final : public CudaLinear {
         colsum_param(ar, st, dflam, 1, s_.blam);
       }
     }
+    if (per_value_q()) {  // grouped value heads over repeated q, k: the group's dq, dk onto its key head
+      const int G = static_cast<int>(d_.H / d_.Hk);
+      Bf dq = bf_alloc(ar, N * d_.Cqk), dk = bf_alloc(ar, N * d_.Cqk);
+      cl::sum_head_groups(g.dq.p, dq.p, N, d_.Hk, G, d_.dk, st);
+      cl::sum_head_groups(g.dk.p, dk.p, N, d_.Hk, G, d_.dk, st);
+      g.dq = dq;
+      g.dk = dk;
+    }
     // routing: the gradient on the published side channel
     const bool has_dout = d_.route != Dims::Route::none && !route.d_out.empty();
     if (has_dout && route.d_out.numel() != N * d_.Cv)
@@ -323,8 +338,8 @@ class CudaLinearImpl final : public CudaLinear {
       cl::LayerTimer tm("linear: routing readout (bwd)", st);
       Bf do2 = bf_alloc(ar, N * d_.Cv);
       cl::route_readout_grad(route_args(), route.d_out.ptr<float>(), do2.p, st);
-      Grads g2 = grads_alloc(ar, N);
-      kernel_bwd(qr_.p, do2.p, g2, st);
+      Grads g2 = grads_alloc(ar, N, true);
+      kernel_bwd(qr_.p, do2.p, g2, st, true);
       ek = ar.alloc(DType::f32, {N, d_.Cq});
       ev = ar.alloc(DType::f32, {N, d_.Cv});
       cl::RouteGrads rg;
@@ -352,6 +367,11 @@ class CudaLinearImpl final : public CudaLinear {
         rg.ew = ew.ptr<float>();
       }
       cl::route_backward(route_args(), rg, st);
+      if (kr_.p) {  // grouped value heads: ek is on the repeated k, its sum on the key heads
+        Tensor ekk = ar.alloc(DType::f32, {N, d_.Cqk});
+        cl::sum_head_groups(ek.ptr<float>(), ekk.ptr<float>(), N, d_.Hk, d_.H / d_.Hk, d_.dk, st);
+        ek = ekk;
+      }
     }
     // gdn's folded gates write into dP; the others add into dx, which the W_g GEMM above
     // wrote (wide_: the final dx GEMM writes it, they follow that)
@@ -373,8 +393,8 @@ class CudaLinearImpl final : public CudaLinear {
         qg.d_in = fptr(route.d_in);
       }
       if (wide_l2()) {  // the L2 norm of wide key heads, outside the fused pass
-        cl::l2_rows_backward(N * d_.H, d_.dk, q_.p, rq_.ptr<float>(), g.dq.p, st);
-        cl::l2_rows_backward(N * d_.H, d_.dk, k_.p, rk_.ptr<float>(), g.dk.p, st);
+        cl::l2_rows_backward(N * d_.Hk, d_.dk, q_.p, rq_.ptr<float>(), g.dq.p, st);
+        cl::l2_rows_backward(N * d_.Hk, d_.dk, k_.p, rk_.ptr<float>(), g.dk.p, st);
       }
       const cl::QkvArgs qa = qkv_args();
       Tensor scratch = ar.alloc(DType::f32, {(int64_t)cl::qkv_backward_scratch_floats(qa)});
@@ -427,19 +447,35 @@ class CudaLinearImpl final : public CudaLinear {
     return s;
   }
   // The delta and channel kernels' shape: value heads of dv = 64·m channels run as m heads of
-  // 64 sharing q, k and the gates (kernels/cuda/linear/grouped_heads.hpp).
+  // 64 sharing q, k and the gates, and value head j reads key head j / (H / Hk)
+  // (kernels/cuda/linear/grouped_heads.hpp).
   cl::GroupedShape gshape() const {
     cl::GroupedShape s;
     s.B = B_;
     s.T = T_;
     s.H = d_.H;
-    s.Hk = d_.H;
+    s.Hk = d_.Hk;
     s.dk = d_.dk;
     s.dv = d_.dv;
     s.scale = 1.0 / std::sqrt((double)d_.dk);
     s.kernels = kernels_;
     return s;
   }
+  // Grouped value heads whose query differs between the value heads of a group run one key head
+  // per value head over q, k repeated per group (qx_, kr_; inputs() makes them) and sum the
+  // group's dq, dk back: CCQ (q_c by the value head's λ) and CARVE (its kernel takes one key
+  // head per value head) in the main pass, and the cler/cler_h readout (its shifted query
+  // a_t ⊙ e_t carries the value head's gates). Without grouping these are q_, k_ and gshape().
+  bool grouped() const { return d_.Hk != d_.H; }
+  bool per_value_q() const { return grouped() && (ccq_on_ || d_.carve); }
+  bool readout_routing() const { return d_.route == Dims::Route::cler || d_.route == Dims::Route::cler_h; }
+  cl::GroupedShape readout_shape() const {
+    cl::GroupedShape s = gshape();
+    s.Hk = d_.H;
+    return s;
+  }
+  const bf16* readout_k() const { return kr_.p ? kr_.p : k_.p; }
+  const bf16* main_q() const { return qx_.p ? qx_.p : q_.p; }
   bf16* bound_bf() const { return static_cast<bf16*>(bound_.data); }
   const char* kernel_name(bool bwd) const {
     if (d_.carve) return bwd ? "linear: carve_bwd" : "linear: carve_fwd";
@@ -451,7 +487,7 @@ class CudaLinearImpl final : public CudaLinear {
     const int64_t tok = b * T_ * d_.Cq, gate = b * T_ * d_.H;
     cl::CarveInputs in;
     in.q = q + tok;
-    in.k = k_.p + tok;
+    in.k = readout_k() + tok;
     in.v = v_.p + tok;
     in.g = g_.ptr<float>() + tok;
     in.bx = bx_.p + tok;
@@ -464,8 +500,8 @@ class CudaLinearImpl final : public CudaLinear {
   }
   cl::CcqInputs ccq_inputs() const {
     cl::CcqInputs in;
-    in.q = q_.p;
-    in.k = k_.p;
+    in.q = main_q();
+    in.k = readout_k();
     in.lambda = lam_.ptr<float>();
     in.centered = d_.ccq_centered;
     return in;
@@ -476,10 +512,10 @@ class CudaLinearImpl final : public CudaLinear {
     if (d_.mixer == lk::Mixer::gdn2) return cl::ChannelMixer::gdn2;
     return cl::ChannelMixer::gla;  // gla, and linear with g = 0
   }
-  cl::ChannelInputs channel_inputs(const bf16* q) const {
+  cl::ChannelInputs channel_inputs(const bf16* q, const bf16* k) const {
     cl::ChannelInputs in;
     in.q = q;
-    in.k = k_.p;
+    in.k = k;
     in.v = v_.p;
     in.g = fptr(g_);
     in.beta = fptr(beta_);
@@ -488,19 +524,26 @@ class CudaLinearImpl final : public CudaLinear {
     return in;
   }
 
-  void kernel_fwd(const bf16* q, bf16* o, bf16* bound, cudaStream_t st) {
+  // readout: the cler/cler_h readout pass. It and the main pass with per_value_q() read a
+  // query per value head, over readout_k().
+  void kernel_fwd(const bf16* q, bf16* o, bf16* bound, cudaStream_t st, bool readout = false) {
+    const bool pv = readout || per_value_q();
+    const cl::GroupedShape gs = pv ? readout_shape() : gshape();
+    const bf16* k = pv ? readout_k() : k_.p;
     if (d_.carve)
       cl::carve_fwd(shape(), carve_inputs(q), o, nullptr, bound, content_.ptr<float>(), st);
     else if (delta_kernel())
-      cl::grouped_delta_fwd(gshape(), q, k_.p, v_.p, fptr(g_), fptr(beta_), nullptr, o, nullptr, bound, st);
+      cl::grouped_delta_fwd(gs, q, k, v_.p, fptr(g_), fptr(beta_), nullptr, o, nullptr, bound, st);
     else
-      cl::grouped_channel_fwd(channel_kind(), gshape(), channel_inputs(q), o, nullptr, bound, st);
+      cl::grouped_channel_fwd(channel_kind(), gs, channel_inputs(q, k), o, nullptr, bound, st);
   }
 
-  Grads grads_alloc(kernels::Arena& ar, int64_t N) {
+  // per_value: dq, dk per value head (the readout pass, the main pass with per_value_q()).
+  Grads grads_alloc(kernels::Arena& ar, int64_t N, bool per_value = false) {
     Grads g;
-    g.dq = bf_alloc(ar, N * d_.Cq);
-    g.dk = bf_alloc(ar, N * d_.Cq);
+    const int64_t nk = N * (per_value ? d_.Cq : d_.Cqk);
+    g.dq = bf_alloc(ar, nk);
+    g.dk = bf_alloc(ar, nk);
     g.dv = bf_alloc(ar, N * d_.Cv);
     if (!g_.empty()) g.dg = ar.alloc(DType::f32, g_.shape());
     if (!beta_.empty()) g.dbeta = ar.alloc(DType::f32, beta_.shape());
@@ -518,7 +561,10 @@ class CudaLinearImpl final : public CudaLinear {
     return g;
   }
 
-  void kernel_bwd(const bf16* q, const bf16* dO, Grads& g, cudaStream_t st) {
+  void kernel_bwd(const bf16* q, const bf16* dO, Grads& g, cudaStream_t st, bool readout = false) {
+    const bool pv = readout || per_value_q();
+    const cl::GroupedShape gs = pv ? readout_shape() : gshape();
+    const bf16* k = pv ? readout_k() : k_.p;
     if (d_.carve) {
       // carve_bwd sums dU1, dU2 over the batch with atomics (order-dependent in the last
       // bit). A deterministic backend runs it per sequence instead, into per-sequence
@@ -542,8 +588,8 @@ class CudaLinearImpl final : public CudaLinear {
                       content_.ptr<float>() + b * d_.H * nc * d_.dv, dO + b * tok, nullptr, cg, st);
       }
     } else if (delta_kernel()) {
-      cl::grouped_delta_bwd(gshape(), q, k_.p, v_.p, fptr(g_), fptr(beta_), bound_bf(), dO, nullptr, g.dq.p, g.dk.p, g.dv.p,
-                    fptr(g.dg), fptr(g.dbeta), nullptr, st);
+      cl::grouped_delta_bwd(gs, q, k, v_.p, fptr(g_), fptr(beta_), bound_bf(), dO, nullptr, g.dq.p, g.dk.p, g.dv.p,
+                            fptr(g.dg), fptr(g.dbeta), nullptr, st);
     } else {
       cl::ChannelGrads cg;
       cg.dq = g.dq.p;
@@ -553,7 +599,7 @@ class CudaLinearImpl final : public CudaLinear {
       cg.dbeta = fptr(g.dbeta);
       cg.db = g.db.p;
       cg.dw = g.dw.p;
-      cl::grouped_channel_bwd(channel_kind(), gshape(), channel_inputs(q), bound_bf(), dO, nullptr, cg, st);
+      cl::grouped_channel_bwd(channel_kind(), gs, channel_inputs(q, k), bound_bf(), dO, nullptr, cg, st);
     }
   }
 
@@ -561,7 +607,7 @@ class CudaLinearImpl final : public CudaLinear {
     cl::QkvArgs a;
     a.B = B_;
     a.T = T_;
-    a.Cq = d_.Cq;
+    a.Cq = d_.Cqk;
     a.Cv = d_.Cv;
     a.W = d_.conv ? d_.W : 0;
     a.l2 = d_.l2 && !wide_l2();
@@ -585,7 +631,7 @@ class CudaLinearImpl final : public CudaLinear {
     a.B = B_;
     a.T = T_;
     a.H = d_.H;
-    a.k = k_.p;
+    a.k = readout_k();
     a.v = v_.p;
     a.g = fptr(g_);
     a.g_channel = d_.mixer != lk::Mixer::gdn;
@@ -676,18 +722,27 @@ class CudaLinearImpl final : public CudaLinear {
       if (!keep_p_) P_qkv_ = ar.alloc(at_, {N, ldp_});
       be.gemm(Xa, false, wcat_.empty() ? Wqkv_ : wcat_, true, P_qkv_);
     }
-    q_ = bf_alloc(ar, N * d_.Cq);
-    k_ = bf_alloc(ar, N * d_.Cq);
+    q_ = bf_alloc(ar, N * d_.Cqk);
+    k_ = bf_alloc(ar, N * d_.Cqk);
     v_ = bf_alloc(ar, N * d_.Cv);
     {
       cl::LayerTimer tm(again ? "linear: conv+silu+l2 (recompute)" : "linear: conv+silu+l2 (fwd)", st);
       cl::qkv_forward(qkv_args(), q_.p, k_.p, v_.p, vout, st);
       if (wide_l2()) {  // the fused pass normalises heads of 64 only
-        rq_ = ar.alloc(DType::f32, {N * d_.H});
-        rk_ = ar.alloc(DType::f32, {N * d_.H});
-        cl::l2_rows_forward(N * d_.H, d_.dk, q_.p, rq_.ptr<float>(), st);
-        cl::l2_rows_forward(N * d_.H, d_.dk, k_.p, rk_.ptr<float>(), st);
+        rq_ = ar.alloc(DType::f32, {N * d_.Hk});
+        rk_ = ar.alloc(DType::f32, {N * d_.Hk});
+        cl::l2_rows_forward(N * d_.Hk, d_.dk, q_.p, rq_.ptr<float>(), st);
+        cl::l2_rows_forward(N * d_.Hk, d_.dk, k_.p, rk_.ptr<float>(), st);
       }
+    }
+    kr_ = qx_ = Bf{};
+    if (grouped() && (readout_routing() || per_value_q())) {
+      kr_ = bf_alloc(ar, N * d_.Cq);  // readout_k
+      cl::repeat_heads(k_.p, kr_.p, N, d_.Hk, d_.H / d_.Hk, d_.dk, st);
+    }
+    if (per_value_q()) {
+      qx_ = bf_alloc(ar, N * d_.Cq);  // main_q
+      cl::repeat_heads(q_.p, qx_.p, N, d_.Hk, d_.H / d_.Hk, d_.dk, st);
     }
     if (m == lk::Mixer::gdn && fold_) {
       if (!again) {
@@ -774,7 +829,7 @@ class CudaLinearImpl final : public CudaLinear {
     be.gemm(df, false, P_[slot], false, dX, 1.0, 1.0);
   }
 
-  // gdn's folded gates: fβ, fa in P's columns [2Cq+Cv, 2Cq+Cv+2H).
+  // gdn's folded gates: fβ, fa in P's columns [2Cqk+Cv, 2Cqk+Cv+2H).
   cl::GdnGateArgs gdn_gate_args() const {
     cl::GdnGateArgs a;
     a.N = P_qkv_.size(0);
@@ -889,11 +944,11 @@ class CudaLinearImpl final : public CudaLinear {
                           scratch.ptr<float>(), st);
   }
 
-  // p_q = P's first Cq columns (row stride ldp) as a contiguous [N, Cq] in act_dtype().
+  // p_q = P's first Cqk columns (row stride ldp) as a contiguous [N, Cqk] in act_dtype().
   Tensor q_projection(kernels::Arena& ar, cudaStream_t st, int64_t N) const {
-    Tensor pq = ar.alloc(at_, {N, d_.Cq});
+    Tensor pq = ar.alloc(at_, {N, d_.Cqk});
     const std::size_t es = P_qkv_.bytes() / P_qkv_.numel();
-    LAR_CUDA_CHECK(cudaMemcpy2DAsync(pq.data, d_.Cq * es, P_qkv_.data, ldp_ * es, d_.Cq * es, N,
+    LAR_CUDA_CHECK(cudaMemcpy2DAsync(pq.data, d_.Cqk * es, P_qkv_.data, ldp_ * es, d_.Cqk * es, N,
                                      cudaMemcpyDeviceToDevice, st));
     return pq;
   }
@@ -909,23 +964,23 @@ class CudaLinearImpl final : public CudaLinear {
   }
 
   // λ's projection backward (dflam = ∂L/∂(p_q W_λᵀ)): W_λ's gradient from p_q (P as
-  // recomputed in this backward), and dP[:, :Cq] += dflam W_λ through a contiguous copy of
+  // recomputed in this backward), and dP[:, :Cqk] += dflam W_λ through a contiguous copy of
   // that column block (dP is overwritten by qkv_backward, so this runs after it).
   void ccq_lambda_backward(kernels::Backend& be, kernels::Arena& ar, cudaStream_t st, int64_t N, const Tensor& dflam,
                            const Tensor& dP) {
     be.gemm(dflam, true, q_projection(ar, st, N), false, G_[s_.wlam], 1.0, 1.0);
-    Tensor dpq = ar.alloc(dP.dtype, {N, d_.Cq});
+    Tensor dpq = ar.alloc(dP.dtype, {N, d_.Cqk});
     const std::size_t es = dP.bytes() / dP.numel();
-    LAR_CUDA_CHECK(cudaMemcpy2DAsync(dpq.data, d_.Cq * es, dP.data, ldp_ * es, d_.Cq * es, N,
+    LAR_CUDA_CHECK(cudaMemcpy2DAsync(dpq.data, d_.Cqk * es, dP.data, ldp_ * es, d_.Cqk * es, N,
                                      cudaMemcpyDeviceToDevice, st));
     be.gemm(dflam, false, P_[s_.wlam], false, dpq, 1.0, 1.0);
-    LAR_CUDA_CHECK(cudaMemcpy2DAsync(dP.data, ldp_ * es, dpq.data, d_.Cq * es, d_.Cq * es, N,
+    LAR_CUDA_CHECK(cudaMemcpy2DAsync(dP.data, ldp_ * es, dpq.data, d_.Cqk * es, d_.Cqk * es, N,
                                      cudaMemcpyDeviceToDevice, st));
   }
   Dims d_;
   Slots s_;
   std::vector<Tensor> P_, G_;
-  int64_t nqkv_ = 0;  // 2Cq + Cv: P's q, k, v columns
+  int64_t nqkv_ = 0;  // 2Cqk + Cv: P's q, k, v columns
   int64_t pw_ = 0;    // P's columns before og: nqkv_, or with gdn's folded gates and padding
   int64_t ldp_ = 0;   // P's row stride: pw_, or pw_ + Cv with og beside it (wide_)
   Tensor Wqkv_, Gqkv_;
@@ -936,6 +991,7 @@ class CudaLinearImpl final : public CudaLinear {
   Tensor X_, P_qkv_, rin_, bound_, og_, rstd_;
   Tensor g_, beta_, fg_, h1_, fbeta_, fb_, fw_;
   Bf q_, k_, v_, o_, b_, w_, qr_;
+  Bf qx_, kr_;  // grouped value heads: q, k repeated per group [N, Cq] (per_value_q, readout_k)
   Tensor rq_, rk_;  // wide key heads (wide_l2): 1 / ‖q‖, 1 / ‖k‖ per (token, head) of the last qkv pass
   // CCQ: whether this forward applied it, λ [N, H] and its pre-activation (learned)
   bool ccq_on_ = false;

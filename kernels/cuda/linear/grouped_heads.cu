@@ -202,4 +202,25 @@ void grouped_channel_decode(ChannelMixer m, const GroupedShape& gs, const Channe
   channel_decode(m, vs.s, virtual_inputs(sc, vs, in, stream), S, o, stream);
 }
 
+void repeat_heads(const bf16* src, bf16* dst, int64_t rows, int Hk, int G, int w, cudaStream_t stream) {
+  const int64_t n = rows * Hk * G * w;
+  if (n == 0) return;
+  expand_heads<<<grid_for(n), 256, 0, stream>>>(src, dst, rows, Hk, G, w);
+  LAR_CUDA_LAUNCHED();
+}
+
+void sum_head_groups(const float* src, float* dst, int64_t rows, int Hk, int G, int w, cudaStream_t stream) {
+  const int64_t n = rows * Hk * w;
+  if (n == 0) return;
+  sum_heads<<<grid_for(n), 256, 0, stream>>>(src, dst, rows, Hk, G, w);
+  LAR_CUDA_LAUNCHED();
+}
+
+void sum_head_groups(const bf16* src, bf16* dst, int64_t rows, int Hk, int G, int w, cudaStream_t stream) {
+  const int64_t n = rows * Hk * w;
+  if (n == 0) return;
+  sum_heads<<<grid_for(n), 256, 0, stream>>>(src, dst, rows, Hk, G, w);
+  LAR_CUDA_LAUNCHED();
+}
+
 }  // namespace lar::kernels::cuda::linear

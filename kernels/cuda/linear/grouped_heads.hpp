@@ -63,4 +63,16 @@ void grouped_channel_bwd(ChannelMixer m, const GroupedShape& s, const ChannelInp
 void grouped_channel_decode(ChannelMixer m, const GroupedShape& s, const ChannelInputs& in, float* S,
                             __nv_bfloat16* o, cudaStream_t stream);
 
+// The same mapping for callers whose query is per value head (the layer's CCQ correction with
+// its λ per value head, CARVE, the cler/cler_h readout whose shifted query carries the value
+// head's gates), which run the kernels over q, k repeated per group: dst [rows, Hk·G, w] =
+// src [rows, Hk, w] with every head repeated G times; and the sum back of a gradient on the
+// repeated heads, dst [rows, Hk, w] = Σ_{u<G} src [rows, Hk·G, w] at head j·G + u (in order of
+// u, in fp32: deterministic; the bf16 one rounds once, as the grouped kernels' own sums do).
+void repeat_heads(const __nv_bfloat16* src, __nv_bfloat16* dst, int64_t rows, int Hk, int G, int w,
+                  cudaStream_t stream);
+void sum_head_groups(const float* src, float* dst, int64_t rows, int Hk, int G, int w, cudaStream_t stream);
+void sum_head_groups(const __nv_bfloat16* src, __nv_bfloat16* dst, int64_t rows, int Hk, int G, int w,
+                     cudaStream_t stream);
+
 }  // namespace lar::kernels::cuda::linear
