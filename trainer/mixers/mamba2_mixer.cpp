@@ -317,8 +317,23 @@ class Mamba2Mixer final : public ssm::DtypeMixer<Mamba2Mixer, Impl, State> {
     if (ctx.be.device() == kernels::Device::cuda) return cuda(ctx.be).backward(ctx, dy, dx);
     DtypeMixer::backward(ctx, dy, dx, r);
   }
+  // Decode (init_state/step) runs on the CPU backend only; training and evaluation
+  // (forward/backward) also run on CUDA.
+  std::unique_ptr<MixerState> init_state(kernels::Backend& be, int batch, int max_len) const override {
+    check_decode(be);
+    return DtypeMixer::init_state(be, batch, max_len);
+  }
+  void step(ForwardContext& ctx, const Tensor& x, const Tensor& y, MixerState& state, Routing& r) override {
+    check_decode(ctx.be);
+    DtypeMixer::step(ctx, x, y, state, r);
+  }
 
  private:
+  static void check_decode(const kernels::Backend& be) {
+    if (be.device() != kernels::Device::cpu)
+      throw UserError("mamba2 mixer decodes (step) on the cpu backend only; backend " + be.name() +
+                      " trains and evaluates it");
+  }
   // The CUDA implementation, built on first use after bind().
   CudaMamba2& cuda(const kernels::Backend& be) {
     if (const std::string why = cuda_mamba2_unsupported(s_, W_); !why.empty())
