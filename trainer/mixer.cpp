@@ -3,6 +3,7 @@
 #include <map>
 
 #include "core/error.hpp"
+#include "trainer/mixers/mamba2_layer.hpp"
 
 namespace lar::trainer {
 
@@ -25,25 +26,41 @@ std::vector<std::string> registered_mixers() {
   return out;
 }
 
-// The linear mixers (CARVE included) run on CUDA through trainer/mixers/linear_mixer_cuda.cpp
-// (CUDA builds only).
+// The linear mixers (CARVE included) run on CUDA through trainer/mixers/linear_mixer_cuda.cpp,
+// Mamba-2 through trainer/mixers/mamba2_mixer_cuda.cpp (CUDA builds only).
 bool mixer_runs_on_cuda(const std::string& kind) {
   if (kind == "softmax") return true;
 #ifdef LAR_HAVE_CUDA
   return kind == "linear" || kind == "gla" || kind == "deltanet" || kind == "gdn" || kind == "kda" ||
-         kind == "gdn2" || kind == "carve";
+         kind == "gdn2" || kind == "carve" || kind == "mamba2";
 #else
   return false;
 #endif
 }
 
 std::string cuda_unsupported(const json& model) {
-  bool linear = false;
+  bool linear = false, mamba2 = false;
   for (const auto& kind : layer_kinds(model)) {
-    if (kind == "mamba2" || kind == "mamba3" || kind == "gla_hedgehog")
+    if (kind == "mamba3" || kind == "gla_hedgehog")
       return "the '" + kind + "' mixer has no CUDA implementation in this build yet";
     if (!mixer_runs_on_cuda(kind)) return "the '" + kind + "' mixer has no CUDA implementation in this build";
-    linear = linear || kind != "softmax";
+    mamba2 = mamba2 || kind == "mamba2";
+    linear = linear || (kind != "softmax" && kind != "mamba2");
+  }
+  // Mamba-2 takes its shape from model.mamba (the linear layers' keys below do not apply to it).
+  if (mamba2) {
+    for (int l = 0; l < model.at("n_layers").get<int>(); ++l) {
+      const MixerConfig c = mixer_config(model, l);
+      if (c.kind != "mamba2") continue;
+      try {
+        if (std::string why = mixers::cuda_mamba2_unsupported(mixers::mamba_shape(c), model.value("conv_size", 4));
+            !why.empty())
+          return why;
+      } catch (const UserError& e) {
+        return e.what();
+      }
+      break;  // every mamba2 layer has the model's shape
+    }
   }
   if (!linear) return "";
   // The dimensions and options are the model's, the same for every linear layer.

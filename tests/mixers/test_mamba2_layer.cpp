@@ -1,12 +1,14 @@
 // The Mamba-2 layer (trainer/mixers/mamba2_mixer.cpp): gradients by finite differences in
 // fp64, decode (the recurrent form) equal to the chunkwise forward, the shape options and
-// their errors.
+// their errors, and which shapes the CUDA layer (mamba2_mixer_cuda.cpp) covers.
 #include <gtest/gtest.h>
 
 #include <string>
 
 #include "core/error.hpp"
 #include "mixer_checks.hpp"
+#include "trainer/mixer.hpp"
+#include "trainer/train.hpp"
 
 using lar::json;
 namespace tr = lar::trainer;
@@ -75,4 +77,34 @@ TEST(Mamba2Layer, PaperDefaults) {
       EXPECT_EQ(s.shape, (std::vector<int64_t>{4}));  // 2·128 / 64 heads
     }
   }
+}
+
+// trainer::cuda_unsupported for a Mamba-2 model: "" where the CUDA layer runs it (state 64, 128
+// or 256 — the gla channel kernels' key dims —, head dim a multiple of 64 up to 512, conv ≤ 8),
+// else the reason naming the key and value; builds without CUDA refuse the kind.
+TEST(Mamba2Layer, CudaCoverageNamesTheOption) {
+  auto model = [](json mamba, int conv = 4, std::string stack = "pure") {
+    json raw = {{"model",
+                 {{"architecture", "mamba2"}, {"stack", stack}, {"n_layers", 3}, {"hybrid_ratio", 1}, {"d_model", 128},
+                  {"n_heads", 2}, {"conv_size", conv}, {"mamba", mamba}}},
+                {"data", {{"task", "mqar"}, {"seq_len", 64}, {"batch_size", 2}}}};
+    return tr::prepare_config(raw).at("model");
+  };
+  if (!tr::mixer_runs_on_cuda("mamba2")) {
+    EXPECT_EQ(tr::cuda_unsupported(model(json::object())), "the 'mamba2' mixer has no CUDA implementation in this build");
+    GTEST_SKIP() << "a build without CUDA";
+  }
+  EXPECT_EQ(tr::cuda_unsupported(model(json::object())), "");  // the papers' shape: head dim 64, state 128
+  EXPECT_EQ(tr::cuda_unsupported(model(json{{"state_size", 64}, {"n_groups", 2}})), "");
+  EXPECT_EQ(tr::cuda_unsupported(model(json{{"state_size", 256}, {"head_dim", 128}})), "");
+  EXPECT_EQ(tr::cuda_unsupported(model(json::object(), 4, "hybrid")), "");  // beside softmax layers
+  EXPECT_EQ(tr::cuda_unsupported(model(json{{"state_size", 32}})),
+            "model.mamba.state_size: the CUDA Mamba-2 layer takes 64, 128 or 256, got 32");
+  EXPECT_EQ(tr::cuda_unsupported(model(json{{"head_dim", 32}})),
+            "model.mamba.head_dim: the CUDA Mamba-2 layer needs a multiple of 64 up to 512, got 32");
+  EXPECT_EQ(tr::cuda_unsupported(model(json::object(), 9)), "model.conv_size: the CUDA conv is at most 8 wide, got 9");
+  // mamba3 and gla_hedgehog stay CPU only
+  json m3 = model(json::object());
+  m3["architecture"] = "mamba3";
+  EXPECT_EQ(tr::cuda_unsupported(m3), "the 'mamba3' mixer has no CUDA implementation in this build yet");
 }

@@ -8,8 +8,11 @@
 // The recurrence is scalar-decay linear attention — the state-space dual — so it runs on the
 // shared core of kernels/cpu/linear/core.hpp (q = C, k = B, written value Δ·x, scalar gate
 // a, no output scale): the chunkwise form trains, the recurrent form decodes.
-// CPU backend only (f32 training, f64 gradient checks); projections go through
-// Backend::gemm, the per-(batch, head) recurrences run in parallel over the backend's threads.
+// On the CPU backend (f32 training, f64 gradient checks) projections go through Backend::gemm,
+// the per-(batch, head) recurrences run in parallel over the backend's threads. On the CUDA
+// backend forward/backward go to mamba2_mixer_cuda.cpp (CUDA builds; the gla channel kernels
+// with the scalar gate broadcast over the key channels; cuda_mamba2_unsupported says which
+// shapes); decode stays on the CPU.
 #include <omp.h>
 
 #include <algorithm>
@@ -20,6 +23,7 @@
 
 #include "kernels/cpu/linear/core.hpp"
 #include "trainer/mixer.hpp"
+#include "trainer/mixers/mamba2_layer.hpp"
 #include "trainer/mixers/mamba_options.hpp"
 #include "trainer/mixers/ssm_common.hpp"
 
@@ -34,11 +38,7 @@ using namespace ssm;
 
 constexpr double kNormEps = 1e-5;
 
-struct Slots {
-  int wz = -1, wx = -1, wB = -1, wC = -1, wdt = -1;
-  int cx = -1, cB = -1, cC = -1, bx = -1, bB = -1, bC = -1;
-  int A_log = -1, dt_bias = -1, D = -1, norm = -1, wo = -1;
-};
+using Slots = Mamba2Slots;
 
 template <class T>
 struct State : MixerState {
@@ -305,10 +305,52 @@ class Mamba2Mixer final : public ssm::DtypeMixer<Mamba2Mixer, Impl, State> {
     return std::make_unique<Impl<T>>(s_, W_, sl_, pt_);
   }
 
+  void bind(std::vector<Tensor> params, std::vector<Tensor> grads) override {
+    DtypeMixer::bind(std::move(params), std::move(grads));
+    cuda_.reset();
+  }
+  void forward(ForwardContext& ctx, const Tensor& x, const Tensor& y, Routing& r) override {
+    if (ctx.be.device() == kernels::Device::cuda) return cuda(ctx.be).forward(ctx, x, y);
+    DtypeMixer::forward(ctx, x, y, r);
+  }
+  void backward(ForwardContext& ctx, const Tensor& dy, const Tensor& dx, Routing& r) override {
+    if (ctx.be.device() == kernels::Device::cuda) return cuda(ctx.be).backward(ctx, dy, dx);
+    DtypeMixer::backward(ctx, dy, dx, r);
+  }
+  // Decode (init_state/step) runs on the CPU backend only; training and evaluation
+  // (forward/backward) also run on CUDA.
+  std::unique_ptr<MixerState> init_state(kernels::Backend& be, int batch, int max_len) const override {
+    check_decode(be);
+    return DtypeMixer::init_state(be, batch, max_len);
+  }
+  void step(ForwardContext& ctx, const Tensor& x, const Tensor& y, MixerState& state, Routing& r) override {
+    check_decode(ctx.be);
+    DtypeMixer::step(ctx, x, y, state, r);
+  }
+
  private:
+  static void check_decode(const kernels::Backend& be) {
+    if (be.device() != kernels::Device::cpu)
+      throw UserError("mamba2 mixer decodes (step) on the cpu backend only; backend " + be.name() +
+                      " trains and evaluates it");
+  }
+  // The CUDA implementation, built on first use after bind().
+  CudaMamba2& cuda(const kernels::Backend& be) {
+    if (const std::string why = cuda_mamba2_unsupported(s_, W_); !why.empty())
+      throw UserError("mamba2 mixer (layer " + std::to_string(cfg_.layer) + ") on " + be.name() + ": " + why);
+    if (!pt_.bound()) throw RuntimeError("mamba2 mixer: used before bind()");
+#ifdef LAR_HAVE_CUDA
+    if (!cuda_) cuda_ = make_cuda_mamba2(s_, W_, sl_, pt_.P, pt_.G);
+    return *cuda_;
+#else
+    throw UserError("mamba2 mixer: this build has no CUDA support (backend " + be.name() + ")");
+#endif
+  }
+
   MambaShape s_;
   int W_ = 4;
   Slots sl_;
+  std::unique_ptr<CudaMamba2> cuda_;
 };
 
 const MixerRegistration reg_mamba2{

@@ -1,0 +1,351 @@
+// The Mamba-2 layer on the CUDA backend (trainer/mixers/mamba2_mixer_cuda.cpp: the gla channel
+// kernels with the scalar gate broadcast over the key channels, kernels/cuda/linear/
+// mamba2_ops.hpp around them) against the CPU layer (trainer/mixers/mamba2_mixer.cpp): the
+// layer's output, input gradient and every parameter gradient at the CCQ / CARVE shape (state
+// 128, head dim 64), state 64 and 256, grouped B, C (G < H), value heads of 128, T not a
+// multiple of 64 and odd B·H, fp32 and mixed; a whole model step; a loss curve of a CUDA run
+// tracking the CPU run; and cuda_unsupported's reasons. Every comparison runs on fresh random
+// inputs and parameters drawn so that every gate and skip is far from trivial.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/error.hpp"
+#include "core/run_dir.hpp"
+#include "kernels/backend.hpp"
+#include "trainer/mixer.hpp"
+#include "trainer/model.hpp"
+#include "trainer/params.hpp"
+#include "trainer/train.hpp"
+#include "tests/gpu/host_helpers.hpp"
+#include "tests/temp_dir.hpp"
+#include "tests/trainer/run_test_helpers.hpp"
+
+using namespace lar;
+using kernels::DType;
+using kernels::Tensor;
+namespace fs = std::filesystem;
+using lar::gpu_test::backend;
+using lar::gpu_test::random_batch;
+using lar::gpu_test::rel_rms;
+
+namespace {
+
+struct Shape {
+  int d = 128, expand = 2, P = 64, N = 128, G = 1, W = 4;
+  int B = 3, T = 100;
+  std::string name() const {
+    return "d=" + std::to_string(d) + " P=" + std::to_string(P) + " N=" + std::to_string(N) + " G=" +
+           std::to_string(G) + " W=" + std::to_string(W) + " B=" + std::to_string(B) + " T=" + std::to_string(T);
+  }
+};
+
+json run_config(const Shape& s, json overrides = json::object()) {
+  json c = {{"seed", 5},
+            {"threads", 2},
+            {"model",
+             {{"architecture", "mamba2"},
+              {"stack", "pure"},
+              {"n_layers", 2},
+              {"d_model", s.d},
+              {"n_heads", s.d / 64},
+              {"n_kv_heads", 1},
+              {"vocab_size", 96},
+              {"conv_size", s.W},
+              {"mamba", {{"expand", s.expand}, {"head_dim", s.P}, {"state_size", s.N}, {"n_groups", s.G}}}}},
+            {"data", {{"task", "mqar"}, {"seq_len", s.T}, {"batch_size", s.B}, {"num_kv_pairs", 8}}},
+            {"optimizer", {{"lr", 3e-3}}},
+            {"schedule", {{"warmup_steps", 10}}},
+            {"budget", {{"steps", 60}}},
+            {"log", {{"every", 1}}},
+            {"eval", {{"every", 0}, {"batches", 2}}},
+            {"checkpoint", {{"every", 0}, {"keep", 2}}}};
+  c.merge_patch(overrides);
+  return trainer::prepare_config(c);
+}
+
+// Random parameters by name: projections N(0, 1/d_in) (outputs of order 1), convs and their
+// biases U(±0.5), A = exp(A_log) ∈ [1, 16] as at init, Δ = softplus(dt_bias + dt) mostly in
+// [0.05, 0.7] (fast and slow decay within the same sequence), D and the norm weight around 1.
+// W_B and W_C at half that scale: with B, C of order 1 the products C·B over N channels made
+// the layer's gradient ill-conditioned — scaling every parameter by 1 + 0.4%·noise moved the
+// CPU layer's own gradients of B, C, dt_bias and D by 10–140% (one head per group, state 64),
+// so no bf16 path could be held to a bound there; at half scale the same perturbation moves
+// them by 1–4%, in proportion.
+std::vector<float> random_params(const std::vector<trainer::ParamSpec>& specs, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> nd(0.0, 1.0);
+  std::uniform_real_distribution<double> ud(0.0, 1.0);
+  std::vector<float> p;
+  for (const auto& s : specs) {
+    int64_t n = 1;
+    for (auto e : s.shape) n *= e;
+    for (int64_t i = 0; i < n; ++i) {
+      double v;
+      if (s.name == "A_log") v = std::log(16.0) * ud(rng);
+      else if (s.name == "dt_bias") v = -3.0 + 3.0 * ud(rng);
+      else if (s.name == "D") v = 1.0 + 0.3 * nd(rng);
+      else if (s.name == "norm") v = 1.0 + 0.2 * nd(rng);
+      else if (s.name.rfind("conv_", 0) == 0) v = ud(rng) - 0.5;
+      else if (s.name == "w_B" || s.name == "w_C") v = 0.5 * nd(rng) / std::sqrt((double)s.shape.back());
+      else v = nd(rng) / std::sqrt((double)s.shape.back());  // w_z, w_x, w_dt, wo
+      p.push_back(static_cast<float>(v));
+    }
+  }
+  return p;
+}
+
+struct LayerOut {
+  std::vector<float> y, dx, grads;
+  std::vector<std::pair<std::string, std::pair<int64_t, int64_t>>> table;  // name → (offset, numel)
+};
+
+// One forward + backward of a single Mamba-2 layer on `be` with the given parameters, input and
+// output gradient (host fp32; on a backend with bf16 activations rounded to bf16 on the device).
+LayerOut run_layer(kernels::Backend& be, const trainer::MixerConfig& mc, const std::vector<float>& params,
+                   const std::vector<float>& x, const std::vector<float>& dy, int B, int T) {
+  auto mixer = trainer::make_mixer(mc);
+  trainer::ParamStore ps(be);
+  for (const auto& s : mixer->params()) ps.add(s, "", 0);
+  ps.allocate();
+  be.upload(params.data(), ps.params());
+  ps.zero_grads();
+  std::vector<Tensor> pv, gv;
+  LayerOut out;
+  for (int i = 0; i < (int)ps.table().size(); ++i) {
+    pv.push_back(ps.param(i));
+    gv.push_back(ps.grad(i));
+    out.table.push_back({ps.table()[i].name, {ps.table()[i].offset, ps.table()[i].numel}});
+  }
+  mixer->bind(pv, gv);
+  kernels::Arena ar(be);
+  const DType at = be.act_dtype();
+  const int64_t d = mc.d_model;
+  auto in = [&](const std::vector<float>& h) {
+    Tensor f = ar.alloc(DType::f32, {B, T, d});
+    be.upload(h.data(), f);
+    if (at == DType::f32) return f;
+    Tensor a = ar.alloc(at, {B, T, d});
+    be.convert(f, a);
+    return a;
+  };
+  auto get = [&](const Tensor& t) {
+    Tensor f = t;
+    if (t.dtype != DType::f32) {
+      f = ar.alloc(DType::f32, t.shape());
+      be.convert(t, f);
+    }
+    std::vector<float> h(f.numel());
+    be.download(f, h.data());
+    return h;
+  };
+  const Tensor X = in(x), dY = in(dy);
+  const Tensor Y = ar.alloc(at, {B, T, d}), dX = ar.alloc(at, {B, T, d});
+  trainer::ForwardContext ctx{be, ar, true};
+  trainer::Routing route;
+  mixer->forward(ctx, X, Y, route);
+  mixer->backward(ctx, dY, dX, route);
+  out.y = get(Y);
+  out.dx = get(dX);
+  out.grads.resize(ps.numel());
+  be.download(ps.grads(), out.grads.data());
+  return out;
+}
+
+double rel(const std::vector<float>& a, const std::vector<float>& ref, int64_t off, int64_t n) {
+  return rel_rms(std::vector<float>(a.begin() + off, a.begin() + off + n),
+                 std::vector<float>(ref.begin() + off, ref.begin() + off + n));
+}
+
+// The CUDA layer against the CPU layer (fp32 reference) on the same parameters and inputs.
+// Bounds, relative RMS: output and input gradient 1e-2 (2e-2 mixed: bf16 GEMMs and activations
+// too); each parameter's gradient 2e-2 (4e-2); the gradients that are sums over every token of
+// terms of both signs (A_log, dt_bias, D) 6e-2 (1.5e-1) — the linear layer's bounds
+// (test_linear_layer_cuda.cpp), since the channel kernels read bf16 q, k, v in either precision.
+void compare_layer(const Shape& s, const std::string& precision) {
+  const json cfg = run_config(s);
+  const trainer::MixerConfig mc = trainer::mixer_config(cfg.at("model"), 0);
+  ASSERT_EQ(mc.kind, "mamba2");
+  const bool fp32 = precision == "fp32";
+  const double tol_out = fp32 ? 1e-2 : 2e-2, tol_param = fp32 ? 2e-2 : 4e-2, tol_sum = fp32 ? 6e-2 : 1.5e-1;
+  const auto specs = trainer::make_mixer(mc)->params();
+  const std::vector<float> params = random_params(specs, 17);
+  std::mt19937_64 rng(23);
+  std::normal_distribution<double> nd(0.0, 1.0);
+  std::vector<float> x((size_t)s.B * s.T * s.d), dy(x.size());
+  for (auto& v : x) v = static_cast<float>(nd(rng));
+  for (auto& v : dy) v = static_cast<float>(nd(rng));
+  auto cpu = backend("cpu", "fp32");
+  auto gpu = backend("cuda", precision);
+  const LayerOut ref = run_layer(*cpu, mc, params, x, dy, s.B, s.T);
+  const LayerOut got = run_layer(*gpu, mc, params, x, dy, s.B, s.T);
+  const std::string what = s.name() + " " + precision;
+  const double ey = rel_rms(got.y, ref.y), edx = rel_rms(got.dx, ref.dx);
+  EXPECT_LT(ey, tol_out) << what << ": output";
+  EXPECT_LT(edx, tol_out) << what << ": input gradient";
+  double worst = 0, worst_sum = 0;
+  std::string worst_name, worst_sum_name;
+  ASSERT_EQ(got.table.size(), ref.table.size());
+  for (const auto& [name, range] : ref.table) {
+    const double e = rel(got.grads, ref.grads, range.first, range.second);
+    const bool token_sum = name == "A_log" || name == "dt_bias" || name == "D";
+    if (token_sum && e > worst_sum) worst_sum = e, worst_sum_name = name;
+    if (!token_sum && e > worst) worst = e, worst_name = name;
+    EXPECT_LT(e, token_sum ? tol_sum : tol_param) << what << ": " << name;
+    // every gradient is exercised (no parameter whose gradient is trivially zero)
+    double ss = 0;
+    for (int64_t i = 0; i < range.second; ++i) ss += double(ref.grads[range.first + i]) * ref.grads[range.first + i];
+    EXPECT_GT(ss, 0.0) << what << ": " << name << " has a zero CPU gradient";
+  }
+  std::printf("%-40s %-5s y %.2e dx %.2e | worst param %.2e (%s), worst token-sum %.2e (%s)\n", s.name().c_str(),
+              precision.c_str(), ey, edx, worst, worst_name.c_str(), worst_sum, worst_sum_name.c_str());
+}
+
+}  // namespace
+
+// The CCQ / CARVE Mamba-2 baseline's shape (expand 2, head dim 64, state 128, one group):
+// H = 3 heads (d 96) and B = 3 (B·H = 9), T = 100 (a partial last chunk).
+TEST(Mamba2Cuda, PaperShapeMatchesTheCpuLayer) {
+  Shape s;
+  s.d = 96;
+  for (const char* precision : {"fp32", "mixed"}) compare_layer(s, precision);
+  // two 256-token checkpoint segments of the wide-key kernels, one sequence
+  s.B = 1;
+  s.T = 300;
+  compare_layer(s, "fp32");
+}
+
+// State 64 (the 64-wide chunk kernels): one group (B·H = 9), one head per group (G = H = 2: B, C
+// of their own per head, the grouped kernels' Hk = H), two heads per group (G = 2, H = 4 and
+// G = 3, H = 6: B, C shared, their gradient summed over the group's heads); conv widths 3 and 4.
+TEST(Mamba2Cuda, SmallStateAndGroupsMatchTheCpuLayer) {
+  Shape s;
+  s.d = 96;  // H = 3
+  s.N = 64;
+  s.W = 3;
+  s.T = 77;
+  for (const char* precision : {"fp32", "mixed"}) compare_layer(s, precision);
+  s.d = 64;  // H = 2, G = 2
+  s.G = 2;
+  s.W = 4;
+  for (const char* precision : {"fp32", "mixed"}) compare_layer(s, precision);
+  s.d = 128;  // H = 4, 2 groups of 2 heads
+  s.B = 5;
+  s.T = 65;
+  for (const char* precision : {"fp32", "mixed"}) compare_layer(s, precision);
+  s.d = 192;  // H = 6, 3 groups of 2 heads
+  s.G = 3;
+  s.B = 1;
+  s.T = 77;
+  compare_layer(s, "fp32");
+}
+
+// Value heads of 128 (two value tiles of 64 per head) and state 256.
+TEST(Mamba2Cuda, WideHeadsAndStateMatchTheCpuLayer) {
+  Shape s;
+  s.d = 192;  // Di 384: H = 3 heads of 128
+  s.P = 128;
+  s.N = 64;
+  s.T = 90;
+  compare_layer(s, "fp32");
+  s.N = 128;
+  compare_layer(s, "mixed");
+  s.d = 96;  // H = 3 heads of 64, state 256
+  s.P = 64;
+  s.N = 256;
+  s.B = 1;
+  s.T = 70;
+  compare_layer(s, "fp32");
+}
+
+// A whole model step (embedding, norms, two Mamba-2 layers, head) on the CUDA backend against
+// the CPU backend: the model's parameter buffer (the fused projection's adjacency), bf16
+// activations between layers in mixed precision. Loss within 1e-3 relative, the whole
+// gradient within 1e-2 (1.5e-2 mixed) relative RMS, as the linear layers' model steps.
+TEST(Mamba2Cuda, ModelStepMatchesTheCpuBackend) {
+  Shape s;
+  s.d = 128;
+  s.B = 4;
+  const json cfg = run_config(s);
+  const auto batch = random_batch(s.B, s.T, 96, 3, 7);
+  for (const char* precision : {"fp32", "mixed"}) {
+    const bool fp32 = std::string(precision) == "fp32";
+    auto step = [&](kernels::Backend& be, double& loss) {
+      trainer::Model model(cfg, be);
+      model.init(cfg.at("seed").get<uint64_t>());
+      auto& ps = model.params();
+      ps.zero_grads();
+      loss = model.forward_backward(batch).loss;
+      std::vector<float> g(ps.numel());
+      be.download(ps.grads(), g.data());
+      return g;
+    };
+    auto cpu = backend("cpu", "fp32");
+    auto gpu = backend("cuda", precision);
+    double lc = 0, lg = 0;
+    const auto gc = step(*cpu, lc), gg = step(*gpu, lg);
+    const double e = rel_rms(gg, gc);
+    std::printf("mamba2 model step %-5s loss %.6f vs cpu %.6f, grads rel RMS %.2e\n", precision, lg, lc, e);
+    EXPECT_NEAR(lg, lc, 1e-3 * lc) << precision;
+    EXPECT_LT(e, fp32 ? 1e-2 : 1.5e-2) << precision;
+  }
+}
+
+// 60 steps of `backend: cuda` (mixed) against the CPU run from the same init and data: it
+// learns, and the losses stay close (the linear layers' bounds, GdnLossCurveTracksTheCpuRun).
+TEST(Mamba2Cuda, LossCurveTracksTheCpuRun) {
+  Shape s;
+  s.d = 128;
+  s.B = 4;
+  TempDir c, g;
+  lar::test::write_run(c.path, run_config(s, {{"backend", "cpu"}}));
+  lar::test::write_run(g.path, run_config(s, {{"backend", "cuda"}}));
+  ASSERT_EQ(trainer::train_run(c.path), 0);
+  ASSERT_EQ(trainer::train_run(g.path), 0);
+  auto losses = [](const fs::path& dir) {
+    std::vector<double> out;
+    for (const auto& l : read_metrics(RunDir(dir).metrics_path()).lines)
+      if (l.contains("loss")) out.push_back(l["loss"].get<double>());
+    return out;
+  };
+  const auto lc = losses(c.path), lg = losses(g.path);
+  ASSERT_EQ(lc.size(), 60u);
+  ASSERT_EQ(lg.size(), 60u);
+  double worst = 0, tail_c = 0, tail_g = 0;
+  for (std::size_t i = 0; i < lc.size(); ++i) {
+    worst = std::max(worst, std::abs(lg[i] - lc[i]) / lc[i]);
+    if (i >= 50) tail_c += lc[i] / 10, tail_g += lg[i] / 10;
+  }
+  std::printf("mamba2 60 steps: loss %.4f → %.4f (cpu) / %.4f → %.4f (cuda); worst step rel diff %.3g; last-10 "
+              "mean %.4f vs %.4f\n", lc.front(), lc.back(), lg.front(), lg.back(), worst, tail_c, tail_g);
+  EXPECT_LT(lc.back(), lc.front() * 0.9);
+  EXPECT_LT(lg.back(), lg.front() * 0.9);
+  EXPECT_LT(worst, 0.1);
+  EXPECT_NEAR(tail_g, tail_c, 0.03 * tail_c);
+  EXPECT_EQ(trainer::resolve_train_backend(run_config(s, {{"backend", "auto"}})), "cuda");
+}
+
+// Deterministic: the same bits on a second step (the layer has no atomics).
+TEST(Mamba2Cuda, DeterministicStepRepeatsItsBits) {
+  Shape s;
+  s.d = 96;
+  const json cfg = run_config(s);
+  const trainer::MixerConfig mc = trainer::mixer_config(cfg.at("model"), 0);
+  const std::vector<float> params = random_params(trainer::make_mixer(mc)->params(), 3);
+  std::vector<float> x((size_t)s.B * s.T * s.d), dy(x.size());
+  std::mt19937_64 rng(4);
+  std::normal_distribution<double> nd(0.0, 1.0);
+  for (auto& v : x) v = static_cast<float>(nd(rng));
+  for (auto& v : dy) v = static_cast<float>(nd(rng));
+  auto gpu = backend("cuda", "mixed", true);
+  const LayerOut a = run_layer(*gpu, mc, params, x, dy, s.B, s.T), b = run_layer(*gpu, mc, params, x, dy, s.B, s.T);
+  EXPECT_TRUE(a.y == b.y && a.dx == b.dx && a.grads == b.grads);
+}

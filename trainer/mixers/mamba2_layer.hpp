@@ -1,0 +1,51 @@
+#pragma once
+// Internal to trainer/mixers: the parameter indices of the Mamba-2 layer (Mamba2Slots), shared
+// by the CPU implementation (mamba2_mixer.cpp) and the CUDA one (mamba2_mixer_cuda.cpp, CUDA
+// builds only), and why the CUDA one cannot run a shape.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/backend.hpp"
+#include "trainer/mixer.hpp"
+#include "trainer/mixers/mamba_options.hpp"
+
+namespace lar::trainer::mixers {
+
+// Parameter indices into the bound vectors, in declaration order: w_z, w_x, w_B, w_C, w_dt are
+// declared one after the other (the CUDA layer runs the first four as one GEMM).
+struct Mamba2Slots {
+  int wz = -1, wx = -1, wB = -1, wC = -1, wdt = -1;
+  int cx = -1, cB = -1, cC = -1, bx = -1, bB = -1, bC = -1;
+  int A_log = -1, dt_bias = -1, D = -1, norm = -1, wo = -1;
+};
+
+// Why the CUDA layer cannot run this shape ("" when it can): the state size (the gla channel
+// kernels' key dim) must be 64, 128 or 256, the head dim (their value dim) a multiple of 64 up
+// to 512, the conv at most 8 wide. The message names the offending key and value.
+// (Inline: trainer::cuda_unsupported checks a model's layers with it before any is built.)
+inline std::string cuda_mamba2_unsupported(const MambaShape& s, int conv_size) {
+  if (s.N != 64 && s.N != 128 && s.N != 256)
+    return "model.mamba.state_size: the CUDA Mamba-2 layer takes 64, 128 or 256, got " + std::to_string(s.N);
+  if (s.P % 64 != 0 || s.P > 512)
+    return "model.mamba.head_dim: the CUDA Mamba-2 layer needs a multiple of 64 up to 512, got " +
+           std::to_string(s.P);
+  if (conv_size > 8) return "model.conv_size: the CUDA conv is at most 8 wide, got " + std::to_string(conv_size);
+  return "";
+}
+
+// forward/backward of the Mixer contract on the CUDA backend (fp32 parameters, x, y, dy, dx in
+// act_dtype(), the bf16 channel kernels inside). Decode stays on the CPU.
+class CudaMamba2 {
+ public:
+  virtual ~CudaMamba2() = default;
+  virtual void forward(ForwardContext& ctx, const kernels::Tensor& x, const kernels::Tensor& y) = 0;
+  virtual void backward(ForwardContext& ctx, const kernels::Tensor& dy, const kernels::Tensor& dx) = 0;
+};
+#ifdef LAR_HAVE_CUDA
+std::unique_ptr<CudaMamba2> make_cuda_mamba2(const MambaShape& s, int conv_size, const Mamba2Slots& sl,
+                                             const std::vector<kernels::Tensor>& params,
+                                             const std::vector<kernels::Tensor>& grads);
+#endif
+
+}  // namespace lar::trainer::mixers

@@ -1,0 +1,321 @@
+// The Mamba-2 layer (see mamba2_mixer.cpp for the math and the CPU reference) on the CUDA
+// backend. Same parameters, layout and results as the CPU path within bf16 rounding:
+//   [z | x | B | C] = x [W_z; W_x; W_B; W_C]ᵀ    one GEMM (the four are adjacent in the flat
+//                                               buffer); dt = x W_dtᵀ in fp32 (its own GEMM)
+//   x, B, C ← SiLU(conv + bias)                 ssm_conv_silu_forward (kernels/cuda/linear/
+//                                               mamba2_ops.hpp): x fp32, B and C bf16, already
+//                                               in the kernels' [B,T,G,N] layout
+//   Δ·x (bf16), a = −exp(A_log)·Δ broadcast     mamba2_gates_forward
+//   o = gla channel kernel(q = C, k = B, v = Δ·x, g = a on every key channel, scale 1)
+//                                               grouped_channel_fwd: the G groups are the key
+//                                               heads, the H heads the value heads (grouped_
+//                                               heads.hpp; state sizes of 128 and 256 take the
+//                                               wide-key kernels)
+//   y = RMSNorm_G((o + D·x) ⊙ SiLU(z)) W_oᵀ      mamba2_out_forward, then the out GEMM
+// The channel kernel's gate gradient is per key channel; mamba2_gates_backward sums it over
+// the state's N channels for the scalar gate. Parameter gradients: GEMMs (beta = 1) and the
+// deterministic column sums of layer_ops.hpp. Kept from forward to backward: the projection
+// [z | x | B | C] (act_dtype), dt's pre-activation, o, the boundary states and the norm's rstd;
+// the conv outputs, Δ·x and the [N, H·N] gate are recomputed in the backward.
+#ifdef LAR_HAVE_CUDA
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/error.hpp"
+#include "kernels/cuda/cuda_backend.hpp"
+#include "kernels/cuda/linear/grouped_heads.hpp"
+#include "kernels/cuda/linear/layer_ops.hpp"
+#include "kernels/cuda/linear/mamba2_ops.hpp"
+#include "trainer/mixers/mamba2_layer.hpp"
+
+namespace lar::trainer::mixers {
+
+namespace {
+
+namespace cl = lar::kernels::cuda::linear;
+using bf16 = __nv_bfloat16;
+using kernels::DType;
+using kernels::Tensor;
+
+constexpr float kNormEps = 1e-5f;  // as on the CPU
+
+struct Bf {
+  Tensor t;
+  bf16* p = nullptr;
+};
+Bf bf_alloc(kernels::Arena& ar, int64_t n) {
+  Bf b;
+  b.t = ar.alloc(DType::f32, {(n + 1) / 2});
+  b.p = static_cast<bf16*>(b.t.data);
+  return b;
+}
+
+class CudaMamba2Impl final : public CudaMamba2 {
+ public:
+  CudaMamba2Impl(const MambaShape& s, int W, const Mamba2Slots& sl, const std::vector<Tensor>& p,
+                 const std::vector<Tensor>& g)
+      : s_(s), W_(W), sl_(sl), P_(p), G_(g) {
+    if (const std::string why = cuda_mamba2_unsupported(s_, W_); !why.empty()) throw UserError(why);
+    Di_ = s_.Di;
+    GN_ = s_.G * s_.N;
+    ldp_ = 2 * Di_ + 2 * GN_;
+    // one GEMM for z, x, B, C: their weights (and gradients) must be adjacent
+    auto adjacent = [&](const std::vector<Tensor>& v) {
+      const int order[] = {sl_.wz, sl_.wx, sl_.wB, sl_.wC};
+      for (int i = 0; i + 1 < 4; ++i)
+        if (static_cast<const char*>(v[order[i + 1]].data) != static_cast<const char*>(v[order[i]].data) + v[order[i]].bytes())
+          return false;
+      return true;
+    };
+    if (!adjacent(P_) || !adjacent(G_))
+      throw RuntimeError("mamba2 mixer (cuda): w_z, w_x, w_B, w_C are not adjacent in the parameter buffer");
+    Wcat_ = Tensor(P_[sl_.wz].data, DType::f32, {ldp_, s_.d});
+    Gcat_ = Tensor(G_[sl_.wz].data, DType::f32, {ldp_, s_.d});
+  }
+
+  void forward(ForwardContext& ctx, const Tensor& x, const Tensor& y) override {
+    auto& be = ctx.be;
+    auto& ar = ctx.arena;
+    cudaStream_t st = stream(be);
+    B_ = x.size(0), T_ = x.size(1);
+    const int64_t N = B_ * T_;
+    X_ = x.view({N, s_.d});
+    at_ = be.act_dtype();
+    kernels_ = kernel_choice(be);
+    // kept for the backward
+    P_proj_ = ar.alloc(at_, {N, ldp_});
+    pdt_ = ar.alloc(DType::f32, {N, s_.H});
+    o_ = bf_alloc(ar, N * Di_);
+    bound_ = ar.alloc(DType::f32, {(int64_t)(cl::grouped_boundary_bytes(gshape()) + 3) / 4});
+    rstd_ = ar.alloc(DType::f32, {N * s_.G});
+    const auto mark = ar.mark();
+    const Tensor Xa = as_act(be, ar, X_);
+    be.gemm(Xa, false, Wcat_, true, P_proj_);
+    be.gemm(Xa, false, P_[sl_.wdt], true, pdt_);
+    inputs(ar, st, N);
+    {
+      cl::LayerTimer tm("mamba2: channel_fwd", st);
+      cl::grouped_channel_fwd(cl::ChannelMixer::gla, gshape(), channel_inputs(), o_.p, nullptr, bound_bf(), st);
+    }
+    Tensor ypre = ar.alloc(at_, {N, Di_});
+    {
+      cl::LayerTimer tm("mamba2: out norm+gate (fwd)", st);
+      cl::mamba2_out_forward(out_args(N), ypre.data, rstd_.ptr<float>(), st);
+    }
+    be.gemm(ypre, false, P_[sl_.wo], true, y.view({N, s_.d}));
+    ar.release(mark);
+  }
+
+  void backward(ForwardContext& ctx, const Tensor& dy, const Tensor& dx) override {
+    auto& be = ctx.be;
+    auto& ar = ctx.arena;
+    cudaStream_t st = stream(be);
+    const int64_t N = B_ * T_;
+    kernels_ = kernel_choice(be);
+    const Tensor dX = dx.view({N, s_.d});
+    const auto mark = ar.mark();
+    const Tensor Xa = as_act(be, ar, X_);
+    const Tensor dY = as_act(be, ar, dy.view({N, s_.d}));
+    inputs(ar, st, N);  // the conv outputs, Δ·x and the gate again
+    // y = ypre W_oᵀ; the norm × gate backward writes ypre again for W_o's gradient
+    Tensor dypre = ar.alloc(at_, {N, Di_});
+    be.gemm(dY, false, P_[sl_.wo], false, dypre);
+    Tensor ypre = ar.alloc(at_, {N, Di_});
+    Bf dO = bf_alloc(ar, N * Di_);
+    Tensor dP = ar.alloc(at_, {N, ldp_});  // ∂L/∂[z | x | B | C]
+    Tensor dax = ar.alloc(DType::f32, {N, Di_});
+    {
+      Tensor wterm = ar.alloc(DType::f32, {N, Di_});
+      Tensor dterm = ar.alloc(DType::f32, {N, Di_});
+      {
+        cl::LayerTimer tm("mamba2: out norm+gate (bwd)", st);
+        cl::mamba2_out_backward(out_args(N), rstd_.ptr<float>(), dypre.data, dO.p, dP.data, dax.ptr<float>(),
+                                wterm.ptr<float>(), dterm.ptr<float>(), ypre.data, st);
+      }
+      colsum(ar, st, wterm, 1, sl_.norm);
+      colsum(ar, st, dterm, s_.P, sl_.D);
+    }
+    be.gemm(dY, true, ypre, false, G_[sl_.wo], 1.0, 1.0);
+    // the recurrence: dq on C, dk on B (summed over each group's heads), dv on Δ·x, dg per channel
+    Bf dC = bf_alloc(ar, N * GN_), dB = bf_alloc(ar, N * GN_), dv = bf_alloc(ar, N * Di_);
+    Tensor dg = ar.alloc(DType::f32, {N, (int64_t)s_.H * s_.N});
+    {
+      cl::LayerTimer tm("mamba2: channel_bwd", st);
+      cl::ChannelGrads cg;
+      cg.dq = dC.p;
+      cg.dk = dB.p;
+      cg.dv = dv.p;
+      cg.dg = dg.ptr<float>();
+      cl::grouped_channel_bwd(cl::ChannelMixer::gla, gshape(), channel_inputs(), bound_bf(), dO.p, nullptr, cg, st);
+    }
+    Tensor ddt = ar.alloc(DType::f32, {N, s_.H});
+    Tensor aterm = ar.alloc(DType::f32, {N, s_.H});
+    {
+      cl::LayerTimer tm("mamba2: gates (bwd)", st);
+      cl::mamba2_gates_backward(gate_args(N), dv.p, dg.ptr<float>(), dax.ptr<float>(), ddt.ptr<float>(),
+                                aterm.ptr<float>(), st);
+    }
+    colsum(ar, st, ddt, 1, sl_.dt_bias);
+    colsum(ar, st, aterm, 1, sl_.A_log);
+    // conv + SiLU backward of x, B, C into their columns of dP
+    {
+      cl::LayerTimer tm("mamba2: conv+silu (bwd)", st);
+      conv_bwd(ar, st, Di_, Di_, sl_.cx, sl_.bx, dax.data, false, dP);
+      conv_bwd(ar, st, 2 * Di_, GN_, sl_.cB, sl_.bB, dB.p, true, dP);
+      conv_bwd(ar, st, 2 * Di_ + GN_, GN_, sl_.cC, sl_.bC, dC.p, true, dP);
+    }
+    // the projections: dx overwritten by the first
+    be.gemm(dP, true, Xa, false, Gcat_, 1.0, 1.0);
+    be.gemm(dP, false, Wcat_, false, dX, 1.0, 0.0);
+    be.gemm(ddt, true, Xa, false, G_[sl_.wdt], 1.0, 1.0);
+    be.gemm(ddt, false, P_[sl_.wdt], false, dX, 1.0, 1.0);
+    ar.release(mark);
+  }
+
+ private:
+  static cudaStream_t stream(kernels::Backend& be) {
+    auto* cb = dynamic_cast<kernels::cuda::CudaBackend*>(&be);
+    if (!cb) throw RuntimeError("mamba2 mixer (cuda): backend " + be.name() + " is not the CUDA backend");
+    return cb->stream();
+  }
+  static cl::KernelChoice kernel_choice(const kernels::Backend& be) {
+    const auto& c = be.options().cuda;
+    return cl::kernel_choice(c.linear_path, c.ccq_fwd, c.ccq_bwd, c.ccq_group);
+  }
+  cl::GroupedShape gshape() const {
+    cl::GroupedShape g;
+    g.B = B_;
+    g.T = T_;
+    g.H = s_.H;
+    g.Hk = s_.G;
+    g.dk = s_.N;
+    g.dv = s_.P;
+    g.scale = 1.0;
+    g.kernels = kernels_;
+    return g;
+  }
+  bf16* bound_bf() const { return static_cast<bf16*>(bound_.data); }
+  bool act_bf16() const { return at_ == DType::bf16; }
+  std::size_t act_bytes() const { return at_ == DType::bf16 ? 2 : 4; }
+  // P's columns from `col` on (row stride ldp_)
+  void* pcol(const Tensor& t, int64_t col) const { return static_cast<char*>(t.data) + col * act_bytes(); }
+
+  cl::SsmConvArgs conv_args(int64_t col, int64_t C, int wslot, int bslot) const {
+    cl::SsmConvArgs a;
+    a.B = B_;
+    a.T = T_;
+    a.C = static_cast<int>(C);
+    a.W = W_;
+    a.p = pcol(P_proj_, col);
+    a.p_bf16 = act_bf16();
+    a.ldp = ldp_;
+    a.w = P_[wslot].ptr<float>();
+    a.bias = P_[bslot].ptr<float>();
+    return a;
+  }
+  void conv_bwd(kernels::Arena& ar, cudaStream_t st, int64_t col, int64_t C, int wslot, int bslot, const void* da,
+                bool da_bf16, const Tensor& dP) {
+    const cl::SsmConvArgs a = conv_args(col, C, wslot, bslot);
+    Tensor scratch = ar.alloc(DType::f32, {(int64_t)cl::ssm_conv_silu_backward_scratch_floats(a)});
+    cl::ssm_conv_silu_backward(a, da, da_bf16, pcol(dP, col), G_[wslot].ptr<float>(), G_[bslot].ptr<float>(),
+                               scratch.ptr<float>(), st);
+  }
+  cl::Mamba2GateArgs gate_args(int64_t N) const {
+    cl::Mamba2GateArgs a;
+    a.N = N;
+    a.H = s_.H;
+    a.P = s_.P;
+    a.S = s_.N;
+    a.pdt = pdt_.ptr<float>();
+    a.dt_bias = P_[sl_.dt_bias].ptr<float>();
+    a.A_log = P_[sl_.A_log].ptr<float>();
+    a.x = ax_.ptr<float>();
+    return a;
+  }
+  cl::Mamba2OutArgs out_args(int64_t N) const {
+    cl::Mamba2OutArgs a;
+    a.N = N;
+    a.H = s_.H;
+    a.P = s_.P;
+    a.G = s_.G;
+    a.o = o_.p;
+    a.x = ax_.ptr<float>();
+    a.D = P_[sl_.D].ptr<float>();
+    a.z = P_proj_.data;  // z: P's first Di columns
+    a.ldz = ldp_;
+    a.wn = P_[sl_.norm].ptr<float>();
+    a.eps = kNormEps;
+    a.act_bf16 = act_bf16();
+    return a;
+  }
+  cl::ChannelInputs channel_inputs() const {
+    cl::ChannelInputs in;
+    in.q = aC_.p;
+    in.k = aB_.p;
+    in.v = v_.p;
+    in.g = g_.ptr<float>();
+    return in;
+  }
+
+  // From the kept projections: the conv outputs x (fp32), B, C (bf16), the value Δ·x and the
+  // broadcast log-gate, in the arena above the caller's mark (the same values every call).
+  void inputs(kernels::Arena& ar, cudaStream_t st, int64_t N) {
+    ax_ = ar.alloc(DType::f32, {N, Di_});
+    aB_ = bf_alloc(ar, N * GN_);
+    aC_ = bf_alloc(ar, N * GN_);
+    v_ = bf_alloc(ar, N * Di_);
+    g_ = ar.alloc(DType::f32, {N, (int64_t)s_.H * s_.N});
+    {
+      cl::LayerTimer tm("mamba2: conv+silu (fwd)", st);
+      cl::ssm_conv_silu_forward(conv_args(Di_, Di_, sl_.cx, sl_.bx), ax_.data, false, st);
+      cl::ssm_conv_silu_forward(conv_args(2 * Di_, GN_, sl_.cB, sl_.bB), aB_.p, true, st);
+      cl::ssm_conv_silu_forward(conv_args(2 * Di_ + GN_, GN_, sl_.cC, sl_.bC), aC_.p, true, st);
+    }
+    cl::LayerTimer tm("mamba2: gates (fwd)", st);
+    cl::mamba2_gates_forward(gate_args(N), v_.p, g_.ptr<float>(), st);
+  }
+
+  // out[j] += Σ_n Σ_{c in group j} M[n, c] into the gradient of slot (deterministic).
+  void colsum(kernels::Arena& ar, cudaStream_t st, const Tensor& M, int group, int slot) const {
+    Tensor scratch = ar.alloc(DType::f32, {(int64_t)cl::colsum_scratch_floats(M.size(0), (int)M.size(1))});
+    cl::LayerTimer tm("mamba2: parameter sums", st);
+    cl::colsum_accumulate(M.ptr<float>(), M.size(0), (int)M.size(1), M.size(1), group, G_[slot].ptr<float>(),
+                          scratch.ptr<float>(), st);
+  }
+
+  // t in act_dtype(): t itself, or a converted copy in the arena.
+  Tensor as_act(kernels::Backend& be, kernels::Arena& ar, const Tensor& t) const {
+    if (t.dtype == at_) return t;
+    Tensor c = ar.alloc(at_, t.shape());
+    be.convert(t, c);
+    return c;
+  }
+
+  MambaShape s_;
+  int W_;
+  Mamba2Slots sl_;
+  std::vector<Tensor> P_, G_;
+  int64_t Di_ = 0, GN_ = 0, ldp_ = 0;
+  Tensor Wcat_, Gcat_;  // [W_z; W_x; W_B; W_C] and its gradient, [ldp_, d]
+  // this step's cache (arena tensors, valid until the next forward)
+  int64_t B_ = 0, T_ = 0;
+  DType at_ = DType::f32;
+  cl::KernelChoice kernels_;
+  Tensor X_, P_proj_, pdt_, bound_, rstd_;
+  Bf o_;
+  // recomputed in forward and backward (above their marks)
+  Tensor ax_, g_;
+  Bf aB_, aC_, v_;
+};
+
+}  // namespace
+
+std::unique_ptr<CudaMamba2> make_cuda_mamba2(const MambaShape& s, int conv_size, const Mamba2Slots& sl,
+                                             const std::vector<Tensor>& params, const std::vector<Tensor>& grads) {
+  return std::make_unique<CudaMamba2Impl>(s, conv_size, sl, params, grads);
+}
+
+}  // namespace lar::trainer::mixers
+#endif  // LAR_HAVE_CUDA
