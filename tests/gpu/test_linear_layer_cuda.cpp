@@ -133,7 +133,16 @@ void compare_step(const std::string& what, const json& cfg, const std::string& p
                   const kernels::Backend::Options::Cuda& cuda = {}, int B = 4) {
   const bool fp32 = precision == "fp32";
   const bool cler = cfg.at("model").at("routing") == "cler";
-  const double tol_all = fp32 ? 1e-2 : cler ? 2e-2 : 1.5e-2, tol_param = fp32 ? 2e-2 : 4e-2;
+  // Grouped value heads amplify the whole gradient's error by the same factor as cler: a key
+  // head's dq, dk are the sum of its group's bf16 virtual-head gradients. Measured on the H200
+  // against the CPU layer: fp32 gdn 9.4e-3 (4 key heads over 8) against 6e-3 ungrouped, cler
+  // 1.10e-2 to 1.15e-2 against 8.3e-3; mixed gdn 1.79e-2 against 1.2e-2 — a factor 1.4 to 1.5,
+  // each parameter's gradient still within its bound.
+  const json& m = cfg.at("model");
+  const int key_heads = m.value("linear_heads", 0) > 0 ? m.value("linear_heads", 0) : m.value("n_heads", 0);
+  const bool grouped = m.value("n_v_heads", 0) > key_heads;
+  const double tol_all = fp32 ? (grouped ? 1.5e-2 : 1e-2) : cler || grouped ? 2e-2 : 1.5e-2,
+               tol_param = fp32 ? 2e-2 : 4e-2;
   const bool carve = cfg.at("model").at("architecture") == "carve";
   // Wide key heads sum the gate gradient over dk·dv products of bf16 operands (the linear
   // kernels read bf16 q, k, v in either precision): the CPU backend with exactly those

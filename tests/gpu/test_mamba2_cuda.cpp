@@ -223,21 +223,18 @@ TEST(Mamba2Cuda, PaperShapeMatchesTheCpuLayer) {
   compare_layer(s, "fp32");
 }
 
-// State 64 (the 64-wide chunk kernels): one group (B·H = 9), one head per group (G = H = 2: B, C
-// of their own per head, the grouped kernels' Hk = H), two heads per group (G = 2, H = 4 and
-// G = 3, H = 6: B, C shared, their gradient summed over the group's heads); conv widths 3 and 4.
-TEST(Mamba2Cuda, SmallStateAndGroupsMatchTheCpuLayer) {
+// Groups at the papers' state of 128 (the wide-key kernels' grouped heads): one head per group
+// (G = H = 2: B, C of their own per head, Hk = H), two heads per group (G = 2, H = 4 and G = 3,
+// H = 6: B, C shared, their gradient summed over the group's heads); conv widths 3 and 4.
+TEST(Mamba2Cuda, GroupsMatchTheCpuLayer) {
   Shape s;
-  s.d = 96;  // H = 3
-  s.N = 64;
+  s.d = 64;  // H = 2, G = 2
+  s.G = 2;
   s.W = 3;
   s.T = 77;
   for (const char* precision : {"fp32", "mixed"}) compare_layer(s, precision);
-  s.d = 64;  // H = 2, G = 2
-  s.G = 2;
-  s.W = 4;
-  for (const char* precision : {"fp32", "mixed"}) compare_layer(s, precision);
   s.d = 128;  // H = 4, 2 groups of 2 heads
+  s.W = 4;
   s.B = 5;
   s.T = 65;
   for (const char* precision : {"fp32", "mixed"}) compare_layer(s, precision);
@@ -248,12 +245,28 @@ TEST(Mamba2Cuda, SmallStateAndGroupsMatchTheCpuLayer) {
   compare_layer(s, "fp32");
 }
 
+// A state of 64 runs the 64-wide chunk kernels. On the H200 the A_log, dt_bias and D gradients
+// measured 0.06 to 0.46 from the CPU layer, against the bound of 6e-2 (fp32), at G = 1, H = 3, W = 3,
+// T = 77 and at the group shapes above. The outputs, the input gradient and every other
+// parameter gradient were within their bounds. The CPU layer's own token sums are
+// ill-conditioned there (see random_params), so the cause is open, and cuda_mamba2_unsupported
+// refuses the state until it is known. The layer refuses it too, so this test bypasses
+// nothing: it fails with that error until the refusal is lifted.
+TEST(Mamba2Cuda, DISABLED_StateOf64MatchesTheCpuLayer) {
+  Shape s;
+  s.d = 96;  // H = 3
+  s.N = 64;
+  s.W = 3;
+  s.T = 77;
+  for (const char* precision : {"fp32", "mixed"}) compare_layer(s, precision);
+}
+
 // Value heads of 128 (two value tiles of 64 per head) and state 256.
 TEST(Mamba2Cuda, WideHeadsAndStateMatchTheCpuLayer) {
   Shape s;
   s.d = 192;  // Di 384: H = 3 heads of 128
   s.P = 128;
-  s.N = 64;
+  s.N = 256;
   s.T = 90;
   compare_layer(s, "fp32");
   s.N = 128;

@@ -95,11 +95,14 @@ TEST(Mamba2Layer, CudaCoverageNamesTheOption) {
     GTEST_SKIP() << "a build without CUDA";
   }
   EXPECT_EQ(tr::cuda_unsupported(model(json::object())), "");  // the papers' shape: head dim 64, state 128
-  EXPECT_EQ(tr::cuda_unsupported(model(json{{"state_size", 64}, {"n_groups", 2}})), "");
+  EXPECT_EQ(tr::cuda_unsupported(model(json{{"state_size", 128}, {"n_groups", 2}})), "");
+  EXPECT_EQ(tr::cuda_unsupported(model(json{{"state_size", 64}})),
+            "model.mamba.state_size: 64 has no CUDA path yet (its A_log, dt_bias and D gradients are not within "
+            "the GPU tests' bounds); the CUDA Mamba-2 layer takes 128 (the papers') or 256");
   EXPECT_EQ(tr::cuda_unsupported(model(json{{"state_size", 256}, {"head_dim", 128}})), "");
   EXPECT_EQ(tr::cuda_unsupported(model(json::object(), 4, "hybrid")), "");  // beside softmax layers
   EXPECT_EQ(tr::cuda_unsupported(model(json{{"state_size", 32}})),
-            "model.mamba.state_size: the CUDA Mamba-2 layer takes 64, 128 or 256, got 32");
+            "model.mamba.state_size: the CUDA Mamba-2 layer takes 128 or 256, got 32");
   EXPECT_EQ(tr::cuda_unsupported(model(json{{"head_dim", 32}})),
             "model.mamba.head_dim: the CUDA Mamba-2 layer needs a multiple of 64 up to 512, got 32");
   EXPECT_EQ(tr::cuda_unsupported(model(json::object(), 9)), "model.conv_size: the CUDA conv is at most 8 wide, got 9");

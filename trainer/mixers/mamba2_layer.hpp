@@ -21,12 +21,19 @@ struct Mamba2Slots {
 };
 
 // Why the CUDA layer cannot run this shape ("" when it can): the state size (the gla channel
-// kernels' key dim) must be 64, 128 or 256, the head dim (their value dim) a multiple of 64 up
+// kernels' key dim) must be 128 or 256, the head dim (their value dim) a multiple of 64 up
 // to 512, the conv at most 8 wide. The message names the offending key and value.
 // (Inline: trainer::cuda_unsupported checks a model's layers with it before any is built.)
 inline std::string cuda_mamba2_unsupported(const MambaShape& s, int conv_size) {
-  if (s.N != 64 && s.N != 128 && s.N != 256)
-    return "model.mamba.state_size: the CUDA Mamba-2 layer takes 64, 128 or 256, got " + std::to_string(s.N);
+  // States of 128 and 256 run the recurrent wide-key kernels. A state of 64 would run the
+  // 64-wide chunk kernels, where the H200 tests measured the A_log, dt_bias and D gradients
+  // (sums over every token) 0.06 to 0.46 away from the CPU layer, against the bound of 0.06.
+  // That is refused until it is explained: ill-conditioned test data or a kernel fault.
+  if (s.N == 64)
+    return "model.mamba.state_size: 64 has no CUDA path yet (its A_log, dt_bias and D gradients are not within "
+           "the GPU tests' bounds); the CUDA Mamba-2 layer takes 128 (the papers') or 256";
+  if (s.N != 128 && s.N != 256)
+    return "model.mamba.state_size: the CUDA Mamba-2 layer takes 128 or 256, got " + std::to_string(s.N);
   if (s.P % 64 != 0 || s.P > 512)
     return "model.mamba.head_dim: the CUDA Mamba-2 layer needs a multiple of 64 up to 512, got " +
            std::to_string(s.P);
