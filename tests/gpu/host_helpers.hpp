@@ -1,15 +1,21 @@
 // Shared by the model-level GPU tests (one step or a run on cuda against the CPU backend):
-// backends by kind and precision, a random batch, and the relative RMS error of fp32
-// vectors (parameters, gradients, updates) they check against.
+// backends by kind and precision, a random batch, the relative RMS error of fp32
+// vectors (parameters, gradients, updates) they check against, and the loss curves of two
+// runs of one config.
 #pragma once
+
+#include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "core/run_dir.hpp"
 #include "kernels/backend.hpp"
 #include "trainer/data/dataset.hpp"
 
@@ -50,6 +56,35 @@ inline double rel_rms(const std::vector<float>& a, const std::vector<float>& ref
     den += double(ref[i]) * ref[i];
   }
   return std::sqrt(num / den);
+}
+
+// The per-step losses of a run directory's metrics, in order.
+inline std::vector<double> run_losses(const std::filesystem::path& dir) {
+  std::vector<double> out;
+  for (const auto& l : read_metrics(RunDir(dir).metrics_path()).lines)
+    if (l.contains("loss")) out.push_back(l["loss"].get<double>());
+  return out;
+}
+
+// A CUDA run's loss curve against the CPU run of the same config, init and data: both have
+// `steps` losses, both learn (the last below 0.9 × the first), no step is more than 10%
+// apart, and the means of the last 10 steps agree within 3%.
+inline void expect_loss_curves_agree(const std::string& what, const std::filesystem::path& cpu,
+                                     const std::filesystem::path& gpu, std::size_t steps = 60) {
+  const auto lc = run_losses(cpu), lg = run_losses(gpu);
+  ASSERT_EQ(lc.size(), steps) << what;
+  ASSERT_EQ(lg.size(), steps) << what;
+  double worst = 0, tail_c = 0, tail_g = 0;
+  for (std::size_t i = 0; i < lc.size(); ++i) {
+    worst = std::max(worst, std::abs(lg[i] - lc[i]) / lc[i]);
+    if (i + 10 >= lc.size()) tail_c += lc[i] / 10, tail_g += lg[i] / 10;
+  }
+  std::printf("%s %zu steps: loss %.4f → %.4f (cpu) / %.4f → %.4f (cuda); worst step rel diff %.3g; last-10 mean "
+              "%.4f vs %.4f\n", what.c_str(), steps, lc.front(), lc.back(), lg.front(), lg.back(), worst, tail_c, tail_g);
+  EXPECT_LT(lc.back(), lc.front() * 0.9) << what;
+  EXPECT_LT(lg.back(), lg.front() * 0.9) << what;
+  EXPECT_LT(worst, 0.1) << what;
+  EXPECT_NEAR(tail_g, tail_c, 0.03 * tail_c) << what;
 }
 
 }  // namespace lar::gpu_test

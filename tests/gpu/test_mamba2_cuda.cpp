@@ -323,26 +323,7 @@ TEST(Mamba2Cuda, LossCurveTracksTheCpuRun) {
   lar::test::write_run(g.path, run_config(s, {{"backend", "cuda"}}));
   ASSERT_EQ(trainer::train_run(c.path), 0);
   ASSERT_EQ(trainer::train_run(g.path), 0);
-  auto losses = [](const fs::path& dir) {
-    std::vector<double> out;
-    for (const auto& l : read_metrics(RunDir(dir).metrics_path()).lines)
-      if (l.contains("loss")) out.push_back(l["loss"].get<double>());
-    return out;
-  };
-  const auto lc = losses(c.path), lg = losses(g.path);
-  ASSERT_EQ(lc.size(), 60u);
-  ASSERT_EQ(lg.size(), 60u);
-  double worst = 0, tail_c = 0, tail_g = 0;
-  for (std::size_t i = 0; i < lc.size(); ++i) {
-    worst = std::max(worst, std::abs(lg[i] - lc[i]) / lc[i]);
-    if (i >= 50) tail_c += lc[i] / 10, tail_g += lg[i] / 10;
-  }
-  std::printf("mamba2 60 steps: loss %.4f → %.4f (cpu) / %.4f → %.4f (cuda); worst step rel diff %.3g; last-10 "
-              "mean %.4f vs %.4f\n", lc.front(), lc.back(), lg.front(), lg.back(), worst, tail_c, tail_g);
-  EXPECT_LT(lc.back(), lc.front() * 0.9);
-  EXPECT_LT(lg.back(), lg.front() * 0.9);
-  EXPECT_LT(worst, 0.1);
-  EXPECT_NEAR(tail_g, tail_c, 0.03 * tail_c);
+  lar::gpu_test::expect_loss_curves_agree("mamba2", c.path, g.path);
   EXPECT_EQ(trainer::resolve_train_backend(run_config(s, {{"backend", "auto"}})), "cuda");
 }
 

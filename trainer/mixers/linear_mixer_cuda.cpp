@@ -37,6 +37,7 @@
 
 #include "core/error.hpp"
 #include "kernels/cuda/cuda_backend.hpp"
+#include "kernels/cuda/linear/arena_bf16.hpp"
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/linear/grouped_heads.hpp"
 #include "kernels/cuda/linear/layer_ops.hpp"
@@ -74,17 +75,8 @@ cl::KernelChoice kernel_choice(const kernels::Backend& be) {
   return cl::kernel_choice(c.linear_path, c.ccq_fwd, c.ccq_bwd, c.ccq_group);
 }
 
-// A bf16 buffer of n elements carved from the arena (which only knows f32/f64/i32).
-struct Bf {
-  Tensor t;
-  bf16* p = nullptr;
-};
-Bf bf_alloc(kernels::Arena& ar, int64_t n) {
-  Bf b;
-  b.t = ar.alloc(DType::f32, {(n + 1) / 2});
-  b.p = static_cast<bf16*>(b.t.data);
-  return b;
-}
+using kernels::cuda::linear::Bf;
+using kernels::cuda::linear::bf_alloc;
 float* fptr(const Tensor& t) { return t.empty() ? nullptr : t.ptr<float>(); }
 
 class CudaLinearImpl final : public CudaLinear {

@@ -25,6 +25,7 @@
 
 #include "core/error.hpp"
 #include "kernels/cuda/cuda_backend.hpp"
+#include "kernels/cuda/linear/arena_bf16.hpp"
 #include "kernels/cuda/linear/grouped_heads.hpp"
 #include "kernels/cuda/linear/layer_ops.hpp"
 #include "kernels/cuda/linear/mamba2_ops.hpp"
@@ -41,16 +42,8 @@ using kernels::Tensor;
 
 constexpr float kNormEps = 1e-5f;  // as on the CPU
 
-struct Bf {
-  Tensor t;
-  bf16* p = nullptr;
-};
-Bf bf_alloc(kernels::Arena& ar, int64_t n) {
-  Bf b;
-  b.t = ar.alloc(DType::f32, {(n + 1) / 2});
-  b.p = static_cast<bf16*>(b.t.data);
-  return b;
-}
+using kernels::cuda::linear::Bf;
+using kernels::cuda::linear::bf_alloc;
 
 class CudaMamba2Impl final : public CudaMamba2 {
  public:
