@@ -10,10 +10,16 @@
 #include <type_traits>
 
 #include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/linear/op_common.cuh"
 #include "kernels/cuda/linear/mamba2_ops.hpp"
 
 namespace lar::kernels::cuda::linear {
 namespace {
+
+using op_common::blocks_for;
+using op_common::from_f;
+using op_common::to_f;
+using op_common::warp_sum;
 
 using bf16 = __nv_bfloat16;
 constexpr int kThreads = 256;
@@ -29,10 +35,6 @@ __device__ __forceinline__ float silu_grad(float x) {
   const float s = sigm(x);
   return s * (1.f + x * (1.f - s));
 }
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
 // Sum over the block (kThreads), the same order every call; every thread gets the result.
 __device__ __forceinline__ float block_sum(float v, float* red) {
   v = warp_sum(v);
@@ -45,15 +47,7 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
   return s;
 }
 
-__device__ __forceinline__ float to_f(float x) { return x; }
-__device__ __forceinline__ float to_f(bf16 x) { return __bfloat162float(x); }
-template <class T>
-__device__ __forceinline__ T from_f(float x) {
-  if constexpr (std::is_same_v<T, bf16>) return __float2bfloat16(x);
-  else return x;
-}
 
-unsigned blocks_for(int64_t n, int per) { return static_cast<unsigned>((n + per - 1) / per); }
 
 void require(bool ok, const std::string& what) {
   if (!ok) throw RuntimeError("mamba2 ops: " + what);
