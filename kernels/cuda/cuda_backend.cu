@@ -1926,10 +1926,9 @@ void CudaBackend::axpy(double alpha, const Tensor& x, const Tensor& y) {
 }
 
 // Runs a per-block partial kernel (Σ x², or the count of non-finite elements) over an fp32
-// or bf16 tensor, adds the partials in a fixed order on the device and returns the total
-// (deterministic for a fixed grid).
-double CudaBackend::reduce_to_host(bool squares, const Tensor& x) {
-  OpTimer timer(*this, "reduce (norms)");
+// or bf16 tensor and adds the partials in a fixed order on the device (deterministic for a
+// fixed grid).
+const double* CudaBackend::reduce_on_device(bool squares, const Tensor& x) {
   if (x.dtype != DType::f32 && x.dtype != DType::bf16)
     throw RuntimeError(std::string("cuda ") + (squares ? "sum_squares" : "all_finite") + ": needs an f32 or bf16 tensor");
   double* partial = scratch_doubles(kReduceBlocks + 1);
@@ -1944,8 +1943,14 @@ double CudaBackend::reduce_to_host(bool squares, const Tensor& x) {
   LAR_CUDA_LAUNCHED();
   sum_partials<<<1, 1024, 0, stream_>>>(partial, kReduceBlocks, partial + kReduceBlocks);
   LAR_CUDA_LAUNCHED();
+  return partial + kReduceBlocks;
+}
+
+double CudaBackend::reduce_to_host(bool squares, const Tensor& x) {
+  OpTimer timer(*this, "reduce (norms)");
+  const double* total = reduce_on_device(squares, x);
   double out = 0;
-  LAR_CUDA_CHECK(cudaMemcpyAsync(&out, partial + kReduceBlocks, sizeof(double), cudaMemcpyDeviceToHost, stream_));
+  LAR_CUDA_CHECK(cudaMemcpyAsync(&out, total, sizeof(double), cudaMemcpyDeviceToHost, stream_));
   synchronize();
   return out;
 }
@@ -2925,13 +2930,9 @@ void CudaBackend::frobenius_normalize(const Tensor& src, const Tensor& dst, bool
   if (src.numel() != dst.numel()) throw RuntimeError("cuda frobenius_normalize: " + src.shape_str() + " → " + dst.shape_str());
   touch(dst);
   // sum_squares's reduction (the same partials and tree, so the same sum), left on the device.
-  double* partial = scratch_doubles(kReduceBlocks + 1);
-  sum_squares_partial<<<kReduceBlocks, 256, 0, stream_>>>(src.ptr<float>(), src.numel(), partial);
-  LAR_CUDA_LAUNCHED();
-  sum_partials<<<1, 1024, 0, stream_>>>(partial, kReduceBlocks, partial + kReduceBlocks);
-  LAR_CUDA_LAUNCHED();
-  optim::scale_by_inv_norm(src.ptr<float>(), dst.ptr<float>(), src.rows(), src.last(), transposed,
-                           partial + kReduceBlocks, eps, stream_);
+  const double* sum_sq = reduce_on_device(true, src);
+  optim::scale_by_inv_norm(src.ptr<float>(), dst.ptr<float>(), src.rows(), src.last(), transposed, sum_sq, eps,
+                           stream_);
 }
 
 // Registered as "cuda"; usable only when a device is present, so `backend: auto` falls

@@ -221,6 +221,9 @@ class CudaBackend final : public Backend {
   std::vector<std::pair<void*, std::size_t>> allocs_;  // live cudaMalloc blocks (few: arena, params, state)
   double* scratch_doubles(std::size_t n);  // device scratch for reductions
   // Σ x² (squares) or the number of non-finite elements of an f32 or bf16 tensor.
+  // Σ x² (squares) or the count of non-finite elements of x, left on the device: the
+  // returned pointer holds the total once the stream reaches it.
+  const double* reduce_on_device(bool squares, const Tensor& x);
   double reduce_to_host(bool squares, const Tensor& x);
   std::string name_;
   cudaStream_t stream_ = nullptr;
