@@ -9,8 +9,10 @@
 //   y_h = Σ_r m_o,{h,r} ⊙ (o_r + D_h v_r) ⊙ SiLU(z_h ⊙ m_z,{h,r}) → out projection
 //     (SISO: y_h = (o + D_h x_h) ⊙ SiLU(z_h)).
 // Training runs the chunkwise form on the shared scalar-decay core (the mapping is in
-// mamba3.hpp: each token is R rows of the core); decode runs Mamba-3's own recurrence. CPU
-// backend only.
+// mamba3.hpp: each token is R rows of the core); decode runs Mamba-3's own recurrence. On the
+// CUDA backend forward/backward go to mamba3_mixer_cuda.cpp (CUDA builds; the same mapping on
+// the gla channel kernels; cuda_mamba3_unsupported says which shapes, and kMamba3CudaVerified
+// in mamba3_layer.hpp keeps it off until its GPU tests pass); decode stays on the CPU.
 #include <omp.h>
 
 #include <algorithm>
@@ -22,6 +24,7 @@
 #include "kernels/cpu/linear/core.hpp"
 #include "kernels/cpu/ssm/mamba3.hpp"
 #include "trainer/mixer.hpp"
+#include "trainer/mixers/mamba3_layer.hpp"
 #include "trainer/mixers/mamba_options.hpp"
 #include "trainer/mixers/ssm_common.hpp"
 
@@ -39,11 +42,7 @@ constexpr double kNormEps = 1e-5;
 constexpr double kAFloor = 1e-4;
 constexpr double kPi = 3.14159265358979323846;
 
-struct Slots {
-  int wz = -1, wx = -1, wB = -1, wC = -1, wdt = -1, wa = -1, wtrap = -1, wang = -1;
-  int dt_bias = -1, nB = -1, nC = -1, bB = -1, bC = -1, D = -1, wo = -1;
-  int mx = -1, mz = -1, mo = -1;  // MIMO only: the rank-R maps of x, z and the output [H, R, P]
-};
+using Slots = Mamba3Slots;  // mx, mz, mo: MIMO only, the rank-R maps of x, z and the output [H, R, P]
 
 template <class T>
 struct State : MixerState {
@@ -481,10 +480,53 @@ class Mamba3Mixer final : public ssm::DtypeMixer<Mamba3Mixer, Impl, State> {
     return std::make_unique<Impl<T>>(s_, na_, R_, sl_, pt_);
   }
 
+  void bind(std::vector<Tensor> params, std::vector<Tensor> grads) override {
+    DtypeMixer::bind(std::move(params), std::move(grads));
+    cuda_.reset();
+  }
+  void forward(ForwardContext& ctx, const Tensor& x, const Tensor& y, Routing& r) override {
+    if (ctx.be.device() == kernels::Device::cuda) return cuda(ctx.be).forward(ctx, x, y);
+    DtypeMixer::forward(ctx, x, y, r);
+  }
+  void backward(ForwardContext& ctx, const Tensor& dy, const Tensor& dx, Routing& r) override {
+    if (ctx.be.device() == kernels::Device::cuda) return cuda(ctx.be).backward(ctx, dy, dx);
+    DtypeMixer::backward(ctx, dy, dx, r);
+  }
+  // Decode (init_state/step) runs on the CPU backend only; training and evaluation
+  // (forward/backward) also run on CUDA.
+  std::unique_ptr<MixerState> init_state(kernels::Backend& be, int batch, int max_len) const override {
+    check_decode(be);
+    return DtypeMixer::init_state(be, batch, max_len);
+  }
+  void step(ForwardContext& ctx, const Tensor& x, const Tensor& y, MixerState& state, Routing& r) override {
+    check_decode(ctx.be);
+    DtypeMixer::step(ctx, x, y, state, r);
+  }
+
  private:
+  static void check_decode(const kernels::Backend& be) {
+    if (be.device() != kernels::Device::cpu)
+      throw UserError("mamba3 mixer decodes (step) on the cpu backend only; backend " + be.name() +
+                      " trains and evaluates it");
+  }
+  // The CUDA implementation, built on first use after bind().
+  CudaMamba3& cuda(const kernels::Backend& be) {
+    const std::string who = "mamba3 mixer (layer " + std::to_string(cfg_.layer) + ") on " + be.name() + ": ";
+    if (const std::string why = mamba3_cuda_gate(); !why.empty()) throw UserError(who + why);
+    if (const std::string why = cuda_mamba3_unsupported(s_, R_); !why.empty()) throw UserError(who + why);
+    if (!pt_.bound()) throw RuntimeError("mamba3 mixer: used before bind()");
+#ifdef LAR_HAVE_CUDA
+    if (!cuda_) cuda_ = make_cuda_mamba3(s_, na_, R_, sl_, pt_.P, pt_.G);
+    return *cuda_;
+#else
+    throw UserError("mamba3 mixer: this build has no CUDA support (backend " + be.name() + ")");
+#endif
+  }
+
   MambaShape s_;
   int na_ = 1, R_ = 1;
   Slots sl_;
+  std::unique_ptr<CudaMamba3> cuda_;
 };
 
 const MixerRegistration reg_mamba3{
