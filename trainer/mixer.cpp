@@ -4,6 +4,7 @@
 
 #include "core/error.hpp"
 #include "trainer/mixers/mamba2_layer.hpp"
+#include "trainer/mixers/mamba3_layer.hpp"
 
 namespace lar::trainer {
 
@@ -27,25 +28,43 @@ std::vector<std::string> registered_mixers() {
 }
 
 // The linear mixers (CARVE included) run on CUDA through trainer/mixers/linear_mixer_cuda.cpp,
-// Mamba-2 through trainer/mixers/mamba2_mixer_cuda.cpp (CUDA builds only).
+// Mamba-2 and Mamba-3 through trainer/mixers/mamba{2,3}_mixer_cuda.cpp (CUDA builds only;
+// Mamba-3's behind kMamba3CudaVerified, which cuda_unsupported checks).
 bool mixer_runs_on_cuda(const std::string& kind) {
   if (kind == "softmax") return true;
 #ifdef LAR_HAVE_CUDA
-  return kind == "linear" || kind == "gla" || kind == "deltanet" || kind == "gdn" || kind == "kda" ||
-         kind == "gdn2" || kind == "carve" || kind == "mamba2";
+  return kind == "linear" || kind == "gla" || kind == "deltanet" || kind == "gdn" || kind == "kda" || kind == "gdn2" ||
+         kind == "carve" || kind == "mamba2" || kind == "mamba3";
 #else
   return false;
 #endif
 }
 
 std::string cuda_unsupported(const json& model) {
-  bool linear = false, mamba2 = false;
+  bool linear = false, mamba2 = false, mamba3 = false;
   for (const auto& kind : layer_kinds(model)) {
-    if (kind == "mamba3" || kind == "gla_hedgehog")
-      return "the '" + kind + "' mixer has no CUDA implementation in this build yet";
+    if (kind == "gla_hedgehog") return "the '" + kind + "' mixer has no CUDA implementation in this build yet";
     if (!mixer_runs_on_cuda(kind)) return "the '" + kind + "' mixer has no CUDA implementation in this build";
     mamba2 = mamba2 || kind == "mamba2";
-    linear = linear || (kind != "softmax" && kind != "mamba2");
+    mamba3 = mamba3 || kind == "mamba3";
+    linear = linear || (kind != "softmax" && kind != "mamba2" && kind != "mamba3");
+  }
+  // Mamba-3: refused while its CUDA layer is unverified (mamba3_layer.hpp), then by shape
+  // (model.mamba, and model.mamba3's rank).
+  if (mamba3) {
+    if (std::string why = mixers::mamba3_cuda_gate(); !why.empty()) return why;
+    for (int l = 0; l < model.at("n_layers").get<int>(); ++l) {
+      const MixerConfig c = mixer_config(model, l);
+      if (c.kind != "mamba3") continue;
+      try {
+        if (std::string why = mixers::cuda_mamba3_unsupported(mixers::mamba_shape(c), mixers::mamba3_rank(model));
+            !why.empty())
+          return why;
+      } catch (const UserError& e) {
+        return e.what();
+      }
+      break;  // every mamba3 layer has the model's shape
+    }
   }
   // Mamba-2 takes its shape from model.mamba (the linear layers' keys below do not apply to it).
   if (mamba2) {

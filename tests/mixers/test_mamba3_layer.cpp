@@ -12,6 +12,9 @@
 
 #include "core/error.hpp"
 #include "mixer_checks.hpp"
+#include "trainer/mixer.hpp"
+#include "trainer/mixers/mamba3_layer.hpp"
+#include "trainer/train.hpp"
 
 using lar::json;
 namespace tr = lar::trainer;
@@ -145,4 +148,50 @@ TEST(Mamba3Layer, OptionErrors) {
   EXPECT_NE(msg(json{{"rope_fraction", 0.3}}).find("model.mamba3.rope_fraction"), std::string::npos);
   EXPECT_EQ(msg(json{{"form", "siso"}}), "");
   EXPECT_EQ(msg(json{{"form", "siso"}, {"mimo_rank", 0}}), "");  // the rank is a MIMO option
+}
+
+// trainer::cuda_unsupported for a Mamba-3 model. While the CUDA layer is unverified
+// (kMamba3CudaVerified false) every mamba3 model gets the gate's reason; the shapes the layer
+// takes (state 128 or 256, head dim a multiple of 64 up to 512, MIMO rank ≤ 4, any chunk size)
+// are checked with the gate opened as the GPU tests open it. Builds without CUDA refuse the kind.
+TEST(Mamba3Layer, CudaCoverageNamesTheOption) {
+  namespace mx = lar::trainer::mixers;
+  auto model = [](json mamba, json m3 = json::object(), int chunk = 64) {
+    json raw = {{"model",
+                 {{"architecture", "mamba3"},
+                  {"stack", "pure"},
+                  {"n_layers", 2},
+                  {"d_model", 128},
+                  {"n_heads", 2},
+                  {"chunk_size", chunk},
+                  {"mamba", mamba},
+                  {"mamba3", m3}}},
+                {"data", {{"task", "mqar"}, {"seq_len", 64}, {"batch_size", 2}}}};
+    return tr::prepare_config(raw).at("model");
+  };
+  if (!tr::mixer_runs_on_cuda("mamba3")) {
+    EXPECT_EQ(tr::cuda_unsupported(model(json::object())),
+              "the 'mamba3' mixer has no CUDA implementation in this build");
+    GTEST_SKIP() << "a build without CUDA";
+  }
+  if (!mx::kMamba3CudaVerified) {
+    EXPECT_EQ(tr::cuda_unsupported(model(json::object())), mx::mamba3_cuda_gate());
+    EXPECT_NE(mx::mamba3_cuda_gate().find("unverified"), std::string::npos);
+  }
+  struct Open {
+    Open() { mx::mamba3_cuda_unverified_allowed() = true; }
+    ~Open() { mx::mamba3_cuda_unverified_allowed() = false; }
+  } open;
+  const json mimo = {{"form", "mimo"}, {"mimo_rank", 4}};
+  EXPECT_EQ(tr::cuda_unsupported(model(json::object())), "");            // the CARVE main table's SISO row
+  EXPECT_EQ(tr::cuda_unsupported(model(json::object(), mimo, 16)), "");  // its MIMO row
+  EXPECT_EQ(tr::cuda_unsupported(model(json{{"state_size", 256}, {"head_dim", 128}})), "");
+  EXPECT_EQ(tr::cuda_unsupported(model(json{{"n_groups", 2}}, json{{"form", "mimo"}, {"mimo_rank", 2}}, 7)), "");
+  EXPECT_EQ(tr::cuda_unsupported(model(json{{"state_size", 64}})),
+            "model.mamba.state_size: the CUDA Mamba-3 layer takes 128 or 256, got 64");
+  EXPECT_EQ(tr::cuda_unsupported(model(json{{"head_dim", 32}})),
+            "model.mamba.head_dim: the CUDA Mamba-3 layer needs a multiple of 64 up to 512, got 32");
+  EXPECT_EQ(tr::cuda_unsupported(model(json::object(), json{{"form", "mimo"}, {"mimo_rank", 8}})),
+            "model.mamba3.mimo_rank: the CUDA Mamba-3 layer takes 1 to 4, got 8");
+  EXPECT_EQ(tr::cuda_unsupported(model(json::object(), json{{"form", "siso"}, {"mimo_rank", 8}})), "");  // SISO: R = 1
 }

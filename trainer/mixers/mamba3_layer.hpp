@@ -62,8 +62,7 @@ inline std::string cuda_mamba3_unsupported(const MambaShape& s, int rank) {
   if (s.N != 128 && s.N != 256)
     return "model.mamba.state_size: the CUDA Mamba-3 layer takes 128 or 256, got " + std::to_string(s.N);
   if (s.P % 64 != 0 || s.P > 512)
-    return "model.mamba.head_dim: the CUDA Mamba-3 layer needs a multiple of 64 up to 512, got " +
-           std::to_string(s.P);
+    return "model.mamba.head_dim: the CUDA Mamba-3 layer needs a multiple of 64 up to 512, got " + std::to_string(s.P);
   if (rank < 1 || rank > kMamba3CudaMaxRank)
     return "model.mamba3.mimo_rank: the CUDA Mamba-3 layer takes 1 to " + std::to_string(kMamba3CudaMaxRank) +
            ", got " + std::to_string(rank);

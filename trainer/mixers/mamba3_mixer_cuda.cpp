@@ -200,8 +200,7 @@ class CudaMamba3Impl final : public CudaMamba3 {
     {  // ∂L/∂dt_bias: the dt columns of dPg
       Tensor scratch = ar.alloc(DType::f32, {(int64_t)cl::colsum_scratch_floats(N, s_.H)});
       cl::LayerTimer tm("mamba3: parameter sums", st);
-      cl::colsum_accumulate(dPg.ptr<float>(), N, s_.H, ldg_, 1, G_[sl_.dt_bias].ptr<float>(), scratch.ptr<float>(),
-                            st);
+      cl::colsum_accumulate(dPg.ptr<float>(), N, s_.H, ldg_, 1, G_[sl_.dt_bias].ptr<float>(), scratch.ptr<float>(), st);
     }
     // the projections: dx overwritten by the first
     be.gemm(dP, true, Xa, false, Gcat_, 1.0, 1.0);

@@ -54,8 +54,8 @@ void require(bool ok, const std::string& what) {
 template <int NP, class TA>
 __device__ void load_rot(const Mamba3Args& a, int64_t n, int h, int r, int lane, bool is_q, float (&y)[2 * NP]) {
   const int RGN = a.R * a.G * a.S, grp = h / (a.H / a.G);
-  const TA* src = static_cast<const TA*>(a.P) + n * a.ldp + 2 * di(a) + (is_q ? RGN : 0) +
-                  (int64_t)(r * a.G + grp) * a.S;
+  const TA* src =
+      static_cast<const TA*>(a.P) + n * a.ldp + 2 * di(a) + (is_q ? RGN : 0) + (int64_t)(r * a.G + grp) * a.S;
   const float* w = is_q ? a.nC : a.nB;
   const float* bias = (is_q ? a.bC : a.bB) + ((int64_t)h * a.R + r) * a.S;
   float ss = 0.f;
@@ -149,7 +149,8 @@ __global__ void prepare_kernel(Mamba3Args a, bf16* q, bf16* k, bf16* v, float* g
   const int64_t nh = n * a.H + h;
   const float cw = a.cw[nh];
   const TA* x = static_cast<const TA*>(a.P) + n * a.ldp + di(a) + (int64_t)h * a.Pd;
-  for (int p = lane; p < a.Pd; p += 32) v[row * a.Pd + p] = __float2bfloat16(cw * (to_f(x[p]) * map_at(a.mx, a, h, r, p)));
+  for (int p = lane; p < a.Pd; p += 32)
+    v[row * a.Pd + p] = __float2bfloat16(cw * (to_f(x[p]) * map_at(a.mx, a, h, r, p)));
   const float gv = r == 0 ? a.A[nh] * a.dt[nh] : 0.f;
   for (int i = lane; i < a.S; i += 32) g[row * a.S + i] = gv;
 }
@@ -176,9 +177,8 @@ __device__ void load_token(const Mamba3Args& a, int64_t n, int h, int lane, floa
 
 // u_{r'} = o_{r'} + Σ_r (c·[r > r'] − β')(q_{r'}·k_r) v_r + D v_{r'} at channel p.
 template <int R>
-__device__ __forceinline__ void token_u(const Mamba3Args& a, const bf16* o, int64_t n, int h, int p, float cw,
-                                        float bn, float Dh, const float (&qk)[R][R], const float (&v)[R],
-                                        float (&u)[R]) {
+__device__ __forceinline__ void token_u(const Mamba3Args& a, const bf16* o, int64_t n, int h, int p, float cw, float bn,
+                                        float Dh, const float (&qk)[R][R], const float (&v)[R], float (&u)[R]) {
 #pragma unroll
   for (int ro = 0; ro < R; ++ro) {
     float acc = __bfloat162float(o[((n * R + ro) * a.H + h) * a.Pd + p]);
@@ -434,8 +434,8 @@ __global__ void phi_bwd_kernel(Mamba3Args a, float* dphi) {
 
 // A thread per (token, column c < H + na): the dt, a and trap pre-activations' gradients of
 // head c, or the angle's of pair c − H.
-__global__ void scalars_bwd_kernel(Mamba3Args a, const float* cum, const float* dc, const float* dbn,
-                                   const float* dadt, float* dPg) {
+__global__ void scalars_bwd_kernel(Mamba3Args a, const float* cum, const float* dc, const float* dbn, const float* dadt,
+                                   float* dPg) {
   const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, W = a.H + a.na;
   if (idx >= a.B * a.T * W) return;
   const int64_t n = idx / W;
@@ -480,17 +480,29 @@ template <class F>
 void with_shape(const Mamba3Args& a, F&& f) {
   auto np = [&](auto rc) {
     auto ta = [&](auto npc) {
-      if (a.act_bf16) f(rc, npc, Tag<bf16>{});
-      else f(rc, npc, Tag<float>{});
+      if (a.act_bf16)
+        f(rc, npc, Tag<bf16>{});
+      else
+        f(rc, npc, Tag<float>{});
     };
-    if (a.S == 128) ta(Ic<2>{});
-    else ta(Ic<4>{});
+    if (a.S == 128)
+      ta(Ic<2>{});
+    else
+      ta(Ic<4>{});
   };
   switch (a.R) {
-    case 1: np(Ic<1>{}); break;
-    case 2: np(Ic<2>{}); break;
-    case 3: np(Ic<3>{}); break;
-    default: np(Ic<4>{}); break;
+    case 1:
+      np(Ic<1>{});
+      break;
+    case 2:
+      np(Ic<2>{});
+      break;
+    case 3:
+      np(Ic<3>{});
+      break;
+    default:
+      np(Ic<4>{});
+      break;
   }
 }
 
@@ -545,8 +557,9 @@ void mamba3_out_backward(const Mamba3Args& a, const bf16* o, const void* dyv, fl
   require((a.mo != nullptr) == (tmo != nullptr && tmz != nullptr), "out backward: the map terms go with the maps");
   with_shape(a, [&](auto rc, auto npc, auto ta) {
     using TA = typename decltype(ta)::type;
-    out_bwd_kernel<decltype(rc)::value, decltype(npc)::value, TA><<<warp_blocks(a.B * a.T * a.H), kThreads, 0, stream>>>(
-        a, o, static_cast<const TA*>(dyv), du, dO, static_cast<TA*>(dP), dterm, tmo, tmz, static_cast<TA*>(ypre));
+    out_bwd_kernel<decltype(rc)::value, decltype(npc)::value, TA>
+        <<<warp_blocks(a.B * a.T * a.H), kThreads, 0, stream>>>(
+            a, o, static_cast<const TA*>(dyv), du, dO, static_cast<TA*>(dP), dterm, tmo, tmz, static_cast<TA*>(ypre));
   });
   LAR_CUDA_LAUNCHED();
 }
@@ -571,8 +584,8 @@ void mamba3_norm_backward(const Mamba3Args& a, const float* dQh, const float* dK
   require(dQh && dKh && dP && tnB && tnC, "norm backward: null argument");
   with_shape(a, [&](auto, auto npc, auto ta) {
     using TA = typename decltype(ta)::type;
-    norm_bwd_kernel<decltype(npc)::value, TA><<<warp_blocks(a.B * a.T * a.R * a.G), kThreads, 0, stream>>>(
-        a, dQh, dKh, static_cast<TA*>(dP), tnB, tnC);
+    norm_bwd_kernel<decltype(npc)::value, TA>
+        <<<warp_blocks(a.B * a.T * a.R * a.G), kThreads, 0, stream>>>(a, dQh, dKh, static_cast<TA*>(dP), tnB, tnC);
   });
   LAR_CUDA_LAUNCHED();
 }
