@@ -200,9 +200,9 @@ bool token_sum(const std::string& name) {
 // precision: output and input gradient 1e-2 (2e-2 mixed: bf16 GEMMs and activations too); each
 // projection's gradient 2e-2 (4e-2); the token sums (token_sum above) 6e-2 (1.5e-1). The
 // conditioning, measured on the CPU layer at every shape below: scaling every parameter and
-// input by 1 + 0.4%·noise (about four times bf16 rounding's RMS) moves the output and the input gradient
-// by 1.1–1.6%, the projections' gradients by 1–2%, w_angle's by 2–3.5% and the other token sums'
-// by up to 6% (dt_bias, MIMO rank 4 at d 96, T 100): the bounds sit in that proportion.
+// input by 1 + 0.4%·noise (about four times bf16 rounding's RMS) moves the output and the input
+// gradient by 1.1–1.6%, the projections' gradients by 1–2%, w_angle's by 2–3.5% and the other
+// token sums' by up to 6% (dt_bias, MIMO rank 4 at d 96, T 100): the bounds sit in that proportion.
 void compare_layer(const Shape& s, const std::string& precision) {
   const json cfg = run_config(s);
   const trainer::MixerConfig mc = trainer::mixer_config(cfg.at("model"), 0);
