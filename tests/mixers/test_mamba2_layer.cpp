@@ -106,7 +106,7 @@ TEST(Mamba2Layer, CudaCoverageNamesTheOption) {
   EXPECT_EQ(tr::cuda_unsupported(model(json{{"head_dim", 32}})),
             "model.mamba.head_dim: the CUDA Mamba-2 layer needs a multiple of 64 up to 512, got 32");
   EXPECT_EQ(tr::cuda_unsupported(model(json::object(), 9)), "model.conv_size: the CUDA conv is at most 8 wide, got 9");
-  // mamba3 and gla_hedgehog stay CPU only
+  // mamba3 stays CPU only (gla_hedgehog: test_hedgehog_layer.cpp)
   json m3 = model(json::object());
   m3["architecture"] = "mamba3";
   EXPECT_EQ(tr::cuda_unsupported(m3), "the 'mamba3' mixer has no CUDA implementation in this build yet");
