@@ -170,9 +170,9 @@ json run_config(const Shape& s, json overrides = json::object()) {
 
 // Random parameters by name: projections N(0, 1/d_in) (outputs of order 1), convs U(±0.5),
 // the maps' offsets Δ ~ N(0, 0.25/dk) and biases N(0, 0.5) (init: Δ = 0, b = 0, the identity map:
-// away from it the map's own gradients are not trivially symmetric), the gate bias N(1, 1.5²)
-// (init 0: per-token decays exp(g) from about 0.8 to 0.999 within a sequence), the norm weight
-// around 1.
+// away from it the map's own gradients are not trivially symmetric), the gate bias N(2, 1)
+// (init 0; with f = x W₁ᵀW₂ᵀ of order 1, per-token decays exp(g) from about 0.88 to 0.9998
+// within a sequence), the norm weight around 1.
 std::vector<float> random_params(const std::vector<trainer::ParamSpec>& specs, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::normal_distribution<double> nd(0.0, 1.0);
@@ -188,7 +188,7 @@ std::vector<float> random_params(const std::vector<trainer::ParamSpec>& specs, u
       else if (s.name == "fmap_q_bias" || s.name == "fmap_k_bias")
         v = 0.5 * nd(rng);
       else if (s.name == "gate_bias")
-        v = 1.0 + 1.5 * nd(rng);
+        v = 2.0 + nd(rng);
       else if (s.name == "o_norm")
         v = 1.0 + 0.2 * nd(rng);
       else if (s.name.rfind("conv_", 0) == 0)
