@@ -76,7 +76,11 @@ inline std::string cuda_hedgehog_shape_unsupported(const HedgehogShape& s) {
 // The gate: the CUDA layer is built and tested (tests/gpu/test_hedgehog_cuda.cpp) but has not
 // passed those tests on a GPU yet, so the product refuses it (backend: cuda) or trains on the
 // CPU (backend: auto) until this is true. Tests open it for themselves with
-// allow_unverified_hedgehog_cuda(). Read only by hedgehog_cuda_gate_open().
+// allow_unverified_hedgehog_cuda(). Read only by hedgehog_cuda_gate_open(). Lifting it: set it
+// true once test_hedgehog_cuda passes on an H200; the CPU and GPU tests expect either value
+// (HedgehogLayer.CudaCoverageNamesTheGateAndTheOption, HedgehogCuda.GateAndShapeRefusals); the
+// "gated" wording goes from docs/architectures.md (GLA-Hedgehog), docs/fidelity.md (CCQ
+// baselines row) and the comments of experiments/papers/ccq/table2.yaml and table4.yaml.
 constexpr bool kHedgehogCudaVerified = false;
 inline bool& hedgehog_cuda_test_override() {
   static bool allowed = false;
@@ -105,8 +109,8 @@ class CudaHedgehog {
   virtual void backward(ForwardContext& ctx, const kernels::Tensor& dy, const kernels::Tensor& dx) = 0;
 };
 #ifdef LAR_HAVE_CUDA
-// Checks the shape only (cuda_hedgehog_shape_unsupported), not the gate: the GPU tests build it
-// directly.
+// Checks the shape only (cuda_hedgehog_shape_unsupported); the mixer checks the gate before it
+// builds one (the GPU tests open the gate to reach it).
 std::unique_ptr<CudaHedgehog> make_cuda_hedgehog(const HedgehogShape& s, const HedgehogSlots& sl,
                                                  const std::vector<kernels::Tensor>& params,
                                                  const std::vector<kernels::Tensor>& grads);
