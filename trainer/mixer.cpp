@@ -3,6 +3,7 @@
 #include <map>
 
 #include "core/error.hpp"
+#include "trainer/mixers/hedgehog_layer.hpp"
 #include "trainer/mixers/mamba2_layer.hpp"
 #include "trainer/mixers/mamba3_layer.hpp"
 
@@ -28,11 +29,13 @@ std::vector<std::string> registered_mixers() {
 }
 
 // The linear mixers (CARVE included) run on CUDA through trainer/mixers/linear_mixer_cuda.cpp,
-// Mamba-2 and Mamba-3 through trainer/mixers/mamba{2,3}_mixer_cuda.cpp (CUDA builds only;
-// Mamba-3's behind kMamba3CudaVerified, which cuda_unsupported checks).
+// Mamba-2 and Mamba-3 through trainer/mixers/mamba{2,3}_mixer_cuda.cpp, GLA-Hedgehog through
+// trainer/mixers/hedgehog_mixer_cuda.cpp (CUDA builds only; Mamba-3's and GLA-Hedgehog's behind
+// their verification gates, which cuda_unsupported checks).
 bool mixer_runs_on_cuda(const std::string& kind) {
   if (kind == "softmax") return true;
 #ifdef LAR_HAVE_CUDA
+  if (kind == "gla_hedgehog") return mixers::hedgehog_cuda_gate_open();
   return kind == "linear" || kind == "gla" || kind == "deltanet" || kind == "gdn" || kind == "kda" || kind == "gdn2" ||
          kind == "carve" || kind == "mamba2" || kind == "mamba3";
 #else
@@ -41,9 +44,14 @@ bool mixer_runs_on_cuda(const std::string& kind) {
 }
 
 std::string cuda_unsupported(const json& model) {
-  bool linear = false, mamba2 = false, mamba3 = false;
+  bool linear = false, mamba2 = false, mamba3 = false, hedgehog = false;
   for (const auto& kind : layer_kinds(model)) {
-    if (kind == "gla_hedgehog") return "the '" + kind + "' mixer has no CUDA implementation in this build yet";
+#ifdef LAR_HAVE_CUDA
+    if (kind == "gla_hedgehog") {  // the gate and the shape, below
+      hedgehog = true;
+      continue;
+    }
+#endif
     if (!mixer_runs_on_cuda(kind)) return "the '" + kind + "' mixer has no CUDA implementation in this build";
     mamba2 = mamba2 || kind == "mamba2";
     mamba3 = mamba3 || kind == "mamba3";
@@ -64,6 +72,20 @@ std::string cuda_unsupported(const json& model) {
         return e.what();
       }
       break;  // every mamba3 layer has the model's shape
+    }
+  }
+  // GLA-Hedgehog: its own layer (the linear layers' keys below do not apply to it), every
+  // gla_hedgehog layer with the model's shape.
+  if (hedgehog) {
+    for (int l = 0; l < model.at("n_layers").get<int>(); ++l) {
+      const MixerConfig c = mixer_config(model, l);
+      if (c.kind != "gla_hedgehog") continue;
+      try {
+        if (std::string why = mixers::cuda_hedgehog_unsupported(mixers::hedgehog_shape(c)); !why.empty()) return why;
+      } catch (const UserError& e) {
+        return e.what();
+      }
+      break;
     }
   }
   // Mamba-2 takes its shape from model.mamba (the linear layers' keys below do not apply to it).
@@ -124,8 +146,7 @@ std::string cuda_unsupported(const json& model) {
   const std::string routing = model.value("routing", "none");
   const std::string arch = model.value("architecture", "");
   const bool beta_mixer = arch == "deltanet" || arch == "gdn" || arch == "kda";
-  if (model.value("routing_signal", "residual") == "update" && beta_mixer &&
-      (routing == "cler" || routing == "cler_h"))
+  if (model.value("routing_signal", "residual") == "update" && beta_mixer && (routing == "cler" || routing == "cler_h"))
     return "model.routing_signal: 'update' (the β-scaled write residual) has no CUDA path yet";
   if (model.value("routing_inject", "mixer") == "layer" && (routing == "cler_h" || routing == "clvr"))
     return "model.routing_inject: 'layer' (the side channel added after the FFN) has no CUDA path yet";
@@ -152,8 +173,7 @@ std::vector<std::string> layer_kinds(const json& model) {
   const int ratio = model.at("hybrid_ratio").get<int>();
   std::vector<std::string> kinds;
   for (int l = 0; l < n; ++l) {
-    bool softmax = arch == "softmax" || stack == "dense" ||
-                   (stack == "hybrid" && l % (ratio + 1) == ratio);
+    bool softmax = arch == "softmax" || stack == "dense" || (stack == "hybrid" && l % (ratio + 1) == ratio);
     kinds.push_back(softmax ? "softmax" : arch);
   }
   return kinds;

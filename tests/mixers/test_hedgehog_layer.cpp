@@ -1,6 +1,7 @@
 // The GLA-Hedgehog layer (trainer/mixers/hedgehog_mixer.cpp): gradients by finite
-// differences in fp64, decode (recurrent) equal to the chunkwise forward, and the feature map
-// itself (two softmaxes, the identity at init).
+// differences in fp64, decode (recurrent) equal to the chunkwise forward, the feature map
+// itself (two softmaxes, the identity at init), and what the CUDA layer (hedgehog_mixer_cuda.cpp)
+// covers: nothing while its gate is closed (kHedgehogCudaVerified), then by shape.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -9,6 +10,9 @@
 #include "core/error.hpp"
 #include "kernels/cpu/linear/hedgehog_map.hpp"
 #include "mixer_checks.hpp"
+#include "trainer/mixer.hpp"
+#include "trainer/mixers/hedgehog_layer.hpp"
+#include "trainer/train.hpp"
 
 using lar::json;
 namespace tr = lar::trainer;
@@ -27,8 +31,12 @@ tr::MixerConfig config(bool conv, int chunk = 4) {
   c.routing = "none";
   c.n_layers = 1;
   c.linear_index = 0;
-  c.model = json{{"architecture", "gla_hedgehog"}, {"short_conv", conv}, {"conv_size", 3},
-                 {"chunk_size", chunk},            {"gate_rank", 3},     {"routing", "none"}};
+  c.model = json{{"architecture", "gla_hedgehog"},
+                 {"short_conv", conv},
+                 {"conv_size", 3},
+                 {"chunk_size", chunk},
+                 {"gate_rank", 3},
+                 {"routing", "none"}};
   return c;
 }
 
@@ -66,4 +74,50 @@ TEST(HedgehogLayer, RoutingIsRefused) {
   auto c = config(true);
   c.routing = "clvr";
   EXPECT_THROW((void)tr::make_mixer(c), lar::UserError);
+}
+
+// trainer::cuda_unsupported for a GLA-Hedgehog model. Builds without CUDA refuse the kind; with
+// CUDA, while kHedgehogCudaVerified is false, every shape is refused as unverified (backend: cuda
+// refuses, auto trains on the CPU). Past the gate (opened here as the GPU tests open it): "" for
+// CCQ's mini (head 64) and smoke (head 16) shapes, the reason naming the key and value otherwise
+// (paper scale: head 256, feature dim 512).
+TEST(HedgehogLayer, CudaCoverageNamesTheGateAndTheOption) {
+  namespace mx = lar::trainer::mixers;
+  auto model = [](int d, int heads, int head_dim, int value_dim, json extra = json::object()) {
+    json m = {
+        {"architecture", "gla_hedgehog"}, {"stack", "pure"},       {"n_layers", 2}, {"d_model", d}, {"n_heads", heads},
+        {"head_dim", head_dim},           {"value_dim", value_dim}};
+    m.merge_patch(extra);
+    json raw = {{"model", m}, {"data", {{"task", "mqar"}, {"seq_len", 64}, {"batch_size", 2}}}};
+    return tr::prepare_config(raw).at("model");
+  };
+  const json mini = model(256, 4, 64, 128), smoke = model(64, 4, 16, 32);
+#ifndef LAR_HAVE_CUDA
+  EXPECT_EQ(tr::cuda_unsupported(mini), "the 'gla_hedgehog' mixer has no CUDA implementation in this build");
+  GTEST_SKIP() << "a build without CUDA";
+#else
+  const std::string unverified =
+      "the 'gla_hedgehog' mixer's CUDA layer is unverified: it has not yet passed tests/gpu/test_hedgehog_cuda on a "
+      "GPU (kHedgehogCudaVerified, trainer/mixers/hedgehog_layer.hpp)";
+  EXPECT_EQ(tr::cuda_unsupported(mini), mx::kHedgehogCudaVerified ? "" : unverified);
+  EXPECT_EQ(tr::cuda_unsupported(smoke), mx::kHedgehogCudaVerified ? "" : unverified);
+  EXPECT_EQ(tr::mixer_runs_on_cuda("gla_hedgehog"), mx::kHedgehogCudaVerified);
+  mx::allow_unverified_hedgehog_cuda(true);
+  EXPECT_TRUE(tr::mixer_runs_on_cuda("gla_hedgehog"));
+  EXPECT_EQ(tr::cuda_unsupported(mini), "");
+  EXPECT_EQ(tr::cuda_unsupported(smoke), "");
+  EXPECT_EQ(tr::cuda_unsupported(model(96, 6, 16, 32)), "");
+  EXPECT_EQ(tr::cuda_unsupported(model(1024, 4, 256, 512)),
+            "model.head_dim: the CUDA gla_hedgehog layer takes up to 128 (feature dim 2·head_dim up to 256, the "
+            "channel kernels' widest key), got 256");
+  EXPECT_EQ(tr::cuda_unsupported(model(60, 4, 15, 32)),
+            "model.head_dim: the CUDA gla_hedgehog layer needs a multiple of 8, got 15");
+  EXPECT_EQ(tr::cuda_unsupported(model(64, 1, 64, 576)),
+            "model.value_dim: the CUDA gla_hedgehog layer takes up to 512, got 576");
+  EXPECT_EQ(tr::cuda_unsupported(model(64, 4, 16, 32, {{"short_conv", false}})),
+            "model.short_conv: the CUDA gla_hedgehog layer needs the short conv (true), got false");
+  EXPECT_EQ(tr::cuda_unsupported(model(64, 4, 16, 32, {{"conv_size", 9}})),
+            "model.conv_size: the CUDA conv is at most 8 wide, got 9");
+  mx::allow_unverified_hedgehog_cuda(false);
+#endif
 }

@@ -8,7 +8,11 @@
 //     the per-head RMSNorm below makes the output scale-free)
 //   o → per-head RMSNorm × SiLU(W_g x) → W_o.
 // The recurrence is the shared core (kernels/cpu/linear/core.hpp, channel gates): chunkwise
-// in training, recurrent in decode. CPU backend only.
+// in training, recurrent in decode. On the CUDA backend forward/backward go to
+// hedgehog_mixer_cuda.cpp (CUDA builds; the feature map of kernels/cuda/linear/hedgehog_ops.hpp
+// and the gla channel kernels at key dim 2dk; cuda_hedgehog_unsupported says which shapes, and
+// the gate kHedgehogCudaVerified in hedgehog_layer.hpp keeps it off until it is verified on a
+// GPU); decode stays on the CPU.
 #include <omp.h>
 
 #include <algorithm>
@@ -20,6 +24,7 @@
 #include "kernels/cpu/linear/core.hpp"
 #include "kernels/cpu/linear/hedgehog_map.hpp"
 #include "trainer/mixer.hpp"
+#include "trainer/mixers/hedgehog_layer.hpp"
 #include "trainer/mixers/ssm_common.hpp"
 
 namespace lar::trainer::mixers {
@@ -33,15 +38,8 @@ using namespace ssm;
 
 constexpr double kNormEps = 1e-5;
 
-struct Shape {
-  int d = 0, H = 0, dk = 0, dv = 0, F = 0, Cq = 0, Cv = 0, CF = 0, W = 4, rank = 16, chunk = 64;
-  bool conv = true;
-};
-struct Slots {
-  int wq = -1, wk = -1, wv = -1, cq = -1, ck = -1, cv = -1;
-  int fq_w = -1, fq_b = -1, fk_w = -1, fk_b = -1;
-  int g1 = -1, g2 = -1, gb = -1, onorm = -1, wgate = -1, wo = -1;
-};
+using Shape = HedgehogShape;
+using Slots = HedgehogSlots;
 
 template <class T>
 struct State : MixerState {
@@ -54,7 +52,7 @@ struct Cache {
   int B = 0, len = 0;
   std::vector<T> x, pq, pk, pv, sq, sk, sv, aq, ak, av;
   std::vector<T> hq, hk, hv, hg, bounds;  // per (b,h): features [T,F], v [T,dv], gates [T,F]
-  std::vector<T> h1, f;                    // low-rank gate
+  std::vector<T> h1, f;                   // low-rank gate
   std::vector<T> o, on, rstd, og, ypre;
 };
 
@@ -177,10 +175,10 @@ class Impl {
       for (int h = 0; h < s.H; ++h)
         for (int t = 0; t < len; ++t) {
           const size_t hi = ((size_t)b * s.H + h) * len + t, n = (size_t)b * len + t;
-          lk::hedgehog_backward(&c.aq[n * s.Cq + (size_t)h * s.dk], par(sl_.fq_w), s.dk, &c.hq[hi * s.F],
-                                &dq[hi * s.F], &daq[n * s.Cq + (size_t)h * s.dk], grad(sl_.fq_w), grad(sl_.fq_b));
-          lk::hedgehog_backward(&c.ak[n * s.Cq + (size_t)h * s.dk], par(sl_.fk_w), s.dk, &c.hk[hi * s.F],
-                                &dk[hi * s.F], &dak[n * s.Cq + (size_t)h * s.dk], grad(sl_.fk_w), grad(sl_.fk_b));
+          lk::hedgehog_backward(&c.aq[n * s.Cq + (size_t)h * s.dk], par(sl_.fq_w), s.dk, &c.hq[hi * s.F], &dq[hi * s.F],
+                                &daq[n * s.Cq + (size_t)h * s.dk], grad(sl_.fq_w), grad(sl_.fq_b));
+          lk::hedgehog_backward(&c.ak[n * s.Cq + (size_t)h * s.dk], par(sl_.fk_w), s.dk, &c.hk[hi * s.F], &dk[hi * s.F],
+                                &dak[n * s.Cq + (size_t)h * s.dk], grad(sl_.fk_w), grad(sl_.fk_b));
           std::copy_n(&dv[hi * s.dv], s.dv, &dav[n * s.Cv + (size_t)h * s.dv]);
           for (int i = 0; i < s.F; ++i) {
             const int ch = h * s.F + i;
@@ -257,24 +255,8 @@ class Impl {
 
 class HedgehogMixer final : public ssm::DtypeMixer<HedgehogMixer, Impl, State> {
  public:
-  explicit HedgehogMixer(const MixerConfig& cfg) : DtypeMixer(cfg) {
+  explicit HedgehogMixer(const MixerConfig& cfg) : DtypeMixer(cfg), s_(hedgehog_shape(cfg)) {
     check_no_routing(cfg);
-    const json& mo = cfg.model;
-    s_.d = cfg.d_model;
-    s_.H = cfg.n_heads;
-    s_.dk = cfg.head_dim;
-    s_.dv = cfg.value_dim;
-    s_.F = 2 * s_.dk;
-    s_.Cq = s_.H * s_.dk;
-    s_.Cv = s_.H * s_.dv;
-    s_.CF = s_.H * s_.F;
-    s_.conv = mo.value("short_conv", true);
-    s_.W = mo.value("conv_size", 4);
-    s_.rank = mo.value("gate_rank", 16);
-    s_.chunk = mo.value("chunk_size", 64);
-    if (s_.conv && s_.W < 1) throw UserError("model.conv_size: must be ≥ 1, got " + std::to_string(s_.W));
-    if (s_.chunk < 1) throw UserError("model.chunk_size: must be ≥ 1, got " + std::to_string(s_.chunk));
-    if (s_.rank < 1) throw UserError("model.gate_rank: must be ≥ 1, got " + std::to_string(s_.rank));
     const double sd = cfg.init_std;
     auto mat = [&](const char* name, int64_t rows, int64_t cols) {
       return pt_.add({name, {rows, cols}, ParamKind::matrix_hidden, InitRule::Normal(sd)});
@@ -310,13 +292,55 @@ class HedgehogMixer final : public ssm::DtypeMixer<HedgehogMixer, Impl, State> {
     return std::make_unique<Impl<T>>(s_, sl_, pt_);
   }
 
+  void bind(std::vector<Tensor> params, std::vector<Tensor> grads) override {
+    DtypeMixer::bind(std::move(params), std::move(grads));
+    cuda_.reset();
+  }
+  void forward(ForwardContext& ctx, const Tensor& x, const Tensor& y, Routing& r) override {
+    if (ctx.be.device() == kernels::Device::cuda) return cuda(ctx.be).forward(ctx, x, y);
+    DtypeMixer::forward(ctx, x, y, r);
+  }
+  void backward(ForwardContext& ctx, const Tensor& dy, const Tensor& dx, Routing& r) override {
+    if (ctx.be.device() == kernels::Device::cuda) return cuda(ctx.be).backward(ctx, dy, dx);
+    DtypeMixer::backward(ctx, dy, dx, r);
+  }
+  // Decode (init_state/step) runs on the CPU backend only; training and evaluation
+  // (forward/backward) also run on CUDA.
+  std::unique_ptr<MixerState> init_state(kernels::Backend& be, int batch, int max_len) const override {
+    check_decode(be);
+    return DtypeMixer::init_state(be, batch, max_len);
+  }
+  void step(ForwardContext& ctx, const Tensor& x, const Tensor& y, MixerState& state, Routing& r) override {
+    check_decode(ctx.be);
+    DtypeMixer::step(ctx, x, y, state, r);
+  }
+
  private:
+  static void check_decode(const kernels::Backend& be) {
+    if (be.device() != kernels::Device::cpu)
+      throw UserError("gla_hedgehog mixer decodes (step) on the cpu backend only; backend " + be.name() +
+                      " trains and evaluates it");
+  }
+  // The CUDA implementation, built on first use after bind(), where the gate and the shape allow it.
+  CudaHedgehog& cuda(const kernels::Backend& be) {
+    if (const std::string why = cuda_hedgehog_unsupported(s_); !why.empty())
+      throw UserError("gla_hedgehog mixer (layer " + std::to_string(cfg_.layer) + ") on " + be.name() + ": " + why);
+    if (!pt_.bound()) throw RuntimeError("gla_hedgehog mixer: used before bind()");
+#ifdef LAR_HAVE_CUDA
+    if (!cuda_) cuda_ = make_cuda_hedgehog(s_, sl_, pt_.P, pt_.G);
+    return *cuda_;
+#else
+    throw UserError("gla_hedgehog mixer: this build has no CUDA support (backend " + be.name() + ")");
+#endif
+  }
+
   Shape s_;
   Slots sl_;
+  std::unique_ptr<CudaHedgehog> cuda_;
 };
 
-const MixerRegistration reg_hedgehog{
-    "gla_hedgehog", [](const MixerConfig& c) { return std::make_unique<HedgehogMixer>(c); }};
+const MixerRegistration reg_hedgehog{"gla_hedgehog",
+                                     [](const MixerConfig& c) { return std::make_unique<HedgehogMixer>(c); }};
 
 }  // namespace
 

@@ -1,0 +1,119 @@
+#pragma once
+// Internal to trainer/mixers: the GLA-Hedgehog layer's shape (HedgehogShape) and parameter
+// indices (HedgehogSlots), shared by the CPU implementation (hedgehog_mixer.cpp) and the CUDA
+// one (hedgehog_mixer_cuda.cpp, CUDA builds only); the gate that keeps the CUDA layer off until
+// it is verified on a GPU, and why the CUDA layer cannot run a shape.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/error.hpp"
+#include "kernels/backend.hpp"
+#include "trainer/mixer.hpp"
+
+namespace lar::trainer::mixers {
+
+// d_model, heads, the map's head dim dk, value dim dv, feature dim F = 2dk; Cq = H·dk (q, k
+// projections), Cv = H·dv, CF = H·F (the per-feature-channel gates).
+struct HedgehogShape {
+  int d = 0, H = 0, dk = 0, dv = 0, F = 0, Cq = 0, Cv = 0, CF = 0, W = 4, rank = 16, chunk = 64;
+  bool conv = true;
+};
+
+// Parameter indices into the bound vectors, in declaration order: wq, wk, wv are declared one
+// after the other (the CUDA layer runs them as one GEMM).
+struct HedgehogSlots {
+  int wq = -1, wk = -1, wv = -1, cq = -1, ck = -1, cv = -1;
+  int fq_w = -1, fq_b = -1, fk_w = -1, fk_b = -1;
+  int g1 = -1, g2 = -1, gb = -1, onorm = -1, wgate = -1, wo = -1;
+};
+
+// The layer's shape from its config (model.short_conv, conv_size, gate_rank, chunk_size);
+// lar::UserError naming the key for a bad value.
+inline HedgehogShape hedgehog_shape(const MixerConfig& cfg) {
+  const json& mo = cfg.model;
+  HedgehogShape s;
+  s.d = cfg.d_model;
+  s.H = cfg.n_heads;
+  s.dk = cfg.head_dim;
+  s.dv = cfg.value_dim;
+  s.F = 2 * s.dk;
+  s.Cq = s.H * s.dk;
+  s.Cv = s.H * s.dv;
+  s.CF = s.H * s.F;
+  s.conv = mo.value("short_conv", true);
+  s.W = mo.value("conv_size", 4);
+  s.rank = mo.value("gate_rank", 16);
+  s.chunk = mo.value("chunk_size", 64);
+  if (s.conv && s.W < 1) throw UserError("model.conv_size: must be ≥ 1, got " + std::to_string(s.W));
+  if (s.chunk < 1) throw UserError("model.chunk_size: must be ≥ 1, got " + std::to_string(s.chunk));
+  if (s.rank < 1) throw UserError("model.gate_rank: must be ≥ 1, got " + std::to_string(s.rank));
+  return s;
+}
+
+// The CUDA layer runs the recurrence on the gla channel kernels at key dim Fp, the feature dim
+// padded to the kernels' 64 (chunk kernels), 128 or 256 (wide-key kernels) with zero features
+// and zero log-gates, and value heads padded to a multiple of 64 with zero values.
+inline int hedgehog_cuda_key_dim(const HedgehogShape& s) { return s.F <= 64 ? 64 : s.F <= 128 ? 128 : 256; }
+inline int hedgehog_cuda_value_dim(const HedgehogShape& s) { return (s.dv + 63) / 64 * 64; }
+
+// Why the CUDA layer cannot run this shape ("" when it can); the message names the key and value.
+inline std::string cuda_hedgehog_shape_unsupported(const HedgehogShape& s) {
+  if (!s.conv) return "model.short_conv: the CUDA gla_hedgehog layer needs the short conv (true), got false";
+  if (s.W > 8) return "model.conv_size: the CUDA conv is at most 8 wide, got " + std::to_string(s.W);
+  // F = 2·head_dim is the channel kernels' key dim: at most 256 (the wide-key kernels); the
+  // feature-map GEMM reads rows of head_dim bf16 values, 16-byte aligned at multiples of 8.
+  if (s.dk > 128)
+    return "model.head_dim: the CUDA gla_hedgehog layer takes up to 128 (feature dim 2·head_dim up to 256, the "
+           "channel kernels' widest key), got " +
+           std::to_string(s.dk);
+  if (s.dk % 8 != 0)
+    return "model.head_dim: the CUDA gla_hedgehog layer needs a multiple of 8, got " + std::to_string(s.dk);
+  if (s.dv > 512) return "model.value_dim: the CUDA gla_hedgehog layer takes up to 512, got " + std::to_string(s.dv);
+  return "";
+}
+
+// The gate: the CUDA layer is built and tested (tests/gpu/test_hedgehog_cuda.cpp) but has not
+// passed those tests on a GPU yet, so the product refuses it (backend: cuda) or trains on the
+// CPU (backend: auto) until this is true. Tests open it for themselves with
+// allow_unverified_hedgehog_cuda(). Read only by hedgehog_cuda_gate_open(). Lifting it: set it
+// true once test_hedgehog_cuda passes on an H200; the CPU and GPU tests expect either value
+// (HedgehogLayer.CudaCoverageNamesTheGateAndTheOption, HedgehogCuda.GateAndShapeRefusals); the
+// "gated" wording goes from docs/architectures.md (GLA-Hedgehog), docs/fidelity.md (CCQ
+// baselines row) and the comments of experiments/papers/ccq/table2.yaml and table4.yaml.
+constexpr bool kHedgehogCudaVerified = false;
+inline bool& hedgehog_cuda_test_override() {
+  static bool allowed = false;
+  return allowed;
+}
+// Tests only: run the CUDA layer before kHedgehogCudaVerified is true.
+inline void allow_unverified_hedgehog_cuda(bool allow) { hedgehog_cuda_test_override() = allow; }
+inline bool hedgehog_cuda_gate_open() { return kHedgehogCudaVerified || hedgehog_cuda_test_override(); }
+
+// Why the product does not run this gla_hedgehog shape on CUDA ("" when it does): the gate,
+// then the shape. (Inline: trainer::cuda_unsupported checks a model's layers with it before
+// any is built, and the mixer checks it before it builds the CUDA layer.)
+inline std::string cuda_hedgehog_unsupported(const HedgehogShape& s) {
+  if (!hedgehog_cuda_gate_open())
+    return "the 'gla_hedgehog' mixer's CUDA layer is unverified: it has not yet passed tests/gpu/"
+           "test_hedgehog_cuda on a GPU (kHedgehogCudaVerified, trainer/mixers/hedgehog_layer.hpp)";
+  return cuda_hedgehog_shape_unsupported(s);
+}
+
+// forward/backward of the Mixer contract on the CUDA backend (fp32 parameters, x, y, dy, dx in
+// act_dtype(), the bf16 channel kernels inside). Decode stays on the CPU.
+class CudaHedgehog {
+ public:
+  virtual ~CudaHedgehog() = default;
+  virtual void forward(ForwardContext& ctx, const kernels::Tensor& x, const kernels::Tensor& y) = 0;
+  virtual void backward(ForwardContext& ctx, const kernels::Tensor& dy, const kernels::Tensor& dx) = 0;
+};
+#ifdef LAR_HAVE_CUDA
+// Checks the shape only (cuda_hedgehog_shape_unsupported); the mixer checks the gate before it
+// builds one (the GPU tests open the gate to reach it).
+std::unique_ptr<CudaHedgehog> make_cuda_hedgehog(const HedgehogShape& s, const HedgehogSlots& sl,
+                                                 const std::vector<kernels::Tensor>& params,
+                                                 const std::vector<kernels::Tensor>& grads);
+#endif
+
+}  // namespace lar::trainer::mixers
