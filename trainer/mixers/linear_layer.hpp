@@ -54,9 +54,9 @@ struct Slots {
 std::string cuda_linear_unsupported(const Dims& d);
 
 // Why the CUDA implementation cannot decode this layer (init_state/step) although it runs its
-// forward ("" when it can): the cler/cler_h routings, whose published write residual needs the
-// state before the token's update (the forward's second, shifted readout), which the decode
-// kernels do not return. The message names the key and value.
+// forward ("" when it can): the cler/cler_h routings until their decode has run on a GPU
+// (LAR_CUDA_CLER_DECODE=1 lets it run; linear_mixer.cpp says how to lift the gate). The
+// message names the key and value.
 std::string cuda_linear_decode_unsupported(const Dims& d);
 
 // The CUDA implementation (linear_mixer_cuda.cpp): forward/backward of the Mixer contract

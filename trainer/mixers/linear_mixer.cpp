@@ -32,6 +32,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <memory>
 #include <optional>
 #include <string>
@@ -1095,9 +1096,15 @@ const MixerRegistration reg_carve{"carve", factory()};
 }  // namespace
 
 std::string cuda_linear_decode_unsupported(const Dims& d) {
-  if (d.route == Dims::Route::cler || d.route == Dims::Route::cler_h)
+  // The cler/cler_h decode (the write residual from a readout of the state before the token's
+  // update: route_query_decode and a zero-update delta decode) has not run on a GPU yet: refused
+  // unless LAR_CUDA_CLER_DECODE=1 (what tests/gpu/test_linear_decode_cuda sets to check it).
+  // Lift the gate by deleting this case once ClerPublishesTheWriteResidual and the cler models of
+  // HybridModelDecodesAsOnTheCpu pass on the GPU.
+  const char* on = std::getenv("LAR_CUDA_CLER_DECODE");
+  if ((d.route == Dims::Route::cler || d.route == Dims::Route::cler_h) && !(on && std::string(on) == "1"))
     return std::string("model.routing: '") + (d.route == Dims::Route::cler ? "cler" : "cler_h") +
-           "' has no CUDA decode (its write residual needs the state before each token's update; clvr has one)";
+           "' has no verified CUDA decode yet (clvr has one)";
   return "";
 }
 

@@ -502,12 +502,19 @@ class CudaLinearImpl final : public CudaLinear {
     B_ = N, T_ = 1;
     X_ = x;
     rin_ = Tensor();
+    if (d_.route == Dims::Route::cler && !route.in.empty()) {
+      if (route.in.numel() != N * d_.Cv)
+        throw RuntimeError("linear mixer (cuda): routing input " + route.in.shape_str() + " does not match [B," +
+                           std::to_string(d_.Cv) + "]");
+      rin_ = route.in;
+    }
     wcat_ = fold_ ? Tensor(s->wcat, at_, {ldp_, d_.d}) : Tensor();
     ccq_on_ = d_.ccq && !(d_.ccq_disable_eval && !ctx.training);
     // the published side channel outlives the step's scratch (the model reads it after step())
     route.out = Tensor();
-    Tensor vout;
+    Tensor vout, resid;
     if (d_.route == Dims::Route::clvr) vout = ar.alloc(DType::f32, {N, d_.Cv});
+    if (readout_routing()) resid = ar.alloc(DType::f32, {N, d_.Cv});
     const auto mark = ar.mark();
     o_ = bf_alloc(ar, N * d_.Cv);
     rstd_ = ar.alloc(DType::f32, {N * d_.H});
@@ -543,6 +550,23 @@ class CudaLinearImpl final : public CudaLinear {
         cl::ccq_fwd(shape(), in, qc.p, out, st);
       s->kcur ^= 1;
       qread = qc.p;
+    }
+    if (readout_routing()) {
+      // cler/cler_h publish r_t = z_t − S_{t−1}(a_t ⊙ e_t): the state before this token's update,
+      // read with the token's own qr by a delta-rule decode whose update is zero (β = 0, no
+      // decay: S + 0·kᵀ leaves S as it is), then route_residual's z_t less o2/scale
+      cl::LayerTimer tm("linear: routing readout (decode)", st);
+      qr_ = bf_alloc(ar, N * d_.Cq);
+      cl::route_query_decode(route_args(), qr_.p, st);
+      const Bf o2 = bf_alloc(ar, N * d_.Cv);
+      const Tensor no_update = ar.zeros(DType::f32, {N, d_.H});
+      cl::grouped_delta_decode(readout_shape(), qr_.p, readout_k(), v_.p, nullptr, no_update.ptr<float>(), s->S, o2.p,
+                               st);
+      cl::route_residual(route_args(), o2.p, resid.ptr<float>(), st);  // T = 1: r = z
+      const Tensor o2f = ar.alloc(DType::f32, {N, d_.Cv});
+      be.convert(Tensor(o2.p, DType::bf16, {N, d_.Cv}), o2f);
+      be.axpy(-std::sqrt((double)d_.dk), o2f, resid);  // 1/scale
+      route.out = resid;
     }
     {
       cl::LayerTimer tm("linear: decode", st);
@@ -591,6 +615,13 @@ class CudaLinearImpl final : public CudaLinear {
     k_ = bf_alloc(ar, B * d_.Cqk);
     v_ = bf_alloc(ar, B * d_.Cv);
     cl::QkvArgs a = qkv_args();
+    if (a.rin && W > 1) {  // cler's ṽ = v + Γ r_in: r_in in the window's last row
+      const Tensor rw = ar.zeros(DType::f32, {B * W * d_.Cv});
+      const std::size_t w = (std::size_t)d_.Cv * sizeof(float);
+      LAR_CUDA_CHECK(
+          cudaMemcpy2DAsync(rw.ptr<float>() + (W - 1) * d_.Cv, w * W, a.rin, w, w, B, cudaMemcpyDeviceToDevice, st));
+      a.rin = rw.ptr<float>();
+    }
     if (W == 1) {  // no conv: this token alone
       cl::qkv_forward(a, q_.p, k_.p, v_.p, vout, st);
       return;
