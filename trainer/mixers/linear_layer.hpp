@@ -53,14 +53,25 @@ struct Slots {
 // offending value.
 std::string cuda_linear_unsupported(const Dims& d);
 
+// Why the CUDA implementation cannot decode this layer (init_state/step) although it runs its
+// forward ("" when it can): the cler/cler_h routings until their decode has run on a GPU
+// (LAR_CUDA_CLER_DECODE=1 lets it run; linear_mixer.cpp says how to lift the gate). The
+// message names the key and value.
+std::string cuda_linear_decode_unsupported(const Dims& d);
+
 // The CUDA implementation (linear_mixer_cuda.cpp): forward/backward of the Mixer contract
-// on the CUDA backend, fp32 interface tensors, bf16 chunk kernels inside.
+// on the CUDA backend, fp32 interface tensors, bf16 chunk kernels inside; and the recurrent
+// decode (one token per call, the state on the device: the decode kernels of
+// kernels/cuda/linear with the forward's projections, conv, gates and output).
 class CudaLinear {
  public:
   virtual ~CudaLinear() = default;
   virtual void forward(ForwardContext& ctx, const kernels::Tensor& x, const kernels::Tensor& y, Routing& route) = 0;
   virtual void backward(ForwardContext& ctx, const kernels::Tensor& dy, const kernels::Tensor& dx,
                         Routing& route) = 0;
+  virtual std::unique_ptr<MixerState> init_state(kernels::Backend& be, int batch) = 0;
+  virtual void step(ForwardContext& ctx, const kernels::Tensor& x, const kernels::Tensor& y, MixerState& state,
+                    Routing& route) = 0;
 };
 #ifdef LAR_HAVE_CUDA
 std::unique_ptr<CudaLinear> make_cuda_linear(const Dims& d, const Slots& s, const std::vector<kernels::Tensor>& params,

@@ -26,11 +26,13 @@
 // so deterministic). On the CUDA backend forward/backward go to linear_mixer_cuda.cpp
 // (same parameters, same math; bf16 chunk kernels), CARVE, CCQ and grouped value heads
 // included, only with dk ∈ {64, 128, 256} and dv = 64·m (cuda_linear_unsupported says why
-// not); decode stays on the CPU.
+// not); so does decode (init_state/step: the per-token kernels, the state on the device),
+// except with the cler/cler_h routings (cuda_linear_decode_unsupported).
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <memory>
 #include <optional>
 #include <string>
@@ -934,6 +936,8 @@ class LinearMixer final : public Mixer {
   }
 
   std::unique_ptr<MixerState> init_state(kernels::Backend& be, int batch, int) const override {
+    if (be.device() == kernels::Device::cuda)
+      return const_cast<LinearMixer*>(this)->cuda_decode(be).init_state(be, batch);
     check_cpu(be);
     if (be.dtype() == DType::f32)
       return const_cast<LinearMixer*>(this)->impl<float>().make_state(batch);
@@ -941,6 +945,7 @@ class LinearMixer final : public Mixer {
   }
   void step(ForwardContext& ctx, const Tensor& x, const Tensor& y, MixerState& state,
             Routing& route) override {
+    if (ctx.be.device() == kernels::Device::cuda) return cuda_decode(ctx.be).step(ctx, x, y, state, route);
     check_cpu(ctx.be);
     const int B = (int)x.size(0);
     if (ctx.be.dtype() == DType::f32) {
@@ -957,12 +962,19 @@ class LinearMixer final : public Mixer {
   }
 
  private:
-  // Decode (init_state/step) runs on the CPU backend only; training and evaluation
-  // (forward/backward) also run on CUDA.
+  // The host implementation runs on the CPU backend; CUDA has its own (cuda(), cuda_decode()).
   static void check_cpu(const kernels::Backend& be) {
     if (be.device() != kernels::Device::cpu)
-      throw UserError("linear mixers decode (step) on the cpu backend only; backend " + be.name() +
-                      " trains and evaluates them");
+      throw UserError("linear mixers run on the cpu and cuda backends only, not on backend " + be.name());
+  }
+
+  // The CUDA implementation for decode: what its forward takes, less cuda_linear_decode_unsupported.
+  CudaLinear& cuda_decode(const kernels::Backend& be) {
+    const std::string why = cuda_linear_decode_unsupported(dm_);
+    if (!why.empty())
+      throw UserError("model.architecture: '" + cfg_.kind + "' decode (step) on backend " + be.name() + ": " + why +
+                      " (decode with backend: cpu)");
+    return cuda(be);
   }
 
   // The CUDA implementation, built on first use (after bind()).
@@ -1082,6 +1094,19 @@ const MixerRegistration reg_gdn2{"gdn2", factory()};
 const MixerRegistration reg_carve{"carve", factory()};
 
 }  // namespace
+
+std::string cuda_linear_decode_unsupported(const Dims& d) {
+  // The cler/cler_h decode (the write residual from a readout of the state before the token's
+  // update: route_query_decode and a zero-update delta decode) has not run on a GPU yet: refused
+  // unless LAR_CUDA_CLER_DECODE=1 (what tests/gpu/test_linear_decode_cuda sets to check it).
+  // Lift the gate by deleting this case once ClerPublishesTheWriteResidual and the cler models of
+  // HybridModelDecodesAsOnTheCpu pass on the GPU.
+  const char* on = std::getenv("LAR_CUDA_CLER_DECODE");
+  if ((d.route == Dims::Route::cler || d.route == Dims::Route::cler_h) && !(on && std::string(on) == "1"))
+    return std::string("model.routing: '") + (d.route == Dims::Route::cler ? "cler" : "cler_h") +
+           "' has no verified CUDA decode yet (clvr has one)";
+  return "";
+}
 
 std::string cuda_linear_unsupported(const Dims& d) {
   // The CUDA CARVE kernel's content chunk is its 64-token chunk; the cler/cler_h readout

@@ -27,6 +27,12 @@
 // query shifted by one token (layer_ops.hpp), and its gradient through a second backward
 // (not for CARVE: its erase gates come from inside the kernel; cuda_linear_unsupported).
 // Parameter gradients are accumulated by GEMMs (beta = 1) and deterministic column sums.
+// Decode (init_state/step, one token of B sequences a call): the same projections, qkv pass,
+// gates, CCQ and output as an evaluation forward at T = 1, the conv over a window of the last
+// W projection rows kept in the state, and the per-token kernels (delta_decode,
+// channel_decode, carve_decode through grouped_heads.hpp / wide_key.hpp) on the state S; CCQ
+// carries its key statistics through ccq_fwd's K0, m0, t0. Not with cler/cler_h
+// (cuda_linear_decode_unsupported).
 // Everything runs on the backend's stream; activations live in the step's arena.
 #ifdef LAR_HAVE_CUDA
 #include <cmath>
@@ -78,6 +84,34 @@ cl::KernelChoice kernel_choice(const kernels::Backend& be) {
 using kernels::cuda::linear::Bf;
 using kernels::cuda::linear::bf_alloc;
 float* fptr(const Tensor& t) { return t.empty() ? nullptr : t.ptr<float>(); }
+
+// The decode state of one layer (init_state/step), in one device allocation of the backend:
+// the recurrent state S fp32 [B,H,dv,dk] (the decode kernels' layout, the CPU's too), the last
+// W projection rows P of each sequence (two buffers [B,W,ldp] in act_dtype(), the current one
+// and the next: the conv runs the forward's qkv pass over this window, so its last row is the
+// forward's value at that position), CARVE's content state [B,H,128] (m of the current content
+// chunk and its running output sum), CCQ's key statistics K [B,H,dk,dk], m [B,H,dk] (two sets:
+// ccq_fwd reads one and writes the other), gdn's folded projection weight packed once (the
+// weights of the decode are those at init_state), and the position. All zero at the start.
+struct CudaLinearState final : MixerState {
+  CudaLinearState(kernels::Backend& b, std::size_t bytes) : be(b), mem(b.alloc_bytes(bytes)) {}
+  ~CudaLinearState() override { be.free_bytes(mem); }
+  CudaLinearState(const CudaLinearState&) = delete;
+  CudaLinearState& operator=(const CudaLinearState&) = delete;
+  kernels::Backend& be;
+  void* mem;
+  int64_t B = 0, pos = 0;
+  DType at = DType::f32;
+  int window = 1;  // rows of the conv window: conv_size, or 1 without a conv
+  float* S = nullptr;
+  void* win[2] = {nullptr, nullptr};
+  int cur = 0;                       // the window holding the last token
+  float* content = nullptr;          // CARVE
+  float* K[2] = {nullptr, nullptr};  // CCQ
+  float* m[2] = {nullptr, nullptr};
+  int kcur = 0;          // the statistics after the last token
+  void* wcat = nullptr;  // gdn: [ldp, d] in act_dtype()
+};
 
 class CudaLinearImpl final : public CudaLinear {
  public:
@@ -222,18 +256,7 @@ class CudaLinearImpl final : public CudaLinear {
       kernel_fwd(qr_.p, o2.p, nullptr, st, true);
       cl::route_residual(route_args(), o2.p, route.out.ptr<float>(), st);
     }
-    // output: RMSNorm_h(o) ⊙ SiLU(x W_gᵀ) → W_o
-    if (!wide_) {
-      if (!keep_og_) og_ = ar.alloc(at_, {N, d_.Cv});  // released at the end, recomputed in backward
-      be.gemm(Xa, false, P_[s_.wgate], true, og_);
-    }
-    Tensor ypre = ar.alloc(at_, {N, d_.Cv});
-    {
-      cl::LayerTimer tm("linear: out norm+gate (fwd)", st);
-      cl::out_gate_forward(N * d_.H, o_.p, og_ptr(), P_[s_.onorm].ptr<float>(), kNormEps, ypre.data, rstd_.ptr<float>(),
-                           act_bf16(), st, d_.H, og_ld(), d_.dv);
-    }
-    be.gemm(ypre, false, P_[s_.wo], true, y.view({N, d_.d}));
+    output(be, ar, st, N, Xa, y);
     ar.release(mark);
   }
 
@@ -418,7 +441,227 @@ class CudaLinearImpl final : public CudaLinear {
     ar.release(mark);
   }
 
+  // Decode: the layout of an evaluation forward (P without og; gdn's gates folded into P), with
+  // the per-token kernels in place of the chunk kernels.
+  std::unique_ptr<MixerState> init_state(kernels::Backend& be, int batch) override {
+    auto* cb = dynamic_cast<kernels::cuda::CudaBackend*>(&be);
+    if (!cb) throw RuntimeError("linear mixer (cuda): backend " + be.name() + " is not the CUDA backend");
+    if (batch < 1) throw RuntimeError("linear mixer (cuda): init_state for a batch of " + std::to_string(batch));
+    cudaStream_t st = cb->stream();
+    decode_layout(be);
+    const int64_t B = batch;
+    const std::size_t es = kernels::dtype_size(at_);
+    const int window = d_.conv ? d_.W : 1;
+    auto round = [](std::size_t b) { return (b + 255) / 256 * 256; };
+    const std::size_t s_bytes = round((std::size_t)B * d_.H * d_.dv * d_.dk * 4);
+    const std::size_t w_bytes = round((std::size_t)B * window * ldp_ * es);
+    const std::size_t c_bytes = d_.carve ? round((std::size_t)B * d_.H * 128 * 4) : 0;
+    const std::size_t k_bytes = d_.ccq ? round((std::size_t)B * d_.H * d_.dk * d_.dk * 4) : 0;
+    const std::size_t m_bytes = d_.ccq ? round((std::size_t)B * d_.H * d_.dk * 4) : 0;
+    const std::size_t p_bytes = fold_ ? round((std::size_t)ldp_ * d_.d * es) : 0;
+    const std::size_t total = s_bytes + 2 * w_bytes + c_bytes + 2 * (k_bytes + m_bytes) + p_bytes;
+    auto s = std::make_unique<CudaLinearState>(be, total);
+    char* p = static_cast<char*>(s->mem);
+    LAR_CUDA_CHECK(cudaMemsetAsync(p, 0, total, st));
+    auto take = [&](std::size_t n) {
+      char* r = n ? p : nullptr;
+      p += n;
+      return r;
+    };
+    s->B = B;
+    s->at = at_;
+    s->window = window;
+    s->S = reinterpret_cast<float*>(take(s_bytes));
+    s->win[0] = take(w_bytes);
+    s->win[1] = take(w_bytes);
+    s->content = reinterpret_cast<float*>(take(c_bytes));
+    for (int i = 0; i < 2; ++i) {
+      s->K[i] = reinterpret_cast<float*>(take(k_bytes));
+      s->m[i] = reinterpret_cast<float*>(take(m_bytes));
+    }
+    s->wcat = take(p_bytes);
+    if (fold_) cl::pack_pieces(wcat_pieces(), s->wcat, act_bf16(), st);
+    return s;
+  }
+
+  // One token of each of the state's B sequences: x, y [B, d].
+  void step(ForwardContext& ctx, const Tensor& x, const Tensor& y, MixerState& state, Routing& route) override {
+    auto& be = ctx.be;
+    auto& ar = ctx.arena;
+    auto* cb = dynamic_cast<kernels::cuda::CudaBackend*>(&be);
+    if (!cb) throw RuntimeError("linear mixer (cuda): backend " + be.name() + " is not the CUDA backend");
+    auto* s = dynamic_cast<CudaLinearState*>(&state);
+    if (!s) throw RuntimeError("linear mixer (cuda): step() with a foreign state");
+    cudaStream_t st = cb->stream();
+    const int64_t N = x.size(0);
+    if (x.ndim != 2 || x.size(1) != d_.d || N != s->B)
+      throw RuntimeError("linear mixer (cuda): step() input " + x.shape_str() + " for a state of batch " +
+                         std::to_string(s->B) + " and width " + std::to_string(d_.d));
+    decode_layout(be);
+    if (at_ != s->at) throw RuntimeError("linear mixer (cuda): step() with a state of another precision");
+    B_ = N, T_ = 1;
+    X_ = x;
+    rin_ = Tensor();
+    if (d_.route == Dims::Route::cler && !route.in.empty()) {
+      if (route.in.numel() != N * d_.Cv)
+        throw RuntimeError("linear mixer (cuda): routing input " + route.in.shape_str() + " does not match [B," +
+                           std::to_string(d_.Cv) + "]");
+      rin_ = route.in;
+    }
+    wcat_ = fold_ ? Tensor(s->wcat, at_, {ldp_, d_.d}) : Tensor();
+    ccq_on_ = d_.ccq && !(d_.ccq_disable_eval && !ctx.training);
+    // the published side channel outlives the step's scratch (the model reads it after step())
+    route.out = Tensor();
+    Tensor vout, resid;
+    if (d_.route == Dims::Route::clvr) vout = ar.alloc(DType::f32, {N, d_.Cv});
+    if (readout_routing()) resid = ar.alloc(DType::f32, {N, d_.Cv});
+    const auto mark = ar.mark();
+    o_ = bf_alloc(ar, N * d_.Cv);
+    rstd_ = ar.alloc(DType::f32, {N * d_.H});
+    saved_gates_alloc(ar, N);
+    content_ = Uzero_ = Tensor();
+    if (d_.carve && d_.freeze_content) Uzero_ = ar.zeros(DType::f32, {(int64_t)d_.H * d_.crank * d_.dk});
+    const Tensor Xa = as_act(be, ar, X_);
+    P_qkv_ = ar.alloc(at_, {N, ldp_});
+    be.gemm(Xa, false, wcat_.empty() ? Wqkv_ : wcat_, true, P_qkv_);
+    {
+      cl::LayerTimer tm("linear: conv+silu+l2 (decode)", st);
+      qkv_step(ar, st, *s, fptr(vout));
+      wide_key_l2(ar, st, N);
+    }
+    repeat_groups(ar, st, N);
+    gate_inputs(be, ar, st, N, Xa, false);
+    const bf16* qread = main_q();
+    lam_ = flam_ = Tensor();
+    if (ccq_on_) {
+      lam_ = ar.alloc(DType::f32, {N, d_.H});
+      if (d_.ccq_learned) flam_ = ar.alloc(DType::f32, {N, d_.H});
+      ccq_lambda(be, ar, st, N);
+      const Bf qc = bf_alloc(ar, N * d_.Cq);
+      cl::CcqInputs in = ccq_inputs();
+      in.K0 = s->K[s->kcur];
+      in.m0 = s->m[s->kcur];
+      in.t0 = s->pos;
+      const cl::CcqStats out{s->K[s->kcur ^ 1], s->m[s->kcur ^ 1]};
+      cl::LayerTimer tm("linear: ccq_fwd (decode)", st);
+      if (d_.dk != 64)
+        cl::wide_ccq_fwd(shape(), in, qc.p, out, st);
+      else
+        cl::ccq_fwd(shape(), in, qc.p, out, st);
+      s->kcur ^= 1;
+      qread = qc.p;
+    }
+    if (readout_routing()) {
+      // cler/cler_h publish r_t = z_t − S_{t−1}(a_t ⊙ e_t): the state before this token's update,
+      // read with the token's own qr by a delta-rule decode whose update is zero (β = 0, no
+      // decay: S + 0·kᵀ leaves S as it is), then route_residual's z_t less o2/scale
+      cl::LayerTimer tm("linear: routing readout (decode)", st);
+      qr_ = bf_alloc(ar, N * d_.Cq);
+      cl::route_query_decode(route_args(), qr_.p, st);
+      const Bf o2 = bf_alloc(ar, N * d_.Cv);
+      const Tensor no_update = ar.zeros(DType::f32, {N, d_.H});
+      cl::grouped_delta_decode(readout_shape(), qr_.p, readout_k(), v_.p, nullptr, no_update.ptr<float>(), s->S, o2.p,
+                               st);
+      cl::route_residual(route_args(), o2.p, resid.ptr<float>(), st);  // T = 1: r = z
+      const Tensor o2f = ar.alloc(DType::f32, {N, d_.Cv});
+      be.convert(Tensor(o2.p, DType::bf16, {N, d_.Cv}), o2f);
+      be.axpy(-std::sqrt((double)d_.dk), o2f, resid);  // 1/scale
+      route.out = resid;
+    }
+    {
+      cl::LayerTimer tm("linear: decode", st);
+      kernel_decode(qread, *s, st);
+    }
+    if (d_.route == Dims::Route::clvr) route.out = vout;
+    output(be, ar, st, N, Xa, y);
+    ++s->pos;
+    ar.release(mark);
+  }
+
  private:
+  // output: y = (RMSNorm_h(o) ⊙ SiLU(x W_gᵀ)) W_oᵀ over N tokens (og kept when keep_og_, in P with wide_)
+  void output(kernels::Backend& be, kernels::Arena& ar, cudaStream_t st, int64_t N, const Tensor& Xa, const Tensor& y) {
+    if (!wide_) {
+      if (!keep_og_) og_ = ar.alloc(at_, {N, d_.Cv});  // released at the end, recomputed in backward
+      be.gemm(Xa, false, P_[s_.wgate], true, og_);
+    }
+    Tensor ypre = ar.alloc(at_, {N, d_.Cv});
+    {
+      cl::LayerTimer tm("linear: out norm+gate (fwd)", st);
+      cl::out_gate_forward(N * d_.H, o_.p, og_ptr(), P_[s_.onorm].ptr<float>(), kNormEps, ypre.data, rstd_.ptr<float>(),
+                           act_bf16(), st, d_.H, og_ld(), d_.dv);
+    }
+    be.gemm(ypre, false, P_[s_.wo], true, y.view({N, d_.d}));
+  }
+
+  // Decode's layout: an evaluation forward's (nothing kept for a backward; gdn's gates folded).
+  void decode_layout(const kernels::Backend& be) {
+    at_ = be.act_dtype();
+    kernels_ = kernel_choice(be);
+    keep_p_ = keep_og_ = wide_ = false;
+    fold_ = !Wba_.empty();
+    pw_ = fold_ ? (nqkv_ + 2 * d_.H + 7) / 8 * 8 : nqkv_;
+    ldp_ = pw_;
+  }
+
+  // q_, k_, v_ of the token whose projections are in P_qkv_ [B, ldp]: the window of the last W
+  // rows moves by one (the token's P last), and the forward's qkv pass runs over it as a
+  // sequence of W tokens; its last token's outputs are the conv at this position (the rows
+  // before the first token are zero, as the forward's padding). clvr's ṽ into vout [B, Cv].
+  void qkv_step(kernels::Arena& ar, cudaStream_t st, CudaLinearState& s, float* vout) {
+    const int64_t B = B_;
+    const int W = s.window;
+    q_ = bf_alloc(ar, B * d_.Cqk);
+    k_ = bf_alloc(ar, B * d_.Cqk);
+    v_ = bf_alloc(ar, B * d_.Cv);
+    cl::QkvArgs a = qkv_args();
+    if (a.rin && W > 1) {  // cler's ṽ = v + Γ r_in: r_in in the window's last row
+      const Tensor rw = ar.zeros(DType::f32, {B * W * d_.Cv});
+      const std::size_t w = (std::size_t)d_.Cv * sizeof(float);
+      LAR_CUDA_CHECK(
+          cudaMemcpy2DAsync(rw.ptr<float>() + (W - 1) * d_.Cv, w * W, a.rin, w, w, B, cudaMemcpyDeviceToDevice, st));
+      a.rin = rw.ptr<float>();
+    }
+    if (W == 1) {  // no conv: this token alone
+      cl::qkv_forward(a, q_.p, k_.p, v_.p, vout, st);
+      return;
+    }
+    const std::size_t row = (std::size_t)ldp_ * elem_bytes(P_qkv_), pitch = row * W;
+    char* next = static_cast<char*>(s.win[s.cur ^ 1]);
+    const char* last = static_cast<const char*>(s.win[s.cur]);
+    LAR_CUDA_CHECK(cudaMemcpy2DAsync(next, pitch, last + row, pitch, row * (W - 1), B, cudaMemcpyDeviceToDevice, st));
+    LAR_CUDA_CHECK(
+        cudaMemcpy2DAsync(next + row * (W - 1), pitch, P_qkv_.data, row, row, B, cudaMemcpyDeviceToDevice, st));
+    s.cur ^= 1;
+    a.T = W;
+    a.P = next;
+    const Bf qw = bf_alloc(ar, B * W * d_.Cqk), kw = bf_alloc(ar, B * W * d_.Cqk), vw = bf_alloc(ar, B * W * d_.Cv);
+    const Tensor vo = vout ? ar.alloc(DType::f32, {B * W * d_.Cv}) : Tensor();
+    cl::qkv_forward(a, qw.p, kw.p, vw.p, fptr(vo), st);
+    // the window's last row of each sequence
+    auto last_row = [&](const void* src, void* dst, std::size_t width) {
+      LAR_CUDA_CHECK(cudaMemcpy2DAsync(dst, width, static_cast<const char*>(src) + width * (W - 1), width * W, width, B,
+                                       cudaMemcpyDeviceToDevice, st));
+    };
+    last_row(qw.p, q_.p, (std::size_t)d_.Cqk * sizeof(bf16));
+    last_row(kw.p, k_.p, (std::size_t)d_.Cqk * sizeof(bf16));
+    last_row(vw.p, v_.p, (std::size_t)d_.Cv * sizeof(bf16));
+    if (vout) last_row(vo.data, vout, (std::size_t)d_.Cv * sizeof(float));
+  }
+
+  // The per-token recurrence from the state, o_ [B, Cv] out (the same head mapping as kernel_fwd).
+  void kernel_decode(const bf16* q, CudaLinearState& s, cudaStream_t st) {
+    const bool pv = per_value_q();
+    const cl::GroupedShape gs = pv ? readout_shape() : gshape();
+    const bf16* k = pv ? readout_k() : k_.p;
+    if (d_.carve)
+      cl::carve_decode(shape(), carve_inputs(q), static_cast<int>(s.pos % cl::kChunk), s.S, s.content, o_.p, st);
+    else if (delta_kernel())
+      cl::grouped_delta_decode(gs, q, k, v_.p, fptr(g_), fptr(beta_), s.S, o_.p, st);
+    else
+      cl::grouped_channel_decode(channel_kind(), gs, channel_inputs(q, k), s.S, o_.p, st);
+  }
+
   // Kernel-side gradients of one backward call.
   struct Grads {
     Bf dq, dk, dv, db, dw;
@@ -709,7 +952,6 @@ class CudaLinearImpl final : public CudaLinear {
   // maps on the same inputs, so the same values as in the forward.
   void inputs(kernels::Backend& be, kernels::Arena& ar, cudaStream_t st, int64_t N, const Tensor& Xa, bool again,
               float* vout) {
-    const lk::Mixer m = d_.mixer;
     if (!again || !keep_p_) {  // P: into its kept buffer (allocated by forward), or here
       if (!keep_p_) P_qkv_ = ar.alloc(at_, {N, ldp_});
       be.gemm(Xa, false, wcat_.empty() ? Wqkv_ : wcat_, true, P_qkv_);
@@ -720,13 +962,25 @@ class CudaLinearImpl final : public CudaLinear {
     {
       cl::LayerTimer tm(again ? "linear: conv+silu+l2 (recompute)" : "linear: conv+silu+l2 (fwd)", st);
       cl::qkv_forward(qkv_args(), q_.p, k_.p, v_.p, vout, st);
-      if (wide_l2()) {  // the fused pass normalises heads of 64 only
-        rq_ = ar.alloc(DType::f32, {N * d_.Hk});
-        rk_ = ar.alloc(DType::f32, {N * d_.Hk});
-        cl::l2_rows_forward(N * d_.Hk, d_.dk, q_.p, rq_.ptr<float>(), st);
-        cl::l2_rows_forward(N * d_.Hk, d_.dk, k_.p, rk_.ptr<float>(), st);
-      }
+      wide_key_l2(ar, st, N);
     }
+    repeat_groups(ar, st, N);
+    gate_inputs(be, ar, st, N, Xa, again);
+  }
+
+  // Key heads wider than 64: the fused qkv pass normalises heads of 64 only, so q_, k_ get
+  // their L2 norm from a pass of their own (1/‖·‖ kept in rq_, rk_ for the backward).
+  void wide_key_l2(kernels::Arena& ar, cudaStream_t st, int64_t N) {
+    if (!wide_l2()) return;
+    rq_ = ar.alloc(DType::f32, {N * d_.Hk});
+    rk_ = ar.alloc(DType::f32, {N * d_.Hk});
+    cl::l2_rows_forward(N * d_.Hk, d_.dk, q_.p, rq_.ptr<float>(), st);
+    cl::l2_rows_forward(N * d_.Hk, d_.dk, k_.p, rk_.ptr<float>(), st);
+  }
+
+  // Grouped value heads: q, k repeated per group where the kernels read a key head per value
+  // head (readout_k, main_q).
+  void repeat_groups(kernels::Arena& ar, cudaStream_t st, int64_t N) {
     kr_ = qx_ = Bf{};
     if (grouped() && (readout_routing() || per_value_q())) {
       kr_ = bf_alloc(ar, N * d_.Cq);  // readout_k
@@ -736,6 +990,11 @@ class CudaLinearImpl final : public CudaLinear {
       qx_ = bf_alloc(ar, N * d_.Cq);  // main_q
       cl::repeat_heads(q_.p, qx_.p, N, d_.Hk, d_.H / d_.Hk, d_.dk, st);
     }
+  }
+
+  // The gates of N tokens from x (Xa) and, for gdn's folded gates, from P_qkv_ (again: see inputs()).
+  void gate_inputs(kernels::Backend& be, kernels::Arena& ar, cudaStream_t st, int64_t N, const Tensor& Xa, bool again) {
+    const lk::Mixer m = d_.mixer;
     if (m == lk::Mixer::gdn && fold_) {
       if (!again) {
         cl::LayerTimer tm("linear: gate maps (fwd)", st);

@@ -1241,6 +1241,18 @@ __global__ void route_query_kernel(RouteArgs a, bf16* qr) {
   st_bf2(qr + i, e.x, e.y);
 }
 
+// One warp per (token, head): qr[n] = a_n ⊙ e_n, the token's own (decode: the query that reads
+// the state before the token's update).
+__global__ void route_query_decode_kernel(RouteArgs a, bf16* qr) {
+  const int lane = threadIdx.x & 31;
+  const int64_t wid = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  if (wid >= a.B * a.T * a.H) return;
+  const int64_t n = wid / a.H;
+  const int h = static_cast<int>(wid % a.H);
+  const float2 e = readout_vec(a, n, h, lane);
+  st_bf2(qr + n * a.H * kSeg + h * kSeg + 2 * lane, e.x, e.y);
+}
+
 __global__ void route_residual_kernel(RouteArgs a, const bf16* o2, float* r) {
   const int64_t C = (int64_t)a.H * kSeg;
   const int64_t i = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * 2;
@@ -1672,6 +1684,13 @@ void route_query(const RouteArgs& a, bf16* qr, cudaStream_t stream) {
   const int64_t warps = a.B * a.T * a.H;
   if (warps == 0) return;
   route_query_kernel<<<blocks_for(warps, kThreads / 32), kThreads, 0, stream>>>(a, qr);
+  LAR_CUDA_LAUNCHED();
+}
+
+void route_query_decode(const RouteArgs& a, bf16* qr, cudaStream_t stream) {
+  const int64_t warps = a.B * a.T * a.H;
+  if (warps == 0) return;
+  route_query_decode_kernel<<<blocks_for(warps, kThreads / 32), kThreads, 0, stream>>>(a, qr);
   LAR_CUDA_LAUNCHED();
 }
 

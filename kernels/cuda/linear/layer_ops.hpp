@@ -177,6 +177,9 @@ struct RouteArgs {
   float scale = 0.125f;
 };
 void route_query(const RouteArgs& a, __nv_bfloat16* qr, cudaStream_t stream);
+// Decode (one token of each sequence: T = 1): qr = a_t ⊙ e_t of the token itself, whose readout
+// of the state before the token's update gives o2_{t−1} (r_t = route_residual's z_t − o2_{t−1}/scale).
+void route_query_decode(const RouteArgs& a, __nv_bfloat16* qr, cudaStream_t stream);
 // r [N, H·64] fp32 from the second readout o2.
 void route_residual(const RouteArgs& a, const __nv_bfloat16* o2, float* r, cudaStream_t stream);
 // do2 (bf16) from dr, the gradient on r.

@@ -1,0 +1,437 @@
+// The recurrent decode of the linear mixers on the CUDA backend (LinearMixer::init_state/step →
+// CudaLinear, trainer/mixers/linear_mixer_cuda.cpp: the per-token kernels of kernels/cuda/linear
+// with the forward's projections, conv, gates and output): for each mixer, CCQ, wide key heads,
+// wider and grouped value heads and the routings (clvr, cler, cler_h), a layer decodes T = 70
+// tokens (past one 64-token chunk, so CARVE's content chunk and the chunk forward's second chunk
+// are reached) one at a time, and each token's output is compared with (a) the CPU layer's
+// step() on the same parameters and inputs and (b) the CUDA layer's own full-sequence forward.
+// Then whole models: hybrid stacks (linear + softmax layers; CCQ, clvr, cler) and a cler_h stack
+// decode through eval::Decoder on both backends, against each other and against the CUDA full
+// forward's log-probabilities; eval's speed measurement runs on a CUDA run. cler/cler_h decode is
+// gated (LAR_CUDA_CLER_DECODE, cuda_linear_decode_unsupported): the tests set the variable to
+// reach it, and check the refusal without it.
+// Inputs are fresh random normals (never zeros); the zero-initialised parameters (gla's gate
+// bias, CARVE's content_u2, CCQ's W_λ) and the norms are randomised so no path is trivial.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/error.hpp"
+#include "core/run_dir.hpp"
+#include "eval/decoder.hpp"
+#include "eval/loaded_run.hpp"
+#include "eval/loglik.hpp"
+#include "eval/speed.hpp"
+#include "kernels/backend.hpp"
+#include "tests/gpu/host_helpers.hpp"
+#include "tests/temp_dir.hpp"
+#include "trainer/mixer.hpp"
+#include "trainer/model.hpp"
+#include "trainer/train.hpp"
+
+using namespace lar;
+using kernels::DType;
+using kernels::Tensor;
+using lar::gpu_test::backend;
+
+namespace {
+
+constexpr int kVocab = 96;
+
+json run_config(json model, json overrides = json::object()) {
+  json base_model = {{"n_layers", 1},   {"d_model", 128},       {"n_heads", 2},
+                     {"n_kv_heads", 1}, {"vocab_size", kVocab}, {"stack", "pure"}};
+  base_model.merge_patch(model);
+  json c = {{"seed", 5},
+            {"threads", 2},
+            {"model", base_model},
+            {"data", {{"task", "mqar"}, {"seq_len", 64}, {"batch_size", 4}, {"num_kv_pairs", 8}}},
+            {"optimizer", {{"lr", 3e-3}}},
+            {"schedule", {{"warmup_steps", 2}}},
+            {"budget", {{"steps", 4}}},
+            {"log", {{"every", 1}}},
+            {"eval", {{"every", 0}, {"batches", 1}}},
+            {"checkpoint", {{"every", 0}, {"keep", 2}}}};
+  c.merge_patch(overrides);
+  return trainer::prepare_config(c);
+}
+
+// The model's init with the zero-initialised parameters, the norms and CCQ's constant b_λ
+// moved to random values (the same draw for both backends), and every weight nudged so that
+// the tiny model's predictions are far from uniform.
+std::vector<float> random_params(trainer::Model& model) {
+  auto& ps = model.params();
+  std::vector<float> p(ps.numel());
+  model.backend().download(ps.params(), p.data());
+  std::mt19937_64 rng(11);
+  std::normal_distribution<double> nd(0.0, 1.0);
+  for (const auto& info : ps.table()) {
+    auto has = [&](const char* s) { return info.name.find(s) != std::string::npos; };
+    for (int64_t i = 0; i < info.numel; ++i) {
+      const double r = nd(rng);
+      float& v = p[info.offset + i];
+      if (has("route_") || has("cler_gamma") || has("gate_bias") || has("ccq_w_lambda")) v = float(0.05 * r);
+      if (has("norm")) v = float(1.0 + 0.2 * r);
+      if (has("content_u2")) v = float(0.5 * r);           // the content signal moves the erase gates
+      if (has("ccq_b_lambda")) v = float(-1.5 + 0.4 * r);  // λ ≈ 0.1–0.35: CCQ moves q visibly
+      if (has("embed") || has("head")) v += float(0.05 * r);
+    }
+  }
+  return p;
+}
+
+// Rounded to bf16 (nearest even) and back: the mixed-precision layer reads its input in bf16, so
+// both backends get exactly these values.
+float round_bf16(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+
+double rel_rms(const float* a, const float* ref, std::size_t n) {
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (!std::isfinite(a[i])) return INFINITY;
+    num += double(a[i] - ref[i]) * (a[i] - ref[i]);
+    den += double(ref[i]) * ref[i];
+  }
+  return std::sqrt(num / den);
+}
+
+// A host f32 array into a device tensor of dtype dt (converted on the device), and back.
+Tensor to_device(kernels::Backend& be, kernels::Arena& ar, const std::vector<float>& h, DType dt,
+                 std::initializer_list<int64_t> shape) {
+  Tensor f = ar.alloc(DType::f32, shape);
+  be.upload(h.data(), f);
+  if (dt == DType::f32) return f;
+  Tensor t = ar.alloc(dt, shape);
+  be.convert(f, t);
+  return t;
+}
+std::vector<float> to_host(kernels::Backend& be, kernels::Arena& ar, const Tensor& t) {
+  std::vector<float> h(static_cast<std::size_t>(t.numel()));
+  Tensor f = t;
+  if (t.dtype != DType::f32) {
+    f = ar.alloc(DType::f32, t.shape());
+    be.convert(t, f);
+  }
+  be.download(f, h.data());
+  return h;
+}
+
+struct DecodeErrors {
+  double step_cpu = 0, step_fwd = 0;    // over all tokens
+  double worst_cpu = 0, worst_fwd = 0;  // the worst token (rel RMS over its B × d outputs)
+  double side_cpu = 0;                  // clvr's published ṽ, all tokens
+};
+
+// Layer 0 of a one-layer model decodes B sequences of T random inputs on both backends.
+DecodeErrors decode_layer(const json& cfg, const std::string& precision, int B, int T) {
+  auto cpu = backend("cpu", "fp32");
+  auto gpu = backend("cuda", precision);
+  trainer::Model mc(cfg, *cpu), mg(cfg, *gpu);
+  mc.init(cfg.at("seed").get<uint64_t>());
+  const std::vector<float> p = random_params(mc);
+  cpu->upload(p.data(), mc.params().params());
+  gpu->upload(p.data(), mg.params().params());
+  trainer::Mixer& lc = *mc.mixers()[0];
+  trainer::Mixer& lg = *mg.mixers()[0];
+  const int d = cfg.at("model").at("d_model").get<int>();
+  const bool mixed = gpu->act_dtype() == DType::bf16;
+  std::mt19937_64 rng{std::random_device{}()};
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<float> x(static_cast<std::size_t>(B) * T * d);
+  for (auto& e : x) e = mixed ? round_bf16(nd(rng)) : nd(rng);
+  auto token = [&](int t) {
+    std::vector<float> xs(static_cast<std::size_t>(B) * d);
+    for (int b = 0; b < B; ++b)
+      std::copy_n(&x[(static_cast<std::size_t>(b) * T + t) * d], d, &xs[static_cast<std::size_t>(b) * d]);
+    return xs;
+  };
+  const bool side = lc.publishes();
+  const int64_t sd = lc.side_dim();
+  // (a) the CPU layer's step()
+  std::vector<float> ycpu(x.size()), scpu(static_cast<std::size_t>(B) * T * sd);
+  {
+    kernels::Arena ar(*cpu);
+    trainer::ForwardContext ctx{*cpu, ar, false};
+    auto st = lc.init_state(*cpu, B, T);
+    std::vector<float> ys(static_cast<std::size_t>(B) * d);
+    for (int t = 0; t < T; ++t) {
+      ar.reset();
+      std::vector<float> xs = token(t);
+      trainer::Routing r;
+      lc.step(ctx, Tensor(xs.data(), DType::f32, {B, d}), Tensor(ys.data(), DType::f32, {B, d}), *st, r);
+      for (int b = 0; b < B; ++b) {
+        std::copy_n(&ys[static_cast<std::size_t>(b) * d], d, &ycpu[(static_cast<std::size_t>(b) * T + t) * d]);
+        if (side) std::copy_n(r.out.ptr<float>() + b * sd, sd, &scpu[(static_cast<std::size_t>(b) * T + t) * sd]);
+      }
+    }
+  }
+  // the CUDA layer's step(), x and y in the backend's act_dtype() as the decoder hands them
+  const DType at = gpu->act_dtype();
+  std::vector<float> ygpu(x.size()), sgpu(scpu.size()), yfwd;
+  {
+    kernels::Arena ar(*gpu);
+    trainer::ForwardContext ctx{*gpu, ar, false};
+    auto st = lg.init_state(*gpu, B, T);
+    for (int t = 0; t < T; ++t) {
+      ar.reset();
+      const Tensor xs = to_device(*gpu, ar, token(t), at, {B, d});
+      const Tensor ys = ar.alloc(at, {B, d});
+      trainer::Routing r;
+      lg.step(ctx, xs, ys, *st, r);
+      const auto yh = to_host(*gpu, ar, ys);
+      for (int b = 0; b < B; ++b)
+        std::copy_n(&yh[static_cast<std::size_t>(b) * d], d, &ygpu[(static_cast<std::size_t>(b) * T + t) * d]);
+      if (side) {
+        EXPECT_EQ(r.out.numel(), B * sd);
+        const auto sh = to_host(*gpu, ar, r.out);
+        for (int b = 0; b < B; ++b)
+          std::copy_n(&sh[static_cast<std::size_t>(b) * sd], sd, &sgpu[(static_cast<std::size_t>(b) * T + t) * sd]);
+      }
+    }
+    // (b) its own full-sequence forward (evaluation)
+    ar.reset();
+    const Tensor X = to_device(*gpu, ar, x, at, {B, T, d});
+    const Tensor Y = ar.alloc(at, {B, T, d});
+    trainer::Routing r;
+    lg.forward(ctx, X, Y, r);
+    yfwd = to_host(*gpu, ar, Y);
+  }
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  DecodeErrors e;
+  e.step_cpu = rel_rms(ygpu.data(), ycpu.data(), ycpu.size());
+  e.step_fwd = rel_rms(ygpu.data(), yfwd.data(), yfwd.size());
+  for (int t = 0; t < T; ++t) {
+    std::vector<float> a, c, f;
+    for (int b = 0; b < B; ++b) {
+      const std::size_t o = (static_cast<std::size_t>(b) * T + t) * d;
+      a.insert(a.end(), &ygpu[o], &ygpu[o] + d);
+      c.insert(c.end(), &ycpu[o], &ycpu[o] + d);
+      f.insert(f.end(), &yfwd[o], &yfwd[o] + d);
+    }
+    e.worst_cpu = std::max(e.worst_cpu, rel_rms(a.data(), c.data(), a.size()));
+    e.worst_fwd = std::max(e.worst_fwd, rel_rms(a.data(), f.data(), a.size()));
+  }
+  if (side) e.side_cpu = rel_rms(sgpu.data(), scpu.data(), scpu.size());
+  // the outputs are not trivially small (a layer that wrote zeros would match nothing)
+  double rms = 0;
+  for (float v : ycpu) rms += double(v) * v;
+  EXPECT_GT(std::sqrt(rms / ycpu.size()), 1e-3);
+  return e;
+}
+
+// Bounds. Both CUDA paths read the same bf16 q, k, v, gates in fp32, and round o to bf16 before
+// the output norm; the decode kernels keep the state in fp32 and were measured within 5e-3 of
+// the chunk kernels and of the fp64 CPU recurrence on exact bf16 inputs
+// (tests/gpu/test_linear_{delta,methods,keydim,grouped}). Against the CUDA forward (b) the
+// difference is that kernel difference carried through the output norm and W_o, plus the
+// GEMMs' different splits of the same products (B rows instead of B·T): 1e-2 over all tokens,
+// 2e-2 for the worst token (B × d = 384 outputs: fewer to average over). Against the CPU layer
+// (a) the CUDA layer also rounds q, k, v, o (and in mixed precision every GEMM operand: x, the
+// weights, ypre) to bf16 where the CPU keeps fp32 — the relative rounding of bf16 is 2⁻⁹ ≈ 2e-3
+// per operand, about 6e-3 RMS after a few of them, as the layer's forward shows against the CPU
+// (test_linear_layer_cuda: loss within 1e-3, gradients 1e-2 fp32 / 1.5e-2 mixed): 1.5e-2 (fp32)
+// and 2.5e-2 (mixed) over all tokens, twice that for the worst token.
+void check_layer(const std::string& what, const json& model, const std::string& precision, int B = 3, int T = 70) {
+  const json cfg = run_config(model);
+  const DecodeErrors e = decode_layer(cfg, precision, B, T);
+  const bool fp32 = precision == "fp32";
+  const double tol_cpu = fp32 ? 1.5e-2 : 2.5e-2;
+  std::printf("%-24s %-5s decode vs cpu step %.2e (worst token %.2e) | vs cuda forward %.2e (worst %.2e)%s\n",
+              what.c_str(), precision.c_str(), e.step_cpu, e.worst_cpu, e.step_fwd, e.worst_fwd,
+              e.side_cpu > 0 ? (" | side " + std::to_string(e.side_cpu)).c_str() : "");
+  EXPECT_LT(e.step_cpu, tol_cpu) << what << " " << precision;
+  EXPECT_LT(e.worst_cpu, 2 * tol_cpu) << what << " " << precision;
+  EXPECT_LT(e.step_fwd, 1e-2) << what << " " << precision;
+  EXPECT_LT(e.worst_fwd, 2e-2) << what << " " << precision;
+  // clvr's ṽ: the conv output itself, bf16 on the CUDA path (no recurrence in between); cler's
+  // and cler_h's r = z − o2/scale, o2 the bf16 readout of the fp32 state (its rounding scaled
+  // by 1/scale = 8 and partly cancelling against z): twice that
+  const std::string routing = cfg.at("model").at("routing");
+  if (routing != "none") {
+    const double tol_side = (fp32 ? 5e-3 : 1e-2) * (routing == "clvr" ? 1 : 2);
+    EXPECT_GT(e.side_cpu, 0.0) << what;
+    EXPECT_LT(e.side_cpu, tol_side) << what;
+  }
+}
+
+}  // namespace
+
+TEST(LinearDecodeCuda, EveryMixerDecodesAsTheCpuLayerAndItsOwnForward) {
+  for (const char* arch : {"linear", "gla", "deltanet", "gdn", "kda", "gdn2", "carve"})
+    for (const char* precision : {"fp32", "mixed"}) check_layer(arch, {{"architecture", arch}}, precision);
+}
+
+TEST(LinearDecodeCuda, CcqCarriesItsKeyStatistics) {
+  for (const char* arch : {"gla", "gdn"})
+    for (const char* precision : {"fp32", "mixed"})
+      check_layer(std::string(arch) + " ccq", {{"architecture", arch}, {"ccq", {{"enabled", true}}}}, precision);
+  // a fixed λ, uncentered statistics
+  check_layer("gdn ccq fixed",
+              {{"architecture", "gdn"}, {"ccq", {{"enabled", true}, {"lambda", 0.2}, {"centered", false}}}}, "fp32");
+}
+
+TEST(LinearDecodeCuda, WideKeyHeads) {
+  // key heads of 128 (the recurrent wide-key kernels and their own L2 pass), CCQ's wide kernel
+  check_layer("gdn dk128", {{"architecture", "gdn"}, {"head_dim", 128}, {"d_model", 256}}, "mixed");
+  check_layer("kda dk128", {{"architecture", "kda"}, {"head_dim", 128}, {"d_model", 256}}, "fp32");
+  check_layer("gla dk128 ccq",
+              {{"architecture", "gla"}, {"head_dim", 128}, {"d_model", 256}, {"ccq", {{"enabled", true}}}}, "fp32");
+}
+
+TEST(LinearDecodeCuda, WiderAndGroupedValueHeads) {
+  check_layer("gdn2 dv128", {{"architecture", "gdn2"}, {"value_dim", 128}}, "mixed");
+  check_layer("gdn grouped 2/4", {{"architecture", "gdn"}, {"n_v_heads", 4}}, "mixed");
+  check_layer("gla grouped 2/4", {{"architecture", "gla"}, {"n_v_heads", 4}}, "fp32");
+  // per value head queries over repeated q, k: CCQ (λ per value head) and CARVE
+  check_layer("gdn grouped ccq", {{"architecture", "gdn"}, {"n_v_heads", 4}, {"ccq", {{"enabled", true}}}}, "fp32");
+  check_layer("carve grouped 2/4", {{"architecture", "carve"}, {"n_v_heads", 4}}, "fp32");
+}
+
+TEST(LinearDecodeCuda, ClvrPublishesTheWrittenValue) {
+  check_layer("gdn clvr", {{"architecture", "gdn"}, {"routing", "clvr"}}, "mixed");
+  check_layer("carve clvr", {{"architecture", "carve"}, {"routing", "clvr"}}, "fp32");
+}
+
+// Whole models through eval::Decoder (the path of eval's speed and generation): a hybrid stack
+// of linear and softmax layers (the softmax layers' KV-cache step runs on the backend's own
+// ops) decodes the same tokens on both backends. Bounds on the next token's log-probability
+// (≈ −4.6 at V = 96): the logits carry the layers' relative error (above) times their size;
+// 3e-2 mean absolute difference, 1.5e-1 for the worst of B·T, against the CPU decoder and
+// against the CUDA model's own full forward (eval::score).
+TEST(LinearDecodeCuda, HybridModelDecodesAsOnTheCpu) {
+  const std::vector<json> models = {
+      {{"architecture", "gdn"}, {"stack", "hybrid"}, {"hybrid_ratio", 1}, {"n_layers", 4}},
+      {{"architecture", "carve"}, {"stack", "hybrid"}, {"hybrid_ratio", 2}, {"n_layers", 3}},
+      {{"architecture", "gla"},
+       {"stack", "hybrid"},
+       {"hybrid_ratio", 1},
+       {"n_layers", 4},
+       {"routing", "clvr"},
+       {"ccq", {{"enabled", true}}}}};
+  for (const auto& m : models) {
+    const json cfg = run_config(m);
+    if (m.contains("routing") && m.at("routing") != "clvr") ::setenv("LAR_CUDA_CLER_DECODE", "1", 1);
+    const std::string what =
+        m.at("architecture").get<std::string>() + " hybrid" + (m.contains("routing") ? " clvr ccq" : "");
+    auto cpu = backend("cpu", "fp32");
+    auto gpu = backend("cuda", "mixed");
+    trainer::Model mc(cfg, *cpu), mg(cfg, *gpu);
+    mc.init(5);
+    const std::vector<float> p = random_params(mc);
+    cpu->upload(p.data(), mc.params().params());
+    gpu->upload(p.data(), mg.params().params());
+    const int B = 2, T = 70;
+    std::mt19937_64 rng{std::random_device{}()};
+    std::vector<std::vector<int32_t>> seqs(B, std::vector<int32_t>(T + 1));
+    for (auto& s : seqs)
+      for (auto& t : s) t = static_cast<int32_t>(rng() % kVocab);
+    std::vector<eval::Request> reqs;
+    for (const auto& s : seqs) reqs.push_back({{s[0]}, std::vector<int32_t>(s.begin() + 1, s.end())});
+    const auto full = eval::score(mg, reqs, {B, T + 1, false});
+    eval::Decoder dc(mc, B, T + 1), dg(mg, B, T + 1);
+    double sum_cpu = 0, worst_cpu = 0, sum_fwd = 0, worst_fwd = 0;
+    int agree = 0;
+    for (int t = 0; t < T; ++t) {
+      std::vector<int32_t> cur(B), next(B);
+      for (int r = 0; r < B; ++r) cur[r] = seqs[r][t], next[r] = seqs[r][t + 1];
+      std::vector<double> lc, lg;
+      const auto ac = dc.step(cur, &next, &lc);
+      const auto ag = dg.step(cur, &next, &lg);
+      for (int r = 0; r < B; ++r) {
+        ASSERT_TRUE(std::isfinite(lg[r])) << what << " row " << r << " position " << t;
+        const double ec = std::abs(lg[r] - lc[r]), ef = std::abs(lg[r] - full[r].token_logprobs[t]);
+        sum_cpu += ec, sum_fwd += ef;
+        worst_cpu = std::max(worst_cpu, ec), worst_fwd = std::max(worst_fwd, ef);
+        agree += ac[r] == ag[r];
+      }
+    }
+    const double n = double(B) * T;
+    std::printf(
+        "%-24s decode log-prob vs cpu decoder: mean %.2e worst %.2e | vs cuda forward: mean %.2e worst %.2e | "
+        "argmax agrees %d/%d\n",
+        what.c_str(), sum_cpu / n, worst_cpu, sum_fwd / n, worst_fwd, agree, int(n));
+    EXPECT_LT(sum_cpu / n, 3e-2) << what;
+    EXPECT_LT(worst_cpu, 1.5e-1) << what;
+    EXPECT_LT(sum_fwd / n, 3e-2) << what;
+    EXPECT_LT(worst_fwd, 1.5e-1) << what;
+    EXPECT_GE(agree, int(0.8 * n)) << what;  // near-ties may flip; most argmaxes agree
+    ::unsetenv("LAR_CUDA_CLER_DECODE");
+  }
+}
+
+// eval's speed measurement (prefill, then decode through eval::Decoder) on a run trained on the
+// CUDA backend: a hybrid gdn model, read back with backend cuda.
+TEST(LinearDecodeCuda, SpeedMeasurementRunsOnTheCudaBackend) {
+  TempDir dir;
+  const json cfg = run_config({{"architecture", "gdn"}, {"stack", "hybrid"}, {"hybrid_ratio", 1}, {"n_layers", 2}},
+                              {{"backend", "cuda"}});
+  RunDir(dir.path).write_config({{"experiment", "test"},
+                                 {"cell_id", "c"},
+                                 {"hash", "h"},
+                                 {"axes", json::object()},
+                                 {"role", "main"},
+                                 {"baseline", nullptr},
+                                 {"config", cfg}});
+  ASSERT_EQ(trainer::train_run(dir.path), 0);
+  eval::OpenOptions o;
+  o.backend = "cuda";
+  auto run = eval::LoadedRun::open(dir.path, o);
+  ASSERT_EQ(run->backend().device(), kernels::Device::cuda);
+  eval::SpeedOptions so;
+  so.batch = 2;
+  so.prompt_len = 32;
+  so.decode_tokens = 8;
+  so.repeats = 1;
+  const json s = eval::measure_speed(*run, so);
+  std::printf("speed on cuda: %s\n", s.dump().c_str());
+  EXPECT_GT(s.at("prefill_ms").get<double>(), 0.0);
+  EXPECT_GT(s.at("decode_tok_s").get<double>(), 0.0);
+}
+
+// cler and cler_h publish the write residual r_t = z_t − S_{t−1}(a_t ⊙ e_t) (a readout of the state
+// before the token's update), and cler's layers read the lower layer's r into ṽ = v + Γ r.
+TEST(LinearDecodeCuda, ClerPublishesTheWriteResidual) {
+  ::setenv("LAR_CUDA_CLER_DECODE", "1", 1);  // the gate of cuda_linear_decode_unsupported
+  for (const char* arch : {"gdn", "deltanet", "kda", "gdn2"})
+    check_layer(std::string(arch) + " cler", {{"architecture", arch}, {"routing", "cler"}}, "fp32");
+  check_layer("gdn cler_h", {{"architecture", "gdn"}, {"routing", "cler_h"}, {"routing_rank", 4}}, "mixed");
+  check_layer("gdn cler grouped", {{"architecture", "gdn"}, {"routing", "cler"}, {"n_v_heads", 4}}, "fp32");
+  ::unsetenv("LAR_CUDA_CLER_DECODE");
+}
+
+// Until then, without the variable, cler/cler_h decode is a UserError naming the key and value.
+TEST(LinearDecodeCuda, UnverifiedClerDecodeIsAClearError) {
+  ::unsetenv("LAR_CUDA_CLER_DECODE");
+  for (const char* routing : {"cler", "cler_h"}) {
+    json m = {{"architecture", "gdn"}, {"n_layers", 2}, {"routing", routing}};
+    if (std::string(routing) == "cler_h") m["routing_rank"] = 4;
+    const json cfg = run_config(m);
+    auto gpu = backend("cuda", "mixed");
+    trainer::Model mg(cfg, *gpu);
+    mg.init(5);
+    try {
+      eval::Decoder dec(mg, 1, 4);
+      FAIL() << routing << ": no error";
+    } catch (const UserError& e) {
+      const std::string msg = e.what();
+      EXPECT_EQ(msg.rfind("model.architecture: 'gdn' decode (step) on backend cuda", 0), 0u) << msg;
+      EXPECT_NE(msg.find(std::string("model.routing: '") + routing +
+                         "' has no verified CUDA decode yet (clvr has one) (decode with backend: cpu)"),
+                std::string::npos)
+          << msg;
+    }
+  }
+}
