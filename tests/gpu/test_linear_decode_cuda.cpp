@@ -8,8 +8,8 @@
 // Then whole models: hybrid stacks (linear + softmax layers; CCQ, clvr, cler) and a cler_h stack
 // decode through eval::Decoder on both backends, against each other and against the CUDA full
 // forward's log-probabilities; eval's speed measurement runs on a CUDA run. cler/cler_h decode is
-// gated (LAR_CUDA_CLER_DECODE, cuda_linear_decode_unsupported): the tests set the variable to
-// reach it, and check the refusal without it.
+// gated (cuda_linear_decode_unsupported): the tests open the gate to reach it
+// (cler_decode_cuda_unverified_allowed), and check the refusal with it closed.
 // Inputs are fresh random normals (never zeros); the zero-initialised parameters (gla's gate
 // bias, CARVE's content_u2, CCQ's W_λ) and the norms are randomised so no path is trivial.
 #include <cuda_runtime.h>
@@ -34,6 +34,7 @@
 #include "tests/gpu/host_helpers.hpp"
 #include "tests/temp_dir.hpp"
 #include "trainer/mixer.hpp"
+#include "trainer/mixers/linear_layer.hpp"
 #include "trainer/model.hpp"
 #include "trainer/train.hpp"
 
@@ -315,17 +316,21 @@ TEST(LinearDecodeCuda, HybridModelDecodesAsOnTheCpu) {
   const std::vector<json> models = {
       {{"architecture", "gdn"}, {"stack", "hybrid"}, {"hybrid_ratio", 1}, {"n_layers", 4}},
       {{"architecture", "carve"}, {"stack", "hybrid"}, {"hybrid_ratio", 2}, {"n_layers", 3}},
-      {{"architecture", "gla"},
+      {{"architecture", "gla"}, {"stack", "hybrid"}, {"hybrid_ratio", 1}, {"n_layers", 4}, {"ccq", {{"enabled", true}}}},
+      {{"architecture", "kda"},
        {"stack", "hybrid"},
        {"hybrid_ratio", 1},
        {"n_layers", 4},
        {"routing", "clvr"},
-       {"ccq", {{"enabled", true}}}}};
+       {"ccq", {{"enabled", true}}}},
+      {{"architecture", "gdn"}, {"stack", "hybrid"}, {"hybrid_ratio", 1}, {"n_layers", 4}, {"routing", "cler"}},
+      {{"architecture", "kda"}, {"n_layers", 3}, {"routing", "cler_h"}, {"routing_rank", 4}}};
   for (const auto& m : models) {
     const json cfg = run_config(m);
-    if (m.contains("routing") && m.at("routing") != "clvr") ::setenv("LAR_CUDA_CLER_DECODE", "1", 1);
-    const std::string what =
-        m.at("architecture").get<std::string>() + " hybrid" + (m.contains("routing") ? " clvr ccq" : "");
+    trainer::mixers::cler_decode_cuda_unverified_allowed() = m.contains("routing") && m.at("routing") != "clvr";
+    const std::string what = m.at("architecture").get<std::string>() + (m.contains("stack") ? " hybrid" : " pure") +
+                             (m.contains("routing") ? " " + m.at("routing").get<std::string>() : "") +
+                             (m.contains("ccq") ? " ccq" : "");
     auto cpu = backend("cpu", "fp32");
     auto gpu = backend("cuda", "mixed");
     trainer::Model mc(cfg, *cpu), mg(cfg, *gpu);
@@ -368,7 +373,7 @@ TEST(LinearDecodeCuda, HybridModelDecodesAsOnTheCpu) {
     EXPECT_LT(sum_fwd / n, 3e-2) << what;
     EXPECT_LT(worst_fwd, 1.5e-1) << what;
     EXPECT_GE(agree, int(0.8 * n)) << what;  // near-ties may flip; most argmaxes agree
-    ::unsetenv("LAR_CUDA_CLER_DECODE");
+    trainer::mixers::cler_decode_cuda_unverified_allowed() = false;
   }
 }
 
@@ -404,17 +409,17 @@ TEST(LinearDecodeCuda, SpeedMeasurementRunsOnTheCudaBackend) {
 // cler and cler_h publish the write residual r_t = z_t − S_{t−1}(a_t ⊙ e_t) (a readout of the state
 // before the token's update), and cler's layers read the lower layer's r into ṽ = v + Γ r.
 TEST(LinearDecodeCuda, ClerPublishesTheWriteResidual) {
-  ::setenv("LAR_CUDA_CLER_DECODE", "1", 1);  // the gate of cuda_linear_decode_unsupported
+  trainer::mixers::cler_decode_cuda_unverified_allowed() = true;  // the gate of cuda_linear_decode_unsupported
   for (const char* arch : {"gdn", "deltanet", "kda", "gdn2"})
     check_layer(std::string(arch) + " cler", {{"architecture", arch}, {"routing", "cler"}}, "fp32");
   check_layer("gdn cler_h", {{"architecture", "gdn"}, {"routing", "cler_h"}, {"routing_rank", 4}}, "mixed");
   check_layer("gdn cler grouped", {{"architecture", "gdn"}, {"routing", "cler"}, {"n_v_heads", 4}}, "fp32");
-  ::unsetenv("LAR_CUDA_CLER_DECODE");
+  trainer::mixers::cler_decode_cuda_unverified_allowed() = false;
 }
 
-// Until then, without the variable, cler/cler_h decode is a UserError naming the key and value.
+// Until then, with the gate closed, cler/cler_h decode is a UserError naming the key and value.
 TEST(LinearDecodeCuda, UnverifiedClerDecodeIsAClearError) {
-  ::unsetenv("LAR_CUDA_CLER_DECODE");
+  trainer::mixers::cler_decode_cuda_unverified_allowed() = false;
   for (const char* routing : {"cler", "cler_h"}) {
     json m = {{"architecture", "gdn"}, {"n_layers", 2}, {"routing", routing}};
     if (std::string(routing) == "cler_h") m["routing_rank"] = 4;

@@ -225,12 +225,11 @@ TEST(Mamba2Cuda, PaperShapeMatchesTheCpuLayer) {
 
 // Groups at the papers' state of 128 (the wide-key kernels' grouped heads): one head per group
 // (G = H = 2: B, C of their own per head, Hk = H), two heads per group (G = 2, H = 4 and G = 3,
-// H = 6: B, C shared, their gradient summed over the group's heads); conv widths 3 and 4.
+// H = 6: B, C shared, their gradient summed over the group's heads); a conv of 4.
 TEST(Mamba2Cuda, GroupsMatchTheCpuLayer) {
   Shape s;
-  s.d = 64;  // H = 2, G = 2
+  s.d = 64;  // H = 2, G = 2 (with W = 3 its token-sum gradients failed on the H200: see below)
   s.G = 2;
-  s.W = 3;
   s.T = 77;
   for (const char* precision : {"fp32", "mixed"}) compare_layer(s, precision);
   s.d = 128;  // H = 4, 2 groups of 2 heads
@@ -252,6 +251,19 @@ TEST(Mamba2Cuda, GroupsMatchTheCpuLayer) {
 // ill-conditioned there (see random_params), so the cause is open, and cuda_mamba2_unsupported
 // refuses the state until it is known. The layer refuses it too, so this test bypasses
 // nothing: it fails with that error until the refusal is lifted.
+// A conv of 3 at G = H = 2 (d 64, B 3, T 77): on the H200 y and dx were within bounds (1.6e-3,
+// 7.8e-3 fp32) but D's gradient was 0.76 away, dt_bias 0.14, the conv biases 0.1 (fp32; mixed
+// alike). The product refuses conv widths other than 4 (cuda_mamba2_unsupported) until this
+// is explained; the state-64 case above also used 3.
+TEST(Mamba2Cuda, DISABLED_ConvOf3MatchesTheCpuLayer) {
+  Shape s;
+  s.d = 64;
+  s.G = 2;
+  s.W = 3;
+  s.T = 77;
+  for (const char* precision : {"fp32", "mixed"}) compare_layer(s, precision);
+}
+
 TEST(Mamba2Cuda, DISABLED_StateOf64MatchesTheCpuLayer) {
   Shape s;
   s.d = 96;  // H = 3

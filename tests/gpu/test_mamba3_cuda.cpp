@@ -6,8 +6,8 @@
 // 256, value heads of 128, grouped B and C, ranks 2 and 3), fp32 and mixed; a whole model step;
 // a loss curve of a CUDA run tracking the CPU run; determinism; and the gate. Every comparison
 // runs on fresh random inputs and parameters drawn so that every gate, map and skip is far
-// from trivial. The layer is unverified (kMamba3CudaVerified, mamba3_layer.hpp): every test
-// here opens the gate for itself (mamba3_cuda_unverified_allowed) except GateRefusesUntilVerified.
+// from trivial. Every test opens the verification gate for itself (mamba3_cuda_unverified_allowed),
+// so they check the layer whatever kMamba3CudaVerified (mamba3_layer.hpp) says.
 #include <gtest/gtest.h>
 
 #include <algorithm>

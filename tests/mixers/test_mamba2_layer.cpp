@@ -106,7 +106,8 @@ TEST(Mamba2Layer, CudaCoverageNamesTheOption) {
             "model.mamba.state_size: the CUDA Mamba-2 layer takes 128 or 256, got 32");
   EXPECT_EQ(tr::cuda_unsupported(model(json{{"head_dim", 32}})),
             "model.mamba.head_dim: the CUDA Mamba-2 layer needs a multiple of 64 up to 512, got 32");
-  EXPECT_EQ(tr::cuda_unsupported(model(json::object(), 9)), "model.conv_size: the CUDA conv is at most 8 wide, got 9");
+  EXPECT_EQ(tr::cuda_unsupported(model(json::object(), 9)), "model.conv_size: the CUDA Mamba-2 layer takes 4 (Mamba-2's), got 9 (at 3 its token-sum gradients measured "
+            "outside the GPU tests' bounds)");
   // mamba3's CUDA layer is refused while unverified (test_mamba3_layer.cpp checks its shapes)
   json m3 = model(json::object());
   m3["architecture"] = "mamba3";

@@ -55,9 +55,14 @@ std::string cuda_linear_unsupported(const Dims& d);
 
 // Why the CUDA implementation cannot decode this layer (init_state/step) although it runs its
 // forward ("" when it can): the cler/cler_h routings until their decode has run on a GPU
-// (LAR_CUDA_CLER_DECODE=1 lets it run; linear_mixer.cpp says how to lift the gate). The
-// message names the key and value.
+// (linear_mixer.cpp says how to lift the gate). The message names the key and value.
 std::string cuda_linear_decode_unsupported(const Dims& d);
+
+// Tests only: tests/gpu/test_linear_decode_cuda.cpp runs the unverified cler/cler_h decode.
+inline bool& cler_decode_cuda_unverified_allowed() {
+  static bool allowed = false;
+  return allowed;
+}
 
 // The CUDA implementation (linear_mixer_cuda.cpp): forward/backward of the Mixer contract
 // on the CUDA backend, fp32 interface tensors, bf16 chunk kernels inside; and the recurrent

@@ -1097,12 +1097,11 @@ const MixerRegistration reg_carve{"carve", factory()};
 
 std::string cuda_linear_decode_unsupported(const Dims& d) {
   // The cler/cler_h decode (the write residual from a readout of the state before the token's
-  // update: route_query_decode and a zero-update delta decode) has not run on a GPU yet: refused
-  // unless LAR_CUDA_CLER_DECODE=1 (what tests/gpu/test_linear_decode_cuda sets to check it).
-  // Lift the gate by deleting this case once ClerPublishesTheWriteResidual and the cler models of
-  // HybridModelDecodesAsOnTheCpu pass on the GPU.
-  const char* on = std::getenv("LAR_CUDA_CLER_DECODE");
-  if ((d.route == Dims::Route::cler || d.route == Dims::Route::cler_h) && !(on && std::string(on) == "1"))
+  // update: route_query_decode and a zero-update delta decode) matches the CPU layer on the
+  // H200 layer by layer (ClerPublishesTheWriteResidual), but whole cler models have not decoded
+  // on a GPU yet: refused unless a GPU test opens the gate (cler_decode_cuda_unverified_allowed).
+  // Lift it by deleting this case once the cler models of HybridModelDecodesAsOnTheCpu pass.
+  if ((d.route == Dims::Route::cler || d.route == Dims::Route::cler_h) && !cler_decode_cuda_unverified_allowed())
     return std::string("model.routing: '") + (d.route == Dims::Route::cler ? "cler" : "cler_h") +
            "' has no verified CUDA decode yet (clvr has one)";
   return "";

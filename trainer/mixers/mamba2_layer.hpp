@@ -37,7 +37,12 @@ inline std::string cuda_mamba2_unsupported(const MambaShape& s, int conv_size) {
   if (s.P % 64 != 0 || s.P > 512)
     return "model.mamba.head_dim: the CUDA Mamba-2 layer needs a multiple of 64 up to 512, got " +
            std::to_string(s.P);
-  if (conv_size > 8) return "model.conv_size: the CUDA conv is at most 8 wide, got " + std::to_string(conv_size);
+  // Every mamba2 layer test that passed on the H200 has a conv of 4 (Mamba-2's d_conv); both
+  // that failed have 3 (GroupsMatchTheCpuLayer's G = H = 2 case: y and dx within bounds, the
+  // D, dt_bias and conv bias gradients 0.1 to 0.8 away). Until that is explained, only 4.
+  if (conv_size != 4)
+    return "model.conv_size: the CUDA Mamba-2 layer takes 4 (Mamba-2's), got " + std::to_string(conv_size) +
+           " (at 3 its token-sum gradients measured outside the GPU tests' bounds)";
   return "";
 }
 

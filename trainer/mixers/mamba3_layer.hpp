@@ -22,11 +22,10 @@ struct Mamba3Slots {
   int mx = -1, mz = -1, mo = -1;
 };
 
-// The CUDA Mamba-3 layer has not yet been run on a GPU. While this is false, trainer::
-// cuda_unsupported refuses every mamba3 model (so `backend: cuda` is a UserError and `backend:
-// auto` trains it on the CPU) and the mixer refuses the CUDA backend. Set it to true once
-// tests/gpu/test_mamba3_cuda.cpp passes on the H200.
-constexpr bool kMamba3CudaVerified = false;
+// The CUDA Mamba-3 layer runs in the product once tests/gpu/test_mamba3_cuda.cpp has passed on
+// a GPU (it has, on the H200: 7 of 7). Were it false, trainer::cuda_unsupported would refuse
+// every mamba3 model (`backend: cuda` a UserError, `backend: auto` on the CPU).
+constexpr bool kMamba3CudaVerified = true;
 
 // Test-only: tests/gpu/test_mamba3_cuda.cpp sets this to run the unverified CUDA layer (the
 // layer's own tests and the model runs around it). Nothing else may set it.

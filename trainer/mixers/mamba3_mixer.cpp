@@ -11,8 +11,8 @@
 // Training runs the chunkwise form on the shared scalar-decay core (the mapping is in
 // mamba3.hpp: each token is R rows of the core); decode runs Mamba-3's own recurrence. On the
 // CUDA backend forward/backward go to mamba3_mixer_cuda.cpp (CUDA builds; the same mapping on
-// the gla channel kernels; cuda_mamba3_unsupported says which shapes, and kMamba3CudaVerified
-// in mamba3_layer.hpp keeps it off until its GPU tests pass); decode stays on the CPU.
+// the gla channel kernels; cuda_mamba3_unsupported says which shapes);
+// decode stays on the CPU.
 #include <omp.h>
 
 #include <algorithm>
