@@ -3,9 +3,12 @@
 // CPU backend for each mixer, a hybrid stack, each routing, CARVE, CCQ, wide key and value
 // heads and grouped value heads; a loss curve of gdn tracking the CPU run; `backend: cuda`
 // training a gdn config and writing metrics; the clear errors for what the CUDA path does not
-// run (dk ≠ 64, CARVE with a content chunk ≠ 64 or with cler/cler_h). Every comparison runs on fresh random inputs and randomised parameters
-// (the zero-initialised routing projections, Γ, gla's gate bias, CARVE's U2 and CCQ's W_λ
-// too, and CCQ's constant b_λ, so that no gradient path is trivially zero).
+// run (dk ≠ 64, CARVE with a content chunk ≠ 64 or with cler/cler_h); the LAA paper cells'
+// routing (LaaRouting*: the β-scaled update, injection after the layer, cler/cler_h at value
+// heads of 128), gated until these pass. Every comparison runs on fresh random inputs and
+// randomised parameters (the zero-initialised routing projections, Γ, gla's gate bias,
+// CARVE's U2 and CCQ's W_λ too, and CCQ's constant b_λ, so that no gradient path is
+// trivially zero).
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -475,8 +478,11 @@ TEST(LinearLayerCuda, EveryRoutingMatches) {
 // model.routing_signal: update (u = β·r published, its gradient β·du into r and Σ du·r into
 // β), model.routing_inject: layer (the side channel added after the FFN, the model's Backend
 // GEMMs). Whole model step, loss and every parameter's gradient against the CPU backend with
-// compare_step's bounds (cler's where routing is cler: the second bf16 readout); gdn and
-// deltanet, ungrouped and grouped value heads, fp32 and mixed, T = 100 (a partial chunk).
+// compare_step's bounds: cler's where routing is cler (the second bf16 readout feeding Γ and
+// the gate sums), the plain ones for cler_h and clvr, as in EveryRoutingMatches and
+// GroupedValueHeadsMatchTheCpuBackend (which passed on the H200 at value heads of 64); gdn and
+// deltanet (kda once), ungrouped and grouped value heads, fp32 and mixed, T = 100 (a partial
+// chunk), fresh random inputs and randomised parameters (one_step).
 namespace {
 // Opens the gate for the test's scope.
 struct LaaGateOpen {
