@@ -4,6 +4,7 @@
 
 #include "core/error.hpp"
 #include "trainer/mixers/hedgehog_layer.hpp"
+#include "trainer/mixers/linear_layer.hpp"
 #include "trainer/mixers/mamba2_layer.hpp"
 #include "trainer/mixers/mamba3_layer.hpp"
 
@@ -119,16 +120,21 @@ std::string cuda_unsupported(const json& model) {
       return "model.head_dim: the cler/cler_h readouts run on CUDA with key heads of 64 only, got " + dk;
   }
   // Value heads of 64·m run as m heads of 64 sharing q, k (kernels/cuda/linear/grouped_heads.hpp);
-  // not CARVE (its content signal couples the value channels) nor the cler/cler_h readouts.
+  // not CARVE (its content signal couples the value channels); the cler/cler_h readouts
+  // through the same mapping, gated until verified (kLaaRoutingCudaVerified).
   // Grouped value heads (n_v_heads) run with every option, through the same mapping.
   if (c.value_dim % 64 != 0 || c.value_dim > 512)
     return "model.value_dim: the linear CUDA kernels need a multiple of 64 up to 512, got " +
            std::to_string(c.value_dim);
   if (c.value_dim != 64) {
     const std::string r = model.value("routing", "none");
-    if (model.value("architecture", "") == "carve" || r == "cler" || r == "cler_h")
+    if (model.value("architecture", "") == "carve")
       return "model.value_dim: CARVE and the cler/cler_h readouts run on CUDA with value heads of 64 only, got " +
              std::to_string(c.value_dim);
+    // the readouts at value heads of 64·m: through the grouped value heads, gated until verified
+    if ((r == "cler" || r == "cler_h") && !mixers::laa_routing_cuda_open())
+      return mixers::laa_routing_cuda_gate("model.value_dim: " + std::to_string(c.value_dim) +
+                                           " with the cler/cler_h readouts");
   }
   // CCQ runs on every backbone; CARVE with 64-token content chunks and without cler/cler_h
   // (cuda_linear_unsupported in trainer/mixers/linear_mixer.cpp says the same per layer).
@@ -146,10 +152,13 @@ std::string cuda_unsupported(const json& model) {
   const std::string routing = model.value("routing", "none");
   const std::string arch = model.value("architecture", "");
   const bool beta_mixer = arch == "deltanet" || arch == "gdn" || arch == "kda";
-  if (model.value("routing_signal", "residual") == "update" && beta_mixer && (routing == "cler" || routing == "cler_h"))
-    return "model.routing_signal: 'update' (the β-scaled write residual) has no CUDA path yet";
-  if (model.value("routing_inject", "mixer") == "layer" && (routing == "cler_h" || routing == "clvr"))
-    return "model.routing_inject: 'layer' (the side channel added after the FFN) has no CUDA path yet";
+  // the LAA paper's routing variants: CUDA paths gated until verified (trainer/mixers/linear_layer.hpp)
+  if (model.value("routing_signal", "residual") == "update" && beta_mixer &&
+      (routing == "cler" || routing == "cler_h") && !mixers::laa_routing_cuda_open())
+    return mixers::laa_routing_cuda_gate("model.routing_signal: 'update' (the β-scaled write residual)");
+  if (model.value("routing_inject", "mixer") == "layer" && (routing == "cler_h" || routing == "clvr") &&
+      !mixers::laa_routing_cuda_open())
+    return mixers::laa_routing_cuda_gate("model.routing_inject: 'layer' (the side channel added after the FFN)");
   if (model.value("short_conv", true) && model.value("conv_size", 4) > 8)
     return "model.conv_size: the CUDA conv is at most 8 wide, got " + std::to_string(model.value("conv_size", 4));
   return "";

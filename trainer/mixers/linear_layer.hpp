@@ -48,9 +48,10 @@ struct Slots {
 };
 
 // Why the CUDA implementation cannot run this layer ("" when it can): key head dims other than
-// 64, 128, 256 (or other than 64 with CARVE or cler/cler_h), a conv wider than 8, CARVE with a content chunk other than 64 or with cler/cler_h
-// routing, the β-scaled routing signal, CARVE's printed q, k, v form. The message names the
-// offending value.
+// 64, 128, 256 (or other than 64 with CARVE or cler/cler_h), a conv wider than 8, CARVE with a
+// content chunk other than 64 or with cler/cler_h routing, CARVE's printed q, k, v form, and
+// while unverified (kLaaRoutingCudaVerified) the β-scaled routing signal and the cler/cler_h
+// readouts at value heads wider than 64. The message names the offending value.
 std::string cuda_linear_unsupported(const Dims& d);
 
 // Why the CUDA implementation cannot decode this layer (init_state/step) although it runs its
@@ -62,6 +63,26 @@ std::string cuda_linear_decode_unsupported(const Dims& d);
 inline bool& cler_decode_cuda_unverified_allowed() {
   static bool allowed = false;
   return allowed;
+}
+
+// The LAA paper-scale routing on CUDA — model.routing_signal: update (u = β·r published by
+// cler/cler_h on a β mixer), model.routing_inject: layer (the side channel added after the FFN,
+// trainer/model.cpp's inject_after_ffn over Backend ops) and the cler/cler_h readouts at value
+// heads wider than 64 — has a CUDA path that has not run on a GPU yet: while this is false the
+// CUDA backend refuses those cells (laa_routing_cuda_gate) and `backend: auto` trains them on
+// the CPU. Lift it (true) once tests/gpu/test_linear_layer_cuda.cpp's LaaRouting* pass on the
+// H200; WhatTheCudaPathDoesNotRunIsAClearError expects either value.
+constexpr bool kLaaRoutingCudaVerified = false;
+
+// Tests only: tests/gpu/test_linear_layer_cuda.cpp's LaaRouting* run the unverified paths.
+inline bool& laa_routing_cuda_unverified_allowed() {
+  static bool allowed = false;
+  return allowed;
+}
+inline bool laa_routing_cuda_open() { return kLaaRoutingCudaVerified || laa_routing_cuda_unverified_allowed(); }
+// The refusal of an unverified LAA routing path: `what` names the key and value.
+inline std::string laa_routing_cuda_gate(const std::string& what) {
+  return what + " has a CUDA path that is not yet verified on a GPU (tests/gpu/test_linear_layer_cuda.cpp LaaRouting*)";
 }
 
 // The CUDA implementation (linear_mixer_cuda.cpp): forward/backward of the Mixer contract

@@ -1104,6 +1104,9 @@ std::string cuda_linear_decode_unsupported(const Dims& d) {
   if ((d.route == Dims::Route::cler || d.route == Dims::Route::cler_h) && !cler_decode_cuda_unverified_allowed())
     return std::string("model.routing: '") + (d.route == Dims::Route::cler ? "cler" : "cler_h") +
            "' has no verified CUDA decode yet (clvr has one)";
+  // The decode's readout subtracts the token's own o2 after route_residual (T = 1), which would
+  // scale z alone by β: the β-scaled update has no CUDA decode.
+  if (d.resid_update) return "model.routing_signal: 'update' (the β-scaled write residual) has no CUDA decode yet";
   return "";
 }
 
@@ -1115,7 +1118,8 @@ std::string cuda_linear_unsupported(const Dims& d) {
     return "model.carve.content_chunk: the CUDA CARVE kernel uses content chunks of 64, got " + std::to_string(d.L);
   if (d.carve && (d.route == Dims::Route::cler || d.route == Dims::Route::cler_h))
     return "model.routing: cler/cler_h with CARVE have no CUDA path (clvr has)";
-  if (d.resid_update) return "model.routing_signal: 'update' has no CUDA path yet";
+  if (d.resid_update && !laa_routing_cuda_open())
+    return laa_routing_cuda_gate("model.routing_signal: 'update' (the β-scaled write residual)");
   if (d.silu_only) return "model.carve.qkv: 'paper' has no CUDA path yet";
   // key heads of 128 and 256: the recurrent wide-key kernels (kernels/cuda/linear/wide_key.hpp,
   // CCQ included), without CARVE or the cler/cler_h readouts (64-wide kernels only)
@@ -1127,9 +1131,11 @@ std::string cuda_linear_unsupported(const Dims& d) {
     return "model.head_dim: the cler/cler_h readouts run on CUDA with key heads of 64 only, got " + std::to_string(d.dk);
   if (d.dv % 64 != 0 || d.dv > 512)
     return "model.value_dim: the CUDA kernels need a multiple of 64 up to 512, got " + std::to_string(d.dv);
-  if (d.dv != 64 && (d.carve || d.route == Dims::Route::cler || d.route == Dims::Route::cler_h))
+  if (d.dv != 64 && d.carve)
     return "model.value_dim: CARVE and the cler/cler_h readouts run on CUDA with value heads of 64 only, got " +
            std::to_string(d.dv);
+  if (d.dv != 64 && (d.route == Dims::Route::cler || d.route == Dims::Route::cler_h) && !laa_routing_cuda_open())
+    return laa_routing_cuda_gate("model.value_dim: " + std::to_string(d.dv) + " with the cler/cler_h readouts");
   if (d.conv && d.W > 8) return "model.conv_size: the CUDA conv is at most 8 wide, got " + std::to_string(d.W);
   return "";
 }

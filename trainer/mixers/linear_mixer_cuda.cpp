@@ -26,6 +26,10 @@
 // r_t = z_t − S_{t−1}(a_t ⊙ e_t) through a second readout of the same recurrence with the
 // query shifted by one token (layer_ops.hpp), and its gradient through a second backward
 // (not for CARVE: its erase gates come from inside the kernel; cuda_linear_unsupported).
+// Value heads wider than 64 read out through the same grouped value-head mapping as the main
+// pass (route_* take the value width). model.routing_signal: update (β mixers) publishes
+// u = β·r: route_residual scales r by β and keeps r for the backward, whose r-gradient is β·du
+// and ∂L/∂β gains Σ du·r (route_backward). Gated until verified (kLaaRoutingCudaVerified).
 // Parameter gradients are accumulated by GEMMs (beta = 1) and deterministic column sums.
 // Decode (init_state/step, one token of B sequences a call): the same projections, qkv pass,
 // gates, CCQ and output as an evaluation forward at T = 1, the conv over a window of the last
@@ -225,9 +229,12 @@ class CudaLinearImpl final : public CudaLinear {
     Tensor vout;
     if (d_.route == Dims::Route::clvr) vout = ar.alloc(DType::f32, {B, T, d_.Cv});
     const bool readout = d_.route == Dims::Route::cler || d_.route == Dims::Route::cler_h;
+    r_raw_ = Tensor();
     if (readout) {
       qr_ = bf_alloc(ar, N * d_.Cq);
       route.out = ar.alloc(DType::f32, {B, T, d_.Cv});
+      // routing_signal: update publishes u = β·r; r itself is kept for ∂L/∂β
+      if (d_.resid_update && ctx.training) r_raw_ = ar.alloc(DType::f32, {N, d_.Cv});
     }
     const auto mark = ar.mark();
     const Tensor Xa = as_act(be, ar, X_);
@@ -254,7 +261,7 @@ class CudaLinearImpl final : public CudaLinear {
       cl::route_query(route_args(), qr_.p, st);
       Bf o2 = bf_alloc(ar, N * d_.Cv);
       kernel_fwd(qr_.p, o2.p, nullptr, st, true);
-      cl::route_residual(route_args(), o2.p, route.out.ptr<float>(), st);
+      cl::route_residual(route_args(), o2.p, route.out.ptr<float>(), st, fptr(r_raw_));
     }
     output(be, ar, st, N, Xa, y);
     ar.release(mark);
@@ -359,6 +366,11 @@ class CudaLinearImpl final : public CudaLinear {
       ev = ar.alloc(DType::f32, {N, d_.Cv});
       cl::RouteGrads rg;
       rg.dr = route.d_out.ptr<float>();
+      if (d_.resid_update) {
+        if (r_raw_.empty())
+          throw RuntimeError("linear mixer (cuda): backward after an evaluation forward (the routed update kept no r)");
+        rg.r = r_raw_.ptr<float>();
+      }
       rg.qr = qr_.p;
       rg.dqr = g2.dq.p;
       rg.dk2 = g2.dk.p;
@@ -557,12 +569,14 @@ class CudaLinearImpl final : public CudaLinear {
       // decay: S + 0·kᵀ leaves S as it is), then route_residual's z_t less o2/scale
       cl::LayerTimer tm("linear: routing readout (decode)", st);
       qr_ = bf_alloc(ar, N * d_.Cq);
-      cl::route_query_decode(route_args(), qr_.p, st);
+      cl::RouteArgs ra = route_args();
+      ra.beta = nullptr;  // the decode publishes r (cuda_linear_decode_unsupported refuses the β-scaled update)
+      cl::route_query_decode(ra, qr_.p, st);
       const Bf o2 = bf_alloc(ar, N * d_.Cv);
       const Tensor no_update = ar.zeros(DType::f32, {N, d_.H});
       cl::grouped_delta_decode(readout_shape(), qr_.p, readout_k(), v_.p, nullptr, no_update.ptr<float>(), s->S, o2.p,
                                st);
-      cl::route_residual(route_args(), o2.p, resid.ptr<float>(), st);  // T = 1: r = z
+      cl::route_residual(ra, o2.p, resid.ptr<float>(), st);  // T = 1: r = z
       const Tensor o2f = ar.alloc(DType::f32, {N, d_.Cv});
       be.convert(Tensor(o2.p, DType::bf16, {N, d_.Cv}), o2f);
       be.axpy(-std::sqrt((double)d_.dk), o2f, resid);  // 1/scale
@@ -873,6 +887,8 @@ class CudaLinearImpl final : public CudaLinear {
     a.b = b_.p;
     a.w = w_.p;
     a.scale = static_cast<float>(1.0 / std::sqrt((double)d_.dk));
+    a.dv = d_.dv;
+    if (d_.resid_update) a.beta = fptr(beta_);  // publish u = β·r (model.routing_signal: update)
     return a;
   }
 
@@ -1242,6 +1258,7 @@ class CudaLinearImpl final : public CudaLinear {
   Tensor X_, P_qkv_, rin_, bound_, og_, rstd_;
   Tensor g_, beta_, fg_, h1_, fbeta_, fb_, fw_;
   Bf q_, k_, v_, o_, b_, w_, qr_;
+  Tensor r_raw_;  // routing_signal: update (training): the unscaled write residual r [N, Cv] for ∂L/∂β
   Bf qx_, kr_;  // grouped value heads: q, k repeated per group [N, Cq] (per_value_q, readout_k)
   Tensor rq_, rk_;  // wide key heads (wide_l2): 1 / ‖q‖, 1 / ‖k‖ per (token, head) of the last qkv pass
   // CCQ: whether this forward applied it, λ [N, H] and its pre-activation (learned)

@@ -1253,8 +1253,8 @@ __global__ void route_query_decode_kernel(RouteArgs a, bf16* qr) {
   st_bf2(qr + n * a.H * kSeg + h * kSeg + 2 * lane, e.x, e.y);
 }
 
-__global__ void route_residual_kernel(RouteArgs a, const bf16* o2, float* r) {
-  const int64_t C = (int64_t)a.H * kSeg;
+__global__ void route_residual_kernel(RouteArgs a, const bf16* o2, float* r, float* r_raw) {
+  const int64_t C = (int64_t)a.H * a.dv;
   const int64_t i = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * 2;
   if (i >= a.B * a.T * C) return;
   const int64_t n = i / C;
@@ -1268,23 +1268,35 @@ __global__ void route_residual_kernel(RouteArgs a, const bf16* o2, float* r) {
     const float2 o = ld_bf2(o2 + i - C);
     z.x -= o.x / a.scale, z.y -= o.y / a.scale;
   }
+  if (a.beta) {  // publish u = β·r
+    if (r_raw) *reinterpret_cast<float2*>(r_raw + i) = z;
+    const float b = a.beta[n * a.H + (i % C) / a.dv];
+    z.x *= b, z.y *= b;
+  }
   *reinterpret_cast<float2*>(r + i) = z;
 }
 
 __global__ void route_readout_grad_kernel(RouteArgs a, const float* dr, bf16* do2) {
-  const int64_t C = (int64_t)a.H * kSeg;
+  const int64_t C = (int64_t)a.H * a.dv;
   const int64_t i = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * 2;
   if (i >= a.B * a.T * C) return;
-  const int t = static_cast<int>((i / C) % a.T);
+  const int64_t n = i / C;
+  const int t = static_cast<int>(n % a.T);
   if (t == a.T - 1) {
     st_bf2(do2 + i, 0.f, 0.f);
     return;
   }
-  const float2 d = *reinterpret_cast<const float2*>(dr + i + C);
+  float2 d = *reinterpret_cast<const float2*>(dr + i + C);
+  if (a.beta) {  // dr is on u_{t+1} = β_{t+1}·r_{t+1}
+    const float b = a.beta[(n + 1) * a.H + (i % C) / a.dv];
+    d.x *= b, d.y *= b;
+  }
   st_bf2(do2 + i, -d.x / a.scale, -d.y / a.scale);
 }
 
-// One warp per (token n, head h): fold the second readout's gradients back.
+// One warp per (token n, head h): fold the second readout's gradients back. The key side
+// (qr, dqr, dk2, ek, a channel g, gdn2's b) is one segment of 64 at i; the value side (dr, dv2,
+// ev, gdn2's w) dv/64 segments at iv.
 __global__ void route_backward_kernel(RouteArgs a, RouteGrads g) {
   const int lane = threadIdx.x & 31;
   const int64_t wid = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
@@ -1318,25 +1330,41 @@ __global__ void route_backward_kernel(RouteArgs a, RouteGrads g) {
       if (lane == 0) g.dg[n * a.H + h] += g.dg2[n * a.H + h] + sum;
     }
   }
-  if (g.dbeta && lane == 0) g.dbeta[n * a.H + h] += g.dbeta2[n * a.H + h];
   const float2 de = make_float2(dqr.x * aval.x, dqr.y * aval.y);  // on e_t
   float2 ek = ld_bf2(g.dk2 + i);
-  const float2 dr = *reinterpret_cast<const float2*>(g.dr + i);
-  float2 ev = ld_bf2(g.dv2 + i);
-  if (a.b) {  // gdn2: e = b ⊙ k, z = w ⊙ v
+  if (a.b) {  // gdn2: e = b ⊙ k
     const float2 b = ld_bf2(a.b + i), k = ld_bf2(a.k + i);
-    const float2 w = ld_bf2(a.w + i), v = ld_bf2(a.v + i);
     ek.x += de.x * b.x, ek.y += de.y * b.y;
-    const float2 db2 = ld_bf2(g.db2 + i), dw2 = ld_bf2(g.dw2 + i);
+    const float2 db2 = ld_bf2(g.db2 + i);
     *reinterpret_cast<float2*>(g.eb + i) = make_float2(db2.x + de.x * k.x, db2.y + de.y * k.y);
-    *reinterpret_cast<float2*>(g.ew + i) = make_float2(dw2.x + dr.x * v.x, dw2.y + dr.y * v.y);
-    ev.x += dr.x * w.x, ev.y += dr.y * w.y;
   } else {
     ek.x += de.x, ek.y += de.y;
-    ev.x += dr.x, ev.y += dr.y;
   }
   *reinterpret_cast<float2*>(g.ek + i) = ek;
-  *reinterpret_cast<float2*>(g.ev + i) = ev;
+  // the value side: r = z − …, z = v (w ⊙ v for gdn2); with a.beta the published u = β·r
+  const float beta = a.beta ? a.beta[n * a.H + h] : 1.f;
+  float bsum = 0.f;  // Σ_c du_c·r_c: ∂L/∂β through u = β·r
+  for (int s = 0; s < a.dv / kSeg; ++s) {
+    const int64_t iv = n * (int64_t)a.H * a.dv + (int64_t)h * a.dv + s * kSeg + 2 * lane;
+    const float2 du = *reinterpret_cast<const float2*>(g.dr + iv);
+    const float2 dr = make_float2(du.x * beta, du.y * beta);
+    float2 ev = ld_bf2(g.dv2 + iv);
+    if (a.w) {  // gdn2: z = w ⊙ v
+      const float2 w = ld_bf2(a.w + iv), v = ld_bf2(a.v + iv);
+      const float2 dw2 = ld_bf2(g.dw2 + iv);
+      *reinterpret_cast<float2*>(g.ew + iv) = make_float2(dw2.x + dr.x * v.x, dw2.y + dr.y * v.y);
+      ev.x += dr.x * w.x, ev.y += dr.y * w.y;
+    } else {
+      ev.x += dr.x, ev.y += dr.y;
+    }
+    *reinterpret_cast<float2*>(g.ev + iv) = ev;
+    if (a.beta) {
+      const float2 r = *reinterpret_cast<const float2*>(g.r + iv);
+      bsum += du.x * r.x + du.y * r.y;
+    }
+  }
+  if (a.beta) bsum = warp_sum(bsum);
+  if (g.dbeta && lane == 0) g.dbeta[n * a.H + h] += g.dbeta2[n * a.H + h] + bsum;
 }
 
 // ---------------------------------------------------------------- profiling
@@ -1694,15 +1722,17 @@ void route_query_decode(const RouteArgs& a, bf16* qr, cudaStream_t stream) {
   LAR_CUDA_LAUNCHED();
 }
 
-void route_residual(const RouteArgs& a, const bf16* o2, float* r, cudaStream_t stream) {
-  const int64_t pairs = a.B * a.T * a.H * kSeg / 2;
+void route_residual(const RouteArgs& a, const bf16* o2, float* r, cudaStream_t stream, float* r_raw) {
+  require(a.dv % kSeg == 0 && a.dv > 0, "route residual: value heads must be multiples of 64");
+  const int64_t pairs = a.B * a.T * a.H * a.dv / 2;
   if (pairs == 0) return;
-  route_residual_kernel<<<blocks_for(pairs, kThreads), kThreads, 0, stream>>>(a, o2, r);
+  route_residual_kernel<<<blocks_for(pairs, kThreads), kThreads, 0, stream>>>(a, o2, r, r_raw);
   LAR_CUDA_LAUNCHED();
 }
 
 void route_readout_grad(const RouteArgs& a, const float* dr, bf16* do2, cudaStream_t stream) {
-  const int64_t pairs = a.B * a.T * a.H * kSeg / 2;
+  require(a.dv % kSeg == 0 && a.dv > 0, "route readout grad: value heads must be multiples of 64");
+  const int64_t pairs = a.B * a.T * a.H * a.dv / 2;
   if (pairs == 0) return;
   route_readout_grad_kernel<<<blocks_for(pairs, kThreads), kThreads, 0, stream>>>(a, dr, do2);
   LAR_CUDA_LAUNCHED();
@@ -1712,6 +1742,8 @@ void route_backward(const RouteArgs& a, const RouteGrads& g, cudaStream_t stream
   require(!a.g || (g.dg && g.dg2), "route backward: gated mixer needs dg and dg2");
   require(!g.dbeta || g.dbeta2, "route backward: dbeta needs dbeta2");
   require(!a.b || (g.eb && g.ew && g.db2 && g.dw2), "route backward: gdn2 needs eb, ew, db2, dw2");
+  require(!a.beta || (g.r && g.dbeta), "route backward: the β-scaled signal needs r and dbeta");
+  require(a.dv % kSeg == 0 && a.dv > 0, "route backward: value heads must be multiples of 64");
   const int64_t warps = a.B * a.T * a.H;
   if (warps == 0) return;
   route_backward_kernel<<<blocks_for(warps, kThreads / 32), kThreads, 0, stream>>>(a, g);

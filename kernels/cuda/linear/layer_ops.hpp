@@ -167,28 +167,36 @@ void out_gate_backward(int64_t rows, const __nv_bfloat16* o, const void* og, con
 // The chunk kernels read S_t after the update, so r comes from a second readout of the same
 // recurrence with the query shifted one token: qr_s = a_{s+1} ⊙ e_{s+1} (a = exp(g), e = k,
 // or b ⊙ k for gdn2; qr_{T−1} = 0) gives o2_s = scale·S_s qr_s, and r_t = z_t − o2_{t−1}/scale.
+// Key heads of 64; value heads of dv = 64·m channels (the value side — v, w, o2, r and their
+// gradients — is [N, H·dv], the key side — k, qr, b, a channel g — [N, H·64]).
+// model.routing_signal: update (β mixers) publishes u_t = β_t·r_t: beta [N, H] set.
 struct RouteArgs {
   int64_t B = 0, T = 0;
   int H = 0;
+  int dv = 64;
   const __nv_bfloat16 *k = nullptr, *v = nullptr;
   const float* g = nullptr;        // nullable (deltanet)
   bool g_channel = false;          // g [N, H·64] (kda, gdn2) or [N, H] (gdn)
   const __nv_bfloat16 *b = nullptr, *w = nullptr;  // gdn2 (z = w ⊙ v, e = b ⊙ k)
   float scale = 0.125f;
+  const float* beta = nullptr;  // nullable: publish β·r (route_residual), dr = β·du (the gradients)
 };
 void route_query(const RouteArgs& a, __nv_bfloat16* qr, cudaStream_t stream);
 // Decode (one token of each sequence: T = 1): qr = a_t ⊙ e_t of the token itself, whose readout
 // of the state before the token's update gives o2_{t−1} (r_t = route_residual's z_t − o2_{t−1}/scale).
 void route_query_decode(const RouteArgs& a, __nv_bfloat16* qr, cudaStream_t stream);
-// r [N, H·64] fp32 from the second readout o2.
-void route_residual(const RouteArgs& a, const __nv_bfloat16* o2, float* r, cudaStream_t stream);
-// do2 (bf16) from dr, the gradient on r.
+// r [N, H·dv] fp32 from the second readout o2 (with a.beta: u = β·r, and r itself into
+// r_raw when not null — route_backward's ∂L/∂β reads it).
+void route_residual(const RouteArgs& a, const __nv_bfloat16* o2, float* r, cudaStream_t stream, float* r_raw = nullptr);
+// do2 (bf16) from dr, the gradient on the published r (with a.beta: on u = β·r).
 void route_readout_grad(const RouteArgs& a, const float* dr, __nv_bfloat16* do2, cudaStream_t stream);
 // The second backward's gradients folded back: ek = dk2 + ∂qr/∂k, ev = dv2 + ∂r/∂ṽ
 // (fp32 extras for qkv_backward); dg += dg2 + ∂qr/∂g; dbeta += dbeta2 (nullable);
-// gdn2: eb = db2 + ∂qr/∂b, ew = dw2 + ∂r/∂w (fp32 extras for gate_backward).
+// gdn2: eb = db2 + ∂qr/∂b, ew = dw2 + ∂r/∂w (fp32 extras for gate_backward). With a.beta,
+// dr is on u = β·r: r's gradient is β·dr, and dbeta += Σ_c dr_c·r_c (r: route_residual's r_raw).
 struct RouteGrads {
   const float* dr = nullptr;
+  const float* r = nullptr;  // a.beta: the unscaled residual [N, H·dv]
   const __nv_bfloat16 *qr = nullptr, *dqr = nullptr, *dk2 = nullptr, *dv2 = nullptr;
   const float *dg2 = nullptr, *dbeta2 = nullptr;
   const __nv_bfloat16 *db2 = nullptr, *dw2 = nullptr;
