@@ -442,11 +442,9 @@ TEST(LinearKeyDimCuda, CarveWideMatchesCpuReference) {
 
     gl::DeltaShape s;
     s.B = B, s.T = T, s.H = H, s.dk = D, s.dv = dv, s.scale = scale;
-    gl::GroupedShape gs;
-    gs.B = B, gs.T = T, gs.H = H, gs.dk = D, gs.dv = dv, gs.scale = scale;
     Dev<bf16> q_(nk), k_(nk), v_(nv), bx_(nk), dO_(nv), o_(nv), dq_(nk), dk_(nk), dv_(nv), dbx_(nk);
     Dev<float> g_(nk), w_(nh), U1_(n1), U2_(n2), dg_(nk), dw_(nh), dU1_(n1), dU2_(n2), dS0_(ns);
-    Dev<float> bound(gl::wide_boundary_bytes(gs) / sizeof(float)), content(gl::wide_carve_content_bytes(s) / sizeof(float));
+    Dev<float> bound(gl::wide_carve_boundary_bytes(s) / sizeof(float)), content(gl::wide_carve_content_bytes(s) / sizeof(float));
     q_.put(q), k_.put(k), v_.put(v), bx_.put(bx), dO_.put(dO), g_.put(g), w_.put(w), U1_.put(U1), U2_.put(U2);
     for (auto* d : {&o_, &dq_, &dk_, &dv_, &dbx_}) d->poison();
     for (auto* d : {&dg_, &dw_, &dU1_, &dU2_, &dS0_}) d->poison();

@@ -193,7 +193,8 @@ class CudaLinearImpl final : public CudaLinear {
       cl::pack_pieces(wcat_pieces(), wcat_.data, act_bf16(), st);
     }
     o_ = bf_alloc(ar, N * d_.Cv);
-    bound_ = ar.alloc(DType::f32, {(int64_t)(cl::grouped_boundary_bytes(gshape()) + 3) / 4});
+    const std::size_t bb = wide_carve() ? cl::wide_carve_boundary_bytes(shape()) : cl::grouped_boundary_bytes(gshape());
+    bound_ = ar.alloc(DType::f32, {(int64_t)(bb + 3) / 4});
     P_qkv_ = keep_p_ ? ar.alloc(at_, {N, ldp_}) : Tensor();
     og_ = keep_og_ && !wide_ ? ar.alloc(at_, {N, d_.Cv}) : Tensor();  // wide_: og is in P_qkv_
     rstd_ = ar.alloc(DType::f32, {N * d_.H});

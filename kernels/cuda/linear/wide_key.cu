@@ -1230,6 +1230,11 @@ void launch_carve_bwd(const CArgs& a, cudaStream_t st) {
 
 bool wide_carve_shape(int64_t dk, int64_t dv) { return (dk == 64 || dk == 128) && (dv == 64 || dv == 128); }
 
+std::size_t wide_carve_boundary_bytes(const DeltaShape& s) {
+  const int64_t nseg = std::max<int64_t>((s.T + kSeg - 1) / kSeg, 1);
+  return static_cast<std::size_t>(s.B) * s.H * nseg * s.dv * s.dk * sizeof(float);
+}
+
 std::size_t wide_carve_content_bytes(const DeltaShape& s) {
   const int64_t nc = std::max<int64_t>((s.T + kCL - 1) / kCL, 1);
   return static_cast<std::size_t>(s.B) * s.H * nc * (s.dv + kCR + s.dk) * sizeof(float);
