@@ -108,34 +108,40 @@ std::string cuda_unsupported(const json& model) {
   // The dimensions and options are the model's, the same for every linear layer.
   const MixerConfig c = mixer_config(model, 0);
   // Key heads of 64 run the chunk kernels, of 128 and 256 the recurrent wide-key kernels
-  // (kernels/cuda/linear/wide_key.hpp, CCQ too); CARVE and the cler/cler_h readouts are 64-wide only.
+  // (kernels/cuda/linear/wide_key.hpp, CCQ too, CARVE up to 128); the cler/cler_h readouts are
+  // 64-wide only.
   if (c.head_dim != 64 && c.head_dim != 128 && c.head_dim != 256)
     return "model.head_dim: the linear CUDA kernels take 64, 128 or 256, got " + std::to_string(c.head_dim);
   if (c.head_dim != 64) {
     const std::string r = model.value("routing", "none");
     const std::string dk = std::to_string(c.head_dim);
-    if (model.value("architecture", "") == "carve")
-      return "model.head_dim: CARVE runs on CUDA with key heads of 64 only, got " + dk;
+    if (model.value("architecture", "") == "carve" && c.head_dim != 128)
+      return "model.head_dim: CARVE runs on CUDA with key heads of 64 or 128, got " + dk;
     if (r == "cler" || r == "cler_h")
       return "model.head_dim: the cler/cler_h readouts run on CUDA with key heads of 64 only, got " + dk;
   }
   // Value heads of 64·m run as m heads of 64 sharing q, k (kernels/cuda/linear/grouped_heads.hpp);
-  // not CARVE (its content signal couples the value channels); the cler/cler_h readouts
-  // through the same mapping, gated until verified (kLaaRoutingCudaVerified).
+  // not CARVE beyond 128 (its content signal couples the value channels: its wide kernels hold
+  // the whole head in one CTA); the cler/cler_h readouts through the same mapping, gated until
+  // verified (kLaaRoutingCudaVerified).
   // Grouped value heads (n_v_heads) run with every option, through the same mapping.
   if (c.value_dim % 64 != 0 || c.value_dim > 512)
     return "model.value_dim: the linear CUDA kernels need a multiple of 64 up to 512, got " +
            std::to_string(c.value_dim);
   if (c.value_dim != 64) {
     const std::string r = model.value("routing", "none");
-    if (model.value("architecture", "") == "carve")
-      return "model.value_dim: CARVE and the cler/cler_h readouts run on CUDA with value heads of 64 only, got " +
+    if (model.value("architecture", "") == "carve" && c.value_dim != 128)
+      return "model.value_dim: CARVE runs on CUDA with value heads of 64 or 128, got " +
              std::to_string(c.value_dim);
     // the readouts at value heads of 64·m: through the grouped value heads, gated until verified
     if ((r == "cler" || r == "cler_h") && !mixers::laa_routing_cuda_open())
       return mixers::laa_routing_cuda_gate("model.value_dim: " + std::to_string(c.value_dim) +
                                            " with the cler/cler_h readouts");
   }
+  // CARVE at key or value heads of 128 (the recurrent wide kernels) until verified on a GPU
+  if (model.value("architecture", "") == "carve" && (c.head_dim != 64 || c.value_dim != 64) &&
+      !mixers::kCarveWideCudaVerified && !mixers::carve_wide_cuda_unverified_allowed())
+    return mixers::carve_wide_gate_message(c.head_dim, c.value_dim);
   // CCQ runs on every backbone; CARVE with 64-token content chunks and without cler/cler_h
   // (cuda_linear_unsupported in trainer/mixers/linear_mixer.cpp says the same per layer).
   if (model.value("architecture", "") == "carve") {

@@ -127,7 +127,8 @@ TEST(PlanCli, CudaCoverageColumnWithReasons) {
 }
 
 // Key heads of 128 and 256 (CCQ's cells: dk 256, dv 512) are covered by the wide-key kernels;
-// CARVE at such a head is not, and says so (CUDA builds; a CPU-only build covers none).
+// CARVE at 256 or at value heads of 512 is not, and says so (CUDA builds; a CPU-only build covers
+// none).
 TEST(PlanCli, CudaCoverageOfWideKeyHeads) {
   SpecDir d;
   d.write("s.yaml", "name: wide\nbase:\n  model: {stack: pure, n_layers: 2, d_model: 128, n_heads: 1, value_dim: 512,"
@@ -142,12 +143,40 @@ TEST(PlanCli, CudaCoverageOfWideKeyHeads) {
       GTEST_SKIP() << "no CUDA linear mixers in this build";
     const std::string arch = c["config"]["model"]["architecture"];
     const int dk = c["config"]["model"]["head_dim"];
-    if (arch == "carve") {
+    if (arch == "carve") {  // CARVE takes key and value heads of 64 or 128 (128 gated until verified)
       EXPECT_EQ(c["cuda"]["covered"], false) << c["id"];
-      EXPECT_EQ(c["cuda"]["why"], "model.head_dim: CARVE runs on CUDA with key heads of 64 only, got " + std::to_string(dk))
+      EXPECT_EQ(c["cuda"]["why"], dk == 256 ? "model.head_dim: CARVE runs on CUDA with key heads of 64 or 128, got 256"
+                                            : "model.value_dim: CARVE runs on CUDA with value heads of 64 or 128, got 512")
           << c["id"];
     } else {
       EXPECT_EQ(c["cuda"]["covered"], true) << c["id"] << ": " << c["cuda"].dump();
+    }
+  }
+}
+
+// CARVE at key or value heads of 128 (the recurrent wide CARVE kernels) is covered once verified on
+// a GPU (kCarveWideCudaVerified); until then the cell says why, naming the GPU tests.
+TEST(PlanCli, CudaCoverageOfWideCarveIsGated) {
+  SpecDir d;
+  d.write("s.yaml", "name: wc\nbase:\n  model: {architecture: carve, stack: pure, n_layers: 2, d_model: 128,"
+                    " n_heads: 1}\nmatrix:\n  model.head_dim: [64, 128]\n  model.value_dim: [64, 128]\n");
+  Result j = run_lar(d, "plan s.yaml --format json");
+  ASSERT_EQ(j.code, 0) << j.err;
+  json cells = json::parse(j.out)["cells"];
+  ASSERT_EQ(cells.size(), 4u);
+  for (const auto& c : cells) {
+    if (c["cuda"]["covered"] == false &&
+        c["cuda"]["why"].get<std::string>().find("in this build") != std::string::npos)
+      GTEST_SKIP() << "no CUDA linear mixers in this build";
+    const int dk = c["config"]["model"]["head_dim"], dv = c["config"]["model"]["value_dim"];
+    if (dk == 64 && dv == 64) {
+      EXPECT_EQ(c["cuda"]["covered"], true) << c["id"] << ": " << c["cuda"].dump();
+    } else if (c["cuda"]["covered"] == false) {  // the gate is closed
+      const std::string key = dk != 64 ? "model.head_dim: CARVE at key heads of 128"
+                                       : "model.value_dim: CARVE at value heads of 128";
+      EXPECT_EQ(c["cuda"]["why"], key + " has a CUDA path that is not yet verified on a GPU "
+                                        "(tests/gpu/test_linear_layer_cuda.cpp CarveWide*)")
+          << c["id"];
     }
   }
 }

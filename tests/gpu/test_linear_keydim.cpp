@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/cpu/linear/carve.hpp"
 #include "kernels/cpu/linear/ccq.hpp"
 #include "kernels/cpu/linear/mixers.hpp"
 #include "kernels/cuda/linear/grouped_heads.hpp"
@@ -390,6 +391,109 @@ TEST(LinearKeyDimCuda, CcqMatchesCpuReference) {
       line += buf;
       const bool value = n == "qc" || n == "K" || n == "m";
       EXPECT_LT(e, value ? 5e-3 : 1e-2) << what << ": " << n;
+    }
+    std::printf("%s\n", line.c_str());
+  }
+}
+
+// CARVE's recurrent wide kernels (wide_carve_fwd/bwd: key heads of 128 or value heads of 128, one
+// CTA per head) against the CPU reference (kernels/cpu/linear/carve.hpp, fp64, content chunk =
+// kernel chunk = 64) on the same bf16-rounded inputs: o within 5e-3 relative RMS (bf16 output),
+// every per-token gradient (dq, dk, dv, dg, the erase logits' dbx, the write gate's dw) and dS0
+// within 1e-2, as the other wide-key kernels; dU1, dU2 are sums over every chunk's tokens of terms
+// of both signs (dbx times tanh(U1 m), U1ᵀ dh times m) and get 2e-2. U2 is large (0.5 N(0,1)) so
+// that the content signal moves the erase gates; T not a multiple of 64, over two 256-token
+// checkpoint segments, odd B·H, rank 32, without the content gradient.
+struct CarveCase {
+  int B, T, H, dk, dv, rank;
+  bool content_grad = true;
+};
+TEST(LinearKeyDimCuda, CarveWideMatchesCpuReference) {
+  std::mt19937_64 rng(29);
+  std::normal_distribution<double> nd(0.0, 1.0);
+  std::uniform_real_distribution<double> ud(0.0, 1.0);
+  for (const CarveCase& c : {CarveCase{2, 100, 2, 128, 128, 16}, CarveCase{3, 300, 1, 128, 64, 16},
+                             CarveCase{1, 77, 3, 64, 128, 32}, CarveCase{2, 130, 1, 128, 128, 8, false}}) {
+    const int B = c.B, T = c.T, H = c.H, D = c.dk, dv = c.dv, R = c.rank;
+    const std::string what = "carve B=" + std::to_string(B) + " T=" + std::to_string(T) + " H=" + std::to_string(H) +
+                             " dk=" + std::to_string(D) + " dv=" + std::to_string(dv) + " r=" + std::to_string(R) +
+                             (c.content_grad ? "" : " no content grad");
+    const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+    const size_t nk = static_cast<size_t>(B) * T * H * D, nv = static_cast<size_t>(B) * T * H * dv,
+                 nh = static_cast<size_t>(B) * T * H, ns = static_cast<size_t>(B) * H * dv * D,
+                 n1 = static_cast<size_t>(H) * R * dv, n2 = static_cast<size_t>(H) * D * R;
+    auto unit_rows = [&](std::vector<double>& x) {
+      x.resize(nk);
+      for (size_t r = 0; r < nk / D; ++r) {
+        double sq = 0;
+        for (int i = 0; i < D; ++i) sq += (x[r * D + i] = nd(rng)) * x[r * D + i];
+        for (int i = 0; i < D; ++i) x[r * D + i] = to_bf(x[r * D + i] / std::sqrt(sq));
+      }
+    };
+    std::vector<double> q, k, v(nv), dO(nv), g(nk), bx(nk), w(nh), U1(n1), U2(n2);
+    unit_rows(q), unit_rows(k);
+    for (auto& x : v) x = to_bf(nd(rng));
+    for (auto& x : dO) x = to_bf(nd(rng));
+    for (auto& x : g) x = static_cast<float>(std::log(0.5 + 0.5 * ud(rng)) * (ud(rng) < 0.05 ? 4.0 : 0.3));
+    for (auto& x : bx) x = to_bf(nd(rng));
+    for (auto& x : w) x = static_cast<float>(1.0 / (1.0 + std::exp(-nd(rng))));
+    for (auto& x : U1) x = static_cast<float>(nd(rng) / std::sqrt(static_cast<double>(dv)));
+    for (auto& x : U2) x = static_cast<float>(0.5 * nd(rng));
+
+    gl::DeltaShape s;
+    s.B = B, s.T = T, s.H = H, s.dk = D, s.dv = dv, s.scale = scale;
+    Dev<bf16> q_(nk), k_(nk), v_(nv), bx_(nk), dO_(nv), o_(nv), dq_(nk), dk_(nk), dv_(nv), dbx_(nk);
+    Dev<float> g_(nk), w_(nh), U1_(n1), U2_(n2), dg_(nk), dw_(nh), dU1_(n1), dU2_(n2), dS0_(ns);
+    Dev<float> bound(gl::wide_carve_boundary_bytes(s) / sizeof(float)), content(gl::wide_carve_content_bytes(s) / sizeof(float));
+    q_.put(q), k_.put(k), v_.put(v), bx_.put(bx), dO_.put(dO), g_.put(g), w_.put(w), U1_.put(U1), U2_.put(U2);
+    for (auto* d : {&o_, &dq_, &dk_, &dv_, &dbx_}) d->poison();
+    for (auto* d : {&dg_, &dw_, &dU1_, &dU2_, &dS0_}) d->poison();
+    gl::CarveInputs in;
+    in.q = q_.p, in.k = k_.p, in.v = v_.p, in.g = g_.p, in.bx = bx_.p, in.w = w_.p, in.U1 = U1_.p, in.U2 = U2_.p;
+    in.rank = R, in.content_grad = c.content_grad;
+    gl::CarveGrads gr;
+    gr.dq = dq_.p, gr.dk = dk_.p, gr.dv = dv_.p, gr.dbx = dbx_.p, gr.dg = dg_.p, gr.dw = dw_.p, gr.dU1 = dU1_.p,
+    gr.dU2 = dU2_.p, gr.dS0 = dS0_.p;
+    gl::wide_carve_fwd(s, in, o_.p, nullptr, bound.p, content.p, nullptr);
+    gl::wide_carve_bwd(s, in, bound.p, content.p, dO_.p, nullptr, gr, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
+
+    std::vector<double> ro(nv), rdq(nk), rdk(nk), rdv(nv), rdg(nk), rdbx(nk), rdw(nh), rdU1(n1, 0.0), rdU2(n2, 0.0),
+        rdS0(ns);
+    for (int b = 0; b < B; ++b)
+      for (int h = 0; h < H; ++h) {
+        auto hq = slice(q, b, h, D, T, H), hk = slice(k, b, h, D, T, H), hv = slice(v, b, h, dv, T, H);
+        auto hg = slice(g, b, h, D, T, H), hbx = slice(bx, b, h, D, T, H), hw = slice(w, b, h, 1, T, H);
+        auto hdo = slice(dO, b, h, dv, T, H);
+        cl::CarveInputs<double> ci;
+        ci.len = T, ci.dk = D, ci.dv = dv, ci.rank = R, ci.q = hq.data(), ci.k = hk.data(), ci.v = hv.data();
+        ci.g = hg.data(), ci.bx = hbx.data(), ci.w = hw.data();
+        ci.U1 = &U1[static_cast<size_t>(h) * R * dv], ci.U2 = &U2[static_cast<size_t>(h) * D * R];
+        ci.content_chunk = 64, ci.chunk = 64, ci.scale = scale, ci.content_grad = c.content_grad;
+        std::vector<double> o(static_cast<size_t>(T) * dv), dq(static_cast<size_t>(T) * D), dk(dq.size()),
+            dvv(o.size()), dg(dq.size()), dbx(dq.size()), dw(T);
+        cl::carve_forward(ci, cl::Form::recurrent, (cl::CarveState<double>*)nullptr, o.data());
+        cl::CarveGrads<double> cg;
+        cg.dq = dq.data(), cg.dk = dk.data(), cg.dv = dvv.data(), cg.dg = dg.data(), cg.dbx = dbx.data();
+        cg.dw = dw.data(), cg.dU1 = &rdU1[static_cast<size_t>(h) * R * dv], cg.dU2 = &rdU2[static_cast<size_t>(h) * D * R];
+        cg.dS0 = &rdS0[(static_cast<size_t>(b) * H + h) * dv * D];
+        cl::carve_backward(ci, cl::Form::recurrent, hdo.data(), cg);
+        unslice(ro, o, b, h, dv, T, H, false), unslice(rdv, dvv, b, h, dv, T, H, false);
+        unslice(rdq, dq, b, h, D, T, H, false), unslice(rdk, dk, b, h, D, T, H, false);
+        unslice(rdg, dg, b, h, D, T, H, false), unslice(rdbx, dbx, b, h, D, T, H, false);
+        unslice(rdw, dw, b, h, 1, T, H, false);
+      }
+    const std::vector<std::pair<std::string, double>> err = {
+        {"o", rel_rms(o_.get(), ro)},       {"dq", rel_rms(dq_.get(), rdq)},   {"dk", rel_rms(dk_.get(), rdk)},
+        {"dv", rel_rms(dv_.get(), rdv)},    {"dg", rel_rms(dg_.get(), rdg)},   {"dbx", rel_rms(dbx_.get(), rdbx)},
+        {"dw", rel_rms(dw_.get(), rdw)},    {"dS0", rel_rms(dS0_.get(), rdS0)}, {"dU1", rel_rms(dU1_.get(), rdU1)},
+        {"dU2", rel_rms(dU2_.get(), rdU2)}};
+    std::string line = what + ":";
+    for (const auto& [n, e] : err) {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, " %s %.2e", n.c_str(), e);
+      line += buf;
+      EXPECT_LT(e, n == "o" ? 5e-3 : n == "dU1" || n == "dU2" ? 2e-2 : 1e-2) << what << ": " << n;
     }
     std::printf("%s\n", line.c_str());
   }

@@ -681,6 +681,101 @@ TEST(LinearLayerCuda, CarveStepMatchesTheCpuBackend) {
   EXPECT_TRUE(a.grads == b.grads) << "carve: a deterministic backend gave different gradients";
 }
 
+// CARVE at key heads of 128 and value heads of 128 (the recurrent wide_carve_fwd/bwd of
+// kernels/cuda/linear/wide_key.hpp: one CTA per head, the content signal reduced over the whole
+// value head at each 64-token chunk), gated until these pass (kCarveWideCudaVerified in
+// trainer/mixers/linear_layer.hpp; the tests open the gate). Against the CPU layer with the
+// bounds of the wide-key gdn2/kda cases (compare_step: wide heads and CARVE take the token-sum
+// bound for A_log, dt_bias, U1, U2): dk 128 × dv 128 / 64 and dk 64 × dv 128, fp32 and mixed,
+// T = 100 (a partial last content chunk) and T = 300 (two 256-token checkpoint segments, five
+// content chunks), grouped value heads (2 key heads over 4), odd B·H (3 sequences × 1 key head
+// over 3 value heads, T = 77), without the content gradient, frozen content, clvr routing, and
+// the deterministic mode twice (the same bits: the U gradients are summed per sequence, then over
+// the batch in order).
+struct CarveWideGate {
+  CarveWideGate() { trainer::mixers::carve_wide_cuda_unverified_allowed() = true; }
+  ~CarveWideGate() { trainer::mixers::carve_wide_cuda_unverified_allowed() = false; }
+};
+const std::vector<std::string> kCarveNames = {"content_u1", "content_u2", "w_erase", "w_write", "A_log", "dt_bias"};
+json carve_wide(int dk, int dv, json extra = json::object()) {
+  json m = {{"architecture", "carve"}, {"stack", "pure"}, {"head_dim", dk}, {"value_dim", dv}};
+  m.merge_patch(extra);
+  return m;
+}
+
+TEST(LinearLayerCuda, CarveWideStepMatchesTheCpuBackend) {
+  const CarveWideGate gate;
+  for (const auto& [dk, dv] : {std::pair{128, 128}, std::pair{128, 64}, std::pair{64, 128}}) {
+    const std::string what = "carve dk=" + std::to_string(dk) + " dv=" + std::to_string(dv);
+    const json cfg = run_config(carve_wide(dk, dv));
+    compare_step(what, cfg, "fp32", 100, false, kCarveNames);
+    compare_step(what, cfg, "mixed", 100, false, kCarveNames);
+  }
+  compare_step("carve dk=128 dv=64 T=300", run_config(carve_wide(128, 64), {{"data", {{"seq_len", 300}}}}), "fp32",
+               300, false, kCarveNames);
+  compare_step("carve dk=128 no content grad", run_config(carve_wide(128, 128, {{"carve", {{"content_grad", false}}}})),
+               "fp32", 100, false, kCarveNames);
+  compare_step("carve dk=128 frozen content",
+               run_config(carve_wide(128, 128, {{"carve", {{"freeze_content", true}}}})), "fp32");
+  compare_step("carve dk=128 rank 8 clvr",
+               run_config(carve_wide(128, 128, {{"n_layers", 3}, {"routing", "clvr"}, {"carve", {{"content_rank", 8}}}})),
+               "fp32", 100, false, kCarveNames);
+}
+
+TEST(LinearLayerCuda, CarveWideGroupedAndOddHeadsMatchTheCpuBackend) {
+  const CarveWideGate gate;
+  std::vector<std::string> names = kCarveNames;
+  names.push_back("wq");
+  names.push_back("wk");
+  for (const char* precision : {"fp32", "mixed"})
+    compare_step("carve dk=128 dv=128 Hk=2 H=4", run_config(carve_wide(128, 128, {{"n_v_heads", 4}})), precision, 100,
+                 false, names);
+  compare_step("carve dk=128 dv=64 Hk=1 H=3 B=3 T=77",
+               run_config(carve_wide(128, 64, {{"n_heads", 1}, {"n_v_heads", 3}}), {{"data", {{"seq_len", 77}}}}),
+               "fp32", 77, false, names, {}, 3);
+  compare_step("carve dk=128 dv=128 Hk=1 H=3 B=3 T=77",
+               run_config(carve_wide(128, 128, {{"n_heads", 1}, {"n_v_heads", 3}}), {{"data", {{"seq_len", 77}}}}),
+               "mixed", 77, false, names, {}, 3);
+}
+
+TEST(LinearLayerCuda, CarveWideIsDeterministic) {
+  const CarveWideGate gate;
+  const json cfg = run_config(carve_wide(128, 128));
+  compare_step("carve dk=128 deterministic", cfg, "mixed", 100, true, kCarveNames);
+  auto gpu = backend("cuda", "mixed", true);
+  const auto batch = random_batch(4, 100, 96, 3, 7);
+  const StepOut a = one_step(*gpu, cfg, batch), b = one_step(*gpu, cfg, batch);
+  EXPECT_EQ(a.loss, b.loss);
+  EXPECT_TRUE(a.grads == b.grads) << "wide carve: a deterministic backend gave different gradients";
+}
+
+// While the gate is closed the model-level check and the layer refuse wide CARVE with the gate's
+// message (backend: auto then trains on the CPU); the CUDA decode of CARVE stays 64-wide.
+TEST(LinearLayerCuda, CarveWideIsGatedUntilVerified) {
+  const json m = run_config(carve_wide(128, 128)).at("model");
+  if (trainer::mixers::kCarveWideCudaVerified) {
+    EXPECT_EQ(trainer::cuda_unsupported(m), "");
+  } else {
+    EXPECT_EQ(trainer::cuda_unsupported(m),
+              "model.head_dim: CARVE at key heads of 128 has a CUDA path that is not yet verified on a GPU "
+              "(tests/gpu/test_linear_layer_cuda.cpp CarveWide*)");
+    EXPECT_EQ(trainer::cuda_unsupported(run_config(carve_wide(64, 128)).at("model")),
+              "model.value_dim: CARVE at value heads of 128 has a CUDA path that is not yet verified on a GPU "
+              "(tests/gpu/test_linear_layer_cuda.cpp CarveWide*)");
+  }
+  EXPECT_EQ(trainer::cuda_unsupported(run_config(carve_wide(256, 128)).at("model")),
+            "model.head_dim: CARVE runs on CUDA with key heads of 64 or 128, got 256");
+  trainer::mixers::Dims d;
+  d.carve = true;
+  d.dk = 128;
+  d.dv = 128;
+  EXPECT_EQ(trainer::mixers::cuda_linear_decode_unsupported(d),
+            "model.head_dim: CARVE decode on CUDA takes key heads of 64 only, got 128");
+  d.dk = 64;
+  EXPECT_EQ(trainer::mixers::cuda_linear_decode_unsupported(d),
+            "model.value_dim: CARVE decode on CUDA takes value heads of 64 only, got 128");
+}
+
 // CCQ (ccq_fwd in front of the backbone, learned λ from P's q columns) on gdn and gla, fp32
 // and mixed; with cler on gdn; a fixed λ, uncentered, on gla (no λ parameters); on CARVE.
 TEST(LinearLayerCuda, CcqStepMatchesTheCpuBackend) {

@@ -48,16 +48,37 @@ struct Slots {
 };
 
 // Why the CUDA implementation cannot run this layer ("" when it can): key head dims other than
-// 64, 128, 256 (or other than 64 with CARVE or cler/cler_h), a conv wider than 8, CARVE with a
-// content chunk other than 64 or with cler/cler_h routing, CARVE's printed q, k, v form, and
-// while unverified (kLaaRoutingCudaVerified) the β-scaled routing signal and the cler/cler_h
-// readouts at value heads wider than 64. The message names the offending value.
+// 64, 128, 256 (or other than 64 with cler/cler_h; with CARVE other than 64 or 128, and 128 only
+// once verified: kCarveWideCudaVerified), a conv wider than 8, CARVE with a content chunk other
+// than 64 or with cler/cler_h routing, CARVE's printed q, k, v form, and while unverified
+// (kLaaRoutingCudaVerified) the β-scaled routing signal and the cler/cler_h readouts at value
+// heads wider than 64. The message names the offending value.
 std::string cuda_linear_unsupported(const Dims& d);
 
 // Why the CUDA implementation cannot decode this layer (init_state/step) although it runs its
 // forward ("" when it can): the cler/cler_h routings until their decode has run on a GPU
 // (linear_mixer.cpp says how to lift the gate). The message names the key and value.
 std::string cuda_linear_decode_unsupported(const Dims& d);
+
+// CARVE at key heads of 128 or value heads of 128 on CUDA (the recurrent wide_carve_fwd/bwd of
+// kernels/cuda/linear/wide_key.hpp) has not run on a GPU yet: while false, cuda_linear_unsupported
+// refuses it (backend: auto trains it on the CPU). Lift the gate by setting this to true once
+// `test_linear_layer_cuda --gtest_filter='LinearLayerCuda.CarveWide*'` passes on the H200.
+constexpr bool kCarveWideCudaVerified = false;
+// The refusal while the gate is closed (the model-level check of trainer/mixer.cpp says the same).
+inline std::string carve_wide_gate_message(int dk, int dv) {
+  return dk != 64 ? "model.head_dim: CARVE at key heads of " + std::to_string(dk) +
+                        " has a CUDA path that is not yet verified on a GPU (tests/gpu/test_linear_layer_cuda.cpp "
+                        "CarveWide*)"
+                  : "model.value_dim: CARVE at value heads of " + std::to_string(dv) +
+                        " has a CUDA path that is not yet verified on a GPU (tests/gpu/test_linear_layer_cuda.cpp "
+                        "CarveWide*)";
+}
+// Tests only: tests/gpu/test_linear_layer_cuda.cpp (CarveWide*) runs the unverified wide CARVE.
+inline bool& carve_wide_cuda_unverified_allowed() {
+  static bool allowed = false;
+  return allowed;
+}
 
 // Tests only: tests/gpu/test_linear_decode_cuda.cpp runs the unverified cler/cler_h decode.
 inline bool& cler_decode_cuda_unverified_allowed() {

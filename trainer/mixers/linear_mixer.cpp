@@ -1096,6 +1096,11 @@ const MixerRegistration reg_carve{"carve", factory()};
 }  // namespace
 
 std::string cuda_linear_decode_unsupported(const Dims& d) {
+  // CARVE's CUDA decode (carve_decode) is 64-wide; the wide kernels have no per-token form yet.
+  if (d.carve && d.dk != 64)
+    return "model.head_dim: CARVE decode on CUDA takes key heads of 64 only, got " + std::to_string(d.dk);
+  if (d.carve && d.dv != 64)
+    return "model.value_dim: CARVE decode on CUDA takes value heads of 64 only, got " + std::to_string(d.dv);
   // The cler/cler_h decode (the write residual from a readout of the state before the token's
   // update: route_query_decode and a zero-update delta decode) matches the CPU layer on the
   // H200 layer by layer (ClerPublishesTheWriteResidual), but whole cler models have not decoded
@@ -1122,18 +1127,20 @@ std::string cuda_linear_unsupported(const Dims& d) {
     return laa_routing_cuda_gate("model.routing_signal: 'update' (the β-scaled write residual)");
   if (d.silu_only) return "model.carve.qkv: 'paper' has no CUDA path yet";
   // key heads of 128 and 256: the recurrent wide-key kernels (kernels/cuda/linear/wide_key.hpp,
-  // CCQ included), without CARVE or the cler/cler_h readouts (64-wide kernels only)
+  // CCQ included), without the cler/cler_h readouts (64-wide kernels only); CARVE at key or value
+  // heads of 128 through wide_carve_fwd/bwd, gated until verified (kCarveWideCudaVerified)
   if (d.dk != 64 && d.dk != 128 && d.dk != 256)
     return "model.head_dim: the CUDA kernels take 64, 128 or 256, got " + std::to_string(d.dk);
-  if (d.dk != 64 && d.carve)
-    return "model.head_dim: CARVE runs on CUDA with key heads of 64 only, got " + std::to_string(d.dk);
+  if (d.carve && d.dk != 64 && d.dk != 128)
+    return "model.head_dim: CARVE runs on CUDA with key heads of 64 or 128, got " + std::to_string(d.dk);
+  if (d.carve && d.dv != 64 && d.dv != 128)
+    return "model.value_dim: CARVE runs on CUDA with value heads of 64 or 128, got " + std::to_string(d.dv);
+  if (d.carve && (d.dk != 64 || d.dv != 64) && !kCarveWideCudaVerified && !carve_wide_cuda_unverified_allowed())
+    return carve_wide_gate_message(d.dk, d.dv);
   if (d.dk != 64 && (d.route == Dims::Route::cler || d.route == Dims::Route::cler_h))
     return "model.head_dim: the cler/cler_h readouts run on CUDA with key heads of 64 only, got " + std::to_string(d.dk);
   if (d.dv % 64 != 0 || d.dv > 512)
     return "model.value_dim: the CUDA kernels need a multiple of 64 up to 512, got " + std::to_string(d.dv);
-  if (d.dv != 64 && d.carve)
-    return "model.value_dim: CARVE and the cler/cler_h readouts run on CUDA with value heads of 64 only, got " +
-           std::to_string(d.dv);
   if (d.dv != 64 && (d.route == Dims::Route::cler || d.route == Dims::Route::cler_h) && !laa_routing_cuda_open())
     return laa_routing_cuda_gate("model.value_dim: " + std::to_string(d.dv) + " with the cler/cler_h readouts");
   if (d.conv && d.W > 8) return "model.conv_size: the CUDA conv is at most 8 wide, got " + std::to_string(d.W);

@@ -39,6 +39,7 @@
 // (cuda_linear_decode_unsupported).
 // Everything runs on the backend's stream; activations live in the step's arena.
 #ifdef LAR_HAVE_CUDA
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <memory>
@@ -196,7 +197,8 @@ class CudaLinearImpl final : public CudaLinear {
       cl::pack_pieces(wcat_pieces(), wcat_.data, act_bf16(), st);
     }
     o_ = bf_alloc(ar, N * d_.Cv);
-    bound_ = ar.alloc(DType::f32, {(int64_t)(cl::grouped_boundary_bytes(gshape()) + 3) / 4});
+    const std::size_t bb = wide_carve() ? cl::wide_carve_boundary_bytes(shape()) : cl::grouped_boundary_bytes(gshape());
+    bound_ = ar.alloc(DType::f32, {(int64_t)(bb + 3) / 4});
     P_qkv_ = keep_p_ ? ar.alloc(at_, {N, ldp_}) : Tensor();
     og_ = keep_og_ && !wide_ ? ar.alloc(at_, {N, d_.Cv}) : Tensor();  // wide_: og is in P_qkv_
     rstd_ = ar.alloc(DType::f32, {N * d_.H});
@@ -222,8 +224,9 @@ class CudaLinearImpl final : public CudaLinear {
     // frozen content runs the kernel with U1 = U2 = 0 (no parameters), as the CPU does.
     content_ = Uzero_ = Tensor();
     if (d_.carve) {
-      content_ = ar.alloc(DType::f32, {(int64_t)(cl::carve_content_bytes(shape()) + 3) / 4});
-      if (d_.freeze_content) Uzero_ = ar.zeros(DType::f32, {(int64_t)d_.H * d_.crank * d_.dk});
+      const std::size_t cb = wide_carve() ? cl::wide_carve_content_bytes(shape()) : cl::carve_content_bytes(shape());
+      content_ = ar.alloc(DType::f32, {(int64_t)(cb + 3) / 4});
+      if (d_.freeze_content) Uzero_ = ar.zeros(DType::f32, {(int64_t)d_.H * d_.crank * std::max(d_.dk, d_.dv)});
     }
     route.out = Tensor();
     Tensor vout;
@@ -532,7 +535,8 @@ class CudaLinearImpl final : public CudaLinear {
     rstd_ = ar.alloc(DType::f32, {N * d_.H});
     saved_gates_alloc(ar, N);
     content_ = Uzero_ = Tensor();
-    if (d_.carve && d_.freeze_content) Uzero_ = ar.zeros(DType::f32, {(int64_t)d_.H * d_.crank * d_.dk});
+    if (d_.carve && d_.freeze_content)
+      Uzero_ = ar.zeros(DType::f32, {(int64_t)d_.H * d_.crank * std::max(d_.dk, d_.dv)});
     const Tensor Xa = as_act(be, ar, X_);
     P_qkv_ = ar.alloc(at_, {N, ldp_});
     be.gemm(Xa, false, wcat_.empty() ? Wqkv_ : wcat_, true, P_qkv_);
@@ -717,6 +721,8 @@ class CudaLinearImpl final : public CudaLinear {
   // a_t ⊙ e_t carries the value head's gates). Without grouping these are q_, k_ and gshape().
   bool grouped() const { return d_.Hk != d_.H; }
   bool per_value_q() const { return grouped() && (ccq_on_ || d_.carve); }
+  // CARVE at key or value heads of 128: the recurrent kernels of wide_key.hpp (wide_carve_fwd/bwd).
+  bool wide_carve() const { return d_.carve && (d_.dk != 64 || d_.dv != 64); }
   bool readout_routing() const { return d_.route == Dims::Route::cler || d_.route == Dims::Route::cler_h; }
   cl::GroupedShape readout_shape() const {
     cl::GroupedShape s = gshape();
@@ -731,7 +737,8 @@ class CudaLinearImpl final : public CudaLinear {
     if (delta_kernel()) return bwd ? "linear: delta_bwd" : "linear: delta_fwd";
     return bwd ? "linear: channel_bwd" : "linear: channel_fwd";
   }
-  // CARVE's kernel inputs from sequence b on ([B,T,H,64] tensors, w [B,T,H]; dk = dv = 64).
+  // CARVE's kernel inputs from sequence b on ([B,T,H,dk] / [B,T,H,dv] tensors, w [B,T,H]).
+  // (Only the 64-wide path passes b > 0: there dk = dv = 64.)
   cl::CarveInputs carve_inputs(const bf16* q, int64_t b = 0) const {
     const int64_t tok = b * T_ * d_.Cq, gate = b * T_ * d_.H;
     cl::CarveInputs in;
@@ -779,7 +786,9 @@ class CudaLinearImpl final : public CudaLinear {
     const bool pv = readout || per_value_q();
     const cl::GroupedShape gs = pv ? readout_shape() : gshape();
     const bf16* k = pv ? readout_k() : k_.p;
-    if (d_.carve)
+    if (wide_carve())
+      cl::wide_carve_fwd(shape(), carve_inputs(q), o, nullptr, bound, content_.ptr<float>(), st);
+    else if (d_.carve)
       cl::carve_fwd(shape(), carve_inputs(q), o, nullptr, bound, content_.ptr<float>(), st);
     else if (delta_kernel())
       cl::grouped_delta_fwd(gs, q, k, v_.p, fptr(g_), fptr(beta_), nullptr, o, nullptr, bound, st);
@@ -797,12 +806,13 @@ class CudaLinearImpl final : public CudaLinear {
     if (!g_.empty()) g.dg = ar.alloc(DType::f32, g_.shape());
     if (!beta_.empty()) g.dbeta = ar.alloc(DType::f32, beta_.shape());
     if (d_.carve) {
-      // U1 [H, r, 64] and U2 [H, 64, r]: one copy, or one per sequence when deterministic
-      const int64_t nu = (int64_t)d_.H * d_.crank * d_.dk * (det_ ? B_ : 1);
+      // U1 [H, r, dv] and U2 [H, dk, r]: one copy, or one per sequence when deterministic with
+      // the 64-wide kernel (the wide one sums the batch in a fixed order itself)
+      const int64_t nb = det_ && !wide_carve() ? B_ : 1;
       g.dbx = bf_alloc(ar, N * d_.Cq);
       g.dws = ar.alloc(DType::f32, {N, d_.H});
-      g.dU1 = ar.alloc(DType::f32, {nu});
-      g.dU2 = ar.alloc(DType::f32, {nu});
+      g.dU1 = ar.alloc(DType::f32, {(int64_t)d_.H * d_.crank * d_.dv * nb});
+      g.dU2 = ar.alloc(DType::f32, {(int64_t)d_.H * d_.crank * d_.dk * nb});
     } else if (d_.mixer == lk::Mixer::gdn2) {
       g.db = bf_alloc(ar, N * d_.Cq);
       g.dw = bf_alloc(ar, N * d_.Cv);
@@ -814,7 +824,18 @@ class CudaLinearImpl final : public CudaLinear {
     const bool pv = readout || per_value_q();
     const cl::GroupedShape gs = pv ? readout_shape() : gshape();
     const bf16* k = pv ? readout_k() : k_.p;
-    if (d_.carve) {
+    if (wide_carve()) {
+      cl::CarveGrads cg;
+      cg.dq = g.dq.p;
+      cg.dk = g.dk.p;
+      cg.dv = g.dv.p;
+      cg.dbx = g.dbx.p;
+      cg.dg = g.dg.ptr<float>();
+      cg.dw = g.dws.ptr<float>();
+      cg.dU1 = g.dU1.ptr<float>();
+      cg.dU2 = g.dU2.ptr<float>();
+      cl::wide_carve_bwd(shape(), carve_inputs(q), bound_.data, content_.ptr<float>(), dO, nullptr, cg, st);
+    } else if (d_.carve) {
       // carve_bwd sums dU1, dU2 over the batch with atomics (order-dependent in the last
       // bit). A deterministic backend runs it per sequence instead, into per-sequence
       // slices that gates_backward adds in sequence order (B launches of H CTAs: slower).
@@ -1189,10 +1210,10 @@ class CudaLinearImpl final : public CudaLinear {
     if (d_.carve) {
       // U1, U2: carve_bwd summed this call's batch in a fixed order; add to the gradients
       if (!d_.freeze_content) {
-        const int64_t nu = G_[s_.U1].numel();
-        for (int64_t b = 0; b * nu < g.dU1.numel(); ++b) {  // one slice, or one per sequence in order
-          be.axpy(1.0, Tensor(g.dU1.ptr<float>() + b * nu, DType::f32, {nu}), G_[s_.U1]);
-          be.axpy(1.0, Tensor(g.dU2.ptr<float>() + b * nu, DType::f32, {nu}), G_[s_.U2]);
+        const int64_t nu1 = G_[s_.U1].numel(), nu2 = G_[s_.U2].numel();
+        for (int64_t b = 0; b * nu1 < g.dU1.numel(); ++b) {  // one slice, or one per sequence in order
+          be.axpy(1.0, Tensor(g.dU1.ptr<float>() + b * nu1, DType::f32, {nu1}), G_[s_.U1]);
+          be.axpy(1.0, Tensor(g.dU2.ptr<float>() + b * nu2, DType::f32, {nu2}), G_[s_.U2]);
         }
       }
       proj_bwd(be, as_act(be, ar, Tensor(g.dbx.p, DType::bf16, {N, d_.Cq})), s_.werase, Xa, dX);

@@ -64,6 +64,21 @@ void wide_ccq_fwd(const DeltaShape& s, const CcqInputs& in, __nv_bfloat16* qc, c
 void wide_ccq_bwd(const DeltaShape& s, const CcqInputs& in, const CcqStats& fin, const __nv_bfloat16* dqc,
                   __nv_bfloat16* dq, __nv_bfloat16* dk, float* dlambda, cudaStream_t stream);
 
+// CARVE (linear_methods.hpp's carve_fwd / carve_bwd, same inputs with dk = s.dk, dv = s.dv; q, k
+// one key head per value head [B,T,H,dk]; U1 [H, rank, dv], U2 [H, dk, rank]) at key heads of 128
+// or value heads of 128 (wide_carve_shape: dk, dv ∈ {64, 128}): the recurrent form, one CTA per
+// (b, h) holding the whole head (the content signal m_c reads every value row), exact for any
+// log-decay ≤ 0. boundary: wide_carve_boundary_bytes (the state every 256 tokens); content:
+// wide_carve_content_bytes (per chunk of 64 tokens m_c, tanh(U1 m_c), u_c). The backward
+// overwrites every gradient (dU1, dU2 summed over the batch in a fixed order; no atomics).
+bool wide_carve_shape(int64_t dk, int64_t dv);
+std::size_t wide_carve_boundary_bytes(const DeltaShape& s);  // B·H·⌈T/256⌉·dv·dk floats
+std::size_t wide_carve_content_bytes(const DeltaShape& s);
+void wide_carve_fwd(const DeltaShape& s, const CarveInputs& in, __nv_bfloat16* o, float* S_out, void* boundary,
+                    float* content, cudaStream_t stream);
+void wide_carve_bwd(const DeltaShape& s, const CarveInputs& in, const void* boundary, const float* content,
+                    const __nv_bfloat16* dout, const float* dST, const CarveGrads& gr, cudaStream_t stream);
+
 // The layer's L2 norm of q and k over key heads of any width (the fused qkv pass normalises
 // heads of 64 only): x ← x / sqrt(Σx² + 1e-6) per row of `width` channels (bf16, in place),
 // rn[row] = 1 / sqrt(Σx² + 1e-6) kept for the backward.
