@@ -26,6 +26,7 @@
 #include "trainer/params.hpp"
 #include "trainer/train.hpp"
 #include "tests/gpu/host_helpers.hpp"
+#include "tests/gpu/layer_run.hpp"
 #include "tests/temp_dir.hpp"
 #include "tests/trainer/run_test_helpers.hpp"
 
@@ -34,6 +35,9 @@ using kernels::DType;
 using kernels::Tensor;
 namespace fs = std::filesystem;
 using lar::gpu_test::backend;
+using lar::gpu_test::LayerOut;
+using lar::gpu_test::rel;
+using lar::gpu_test::run_layer;
 using lar::gpu_test::random_batch;
 using lar::gpu_test::rel_rms;
 
@@ -101,68 +105,6 @@ std::vector<float> random_params(const std::vector<trainer::ParamSpec>& specs, u
     }
   }
   return p;
-}
-
-struct LayerOut {
-  std::vector<float> y, dx, grads;
-  std::vector<std::pair<std::string, std::pair<int64_t, int64_t>>> table;  // name → (offset, numel)
-};
-
-// One forward + backward of a single Mamba-2 layer on `be` with the given parameters, input and
-// output gradient (host fp32; on a backend with bf16 activations rounded to bf16 on the device).
-LayerOut run_layer(kernels::Backend& be, const trainer::MixerConfig& mc, const std::vector<float>& params,
-                   const std::vector<float>& x, const std::vector<float>& dy, int B, int T) {
-  auto mixer = trainer::make_mixer(mc);
-  trainer::ParamStore ps(be);
-  for (const auto& s : mixer->params()) ps.add(s, "", 0);
-  ps.allocate();
-  be.upload(params.data(), ps.params());
-  ps.zero_grads();
-  std::vector<Tensor> pv, gv;
-  LayerOut out;
-  for (int i = 0; i < (int)ps.table().size(); ++i) {
-    pv.push_back(ps.param(i));
-    gv.push_back(ps.grad(i));
-    out.table.push_back({ps.table()[i].name, {ps.table()[i].offset, ps.table()[i].numel}});
-  }
-  mixer->bind(pv, gv);
-  kernels::Arena ar(be);
-  const DType at = be.act_dtype();
-  const int64_t d = mc.d_model;
-  auto in = [&](const std::vector<float>& h) {
-    Tensor f = ar.alloc(DType::f32, {B, T, d});
-    be.upload(h.data(), f);
-    if (at == DType::f32) return f;
-    Tensor a = ar.alloc(at, {B, T, d});
-    be.convert(f, a);
-    return a;
-  };
-  auto get = [&](const Tensor& t) {
-    Tensor f = t;
-    if (t.dtype != DType::f32) {
-      f = ar.alloc(DType::f32, t.shape());
-      be.convert(t, f);
-    }
-    std::vector<float> h(f.numel());
-    be.download(f, h.data());
-    return h;
-  };
-  const Tensor X = in(x), dY = in(dy);
-  const Tensor Y = ar.alloc(at, {B, T, d}), dX = ar.alloc(at, {B, T, d});
-  trainer::ForwardContext ctx{be, ar, true};
-  trainer::Routing route;
-  mixer->forward(ctx, X, Y, route);
-  mixer->backward(ctx, dY, dX, route);
-  out.y = get(Y);
-  out.dx = get(dX);
-  out.grads.resize(ps.numel());
-  be.download(ps.grads(), out.grads.data());
-  return out;
-}
-
-double rel(const std::vector<float>& a, const std::vector<float>& ref, int64_t off, int64_t n) {
-  return rel_rms(std::vector<float>(a.begin() + off, a.begin() + off + n),
-                 std::vector<float>(ref.begin() + off, ref.begin() + off + n));
 }
 
 // The CUDA layer against the CPU layer (fp32 reference) on the same parameters and inputs.

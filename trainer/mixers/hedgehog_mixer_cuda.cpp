@@ -343,18 +343,12 @@ class CudaHedgehogImpl final : public CudaHedgehog {
 
   // G[slot][j] += Σ_n M[n, j] (deterministic).
   void colsum(kernels::Arena& ar, cudaStream_t st, const Tensor& M, int slot) const {
-    Tensor scratch = ar.alloc(DType::f32, {(int64_t)cl::colsum_scratch_floats(M.size(0), (int)M.size(1))});
-    cl::LayerTimer tm("gla_hedgehog: parameter sums", st);
-    cl::colsum_accumulate(M.ptr<float>(), M.size(0), (int)M.size(1), M.size(1), 1, G_[slot].ptr<float>(),
-                          scratch.ptr<float>(), st);
+    cl::colsum_into(ar, st, M, 1, G_[slot].ptr<float>(), "gla_hedgehog: parameter sums");
   }
 
   // t in act_dtype(): t itself, or a converted copy in the arena.
   Tensor as_act(kernels::Backend& be, kernels::Arena& ar, const Tensor& t) const {
-    if (t.dtype == at_) return t;
-    Tensor c = ar.alloc(at_, t.shape());
-    be.convert(t, c);
-    return c;
+    return cl::as_dtype(be, ar, t, at_);
   }
 
   HedgehogShape s_;

@@ -942,12 +942,7 @@ class CudaLinearImpl final : public CudaLinear {
   int64_t og_ld() const { return wide_ ? ldp_ : 0; }
 
   // t in act_dtype(): t itself, or a converted copy in the arena.
-  Tensor as_act(kernels::Backend& be, kernels::Arena& ar, const Tensor& t) const {
-    if (t.dtype == at_) return t;
-    Tensor c = ar.alloc(at_, t.shape());
-    be.convert(t, c);
-    return c;
-  }
+  Tensor as_act(kernels::Backend& be, kernels::Arena& ar, const Tensor& t) const { return cl::as_dtype(be, ar, t, at_); }
 
   // The small gate tensors kept from forward to backward: gdn's a-gate pre-activation and
   // log-decay [N, H], β's [N, H], the low-rank gates' hidden x W₁ᵀ [N, rank].
@@ -1226,10 +1221,7 @@ class CudaLinearImpl final : public CudaLinear {
 
   // out[j] += Σ_n Σ_{c in group j} M[n, c] into the gradient of slot (deterministic).
   void colsum_param(kernels::Arena& ar, cudaStream_t st, const Tensor& M, int group, int slot) const {
-    Tensor scratch = ar.alloc(DType::f32, {(int64_t)cl::colsum_scratch_floats(M.size(0), (int)M.size(1))});
-    cl::LayerTimer tm("linear: gate maps (bwd)", st);
-    cl::colsum_accumulate(M.ptr<float>(), M.size(0), (int)M.size(1), M.size(1), group, G_[slot].ptr<float>(),
-                          scratch.ptr<float>(), st);
+    cl::colsum_into(ar, st, M, group, G_[slot].ptr<float>(), "linear: gate maps (bwd)");
   }
 
   // p_q = P's first Cqk columns (row stride ldp) as a contiguous [N, Cqk] in act_dtype().

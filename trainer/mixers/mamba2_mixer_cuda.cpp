@@ -58,7 +58,8 @@ class CudaMamba2Impl final : public CudaMamba2 {
     auto adjacent = [&](const std::vector<Tensor>& v) {
       const int order[] = {sl_.wz, sl_.wx, sl_.wB, sl_.wC};
       for (int i = 0; i + 1 < 4; ++i)
-        if (static_cast<const char*>(v[order[i + 1]].data) != static_cast<const char*>(v[order[i]].data) + v[order[i]].bytes())
+        if (static_cast<const char*>(v[order[i + 1]].data) !=
+            static_cast<const char*>(v[order[i]].data) + v[order[i]].bytes())
           return false;
       return true;
     };
@@ -272,18 +273,12 @@ class CudaMamba2Impl final : public CudaMamba2 {
 
   // out[j] += Σ_n Σ_{c in group j} M[n, c] into the gradient of slot (deterministic).
   void colsum(kernels::Arena& ar, cudaStream_t st, const Tensor& M, int group, int slot) const {
-    Tensor scratch = ar.alloc(DType::f32, {(int64_t)cl::colsum_scratch_floats(M.size(0), (int)M.size(1))});
-    cl::LayerTimer tm("mamba2: parameter sums", st);
-    cl::colsum_accumulate(M.ptr<float>(), M.size(0), (int)M.size(1), M.size(1), group, G_[slot].ptr<float>(),
-                          scratch.ptr<float>(), st);
+    cl::colsum_into(ar, st, M, group, G_[slot].ptr<float>(), "mamba2: parameter sums");
   }
 
   // t in act_dtype(): t itself, or a converted copy in the arena.
   Tensor as_act(kernels::Backend& be, kernels::Arena& ar, const Tensor& t) const {
-    if (t.dtype == at_) return t;
-    Tensor c = ar.alloc(at_, t.shape());
-    be.convert(t, c);
-    return c;
+    return cl::as_dtype(be, ar, t, at_);
   }
 
   MambaShape s_;
