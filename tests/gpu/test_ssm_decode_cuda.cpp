@@ -80,9 +80,9 @@ std::vector<float> random_params(trainer::Model& model) {
                           (info.name.size() == 1 || info.name[info.name.size() - 2] == '.');
       if (has("gate_bias")) v = float(0.05 * r);
       if (has("norm")) v = float(1.0 + 0.2 * r);
-      if (has("fmap_")) v = float(0.1 * r);                                    // Hedgehog's maps off the identity
-      if (has("B_bias") || has("C_bias") || ends_D) v = float(1.0 + 0.2 * r);  // Mamba's constants
-      if (has("mimo_")) v *= float(1.0 + 0.2 * r);                             // Mamba-3's MIMO maps
+      if (has("fmap_")) v = float(0.1 * r);  // Hedgehog's maps off the identity
+      if (((has("B_bias") || has("C_bias")) && !has("conv")) || ends_D) v = float(1.0 + 0.2 * r);  // Mamba's constants
+      if (has("mimo_")) v *= float(1.0 + 0.2 * r);  // Mamba-3's MIMO maps
       if (has("embed") || has("head")) v += float(0.05 * r);
     }
   }
