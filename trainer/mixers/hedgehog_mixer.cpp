@@ -12,7 +12,9 @@
 // hedgehog_mixer_cuda.cpp (CUDA builds; the feature map of kernels/cuda/linear/hedgehog_ops.hpp
 // and the gla channel kernels at key dim 2dk; cuda_hedgehog_unsupported says which shapes, and
 // the gate kHedgehogCudaVerified in hedgehog_layer.hpp keeps it off until it is verified on a
-// GPU); decode stays on the CPU.
+// GPU); so does decode (init_state/step: the forward's projections, conv over a window of the
+// last W projection rows, the feature maps and the gla channel decode on the device state),
+// gated until its GPU test passes (kSsmDecodeCudaVerified, ssm_common.hpp).
 #include <omp.h>
 
 #include <algorithm>
@@ -304,22 +306,21 @@ class HedgehogMixer final : public ssm::DtypeMixer<HedgehogMixer, Impl, State> {
     if (ctx.be.device() == kernels::Device::cuda) return cuda(ctx.be).backward(ctx, dy, dx);
     DtypeMixer::backward(ctx, dy, dx, r);
   }
-  // Decode (init_state/step) runs on the CPU backend only; training and evaluation
-  // (forward/backward) also run on CUDA.
+  // Decode: on CUDA the device implementation (while ssm_decode_cuda_gate allows it).
   std::unique_ptr<MixerState> init_state(kernels::Backend& be, int batch, int max_len) const override {
-    check_decode(be);
+    if (be.device() == kernels::Device::cuda)
+      return const_cast<HedgehogMixer*>(this)->cuda_decode(be).init_state(be, batch);
     return DtypeMixer::init_state(be, batch, max_len);
   }
   void step(ForwardContext& ctx, const Tensor& x, const Tensor& y, MixerState& state, Routing& r) override {
-    check_decode(ctx.be);
+    if (ctx.be.device() == kernels::Device::cuda) return cuda_decode(ctx.be).step(ctx, x, y, state);
     DtypeMixer::step(ctx, x, y, state, r);
   }
 
  private:
-  static void check_decode(const kernels::Backend& be) {
-    if (be.device() != kernels::Device::cpu)
-      throw UserError("gla_hedgehog mixer decodes (step) on the cpu backend only; backend " + be.name() +
-                      " trains and evaluates it");
+  CudaHedgehog& cuda_decode(const kernels::Backend& be) {
+    if (const std::string why = ssm_decode_cuda_gate(cfg_.kind, be.name()); !why.empty()) throw UserError(why);
+    return cuda(be);
   }
   // The CUDA implementation, built on first use after bind(), where the gate and the shape allow it.
   CudaHedgehog& cuda(const kernels::Backend& be) {

@@ -24,6 +24,11 @@
 // backward into ∂L/∂[q | k | v] and the projection GEMMs. Kept from forward to backward
 // (per layer): P, a_q, a_k, u_q, u_k, φ_q, φ_k, v, the gates' f and g, h1 = x W₁ᵀ, og = x W_gᵀ,
 // o, the boundary states and the norm's rstd.
+// Decode (init_state/step, one token of B sequences a call; gated by kSsmDecodeCudaVerified):
+// the same GEMMs, feature maps, gates and output as a forward at T = 1; the conv runs over the
+// window of the last W projection rows (ssm_cuda_decode.hpp) and keeps its last row; the
+// recurrence is the gla channel decode at key dim Fp on the fp32 state [B, H, dvp, Fp] (padded
+// as the forward's: the padding channels stay zero).
 #ifdef LAR_HAVE_CUDA
 #include <algorithm>
 #include <cmath>
@@ -40,6 +45,7 @@
 #include "kernels/cuda/linear/layer_ops.hpp"
 #include "kernels/cuda/linear/mamba2_ops.hpp"
 #include "trainer/mixers/hedgehog_layer.hpp"
+#include "trainer/mixers/ssm_cuda_decode.hpp"
 
 namespace lar::trainer::mixers {
 
@@ -254,6 +260,114 @@ class CudaHedgehogImpl final : public CudaHedgehog {
     }
     be.gemm(dP, true, Xa, false, Gqkv_, 1.0, 1.0);
     be.gemm(dP, false, Wqkv_, false, dX, 1.0, 1.0);
+    ar.release(mark);
+  }
+
+  std::unique_ptr<MixerState> init_state(kernels::Backend& be, int batch) override {
+    cudaStream_t st = stream(be);
+    if (batch < 1) throw RuntimeError("gla_hedgehog mixer (cuda): init_state for a batch of " + std::to_string(batch));
+    const DType at = be.act_dtype();
+    const std::size_t s_bytes = SsmCudaState::rounded((std::size_t)batch * s_.H * dvp_ * Fp_ * 4);
+    const std::size_t w_bytes = SsmCudaState::rounded((std::size_t)batch * s_.W * ldp_ * kernels::dtype_size(at));
+    auto s = std::make_unique<SsmCudaState>(be, s_bytes + 2 * w_bytes);
+    LAR_CUDA_CHECK(cudaMemsetAsync(s->mem, 0, s->bytes, st));
+    s->B = batch;
+    s->at = at;
+    s->window = s_.W;
+    s->ldp = ldp_;
+    s->S = static_cast<float*>(s->take(s_bytes));
+    s->win[0] = s->take(w_bytes);
+    s->win[1] = s->take(w_bytes);
+    return s;
+  }
+
+  // One token of each of the state's B sequences: x, y [B, d] in act_dtype().
+  void step(ForwardContext& ctx, const Tensor& x, const Tensor& y, MixerState& state) override {
+    auto& be = ctx.be;
+    auto& ar = ctx.arena;
+    cudaStream_t st = stream(be);
+    at_ = be.act_dtype();
+    SsmCudaState& s = ssm_decode_state("gla_hedgehog mixer (cuda)", state, x, s_.d, at_);
+    kernels_ = kernel_choice(be);
+    const int64_t B = s.B, R = B * s_.H, W = s_.W;
+    const auto mark = ar.mark();
+    const Tensor Xa = as_act(be, ar, x);
+    const Tensor Ptok = ar.alloc(at_, {B, ldp_});
+    be.gemm(Xa, false, Wqkv_, true, Ptok);
+    // the conv over the window (a sequence of W tokens), its last row kept
+    B_ = B, T_ = W;
+    P_proj_ = Tensor(s.push(Ptok.data, st), at_, {B * W, ldp_});
+    aq_ = ar.alloc(DType::f32, {R, s_.dk});
+    ak_ = ar.alloc(DType::f32, {R, s_.dk});
+    v_ = bf_alloc(ar, R * dvp_);
+    {
+      const Tensor zb = ar.zeros(DType::f32, {std::max(s_.Cq, s_.Cv)});
+      const Tensor aqw = ar.alloc(DType::f32, {B * W, s_.Cq}), akw = ar.alloc(DType::f32, {B * W, s_.Cq});
+      const Bf vw = bf_alloc(ar, B * W * s_.Cv);
+      cl::LayerTimer tm("gla_hedgehog: conv+silu (decode)", st);
+      cl::ssm_conv_silu_forward(conv_args(0, s_.Cq, sl_.cq, zb), aqw.data, false, st);
+      cl::ssm_conv_silu_forward(conv_args(s_.Cq, s_.Cq, sl_.ck, zb), akw.data, false, st);
+      cl::ssm_conv_silu_forward(conv_args(2 * s_.Cq, s_.Cv, sl_.cv, zb), vw.p, true, st);
+      ssm_last_rows(aqw.data, aq_.data, (std::size_t)s_.Cq * 4, W, B, st);
+      ssm_last_rows(akw.data, ak_.data, (std::size_t)s_.Cq * 4, W, B, st);
+      if (padded_v()) {
+        const Bf vd = bf_alloc(ar, R * s_.dv);
+        ssm_last_rows(vw.p, vd.p, (std::size_t)s_.Cv * 2, W, B, st);
+        pad_rows(vd.p, s_.dv, v_.p, dvp_, R, 2, st);
+      } else {
+        ssm_last_rows(vw.p, v_.p, (std::size_t)s_.Cv * 2, W, B, st);
+      }
+    }
+    T_ = 1;
+    P_proj_ = Ptok;
+    // the feature maps
+    uq_ = ar.alloc(DType::f32, {R, s_.dk});
+    uk_ = ar.alloc(DType::f32, {R, s_.dk});
+    phq_ = bf_alloc(ar, R * Fp_);
+    phk_ = bf_alloc(ar, R * Fp_);
+    be.gemm(aq_, false, P_[sl_.fq_w], true, uq_);
+    be.gemm(ak_, false, P_[sl_.fk_w], true, uk_);
+    {
+      cl::LayerTimer tm("gla_hedgehog: feature map (decode)", st);
+      cl::hedgehog_map_forward(R, s_.dk, uq_.ptr<float>(), aq_.ptr<float>(), P_[sl_.fq_b].ptr<float>(), phq_.p, Fp_,
+                               st);
+      cl::hedgehog_map_forward(R, s_.dk, uk_.ptr<float>(), ak_.ptr<float>(), P_[sl_.fk_b].ptr<float>(), phk_.p, Fp_,
+                               st);
+    }
+    // the per-feature-channel gates, padded with zero log-gates
+    h1_ = ar.alloc(at_, {B, s_.rank});
+    f_ = ar.alloc(DType::f32, {B, s_.CF});
+    g_ = ar.alloc(DType::f32, {R, Fp_});
+    be.gemm(Xa, false, P_[sl_.g1], true, h1_);
+    be.gemm(h1_, false, P_[sl_.g2], true, f_);
+    {
+      cl::LayerTimer tm("gla_hedgehog: gate map (decode)", st);
+      if (padded_f()) {
+        const Tensor gd = ar.alloc(DType::f32, {B, s_.CF});
+        cl::gate_forward(gate_args(), gd.ptr<float>(), nullptr, st);
+        pad_rows(gd.data, s_.F, g_.data, Fp_, R, 4, st);
+      } else {
+        cl::gate_forward(gate_args(), g_.ptr<float>(), nullptr, st);
+      }
+    }
+    o_ = bf_alloc(ar, R * dvp_);
+    oc_ = padded_v() ? bf_alloc(ar, R * s_.dv) : o_;
+    {
+      cl::LayerTimer tm("gla_hedgehog: channel decode", st);
+      cl::grouped_channel_decode(cl::ChannelMixer::gla, gshape(), channel_inputs(), s.S, o_.p, st);
+    }
+    if (padded_v()) unpad_rows(o_.p, dvp_, oc_.p, s_.dv, R, 2, st);
+    og_ = ar.alloc(at_, {B, s_.Cv});
+    be.gemm(Xa, false, P_[sl_.wgate], true, og_);
+    rstd_ = ar.alloc(DType::f32, {R});
+    Tensor ypre = ar.alloc(at_, {B, s_.Cv});
+    {
+      cl::LayerTimer tm("gla_hedgehog: out norm+gate (decode)", st);
+      cl::out_gate_forward(R, oc_.p, og_.data, P_[sl_.onorm].ptr<float>(), kNormEps, ypre.data, rstd_.ptr<float>(),
+                           act_bf16(), st, s_.H, 0, s_.dv);
+    }
+    be.gemm(ypre, false, P_[sl_.wo], true, y.view({B, s_.d}));
+    ++s.pos;
     ar.release(mark);
   }
 

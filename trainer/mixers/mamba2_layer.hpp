@@ -35,8 +35,7 @@ inline std::string cuda_mamba2_unsupported(const MambaShape& s, int conv_size) {
   if (s.N != 128 && s.N != 256)
     return "model.mamba.state_size: the CUDA Mamba-2 layer takes 128 or 256, got " + std::to_string(s.N);
   if (s.P % 64 != 0 || s.P > 512)
-    return "model.mamba.head_dim: the CUDA Mamba-2 layer needs a multiple of 64 up to 512, got " +
-           std::to_string(s.P);
+    return "model.mamba.head_dim: the CUDA Mamba-2 layer needs a multiple of 64 up to 512, got " + std::to_string(s.P);
   // Every mamba2 layer test that passed on the H200 has a conv of 4 (Mamba-2's d_conv); both
   // that failed have 3 (GroupsMatchTheCpuLayer's G = H = 2 case: y and dx within bounds, the
   // D, dt_bias and conv bias gradients 0.1 to 0.8 away). Until that is explained, only 4.
@@ -47,12 +46,15 @@ inline std::string cuda_mamba2_unsupported(const MambaShape& s, int conv_size) {
 }
 
 // forward/backward of the Mixer contract on the CUDA backend (fp32 parameters, x, y, dy, dx in
-// act_dtype(), the bf16 channel kernels inside). Decode stays on the CPU.
+// act_dtype(), the bf16 channel kernels inside), and the recurrent decode (one token of B
+// sequences a call, the state on the device; gated: kSsmDecodeCudaVerified, ssm_common.hpp).
 class CudaMamba2 {
  public:
   virtual ~CudaMamba2() = default;
   virtual void forward(ForwardContext& ctx, const kernels::Tensor& x, const kernels::Tensor& y) = 0;
   virtual void backward(ForwardContext& ctx, const kernels::Tensor& dy, const kernels::Tensor& dx) = 0;
+  virtual std::unique_ptr<MixerState> init_state(kernels::Backend& be, int batch) = 0;
+  virtual void step(ForwardContext& ctx, const kernels::Tensor& x, const kernels::Tensor& y, MixerState& state) = 0;
 };
 #ifdef LAR_HAVE_CUDA
 std::unique_ptr<CudaMamba2> make_cuda_mamba2(const MambaShape& s, int conv_size, const Mamba2Slots& sl,

@@ -12,7 +12,9 @@
 // the per-(batch, head) recurrences run in parallel over the backend's threads. On the CUDA
 // backend forward/backward go to mamba2_mixer_cuda.cpp (CUDA builds; the gla channel kernels
 // with the scalar gate broadcast over the key channels; cuda_mamba2_unsupported says which
-// shapes); decode stays on the CPU.
+// shapes); so does decode (init_state/step: the forward's projections, conv over a window of
+// the last W projection rows, and the gla channel decode on the device state), gated until its
+// GPU test passes (kSsmDecodeCudaVerified, ssm_common.hpp).
 #include <omp.h>
 
 #include <algorithm>
@@ -42,19 +44,19 @@ using Slots = Mamba2Slots;
 
 template <class T>
 struct State : MixerState {
-  std::vector<T> S;                    // [B,H,P,N]
+  std::vector<T> S;                       // [B,H,P,N]
   std::vector<T> tail_x, tail_B, tail_C;  // [B,W−1,C]
 };
 
 template <class T>
 struct Cache {
   int B = 0, len = 0;
-  std::vector<T> x;                               // [N,d]
-  std::vector<T> pz, px, pB, pC, pdt;             // projections
-  std::vector<T> sx, sB, sC, ax, aB, aC;          // conv pre-activations and SiLU outputs
-  std::vector<T> dt, g;                           // [N,H] Δ and log decay
-  std::vector<T> hq, hk, hz, hg, bounds;          // per-(b,h) core inputs, chunk start states
-  std::vector<T> y, yg, yn, rstd;                 // [N,Di] pre-gate, gated, normed
+  std::vector<T> x;                       // [N,d]
+  std::vector<T> pz, px, pB, pC, pdt;     // projections
+  std::vector<T> sx, sB, sC, ax, aB, aC;  // conv pre-activations and SiLU outputs
+  std::vector<T> dt, g;                   // [N,H] Δ and log decay
+  std::vector<T> hq, hk, hz, hg, bounds;  // per-(b,h) core inputs, chunk start states
+  std::vector<T> y, yg, yn, rstd;         // [N,Di] pre-gate, gated, normed
 };
 
 template <class T>
@@ -293,8 +295,8 @@ class Mamba2Mixer final : public ssm::DtypeMixer<Mamba2Mixer, Impl, State> {
     sl_.bC = bias("conv_C_bias", GN);
     // A = exp(A_log) ∈ U[1, 16] as in Mamba-2; Δ log-uniform in [1e-3, 1e-1]; D = 1.
     sl_.A_log = pt_.add({"A_log", {s_.H}, ParamKind::scalar, InitRule::Uniform(0.0, std::log(16.0))});
-    sl_.dt_bias = pt_.add({"dt_bias", {s_.H}, ParamKind::scalar,
-                           InitRule::Uniform(softplus_inv(1e-3), softplus_inv(1e-1))});
+    sl_.dt_bias =
+        pt_.add({"dt_bias", {s_.H}, ParamKind::scalar, InitRule::Uniform(softplus_inv(1e-3), softplus_inv(1e-1))});
     sl_.D = pt_.add({"D", {s_.H}, ParamKind::scalar, InitRule::Constant(1.0)});
     sl_.norm = pt_.add({"norm", {s_.Di}, ParamKind::norm, InitRule::Constant(1.0)});
     sl_.wo = mat("wo", s_.d, s_.Di, sd);
@@ -317,22 +319,21 @@ class Mamba2Mixer final : public ssm::DtypeMixer<Mamba2Mixer, Impl, State> {
     if (ctx.be.device() == kernels::Device::cuda) return cuda(ctx.be).backward(ctx, dy, dx);
     DtypeMixer::backward(ctx, dy, dx, r);
   }
-  // Decode (init_state/step) runs on the CPU backend only; training and evaluation
-  // (forward/backward) also run on CUDA.
+  // Decode: on CUDA the device implementation (while ssm_decode_cuda_gate allows it).
   std::unique_ptr<MixerState> init_state(kernels::Backend& be, int batch, int max_len) const override {
-    check_decode(be);
+    if (be.device() == kernels::Device::cuda)
+      return const_cast<Mamba2Mixer*>(this)->cuda_decode(be).init_state(be, batch);
     return DtypeMixer::init_state(be, batch, max_len);
   }
   void step(ForwardContext& ctx, const Tensor& x, const Tensor& y, MixerState& state, Routing& r) override {
-    check_decode(ctx.be);
+    if (ctx.be.device() == kernels::Device::cuda) return cuda_decode(ctx.be).step(ctx, x, y, state);
     DtypeMixer::step(ctx, x, y, state, r);
   }
 
  private:
-  static void check_decode(const kernels::Backend& be) {
-    if (be.device() != kernels::Device::cpu)
-      throw UserError("mamba2 mixer decodes (step) on the cpu backend only; backend " + be.name() +
-                      " trains and evaluates it");
+  CudaMamba2& cuda_decode(const kernels::Backend& be) {
+    if (const std::string why = ssm_decode_cuda_gate(cfg_.kind, be.name()); !why.empty()) throw UserError(why);
+    return cuda(be);
   }
   // The CUDA implementation, built on first use after bind().
   CudaMamba2& cuda(const kernels::Backend& be) {
@@ -353,8 +354,7 @@ class Mamba2Mixer final : public ssm::DtypeMixer<Mamba2Mixer, Impl, State> {
   std::unique_ptr<CudaMamba2> cuda_;
 };
 
-const MixerRegistration reg_mamba2{
-    "mamba2", [](const MixerConfig& c) { return std::make_unique<Mamba2Mixer>(c); }};
+const MixerRegistration reg_mamba2{"mamba2", [](const MixerConfig& c) { return std::make_unique<Mamba2Mixer>(c); }};
 
 }  // namespace
 

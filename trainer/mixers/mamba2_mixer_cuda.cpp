@@ -17,6 +17,11 @@
 // deterministic column sums of layer_ops.hpp. Kept from forward to backward: the projection
 // [z | x | B | C] (act_dtype), dt's pre-activation, o, the boundary states and the norm's rstd;
 // the conv outputs, Δ·x and the [N, H·N] gate are recomputed in the backward.
+// Decode (init_state/step, one token of B sequences a call; gated by kSsmDecodeCudaVerified):
+// the same GEMMs, gates and output as a forward at T = 1; the conv runs over the window of the
+// last W projection rows (ssm_cuda_decode.hpp) and keeps its last row; the recurrence is the
+// gla channel decode (grouped_channel_decode; the wide-key decode at states of 128 and 256) on
+// the fp32 state [B, H, P, N] (the CPU layer's layout).
 #ifdef LAR_HAVE_CUDA
 #include <cmath>
 #include <memory>
@@ -30,6 +35,7 @@
 #include "kernels/cuda/linear/layer_ops.hpp"
 #include "kernels/cuda/linear/mamba2_ops.hpp"
 #include "trainer/mixers/mamba2_layer.hpp"
+#include "trainer/mixers/ssm_cuda_decode.hpp"
 
 namespace lar::trainer::mixers {
 
@@ -165,6 +171,80 @@ class CudaMamba2Impl final : public CudaMamba2 {
     be.gemm(dP, false, Wcat_, false, dX, 1.0, 0.0);
     be.gemm(ddt, true, Xa, false, G_[sl_.wdt], 1.0, 1.0);
     be.gemm(ddt, false, P_[sl_.wdt], false, dX, 1.0, 1.0);
+    ar.release(mark);
+  }
+
+  std::unique_ptr<MixerState> init_state(kernels::Backend& be, int batch) override {
+    cudaStream_t st = stream(be);
+    if (batch < 1) throw RuntimeError("mamba2 mixer (cuda): init_state for a batch of " + std::to_string(batch));
+    const DType at = be.act_dtype();
+    const std::size_t s_bytes = SsmCudaState::rounded((std::size_t)batch * s_.H * s_.P * s_.N * 4);
+    const std::size_t w_bytes = SsmCudaState::rounded((std::size_t)batch * W_ * ldp_ * kernels::dtype_size(at));
+    auto s = std::make_unique<SsmCudaState>(be, s_bytes + 2 * w_bytes);
+    LAR_CUDA_CHECK(cudaMemsetAsync(s->mem, 0, s->bytes, st));
+    s->B = batch;
+    s->at = at;
+    s->window = W_;
+    s->ldp = ldp_;
+    s->S = static_cast<float*>(s->take(s_bytes));
+    s->win[0] = s->take(w_bytes);
+    s->win[1] = s->take(w_bytes);
+    return s;
+  }
+
+  // One token of each of the state's B sequences: x, y [B, d] in act_dtype().
+  void step(ForwardContext& ctx, const Tensor& x, const Tensor& y, MixerState& state) override {
+    auto& be = ctx.be;
+    auto& ar = ctx.arena;
+    cudaStream_t st = stream(be);
+    at_ = be.act_dtype();
+    SsmCudaState& s = ssm_decode_state("mamba2 mixer (cuda)", state, x, s_.d, at_);
+    kernels_ = kernel_choice(be);
+    const int64_t B = s.B;
+    const auto mark = ar.mark();
+    const Tensor Xa = as_act(be, ar, x);
+    const Tensor Ptok = ar.alloc(at_, {B, ldp_});
+    be.gemm(Xa, false, Wcat_, true, Ptok);
+    pdt_ = ar.alloc(DType::f32, {B, s_.H});
+    be.gemm(Xa, false, P_[sl_.wdt], true, pdt_);
+    // the conv over the window (a sequence of W tokens), its last row kept
+    B_ = B, T_ = W_;
+    P_proj_ = Tensor(s.push(Ptok.data, st), at_, {B * W_, ldp_});
+    {
+      cl::LayerTimer tm("mamba2: conv+silu (decode)", st);
+      const Tensor axw = ar.alloc(DType::f32, {B * W_, Di_});
+      const Bf aBw = bf_alloc(ar, B * W_ * GN_), aCw = bf_alloc(ar, B * W_ * GN_);
+      cl::ssm_conv_silu_forward(conv_args(Di_, Di_, sl_.cx, sl_.bx), axw.data, false, st);
+      cl::ssm_conv_silu_forward(conv_args(2 * Di_, GN_, sl_.cB, sl_.bB), aBw.p, true, st);
+      cl::ssm_conv_silu_forward(conv_args(2 * Di_ + GN_, GN_, sl_.cC, sl_.bC), aCw.p, true, st);
+      ax_ = ar.alloc(DType::f32, {B, Di_});
+      aB_ = bf_alloc(ar, B * GN_);
+      aC_ = bf_alloc(ar, B * GN_);
+      ssm_last_rows(axw.data, ax_.data, (std::size_t)Di_ * 4, W_, B, st);
+      ssm_last_rows(aBw.p, aB_.p, (std::size_t)GN_ * 2, W_, B, st);
+      ssm_last_rows(aCw.p, aC_.p, (std::size_t)GN_ * 2, W_, B, st);
+    }
+    T_ = 1;
+    P_proj_ = Ptok;  // z: the token's first Di columns
+    v_ = bf_alloc(ar, B * Di_);
+    g_ = ar.alloc(DType::f32, {B, (int64_t)s_.H * s_.N});
+    {
+      cl::LayerTimer tm("mamba2: gates (decode)", st);
+      cl::mamba2_gates_forward(gate_args(B), v_.p, g_.ptr<float>(), st);
+    }
+    o_ = bf_alloc(ar, B * Di_);
+    {
+      cl::LayerTimer tm("mamba2: channel decode", st);
+      cl::grouped_channel_decode(cl::ChannelMixer::gla, gshape(), channel_inputs(), s.S, o_.p, st);
+    }
+    rstd_ = ar.alloc(DType::f32, {B * s_.G});
+    Tensor ypre = ar.alloc(at_, {B, Di_});
+    {
+      cl::LayerTimer tm("mamba2: out norm+gate (decode)", st);
+      cl::mamba2_out_forward(out_args(B), ypre.data, rstd_.ptr<float>(), st);
+    }
+    be.gemm(ypre, false, P_[sl_.wo], true, y.view({B, s_.d}));
+    ++s.pos;
     ar.release(mark);
   }
 

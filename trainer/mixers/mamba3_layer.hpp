@@ -69,12 +69,16 @@ inline std::string cuda_mamba3_unsupported(const MambaShape& s, int rank) {
 }
 
 // forward/backward of the Mixer contract on the CUDA backend (fp32 parameters, x, y, dy, dx in
-// act_dtype(), the bf16 channel kernels inside). Decode stays on the CPU.
+// act_dtype(), the bf16 channel kernels inside), and the recurrent decode (one token of B
+// sequences a call, Mamba-3's own recurrence on the device state; gated: kSsmDecodeCudaVerified,
+// ssm_common.hpp).
 class CudaMamba3 {
  public:
   virtual ~CudaMamba3() = default;
   virtual void forward(ForwardContext& ctx, const kernels::Tensor& x, const kernels::Tensor& y) = 0;
   virtual void backward(ForwardContext& ctx, const kernels::Tensor& dy, const kernels::Tensor& dx) = 0;
+  virtual std::unique_ptr<MixerState> init_state(kernels::Backend& be, int batch) = 0;
+  virtual void step(ForwardContext& ctx, const kernels::Tensor& x, const kernels::Tensor& y, MixerState& state) = 0;
 };
 #ifdef LAR_HAVE_CUDA
 // na: the rotated pairs; rank: R (1 for SISO).

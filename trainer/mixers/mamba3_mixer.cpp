@@ -11,8 +11,10 @@
 // Training runs the chunkwise form on the shared scalar-decay core (the mapping is in
 // mamba3.hpp: each token is R rows of the core); decode runs Mamba-3's own recurrence. On the
 // CUDA backend forward/backward go to mamba3_mixer_cuda.cpp (CUDA builds; the same mapping on
-// the gla channel kernels; cuda_mamba3_unsupported says which shapes);
-// decode stays on the CPU.
+// the gla channel kernels; cuda_mamba3_unsupported says which shapes); so does decode
+// (init_state/step: the forward's projections and Mamba-3's own recurrence in one per-token
+// kernel, mamba3_decode_step, on the device state φ, S, k_prev, v_prev), gated until its GPU
+// test passes (kSsmDecodeCudaVerified, ssm_common.hpp).
 #include <omp.h>
 
 #include <algorithm>
@@ -54,11 +56,11 @@ template <class T>
 struct Cache {
   int B = 0, len = 0;
   std::vector<T> x, pz, px, pB, pC, pdt, pa, ptrap, pang;
-  std::vector<T> Bn, Cn, rB, rC;            // normalised B, C [N·R·G rows of N], rstd
-  std::vector<T> dt, A, lam, theta;         // [N,H], [N,H], [N,H], [N,na]
-  std::vector<T> phi, cw, bnext;            // per (b,h,t)
-  std::vector<T> hq, hk, hv, hg, bounds;    // per sub-token row
-  std::vector<T> u;                         // per sub-token row [P]: o + D·v
+  std::vector<T> Bn, Cn, rB, rC;          // normalised B, C [N·R·G rows of N], rstd
+  std::vector<T> dt, A, lam, theta;       // [N,H], [N,H], [N,H], [N,na]
+  std::vector<T> phi, cw, bnext;          // per (b,h,t)
+  std::vector<T> hq, hk, hv, hg, bounds;  // per sub-token row
+  std::vector<T> u;                       // per sub-token row [P]: o + D·v
 };
 
 template <class T>
@@ -118,8 +120,8 @@ class Impl {
               value(n, h, r, &v[(size_t)r * s.P]);
             }
             ks::mamba3_step(st->h[(size_t)b * s.H + h], qh.data(), kh.data(), v.data(), &c.theta[n * na_],
-                            c.A[n * s.H + h] * c.dt[n * s.H + h], c.dt[n * s.H + h], c.lam[n * s.H + h], s.N, s.P,
-                            na_, R, &ho[row * s.P]);
+                            c.A[n * s.H + h] * c.dt[n * s.H + h], c.dt[n * s.H + h], c.lam[n * s.H + h], s.N, s.P, na_,
+                            R, &ho[row * s.P]);
           }
     } else {
       gather(B, len);
@@ -337,9 +339,7 @@ class Impl {
   T* grad(int slot) const { return pt_.grad<T>(slot); }
   bool is_mimo() const { return sl_.mx >= 0; }
   // An entry of m_x, m_z or m_o [H, R, P]; 1 in the SISO form, which has none.
-  T mimo(int slot, int h, int r, int p) const {
-    return slot < 0 ? T(1) : par(slot)[((size_t)h * R_ + r) * s_.P + p];
-  }
+  T mimo(int slot, int h, int r, int p) const { return slot < 0 ? T(1) : par(slot)[((size_t)h * R_ + r) * s_.P + p]; }
   T& mimo_grad(int slot, int h, int r, int p) const { return grad(slot)[((size_t)h * R_ + r) * s_.P + p]; }
   static T dot(const T* a, const T* b, int n) {
     T acc = 0;
@@ -442,7 +442,8 @@ class Mamba3Mixer final : public ssm::DtypeMixer<Mamba3Mixer, Impl, State> {
     int rot = (int)(s_.N * frac);
     rot -= rot % 2;
     na_ = rot / 2;
-    if (na_ < 1) throw UserError("model.mamba.state_size: " + std::to_string(s_.N) + " × rope_fraction leaves no rotated pair");
+    if (na_ < 1)
+      throw UserError("model.mamba.state_size: " + std::to_string(s_.N) + " × rope_fraction leaves no rotated pair");
     const double sd = cfg.init_std;
     const int RGN = R_ * s_.G * s_.N;
     auto mat = [&](const char* name, int64_t rows, int64_t cols) {
@@ -456,7 +457,8 @@ class Mamba3Mixer final : public ssm::DtypeMixer<Mamba3Mixer, Impl, State> {
     sl_.wa = mat("w_a", s_.H, s_.d);
     sl_.wtrap = mat("w_trap", s_.H, s_.d);
     sl_.wang = mat("w_angle", na_, s_.d);
-    sl_.dt_bias = pt_.add({"dt_bias", {s_.H}, ParamKind::scalar, InitRule::Uniform(softplus_inv(1e-3), softplus_inv(1e-1))});
+    sl_.dt_bias =
+        pt_.add({"dt_bias", {s_.H}, ParamKind::scalar, InitRule::Uniform(softplus_inv(1e-3), softplus_inv(1e-1))});
     sl_.nB = pt_.add({"B_norm", {s_.N}, ParamKind::norm, InitRule::Constant(1.0)});
     sl_.nC = pt_.add({"C_norm", {s_.N}, ParamKind::norm, InitRule::Constant(1.0)});
     const std::vector<int64_t> bias_shape =
@@ -492,22 +494,21 @@ class Mamba3Mixer final : public ssm::DtypeMixer<Mamba3Mixer, Impl, State> {
     if (ctx.be.device() == kernels::Device::cuda) return cuda(ctx.be).backward(ctx, dy, dx);
     DtypeMixer::backward(ctx, dy, dx, r);
   }
-  // Decode (init_state/step) runs on the CPU backend only; training and evaluation
-  // (forward/backward) also run on CUDA.
+  // Decode: on CUDA the device implementation (while ssm_decode_cuda_gate allows it).
   std::unique_ptr<MixerState> init_state(kernels::Backend& be, int batch, int max_len) const override {
-    check_decode(be);
+    if (be.device() == kernels::Device::cuda)
+      return const_cast<Mamba3Mixer*>(this)->cuda_decode(be).init_state(be, batch);
     return DtypeMixer::init_state(be, batch, max_len);
   }
   void step(ForwardContext& ctx, const Tensor& x, const Tensor& y, MixerState& state, Routing& r) override {
-    check_decode(ctx.be);
+    if (ctx.be.device() == kernels::Device::cuda) return cuda_decode(ctx.be).step(ctx, x, y, state);
     DtypeMixer::step(ctx, x, y, state, r);
   }
 
  private:
-  static void check_decode(const kernels::Backend& be) {
-    if (be.device() != kernels::Device::cpu)
-      throw UserError("mamba3 mixer decodes (step) on the cpu backend only; backend " + be.name() +
-                      " trains and evaluates it");
+  CudaMamba3& cuda_decode(const kernels::Backend& be) {
+    if (const std::string why = ssm_decode_cuda_gate(cfg_.kind, be.name()); !why.empty()) throw UserError(why);
+    return cuda(be);
   }
   // The CUDA implementation, built on first use after bind().
   CudaMamba3& cuda(const kernels::Backend& be) {
@@ -529,8 +530,7 @@ class Mamba3Mixer final : public ssm::DtypeMixer<Mamba3Mixer, Impl, State> {
   std::unique_ptr<CudaMamba3> cuda_;
 };
 
-const MixerRegistration reg_mamba3{
-    "mamba3", [](const MixerConfig& c) { return std::make_unique<Mamba3Mixer>(c); }};
+const MixerRegistration reg_mamba3{"mamba3", [](const MixerConfig& c) { return std::make_unique<Mamba3Mixer>(c); }};
 
 }  // namespace
 

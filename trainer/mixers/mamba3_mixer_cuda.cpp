@@ -18,6 +18,11 @@
 // GEMMs (beta = 1) and the deterministic column sums of layer_ops.hpp. Kept from forward to
 // backward: the two projections, o and the boundary states; q, k, v, g and the per-token
 // scalars are recomputed in the backward.
+// Decode (init_state/step, one token of B sequences a call; gated by kSsmDecodeCudaVerified):
+// the same two GEMMs as a forward at T = 1, then Mamba-3's own recurrence (not the forward's
+// mapping, whose write weight needs the next token) in one per-token kernel,
+// mamba3_decode_step (mamba3_ops.hpp), on the fp32 state φ [B,H,na], S [B,H,P,N] (the CPU's
+// layout), k_prev [B,H,R,N], v_prev [B,H,R,P]; no conv, so no window.
 #ifdef LAR_HAVE_CUDA
 #include <cmath>
 #include <memory>
@@ -31,6 +36,7 @@
 #include "kernels/cuda/linear/layer_ops.hpp"
 #include "kernels/cuda/linear/mamba3_ops.hpp"
 #include "trainer/mixers/mamba3_layer.hpp"
+#include "trainer/mixers/ssm_cuda_decode.hpp"
 
 namespace lar::trainer::mixers {
 
@@ -207,6 +213,52 @@ class CudaMamba3Impl final : public CudaMamba3 {
     be.gemm(dP, false, Wcat_, false, dX, 1.0, 0.0);
     be.gemm(dPg, true, Xa, false, Gg_, 1.0, 1.0);
     be.gemm(dPg, false, Wg_, false, dX, 1.0, 1.0);
+    ar.release(mark);
+  }
+
+  std::unique_ptr<MixerState> init_state(kernels::Backend& be, int batch) override {
+    cudaStream_t st = stream(be);
+    if (batch < 1) throw RuntimeError("mamba3 mixer (cuda): init_state for a batch of " + std::to_string(batch));
+    const std::size_t BH = (std::size_t)batch * s_.H;
+    const std::size_t sizes[4] = {SsmCudaState::rounded(BH * na_ * 4), SsmCudaState::rounded(BH * s_.P * s_.N * 4),
+                                  SsmCudaState::rounded(BH * R_ * s_.N * 4), SsmCudaState::rounded(BH * R_ * s_.P * 4)};
+    auto s = std::make_unique<SsmCudaState>(be, sizes[0] + sizes[1] + sizes[2] + sizes[3]);
+    LAR_CUDA_CHECK(cudaMemsetAsync(s->mem, 0, s->bytes, st));
+    s->B = batch;
+    s->at = be.act_dtype();
+    for (int i = 0; i < 4; ++i) s->extra[i] = static_cast<float*>(s->take(sizes[i]));
+    s->S = s->extra[1];
+    return s;
+  }
+
+  // One token of each of the state's B sequences: x, y [B, d] in act_dtype().
+  void step(ForwardContext& ctx, const Tensor& x, const Tensor& y, MixerState& state) override {
+    auto& be = ctx.be;
+    auto& ar = ctx.arena;
+    cudaStream_t st = stream(be);
+    at_ = be.act_dtype();
+    SsmCudaState& s = ssm_decode_state("mamba3 mixer (cuda)", state, x, s_.d, at_);
+    const int64_t B = s.B;
+    const auto mark = ar.mark();
+    const Tensor Xa = as_act(be, ar, x);
+    B_ = B, T_ = 1;
+    P_proj_ = ar.alloc(at_, {B, ldp_});
+    Pg_ = ar.alloc(DType::f32, {B, ldg_});
+    be.gemm(Xa, false, Wcat_, true, P_proj_);
+    be.gemm(Xa, false, Wg_, true, Pg_);
+    for (Tensor* t : {&sc_dt_, &sc_A_, &sc_lam_, &sc_cw_, &sc_bn_, &phi_}) *t = Tensor();
+    Tensor ypre = ar.alloc(at_, {B, Di_});
+    {
+      cl::LayerTimer tm("mamba3: recurrence + out maps (decode)", st);
+      cl::Mamba3DecodeState ds;
+      ds.phi = s.extra[0];
+      ds.S = s.extra[1];
+      ds.k_prev = s.extra[2];
+      ds.v_prev = s.extra[3];
+      cl::mamba3_decode_step(args(), ds, ypre.data, st);
+    }
+    be.gemm(ypre, false, P_[sl_.wo], true, y.view({B, s_.d}));
+    ++s.pos;
     ar.release(mark);
   }
 

@@ -54,8 +54,8 @@ kernels::Tensor tv(const std::vector<T>& v, std::initializer_list<int64_t> shape
 // Positions before t = 0 come from `tail` ([B, W−1, C], decode) or are zero; `tail` is then
 // advanced to the last W−1 inputs. `pre` keeps s for the backward.
 template <class T>
-void conv_silu_fwd(const std::vector<T>& p, std::vector<T>& pre, std::vector<T>& a, const T* w, const T* bias,
-                   int W, int C, int B, int len, std::vector<T>* tail) {
+void conv_silu_fwd(const std::vector<T>& p, std::vector<T>& pre, std::vector<T>& a, const T* w, const T* bias, int W,
+                   int C, int B, int len, std::vector<T>* tail) {
   pre.resize(p.size());
   a.resize(p.size());
   for (int b = 0; b < B; ++b) {
@@ -235,8 +235,10 @@ class DtypeMixer : public Mixer {
   Impl<T>& impl() {
     if (!pt_.bound()) throw RuntimeError(who() + ": used before bind()");
     auto& slot = [&]() -> std::unique_ptr<Impl<T>>& {
-      if constexpr (sizeof(T) == 4) return f32_;
-      else return f64_;
+      if constexpr (sizeof(T) == 4)
+        return f32_;
+      else
+        return f64_;
     }();
     if (!slot) slot = static_cast<const Derived*>(this)->template make_impl<T>();
     return *slot;
@@ -248,8 +250,9 @@ class DtypeMixer : public Mixer {
 // These mixers publish no write residual: routing needs a delta-rule mixer.
 inline void check_no_routing(const MixerConfig& cfg) {
   if (!cfg.routing.empty() && cfg.routing != "none")
-    throw UserError("model.routing: '" + cfg.routing + "' needs a delta-rule mixer (deltanet, gdn, kda, gdn2, carve); '" +
-                    cfg.kind + "' has no write residual");
+    throw UserError("model.routing: '" + cfg.routing +
+                    "' needs a delta-rule mixer (deltanet, gdn, kda, gdn2, carve); '" + cfg.kind +
+                    "' has no write residual");
 }
 
 // p = x Wᵀ: dW += dpᵀ x, dx += dp W (dx accumulated).
@@ -261,3 +264,30 @@ void proj_bwd(kernels::Backend& be, const kernels::Tensor& X, const kernels::Ten
 }
 
 }  // namespace lar::trainer::mixers::ssm
+
+namespace lar::trainer::mixers {
+
+// The recurrent decode (init_state/step) of the mamba2, mamba3 and gla_hedgehog mixers on the
+// CUDA backend (mamba2_mixer_cuda.cpp, mamba3_mixer_cuda.cpp, hedgehog_mixer_cuda.cpp: the
+// forward's projections and conv over a window of the last W projection rows, the per-token
+// kernels on the device state) has not run on a GPU yet: while this is false the CUDA backend
+// refuses it (ssm_decode_cuda_gate) and decode runs with backend: cpu, unchanged. Lift the gate
+// (true) once `test_ssm_decode_cuda` (tests/gpu/test_ssm_decode_cuda.cpp) passes on the H200;
+// its UnverifiedDecodeIsAClearError expects either value.
+constexpr bool kSsmDecodeCudaVerified = false;
+
+// Tests only: tests/gpu/test_ssm_decode_cuda.cpp runs the unverified CUDA decode.
+inline bool& ssm_decode_cuda_unverified_allowed() {
+  static bool allowed = false;
+  return allowed;
+}
+
+// "" when the CUDA decode of mixer `kind` may run, else the refusal (the key and value named).
+inline std::string ssm_decode_cuda_gate(const std::string& kind, const std::string& backend) {
+  if (kSsmDecodeCudaVerified || ssm_decode_cuda_unverified_allowed()) return "";
+  return "model.architecture: '" + kind + "' decode (step) on backend " + backend +
+         " has a CUDA path that is not yet verified on a GPU (tests/gpu/test_ssm_decode_cuda.cpp); decode with "
+         "backend: cpu";
+}
+
+}  // namespace lar::trainer::mixers

@@ -467,6 +467,82 @@ __global__ void scalars_bwd_kernel(Mamba3Args a, const float* cum, const float* 
   }
 }
 
+// ---------------------------------------------------------------- decode
+// One CTA per (sequence, head) of a single token: the scalars, the angles' update and the R
+// rows of q, k (warps r < R, fp32 in shared memory), then a warp per value row p of the state
+// (lanes over the key channels): S_p ← α S_p + β Σ_r v_prev,r[p] k_prev,r + γ Σ_r v_r[p] k_r,
+// o_r[p] = S_p·q_r, and the output maps at p. k_prev is read into shared memory before any
+// warp overwrites it; v_prev[r][p] is read and written by row p's warp only.
+template <int R, int NP, class TA>
+__global__ void __launch_bounds__(kThreads)
+    decode_kernel(Mamba3Args a, float* phi, float* S, float* kprev, float* vprev, TA* ypre) {
+  constexpr int kS = 64 * NP;  // the state size
+  __shared__ float qs[R][kS], ks[R][kS], kps[R][kS];
+  const int64_t bh = blockIdx.x, b = bh / a.H;
+  const int h = static_cast<int>(bh % a.H);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const float* pg = a.Pg + b * a.ldg;
+  const float dt = softplus(pg[h] + a.dt_bias[h]);
+  const float A = fminf(-softplus(pg[a.H + h]), -kAFloor);
+  const float lam = sigm(pg[2 * a.H + h]);
+  for (int j = tid; j < a.na; j += blockDim.x) phi[bh * a.na + j] += kPi * tanhf(pg[3 * a.H + j]) * dt;
+  for (int i = tid; i < R * kS; i += blockDim.x) kps[i / kS][i % kS] = kprev[bh * R * kS + i];
+  __syncthreads();  // φ (global) and k_prev visible to the block
+  if (warp < R) {
+    float y[2 * NP];
+    load_rot<NP, TA>(a, b, h, warp, lane, true, y);
+#pragma unroll
+    for (int m = 0; m < NP; ++m) {
+      const int j = lane + 32 * m;
+      qs[warp][2 * j] = y[2 * m];
+      qs[warp][2 * j + 1] = y[2 * m + 1];
+    }
+    load_rot<NP, TA>(a, b, h, warp, lane, false, y);
+#pragma unroll
+    for (int m = 0; m < NP; ++m) {
+      const int j = lane + 32 * m;
+      ks[warp][2 * j] = y[2 * m];
+      ks[warp][2 * j + 1] = y[2 * m + 1];
+      kprev[(bh * R + warp) * kS + 2 * j] = y[2 * m];
+      kprev[(bh * R + warp) * kS + 2 * j + 1] = y[2 * m + 1];
+    }
+  }
+  __syncthreads();
+  const float alpha = expf(A * dt), beta = (1.f - lam) * dt * alpha, gamma = lam * dt, Dh = a.D[h];
+  const TA* P = static_cast<const TA*>(a.P) + b * a.ldp;
+  for (int p = warp; p < a.Pd; p += kWarps) {
+    const int64_t col = (int64_t)h * a.Pd + p;
+    const float xv = to_f(P[di(a) + col]), zv = to_f(P[col]);
+    float v[R], vp[R], acc[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      v[r] = xv * map_at(a.mx, a, h, r, p);
+      vp[r] = vprev[(bh * R + r) * a.Pd + p];
+      acc[r] = 0.f;
+    }
+    float* Sp = S + (bh * a.Pd + p) * kS;
+    for (int i = lane; i < kS; i += 32) {
+      float w = alpha * Sp[i];
+#pragma unroll
+      for (int r = 0; r < R; ++r) w += beta * vp[r] * kps[r][i] + gamma * v[r] * ks[r][i];
+      Sp[i] = w;
+#pragma unroll
+      for (int r = 0; r < R; ++r) acc[r] += w * qs[r][i];
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = warp_sum(acc[r]);
+    if (lane == 0) {
+      float y = 0.f;
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        y += map_at(a.mo, a, h, r, p) * (acc[r] + Dh * v[r]) * silu(zv * map_at(a.mz, a, h, r, p));
+        vprev[(bh * R + r) * a.Pd + p] = v[r];
+      }
+      ypre[b * di(a) + col] = from_f<TA>(y);
+    }
+  }
+}
+
 // ---------------------------------------------------------------- dispatch
 template <int V>
 using Ic = std::integral_constant<int, V>;
@@ -506,7 +582,7 @@ void with_shape(const Mamba3Args& a, F&& f) {
   }
 }
 
-void check(const Mamba3Args& a) {
+void check(const Mamba3Args& a, bool work = true) {
   require(a.B > 0 && a.T > 0 && a.H > 0 && a.Pd > 0 && a.G > 0 && a.na > 0, "empty shape");
   require(a.S == 128 || a.S == 256, "state size " + std::to_string(a.S) + " (128 or 256)");
   require(a.R >= 1 && a.R <= 4, "rank " + std::to_string(a.R) + " (1 to 4)");
@@ -517,7 +593,7 @@ void check(const Mamba3Args& a) {
   require(a.P && a.Pg && a.dt_bias && a.nB && a.nC && a.bB && a.bC && a.D, "null parameter");
   require((a.mx != nullptr) == (a.mz != nullptr) && (a.mz != nullptr) == (a.mo != nullptr),
           "the MIMO maps come together");
-  require(a.dt && a.A && a.lam && a.cw && a.bnext && a.phi, "null work array");
+  if (work) require(a.dt && a.A && a.lam && a.cw && a.bnext && a.phi, "null work array");
 }
 
 unsigned warp_blocks(int64_t warps) { return blocks_for(warps, kWarps); }
@@ -598,6 +674,21 @@ void mamba3_scalars_backward(const Mamba3Args& a, float* dphi, const float* dc, 
   LAR_CUDA_LAUNCHED();
   scalars_bwd_kernel<<<blocks_for(a.B * a.T * (a.H + a.na), kThreads), kThreads, 0, stream>>>(a, dphi, dc, dbn, dadt,
                                                                                               dPg);
+  LAR_CUDA_LAUNCHED();
+}
+
+void mamba3_decode_step(const Mamba3Args& a0, const Mamba3DecodeState& s, void* ypre, cudaStream_t stream) {
+  Mamba3Args a = a0;
+  a.T = 1;
+  a.phi = s.phi;  // load_rot reads the angles of token n = b: the state's
+  check(a, false);
+  require(s.phi && s.S && s.k_prev && s.v_prev && ypre, "decode: null argument");
+  with_shape(a, [&](auto rc, auto npc, auto ta) {
+    using TA = typename decltype(ta)::type;
+    decode_kernel<decltype(rc)::value, decltype(npc)::value, TA>
+        <<<static_cast<unsigned>(a.B * a.H), kThreads, 0, stream>>>(a, s.phi, s.S, s.k_prev, s.v_prev,
+                                                                    static_cast<TA*>(ypre));
+  });
   LAR_CUDA_LAUNCHED();
 }
 

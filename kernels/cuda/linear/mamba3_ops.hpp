@@ -85,4 +85,17 @@ void mamba3_norm_backward(const Mamba3Args& a, const float* dQh, const float* dK
 void mamba3_scalars_backward(const Mamba3Args& a, float* dphi, const float* dc, const float* dbn, const float* dadt,
                              float* dPg, cudaStream_t stream);
 
+// ---- decode: one token of B sequences, Mamba-3's own recurrence (kernels/cpu/ssm/mamba3.hpp's
+// mamba3_step) on the device state, fp32 throughout:
+//   φ ← φ + θΔ;  q_r, k_r = R(φ)(RMSNorm·w + bias) of C_r, B_r;  α = exp(AΔ), β = (1−λ)Δα, γ = λΔ;
+//   S ← α S + β Σ_r v_prev,r k_prev,rᵀ + γ Σ_r v_r k_rᵀ,  o_r = S q_r;  k_prev, v_prev ← k, v;
+//   ypre [B, H·Pd] (act) = Σ_r m_o ⊙ (o_r + D v_r) ⊙ SiLU(z ⊙ m_z).
+// a: the shape and parameters with P, Pg the token's projection rows ([B, ldp], [B, ldg]; T is
+// taken as 1; the work arrays are not used). The state, zeros at a sequence's start: φ [B, H, na],
+// S [B, H, Pd, S], k_prev [B, H, R, S], v_prev [B, H, R, Pd], all fp32, updated in place.
+struct Mamba3DecodeState {
+  float *phi = nullptr, *S = nullptr, *k_prev = nullptr, *v_prev = nullptr;
+};
+void mamba3_decode_step(const Mamba3Args& a, const Mamba3DecodeState& s, void* ypre, cudaStream_t stream);
+
 }  // namespace lar::kernels::cuda::linear
