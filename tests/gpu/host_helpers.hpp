@@ -9,6 +9,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
+#include <initializer_list>
 #include <filesystem>
 #include <memory>
 #include <random>
@@ -48,14 +50,49 @@ inline data::Batch random_batch(int B, int T, int V, uint64_t seed, int mask_eve
 }
 
 // ‖a − ref‖ / ‖ref‖; infinite as soon as a holds a non-finite value.
-inline double rel_rms(const std::vector<float>& a, const std::vector<float>& ref) {
+// The relative RMS error of n values against ref (infinite if any value is not finite).
+inline double rel_rms(const float* a, const float* ref, std::size_t n) {
   double num = 0, den = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
+  for (std::size_t i = 0; i < n; ++i) {
     if (!std::isfinite(a[i])) return INFINITY;
     num += double(a[i] - ref[i]) * (a[i] - ref[i]);
     den += double(ref[i]) * ref[i];
   }
   return std::sqrt(num / den);
+}
+inline double rel_rms(const std::vector<float>& a, const std::vector<float>& ref) {
+  return rel_rms(a.data(), ref.data(), a.size());
+}
+
+// Rounded to bf16 (nearest even) and back: a mixed-precision layer reads its input in bf16, so
+// tests give both backends exactly these values.
+inline float round_bf16(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+
+// A host f32 array into a device tensor of dtype dt (converted on the device), and back.
+inline kernels::Tensor to_device(kernels::Backend& be, kernels::Arena& ar, const std::vector<float>& h,
+                                 kernels::DType dt, std::initializer_list<int64_t> shape) {
+  kernels::Tensor f = ar.alloc(kernels::DType::f32, shape);
+  be.upload(h.data(), f);
+  if (dt == kernels::DType::f32) return f;
+  kernels::Tensor t = ar.alloc(dt, shape);
+  be.convert(f, t);
+  return t;
+}
+inline std::vector<float> to_host(kernels::Backend& be, kernels::Arena& ar, const kernels::Tensor& t) {
+  std::vector<float> h(static_cast<std::size_t>(t.numel()));
+  kernels::Tensor f = t;
+  if (t.dtype != kernels::DType::f32) {
+    f = ar.alloc(kernels::DType::f32, t.shape());
+    be.convert(t, f);
+  }
+  be.download(f, h.data());
+  return h;
 }
 
 // The per-step losses of a run directory's metrics, in order.

@@ -42,6 +42,10 @@ using namespace lar;
 using kernels::DType;
 using kernels::Tensor;
 using lar::gpu_test::backend;
+using lar::gpu_test::rel_rms;
+using lar::gpu_test::round_bf16;
+using lar::gpu_test::to_device;
+using lar::gpu_test::to_host;
 
 namespace {
 
@@ -87,47 +91,6 @@ std::vector<float> random_params(trainer::Model& model) {
     }
   }
   return p;
-}
-
-// Rounded to bf16 (nearest even) and back: the mixed-precision layer reads its input in bf16, so
-// both backends get exactly these values.
-float round_bf16(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-  std::memcpy(&x, &u, 4);
-  return x;
-}
-
-double rel_rms(const float* a, const float* ref, std::size_t n) {
-  double num = 0, den = 0;
-  for (std::size_t i = 0; i < n; ++i) {
-    if (!std::isfinite(a[i])) return INFINITY;
-    num += double(a[i] - ref[i]) * (a[i] - ref[i]);
-    den += double(ref[i]) * ref[i];
-  }
-  return std::sqrt(num / den);
-}
-
-// A host f32 array into a device tensor of dtype dt (converted on the device), and back.
-Tensor to_device(kernels::Backend& be, kernels::Arena& ar, const std::vector<float>& h, DType dt,
-                 std::initializer_list<int64_t> shape) {
-  Tensor f = ar.alloc(DType::f32, shape);
-  be.upload(h.data(), f);
-  if (dt == DType::f32) return f;
-  Tensor t = ar.alloc(dt, shape);
-  be.convert(f, t);
-  return t;
-}
-std::vector<float> to_host(kernels::Backend& be, kernels::Arena& ar, const Tensor& t) {
-  std::vector<float> h(static_cast<std::size_t>(t.numel()));
-  Tensor f = t;
-  if (t.dtype != DType::f32) {
-    f = ar.alloc(DType::f32, t.shape());
-    be.convert(t, f);
-  }
-  be.download(f, h.data());
-  return h;
 }
 
 struct DecodeErrors {
