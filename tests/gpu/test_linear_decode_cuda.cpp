@@ -31,6 +31,7 @@
 #include "eval/loglik.hpp"
 #include "eval/speed.hpp"
 #include "kernels/backend.hpp"
+#include "tests/gpu/decode_check.hpp"
 #include "tests/gpu/host_helpers.hpp"
 #include "tests/temp_dir.hpp"
 #include "trainer/mixer.hpp"
@@ -42,32 +43,16 @@ using namespace lar;
 using kernels::DType;
 using kernels::Tensor;
 using lar::gpu_test::backend;
+using lar::gpu_test::decode_layer;
+using lar::gpu_test::decode_run_config;
+using lar::gpu_test::DecodeErrors;
+using lar::gpu_test::kVocab;
 using lar::gpu_test::rel_rms;
 using lar::gpu_test::round_bf16;
 using lar::gpu_test::to_device;
 using lar::gpu_test::to_host;
 
 namespace {
-
-constexpr int kVocab = 96;
-
-json run_config(json model, json overrides = json::object()) {
-  json base_model = {{"n_layers", 1},   {"d_model", 128},       {"n_heads", 2},
-                     {"n_kv_heads", 1}, {"vocab_size", kVocab}, {"stack", "pure"}};
-  base_model.merge_patch(model);
-  json c = {{"seed", 5},
-            {"threads", 2},
-            {"model", base_model},
-            {"data", {{"task", "mqar"}, {"seq_len", 64}, {"batch_size", 4}, {"num_kv_pairs", 8}}},
-            {"optimizer", {{"lr", 3e-3}}},
-            {"schedule", {{"warmup_steps", 2}}},
-            {"budget", {{"steps", 4}}},
-            {"log", {{"every", 1}}},
-            {"eval", {{"every", 0}, {"batches", 1}}},
-            {"checkpoint", {{"every", 0}, {"keep", 2}}}};
-  c.merge_patch(overrides);
-  return trainer::prepare_config(c);
-}
 
 // The model's init with the zero-initialised parameters, the norms and CCQ's constant b_λ
 // moved to random values (the same draw for both backends), and every weight nudged so that
@@ -93,109 +78,6 @@ std::vector<float> random_params(trainer::Model& model) {
   return p;
 }
 
-struct DecodeErrors {
-  double step_cpu = 0, step_fwd = 0;    // over all tokens
-  double worst_cpu = 0, worst_fwd = 0;  // the worst token (rel RMS over its B × d outputs)
-  double side_cpu = 0;                  // clvr's published ṽ, all tokens
-};
-
-// Layer 0 of a one-layer model decodes B sequences of T random inputs on both backends.
-DecodeErrors decode_layer(const json& cfg, const std::string& precision, int B, int T) {
-  auto cpu = backend("cpu", "fp32");
-  auto gpu = backend("cuda", precision);
-  trainer::Model mc(cfg, *cpu), mg(cfg, *gpu);
-  mc.init(cfg.at("seed").get<uint64_t>());
-  const std::vector<float> p = random_params(mc);
-  cpu->upload(p.data(), mc.params().params());
-  gpu->upload(p.data(), mg.params().params());
-  trainer::Mixer& lc = *mc.mixers()[0];
-  trainer::Mixer& lg = *mg.mixers()[0];
-  const int d = cfg.at("model").at("d_model").get<int>();
-  const bool mixed = gpu->act_dtype() == DType::bf16;
-  std::mt19937_64 rng{std::random_device{}()};
-  std::normal_distribution<float> nd(0.f, 1.f);
-  std::vector<float> x(static_cast<std::size_t>(B) * T * d);
-  for (auto& e : x) e = mixed ? round_bf16(nd(rng)) : nd(rng);
-  auto token = [&](int t) {
-    std::vector<float> xs(static_cast<std::size_t>(B) * d);
-    for (int b = 0; b < B; ++b)
-      std::copy_n(&x[(static_cast<std::size_t>(b) * T + t) * d], d, &xs[static_cast<std::size_t>(b) * d]);
-    return xs;
-  };
-  const bool side = lc.publishes();
-  const int64_t sd = lc.side_dim();
-  // (a) the CPU layer's step()
-  std::vector<float> ycpu(x.size()), scpu(static_cast<std::size_t>(B) * T * sd);
-  {
-    kernels::Arena ar(*cpu);
-    trainer::ForwardContext ctx{*cpu, ar, false};
-    auto st = lc.init_state(*cpu, B, T);
-    std::vector<float> ys(static_cast<std::size_t>(B) * d);
-    for (int t = 0; t < T; ++t) {
-      ar.reset();
-      std::vector<float> xs = token(t);
-      trainer::Routing r;
-      lc.step(ctx, Tensor(xs.data(), DType::f32, {B, d}), Tensor(ys.data(), DType::f32, {B, d}), *st, r);
-      for (int b = 0; b < B; ++b) {
-        std::copy_n(&ys[static_cast<std::size_t>(b) * d], d, &ycpu[(static_cast<std::size_t>(b) * T + t) * d]);
-        if (side) std::copy_n(r.out.ptr<float>() + b * sd, sd, &scpu[(static_cast<std::size_t>(b) * T + t) * sd]);
-      }
-    }
-  }
-  // the CUDA layer's step(), x and y in the backend's act_dtype() as the decoder hands them
-  const DType at = gpu->act_dtype();
-  std::vector<float> ygpu(x.size()), sgpu(scpu.size()), yfwd;
-  {
-    kernels::Arena ar(*gpu);
-    trainer::ForwardContext ctx{*gpu, ar, false};
-    auto st = lg.init_state(*gpu, B, T);
-    for (int t = 0; t < T; ++t) {
-      ar.reset();
-      const Tensor xs = to_device(*gpu, ar, token(t), at, {B, d});
-      const Tensor ys = ar.alloc(at, {B, d});
-      trainer::Routing r;
-      lg.step(ctx, xs, ys, *st, r);
-      const auto yh = to_host(*gpu, ar, ys);
-      for (int b = 0; b < B; ++b)
-        std::copy_n(&yh[static_cast<std::size_t>(b) * d], d, &ygpu[(static_cast<std::size_t>(b) * T + t) * d]);
-      if (side) {
-        EXPECT_EQ(r.out.numel(), B * sd);
-        const auto sh = to_host(*gpu, ar, r.out);
-        for (int b = 0; b < B; ++b)
-          std::copy_n(&sh[static_cast<std::size_t>(b) * sd], sd, &sgpu[(static_cast<std::size_t>(b) * T + t) * sd]);
-      }
-    }
-    // (b) its own full-sequence forward (evaluation)
-    ar.reset();
-    const Tensor X = to_device(*gpu, ar, x, at, {B, T, d});
-    const Tensor Y = ar.alloc(at, {B, T, d});
-    trainer::Routing r;
-    lg.forward(ctx, X, Y, r);
-    yfwd = to_host(*gpu, ar, Y);
-  }
-  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  DecodeErrors e;
-  e.step_cpu = rel_rms(ygpu.data(), ycpu.data(), ycpu.size());
-  e.step_fwd = rel_rms(ygpu.data(), yfwd.data(), yfwd.size());
-  for (int t = 0; t < T; ++t) {
-    std::vector<float> a, c, f;
-    for (int b = 0; b < B; ++b) {
-      const std::size_t o = (static_cast<std::size_t>(b) * T + t) * d;
-      a.insert(a.end(), &ygpu[o], &ygpu[o] + d);
-      c.insert(c.end(), &ycpu[o], &ycpu[o] + d);
-      f.insert(f.end(), &yfwd[o], &yfwd[o] + d);
-    }
-    e.worst_cpu = std::max(e.worst_cpu, rel_rms(a.data(), c.data(), a.size()));
-    e.worst_fwd = std::max(e.worst_fwd, rel_rms(a.data(), f.data(), a.size()));
-  }
-  if (side) e.side_cpu = rel_rms(sgpu.data(), scpu.data(), scpu.size());
-  // the outputs are not trivially small (a layer that wrote zeros would match nothing)
-  double rms = 0;
-  for (float v : ycpu) rms += double(v) * v;
-  EXPECT_GT(std::sqrt(rms / ycpu.size()), 1e-3);
-  return e;
-}
-
 // Bounds. Both CUDA paths read the same bf16 q, k, v, gates in fp32, and round o to bf16 before
 // the output norm; the decode kernels keep the state in fp32 and were measured within 5e-3 of
 // the chunk kernels and of the fp64 CPU recurrence on exact bf16 inputs
@@ -209,8 +91,8 @@ DecodeErrors decode_layer(const json& cfg, const std::string& precision, int B, 
 // (test_linear_layer_cuda: loss within 1e-3, gradients 1e-2 fp32 / 1.5e-2 mixed): 1.5e-2 (fp32)
 // and 2.5e-2 (mixed) over all tokens, twice that for the worst token.
 void check_layer(const std::string& what, const json& model, const std::string& precision, int B = 3, int T = 70) {
-  const json cfg = run_config(model);
-  const DecodeErrors e = decode_layer(cfg, precision, B, T);
+  const json cfg = decode_run_config(model);
+  const DecodeErrors e = decode_layer(cfg, precision, B, T, random_params);
   const bool fp32 = precision == "fp32";
   const double tol_cpu = fp32 ? 1.5e-2 : 2.5e-2;
   std::printf("%-24s %-5s decode vs cpu step %.2e (worst token %.2e) | vs cuda forward %.2e (worst %.2e)%s\n",
@@ -279,7 +161,11 @@ TEST(LinearDecodeCuda, HybridModelDecodesAsOnTheCpu) {
   const std::vector<json> models = {
       {{"architecture", "gdn"}, {"stack", "hybrid"}, {"hybrid_ratio", 1}, {"n_layers", 4}},
       {{"architecture", "carve"}, {"stack", "hybrid"}, {"hybrid_ratio", 2}, {"n_layers", 3}},
-      {{"architecture", "gla"}, {"stack", "hybrid"}, {"hybrid_ratio", 1}, {"n_layers", 4}, {"ccq", {{"enabled", true}}}},
+      {{"architecture", "gla"},
+       {"stack", "hybrid"},
+       {"hybrid_ratio", 1},
+       {"n_layers", 4},
+       {"ccq", {{"enabled", true}}}},
       {{"architecture", "kda"},
        {"stack", "hybrid"},
        {"hybrid_ratio", 1},
@@ -289,53 +175,12 @@ TEST(LinearDecodeCuda, HybridModelDecodesAsOnTheCpu) {
       {{"architecture", "gdn"}, {"stack", "hybrid"}, {"hybrid_ratio", 1}, {"n_layers", 4}, {"routing", "cler"}},
       {{"architecture", "kda"}, {"n_layers", 3}, {"routing", "cler_h"}, {"routing_rank", 4}}};
   for (const auto& m : models) {
-    const json cfg = run_config(m);
+    const json cfg = decode_run_config(m);
     trainer::mixers::cler_decode_cuda_unverified_allowed() = m.contains("routing") && m.at("routing") != "clvr";
     const std::string what = m.at("architecture").get<std::string>() + (m.contains("stack") ? " hybrid" : " pure") +
                              (m.contains("routing") ? " " + m.at("routing").get<std::string>() : "") +
                              (m.contains("ccq") ? " ccq" : "");
-    auto cpu = backend("cpu", "fp32");
-    auto gpu = backend("cuda", "mixed");
-    trainer::Model mc(cfg, *cpu), mg(cfg, *gpu);
-    mc.init(5);
-    const std::vector<float> p = random_params(mc);
-    cpu->upload(p.data(), mc.params().params());
-    gpu->upload(p.data(), mg.params().params());
-    const int B = 2, T = 70;
-    std::mt19937_64 rng{std::random_device{}()};
-    std::vector<std::vector<int32_t>> seqs(B, std::vector<int32_t>(T + 1));
-    for (auto& s : seqs)
-      for (auto& t : s) t = static_cast<int32_t>(rng() % kVocab);
-    std::vector<eval::Request> reqs;
-    for (const auto& s : seqs) reqs.push_back({{s[0]}, std::vector<int32_t>(s.begin() + 1, s.end())});
-    const auto full = eval::score(mg, reqs, {B, T + 1, false});
-    eval::Decoder dc(mc, B, T + 1), dg(mg, B, T + 1);
-    double sum_cpu = 0, worst_cpu = 0, sum_fwd = 0, worst_fwd = 0;
-    int agree = 0;
-    for (int t = 0; t < T; ++t) {
-      std::vector<int32_t> cur(B), next(B);
-      for (int r = 0; r < B; ++r) cur[r] = seqs[r][t], next[r] = seqs[r][t + 1];
-      std::vector<double> lc, lg;
-      const auto ac = dc.step(cur, &next, &lc);
-      const auto ag = dg.step(cur, &next, &lg);
-      for (int r = 0; r < B; ++r) {
-        ASSERT_TRUE(std::isfinite(lg[r])) << what << " row " << r << " position " << t;
-        const double ec = std::abs(lg[r] - lc[r]), ef = std::abs(lg[r] - full[r].token_logprobs[t]);
-        sum_cpu += ec, sum_fwd += ef;
-        worst_cpu = std::max(worst_cpu, ec), worst_fwd = std::max(worst_fwd, ef);
-        agree += ac[r] == ag[r];
-      }
-    }
-    const double n = double(B) * T;
-    std::printf(
-        "%-24s decode log-prob vs cpu decoder: mean %.2e worst %.2e | vs cuda forward: mean %.2e worst %.2e | "
-        "argmax agrees %d/%d\n",
-        what.c_str(), sum_cpu / n, worst_cpu, sum_fwd / n, worst_fwd, agree, int(n));
-    EXPECT_LT(sum_cpu / n, 3e-2) << what;
-    EXPECT_LT(worst_cpu, 1.5e-1) << what;
-    EXPECT_LT(sum_fwd / n, 3e-2) << what;
-    EXPECT_LT(worst_fwd, 1.5e-1) << what;
-    EXPECT_GE(agree, int(0.8 * n)) << what;  // near-ties may flip; most argmaxes agree
+    gpu_test::expect_model_decodes_as_on_the_cpu(cfg, what, random_params);
     trainer::mixers::cler_decode_cuda_unverified_allowed() = false;
   }
 }
@@ -344,8 +189,8 @@ TEST(LinearDecodeCuda, HybridModelDecodesAsOnTheCpu) {
 // CUDA backend: a hybrid gdn model, read back with backend cuda.
 TEST(LinearDecodeCuda, SpeedMeasurementRunsOnTheCudaBackend) {
   TempDir dir;
-  const json cfg = run_config({{"architecture", "gdn"}, {"stack", "hybrid"}, {"hybrid_ratio", 1}, {"n_layers", 2}},
-                              {{"backend", "cuda"}});
+  const json cfg = decode_run_config(
+      {{"architecture", "gdn"}, {"stack", "hybrid"}, {"hybrid_ratio", 1}, {"n_layers", 2}}, {{"backend", "cuda"}});
   RunDir(dir.path).write_config({{"experiment", "test"},
                                  {"cell_id", "c"},
                                  {"hash", "h"},
@@ -386,7 +231,7 @@ TEST(LinearDecodeCuda, UnverifiedClerDecodeIsAClearError) {
   for (const char* routing : {"cler", "cler_h"}) {
     json m = {{"architecture", "gdn"}, {"n_layers", 2}, {"routing", routing}};
     if (std::string(routing) == "cler_h") m["routing_rank"] = 4;
-    const json cfg = run_config(m);
+    const json cfg = decode_run_config(m);
     auto gpu = backend("cuda", "mixed");
     trainer::Model mg(cfg, *gpu);
     mg.init(5);

@@ -29,6 +29,7 @@
 #include "eval/decoder.hpp"
 #include "eval/loglik.hpp"
 #include "kernels/backend.hpp"
+#include "tests/gpu/decode_check.hpp"
 #include "tests/gpu/host_helpers.hpp"
 #include "trainer/mixer.hpp"
 #include "trainer/mixers/ssm_common.hpp"
@@ -39,6 +40,10 @@ using namespace lar;
 using kernels::DType;
 using kernels::Tensor;
 using lar::gpu_test::backend;
+using lar::gpu_test::decode_layer;
+using lar::gpu_test::decode_run_config;
+using lar::gpu_test::DecodeErrors;
+using lar::gpu_test::kVocab;
 using lar::gpu_test::rel_rms;
 using lar::gpu_test::round_bf16;
 using lar::gpu_test::to_device;
@@ -46,25 +51,11 @@ using lar::gpu_test::to_host;
 
 namespace {
 
-constexpr int kVocab = 96;
-
-json run_config(json model, json overrides = json::object()) {
-  json base_model = {{"n_layers", 1},   {"d_model", 128},       {"n_heads", 2},
-                     {"n_kv_heads", 1}, {"vocab_size", kVocab}, {"stack", "pure"}};
-  base_model.merge_patch(model);
-  json c = {{"seed", 5},
-            {"threads", 2},
-            {"model", base_model},
-            {"data", {{"task", "mqar"}, {"seq_len", 64}, {"batch_size", 4}, {"num_kv_pairs", 8}}},
-            {"optimizer", {{"lr", 3e-3}}},
-            {"schedule", {{"warmup_steps", 2}}},
-            {"budget", {{"steps", 4}}},
-            {"log", {{"every", 1}}},
-            {"eval", {{"every", 0}, {"batches", 1}}},
-            {"checkpoint", {{"every", 0}, {"keep", 2}}}};
-  c.merge_patch(overrides);
-  return trainer::prepare_config(c);
-}
+// The gate of the CUDA decode, open for the scope (the tests run the unverified path).
+struct OpenGate {
+  OpenGate() { trainer::mixers::ssm_decode_cuda_unverified_allowed() = true; }
+  ~OpenGate() { trainer::mixers::ssm_decode_cuda_unverified_allowed() = false; }
+};
 
 // The model's init with the zero- or constant-initialised parameters (Hedgehog's gate bias and
 // feature maps, Mamba's D, B/C biases and MIMO maps) and the norms moved to random values (the same draw for both
@@ -93,103 +84,6 @@ std::vector<float> random_params(trainer::Model& model) {
   return p;
 }
 
-struct DecodeErrors {
-  double step_cpu = 0, step_fwd = 0;    // over all tokens
-  double worst_cpu = 0, worst_fwd = 0;  // the worst token (rel RMS over its B × d outputs)
-};
-
-// The gate of the CUDA decode, open for the scope (the tests run the unverified path).
-struct OpenGate {
-  OpenGate() { trainer::mixers::ssm_decode_cuda_unverified_allowed() = true; }
-  ~OpenGate() { trainer::mixers::ssm_decode_cuda_unverified_allowed() = false; }
-};
-
-// Layer 0 of a one-layer model decodes B sequences of T random inputs on both backends.
-DecodeErrors decode_layer(const json& cfg, const std::string& precision, int B, int T) {
-  auto cpu = backend("cpu", "fp32");
-  auto gpu = backend("cuda", precision);
-  trainer::Model mc(cfg, *cpu), mg(cfg, *gpu);
-  mc.init(cfg.at("seed").get<uint64_t>());
-  const std::vector<float> p = random_params(mc);
-  cpu->upload(p.data(), mc.params().params());
-  gpu->upload(p.data(), mg.params().params());
-  trainer::Mixer& lc = *mc.mixers()[0];
-  trainer::Mixer& lg = *mg.mixers()[0];
-  const int d = cfg.at("model").at("d_model").get<int>();
-  const bool mixed = gpu->act_dtype() == DType::bf16;
-  std::mt19937_64 rng{std::random_device{}()};
-  std::normal_distribution<float> nd(0.f, 1.f);
-  std::vector<float> x(static_cast<std::size_t>(B) * T * d);
-  for (auto& e : x) e = mixed ? round_bf16(nd(rng)) : nd(rng);
-  auto token = [&](int t) {
-    std::vector<float> xs(static_cast<std::size_t>(B) * d);
-    for (int b = 0; b < B; ++b)
-      std::copy_n(&x[(static_cast<std::size_t>(b) * T + t) * d], d, &xs[static_cast<std::size_t>(b) * d]);
-    return xs;
-  };
-  // (a) the CPU layer's step()
-  std::vector<float> ycpu(x.size());
-  {
-    kernels::Arena ar(*cpu);
-    trainer::ForwardContext ctx{*cpu, ar, false};
-    auto st = lc.init_state(*cpu, B, T);
-    std::vector<float> ys(static_cast<std::size_t>(B) * d);
-    for (int t = 0; t < T; ++t) {
-      ar.reset();
-      std::vector<float> xs = token(t);
-      trainer::Routing r;
-      lc.step(ctx, Tensor(xs.data(), DType::f32, {B, d}), Tensor(ys.data(), DType::f32, {B, d}), *st, r);
-      for (int b = 0; b < B; ++b)
-        std::copy_n(&ys[static_cast<std::size_t>(b) * d], d, &ycpu[(static_cast<std::size_t>(b) * T + t) * d]);
-    }
-  }
-  // the CUDA layer's step(), x and y in the backend's act_dtype() as the decoder hands them
-  const DType at = gpu->act_dtype();
-  std::vector<float> ygpu(x.size()), yfwd;
-  {
-    kernels::Arena ar(*gpu);
-    trainer::ForwardContext ctx{*gpu, ar, false};
-    auto st = lg.init_state(*gpu, B, T);
-    for (int t = 0; t < T; ++t) {
-      ar.reset();
-      const Tensor xs = to_device(*gpu, ar, token(t), at, {B, d});
-      const Tensor ys = ar.alloc(at, {B, d});
-      trainer::Routing r;
-      lg.step(ctx, xs, ys, *st, r);
-      const auto yh = to_host(*gpu, ar, ys);
-      for (int b = 0; b < B; ++b)
-        std::copy_n(&yh[static_cast<std::size_t>(b) * d], d, &ygpu[(static_cast<std::size_t>(b) * T + t) * d]);
-    }
-    // (b) its own full-sequence forward (evaluation)
-    ar.reset();
-    const Tensor X = to_device(*gpu, ar, x, at, {B, T, d});
-    const Tensor Y = ar.alloc(at, {B, T, d});
-    trainer::Routing r;
-    lg.forward(ctx, X, Y, r);
-    yfwd = to_host(*gpu, ar, Y);
-  }
-  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  DecodeErrors e;
-  e.step_cpu = rel_rms(ygpu.data(), ycpu.data(), ycpu.size());
-  e.step_fwd = rel_rms(ygpu.data(), yfwd.data(), yfwd.size());
-  for (int t = 0; t < T; ++t) {
-    std::vector<float> a, c, f;
-    for (int b = 0; b < B; ++b) {
-      const std::size_t o = (static_cast<std::size_t>(b) * T + t) * d;
-      a.insert(a.end(), &ygpu[o], &ygpu[o] + d);
-      c.insert(c.end(), &ycpu[o], &ycpu[o] + d);
-      f.insert(f.end(), &yfwd[o], &yfwd[o] + d);
-    }
-    e.worst_cpu = std::max(e.worst_cpu, rel_rms(a.data(), c.data(), a.size()));
-    e.worst_fwd = std::max(e.worst_fwd, rel_rms(a.data(), f.data(), a.size()));
-  }
-  // the outputs are not trivially small (a layer that wrote zeros would match nothing)
-  double rms = 0;
-  for (float v : ycpu) rms += double(v) * v;
-  EXPECT_GT(std::sqrt(rms / ycpu.size()), 1e-3);
-  return e;
-}
-
 // Bounds, as tests/gpu/test_linear_decode_cuda.cpp's (the same argument). Mamba-2 and
 // GLA-Hedgehog decode on the same gla channel decode kernels (their state sizes and feature dims
 // of 128 on the wide-key decode, GLA-Hedgehog at head 16 on the 64-wide one, padded) with the
@@ -203,8 +97,8 @@ DecodeErrors decode_layer(const json& cfg, const std::string& precision, int B, 
 // tokens, twice that for the worst token.
 void check_layer(const std::string& what, const json& model, const std::string& precision, int B = 3, int T = 70) {
   const OpenGate open;
-  const json cfg = run_config(model);
-  const DecodeErrors e = decode_layer(cfg, precision, B, T);
+  const json cfg = decode_run_config(model);
+  const DecodeErrors e = decode_layer(cfg, precision, B, T, random_params);
   const bool fp32 = precision == "fp32";
   const double tol_cpu = fp32 ? 1.5e-2 : 2.5e-2;
   std::printf("%-24s %-5s decode vs cpu step %.2e (worst token %.2e) | vs cuda forward %.2e (worst %.2e)\n",
@@ -261,50 +155,9 @@ TEST(SsmDecodeCuda, ModelsDecodeAsOnTheCpu) {
   json hh = hedgehog_model(64);
   hh["n_layers"] = 2;
   for (const json& m : {hybrid, m3, hh}) {
-    const json cfg = run_config(m);
+    const json cfg = decode_run_config(m);
     const std::string what = m.at("architecture").get<std::string>() + (m.contains("stack") ? " hybrid" : " pure");
-    auto cpu = backend("cpu", "fp32");
-    auto gpu = backend("cuda", "mixed");
-    trainer::Model mc(cfg, *cpu), mg(cfg, *gpu);
-    mc.init(5);
-    const std::vector<float> p = random_params(mc);
-    cpu->upload(p.data(), mc.params().params());
-    gpu->upload(p.data(), mg.params().params());
-    const int B = 2, T = 70;
-    std::mt19937_64 rng{std::random_device{}()};
-    std::vector<std::vector<int32_t>> seqs(B, std::vector<int32_t>(T + 1));
-    for (auto& s : seqs)
-      for (auto& t : s) t = static_cast<int32_t>(rng() % kVocab);
-    std::vector<eval::Request> reqs;
-    for (const auto& s : seqs) reqs.push_back({{s[0]}, std::vector<int32_t>(s.begin() + 1, s.end())});
-    const auto full = eval::score(mg, reqs, {B, T + 1, false});
-    eval::Decoder dc(mc, B, T + 1), dg(mg, B, T + 1);
-    double sum_cpu = 0, worst_cpu = 0, sum_fwd = 0, worst_fwd = 0;
-    int agree = 0;
-    for (int t = 0; t < T; ++t) {
-      std::vector<int32_t> cur(B), next(B);
-      for (int r = 0; r < B; ++r) cur[r] = seqs[r][t], next[r] = seqs[r][t + 1];
-      std::vector<double> lc, lg;
-      const auto ac = dc.step(cur, &next, &lc);
-      const auto ag = dg.step(cur, &next, &lg);
-      for (int r = 0; r < B; ++r) {
-        ASSERT_TRUE(std::isfinite(lg[r])) << what << " row " << r << " position " << t;
-        const double ec = std::abs(lg[r] - lc[r]), ef = std::abs(lg[r] - full[r].token_logprobs[t]);
-        sum_cpu += ec, sum_fwd += ef;
-        worst_cpu = std::max(worst_cpu, ec), worst_fwd = std::max(worst_fwd, ef);
-        agree += ac[r] == ag[r];
-      }
-    }
-    const double n = double(B) * T;
-    std::printf(
-        "%-24s decode log-prob vs cpu decoder: mean %.2e worst %.2e | vs cuda forward: mean %.2e worst %.2e | "
-        "argmax agrees %d/%d\n",
-        what.c_str(), sum_cpu / n, worst_cpu, sum_fwd / n, worst_fwd, agree, int(n));
-    EXPECT_LT(sum_cpu / n, 3e-2) << what;
-    EXPECT_LT(worst_cpu, 1.5e-1) << what;
-    EXPECT_LT(sum_fwd / n, 3e-2) << what;
-    EXPECT_LT(worst_fwd, 1.5e-1) << what;
-    EXPECT_GE(agree, int(0.8 * n)) << what;  // near-ties may flip; most argmaxes agree
+    gpu_test::expect_model_decodes_as_on_the_cpu(cfg, what, random_params);
   }
 }
 
@@ -314,7 +167,7 @@ TEST(SsmDecodeCuda, UnverifiedDecodeIsAClearError) {
   trainer::mixers::ssm_decode_cuda_unverified_allowed() = false;
   for (const json& m : {mamba2_model(), mamba3_model(1), hedgehog_model(64)}) {
     const std::string arch = m.at("architecture");
-    const json cfg = run_config(m);
+    const json cfg = decode_run_config(m);
     auto gpu = backend("cuda", "mixed");
     trainer::Model mg(cfg, *gpu);
     mg.init(5);
