@@ -7,9 +7,8 @@
 // step() on the same parameters and inputs and (b) the CUDA layer's own full-sequence forward.
 // Then whole models: hybrid stacks (linear + softmax layers; CCQ, clvr, cler) and a cler_h stack
 // decode through eval::Decoder on both backends, against each other and against the CUDA full
-// forward's log-probabilities; eval's speed measurement runs on a CUDA run. cler/cler_h decode is
-// gated (cuda_linear_decode_unsupported): the tests open the gate to reach it
-// (cler_decode_cuda_unverified_allowed), and check the refusal with it closed.
+// forward's log-probabilities; eval's speed measurement runs on a CUDA run; what the CUDA decode
+// refuses (cuda_linear_decode_unsupported) is a clear error.
 // Inputs are fresh random normals (never zeros); the zero-initialised parameters (gla's gate
 // bias, CARVE's content_u2, CCQ's W_λ) and the norms are randomised so no path is trivial.
 #include <cuda_runtime.h>
@@ -176,12 +175,10 @@ TEST(LinearDecodeCuda, HybridModelDecodesAsOnTheCpu) {
       {{"architecture", "kda"}, {"n_layers", 3}, {"routing", "cler_h"}, {"routing_rank", 4}}};
   for (const auto& m : models) {
     const json cfg = decode_run_config(m);
-    trainer::mixers::cler_decode_cuda_unverified_allowed() = m.contains("routing") && m.at("routing") != "clvr";
     const std::string what = m.at("architecture").get<std::string>() + (m.contains("stack") ? " hybrid" : " pure") +
                              (m.contains("routing") ? " " + m.at("routing").get<std::string>() : "") +
                              (m.contains("ccq") ? " ccq" : "");
     gpu_test::expect_model_decodes_as_on_the_cpu(cfg, what, random_params);
-    trainer::mixers::cler_decode_cuda_unverified_allowed() = false;
   }
 }
 
@@ -217,34 +214,29 @@ TEST(LinearDecodeCuda, SpeedMeasurementRunsOnTheCudaBackend) {
 // cler and cler_h publish the write residual r_t = z_t − S_{t−1}(a_t ⊙ e_t) (a readout of the state
 // before the token's update), and cler's layers read the lower layer's r into ṽ = v + Γ r.
 TEST(LinearDecodeCuda, ClerPublishesTheWriteResidual) {
-  trainer::mixers::cler_decode_cuda_unverified_allowed() = true;  // the gate of cuda_linear_decode_unsupported
   for (const char* arch : {"gdn", "deltanet", "kda", "gdn2"})
     check_layer(std::string(arch) + " cler", {{"architecture", arch}, {"routing", "cler"}}, "fp32");
   check_layer("gdn cler_h", {{"architecture", "gdn"}, {"routing", "cler_h"}, {"routing_rank", 4}}, "mixed");
   check_layer("gdn cler grouped", {{"architecture", "gdn"}, {"routing", "cler"}, {"n_v_heads", 4}}, "fp32");
-  trainer::mixers::cler_decode_cuda_unverified_allowed() = false;
 }
 
-// Until then, with the gate closed, cler/cler_h decode is a UserError naming the key and value.
-TEST(LinearDecodeCuda, UnverifiedClerDecodeIsAClearError) {
-  trainer::mixers::cler_decode_cuda_unverified_allowed() = false;
-  for (const char* routing : {"cler", "cler_h"}) {
-    json m = {{"architecture", "gdn"}, {"n_layers", 2}, {"routing", routing}};
-    if (std::string(routing) == "cler_h") m["routing_rank"] = 4;
-    const json cfg = decode_run_config(m);
-    auto gpu = backend("cuda", "mixed");
-    trainer::Model mg(cfg, *gpu);
-    mg.init(5);
-    try {
-      eval::Decoder dec(mg, 1, 4);
-      FAIL() << routing << ": no error";
-    } catch (const UserError& e) {
-      const std::string msg = e.what();
-      EXPECT_EQ(msg.rfind("model.architecture: 'gdn' decode (step) on backend cuda", 0), 0u) << msg;
-      EXPECT_NE(msg.find(std::string("model.routing: '") + routing +
-                         "' has no verified CUDA decode yet (clvr has one) (decode with backend: cpu)"),
-                std::string::npos)
-          << msg;
-    }
+// What the CUDA decode does not run — the β-scaled routing signal (routing_signal: update) — is a
+// UserError naming the key and value, and where to decode instead.
+TEST(LinearDecodeCuda, WhatTheCudaDecodeDoesNotRunIsAClearError) {
+  json m = {{"architecture", "gdn"}, {"n_layers", 2}, {"routing", "cler"}, {"routing_signal", "update"}};
+  const json cfg = decode_run_config(m);
+  auto gpu = backend("cuda", "mixed");
+  trainer::Model mg(cfg, *gpu);
+  mg.init(5);
+  try {
+    eval::Decoder dec(mg, 1, 4);
+    FAIL() << "no error";
+  } catch (const UserError& e) {
+    const std::string msg = e.what();
+    EXPECT_EQ(msg.rfind("model.architecture: 'gdn' decode (step) on backend cuda", 0), 0u) << msg;
+    EXPECT_NE(msg.find("model.routing_signal: 'update' (the β-scaled write residual) has no CUDA decode yet "
+                       "(decode with backend: cpu)"),
+              std::string::npos)
+        << msg;
   }
 }

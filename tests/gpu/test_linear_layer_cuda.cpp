@@ -142,10 +142,17 @@ void compare_step(const std::string& what, const json& cfg, const std::string& p
   // against the CPU layer: fp32 gdn 9.4e-3 (4 key heads over 8) against 6e-3 ungrouped, cler
   // 1.10e-2 to 1.15e-2 against 8.3e-3; mixed gdn 1.79e-2 against 1.2e-2 — a factor 1.4 to 1.5,
   // each parameter's gradient still within its bound.
+  // Value heads wider than the key heads run as value tiles of 64 that share q, k, so their dq,
+  // dk are such sums too; and cler_h has cler's second readout. Where both hold the factors
+  // compound: the LAA routing cells at value heads of 128 measured fp32 1.03e-2 to 1.14e-2 and
+  // mixed 2.11e-2 to 2.14e-2 (cler), cler_h mixed 1.52e-2 to 1.68e-2, each parameter's gradient
+  // within its bound and the loss within 1e-3 relative.
   const json& m = cfg.at("model");
   const int key_heads = m.value("linear_heads", 0) > 0 ? m.value("linear_heads", 0) : m.value("n_heads", 0);
-  const bool grouped = m.value("n_v_heads", 0) > key_heads;
-  const double tol_all = fp32 ? (grouped ? 1.5e-2 : 1e-2) : cler || grouped ? 2e-2 : 1.5e-2,
+  const bool value_tiles = m.value("value_dim", 0) > m.value("head_dim", 64);
+  const bool grouped = m.value("n_v_heads", 0) > key_heads || value_tiles;
+  const bool readout = cler || m.at("routing") == "cler_h";
+  const double tol_all = (fp32 ? 1e-2 : 1.5e-2) * (readout ? 1.4 : 1.0) * (grouped ? 1.5 : 1.0),
                tol_param = fp32 ? 2e-2 : 4e-2;
   const bool carve = cfg.at("model").at("architecture") == "carve";
   // Wide key heads sum the gate gradient over dk·dv products of bf16 operands (the linear

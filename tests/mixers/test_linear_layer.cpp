@@ -13,6 +13,7 @@
 #include "core/error.hpp"
 #include "kernels/backend.hpp"
 #include "trainer/mixer.hpp"
+#include "trainer/mixers/linear_layer.hpp"
 #include "mixer_checks.hpp"
 
 using lar::json;
@@ -620,11 +621,17 @@ TEST(LinearLayer, CudaRefusesTheOptionsItLacks) {
     g["ccq"]["enabled"] = true;
     EXPECT_EQ(tr::cuda_unsupported(g), "");
   }
-  EXPECT_NE(with("routing_signal", "update").find("model.routing_signal"), std::string::npos);
+  // the LAA routing variants: refused by name while their gate is closed
   json clvr = plain;
   clvr["routing"] = "clvr";
   clvr["routing_inject"] = "layer";
-  EXPECT_NE(tr::cuda_unsupported(clvr).find("model.routing_inject"), std::string::npos);
+  if (lar::trainer::mixers::kLaaRoutingCudaVerified) {
+    EXPECT_EQ(with("routing_signal", "update"), "");
+    EXPECT_EQ(tr::cuda_unsupported(clvr), "");
+  } else {
+    EXPECT_NE(with("routing_signal", "update").find("model.routing_signal"), std::string::npos);
+    EXPECT_NE(tr::cuda_unsupported(clvr).find("model.routing_inject"), std::string::npos);
+  }
   EXPECT_EQ(with("linear_heads", 4), "");
   json carve = plain;
   carve["architecture"] = "carve";
@@ -651,7 +658,11 @@ TEST(LinearLayer, CudaRefusesTheOptionsItLacks) {
     w = wide;
     w["architecture"] = "carve";
     w["value_dim"] = 0;
-    EXPECT_NE(tr::cuda_unsupported(w).find("model.head_dim: CARVE"), std::string::npos) << tr::cuda_unsupported(w);
+    // CARVE at key heads of 128: the recurrent wide CARVE kernels (gated); at 256: none
+    if (dk == 128 && lar::trainer::mixers::kCarveWideCudaVerified)
+      EXPECT_EQ(tr::cuda_unsupported(w), "");
+    else
+      EXPECT_NE(tr::cuda_unsupported(w).find("model.head_dim: CARVE"), std::string::npos) << tr::cuda_unsupported(w);
   }
   wide["head_dim"] = 96;
   wide["value_dim"] = 0;

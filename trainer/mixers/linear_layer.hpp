@@ -56,15 +56,15 @@ struct Slots {
 std::string cuda_linear_unsupported(const Dims& d);
 
 // Why the CUDA implementation cannot decode this layer (init_state/step) although it runs its
-// forward ("" when it can): the cler/cler_h routings until their decode has run on a GPU
-// (linear_mixer.cpp says how to lift the gate). The message names the key and value.
+// forward ("" when it can): CARVE at heads other than 64, the β-scaled routing signal. The
+// message names the key and value.
 std::string cuda_linear_decode_unsupported(const Dims& d);
 
 // CARVE at key heads of 128 or value heads of 128 on CUDA (the recurrent wide_carve_fwd/bwd of
-// kernels/cuda/linear/wide_key.hpp) has not run on a GPU yet: while false, cuda_linear_unsupported
-// refuses it (backend: auto trains it on the CPU). Lift the gate by setting this to true once
-// `test_linear_layer_cuda --gtest_filter='LinearLayerCuda.CarveWide*'` passes on the H200.
-constexpr bool kCarveWideCudaVerified = false;
+// kernels/cuda/linear/wide_key.hpp): verified on the H200 (test_linear_layer_cuda CarveWide*,
+// test_linear_keydim CarveWideMatchesCpuReference). Set it to false to refuse the path again
+// (cuda_linear_unsupported then says why and backend: auto trains those cells on the CPU).
+constexpr bool kCarveWideCudaVerified = true;
 // The refusal while the gate is closed (the model-level check of trainer/mixer.cpp says the same).
 inline std::string carve_wide_gate_message(int dk, int dv) {
   return dk != 64 ? "model.head_dim: CARVE at key heads of " + std::to_string(dk) +
@@ -80,20 +80,14 @@ inline bool& carve_wide_cuda_unverified_allowed() {
   return allowed;
 }
 
-// Tests only: tests/gpu/test_linear_decode_cuda.cpp runs the unverified cler/cler_h decode.
-inline bool& cler_decode_cuda_unverified_allowed() {
-  static bool allowed = false;
-  return allowed;
-}
-
 // The LAA paper-scale routing on CUDA — model.routing_signal: update (u = β·r published by
 // cler/cler_h on a β mixer), model.routing_inject: layer (the side channel added after the FFN,
 // trainer/model.cpp's inject_after_ffn over Backend ops) and the cler/cler_h readouts at value
-// heads wider than 64 — has a CUDA path that has not run on a GPU yet: while this is false the
-// CUDA backend refuses those cells (laa_routing_cuda_gate) and `backend: auto` trains them on
-// the CPU. Lift it (true) once tests/gpu/test_linear_layer_cuda.cpp's LaaRouting* pass on the
-// H200; WhatTheCudaPathDoesNotRunIsAClearError expects either value.
-constexpr bool kLaaRoutingCudaVerified = false;
+// heads wider than 64 — verified on the H200 by tests/gpu/test_linear_layer_cuda.cpp's
+// LaaRouting*. While false the CUDA backend refuses those cells (laa_routing_cuda_gate) and
+// `backend: auto` trains them on the CPU; WhatTheCudaPathDoesNotRunIsAClearError expects either
+// value.
+constexpr bool kLaaRoutingCudaVerified = true;
 
 // Tests only: tests/gpu/test_linear_layer_cuda.cpp's LaaRouting* run the unverified paths.
 inline bool& laa_routing_cuda_unverified_allowed() {

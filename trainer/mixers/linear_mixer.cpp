@@ -1101,14 +1101,6 @@ std::string cuda_linear_decode_unsupported(const Dims& d) {
     return "model.head_dim: CARVE decode on CUDA takes key heads of 64 only, got " + std::to_string(d.dk);
   if (d.carve && d.dv != 64)
     return "model.value_dim: CARVE decode on CUDA takes value heads of 64 only, got " + std::to_string(d.dv);
-  // The cler/cler_h decode (the write residual from a readout of the state before the token's
-  // update: route_query_decode and a zero-update delta decode) matches the CPU layer on the
-  // H200 layer by layer (ClerPublishesTheWriteResidual), but whole cler models have not decoded
-  // on a GPU yet: refused unless a GPU test opens the gate (cler_decode_cuda_unverified_allowed).
-  // Lift it by deleting this case once the cler models of HybridModelDecodesAsOnTheCpu pass.
-  if ((d.route == Dims::Route::cler || d.route == Dims::Route::cler_h) && !cler_decode_cuda_unverified_allowed())
-    return std::string("model.routing: '") + (d.route == Dims::Route::cler ? "cler" : "cler_h") +
-           "' has no verified CUDA decode yet (clvr has one)";
   // The decode's readout subtracts the token's own o2 after route_residual (T = 1), which would
   // scale z alone by β: the β-scaled update has no CUDA decode.
   if (d.resid_update) return "model.routing_signal: 'update' (the β-scaled write residual) has no CUDA decode yet";
