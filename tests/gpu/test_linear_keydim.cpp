@@ -6,7 +6,8 @@
 // 256-token checkpoint segment and over two), odd B·H, grouped heads, more CTAs than one backward
 // wave (5 sequences × 4 heads × 8 value tiles), strong gates (a tenth of the channels —
 // gdn: of the heads — decaying by up to 16 per token), nonzero S0 and dST, and the recurrent
-// decode token by token against the same reference.
+// decode token by token against the same reference. gla and linear also through the key-block
+// split (grouped_heads.hpp, its gate opened), against the reference and the recurrent kernels.
 #include <gtest/gtest.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>

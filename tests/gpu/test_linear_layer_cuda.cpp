@@ -1,8 +1,9 @@
 // The linear mixers on the CUDA backend (trainer/mixers/linear_mixer_cuda.cpp over
 // kernels/cuda/linear): a full model step (loss and every parameter's gradient) against the
 // CPU backend for each mixer, a hybrid stack, each routing, CARVE, CCQ, wide key and value
-// heads and grouped value heads; a loss curve of gdn tracking the CPU run; `backend: cuda`
-// training a gdn config and writing metrics; the clear errors for what the CUDA path does not
+// heads (gla and linear also on the key-block split) and grouped value heads; a loss curve of
+// gdn tracking the CPU run; `backend: cuda` training a gdn config and writing metrics; the
+// clear errors for what the CUDA path does not
 // run (dk ≠ 64, CARVE with a content chunk ≠ 64 or with cler/cler_h); the LAA paper cells'
 // routing (LaaRouting*: the β-scaled update, injection after the layer, cler/cler_h at value
 // heads of 128), gated until these pass. Every comparison runs on fresh random inputs and

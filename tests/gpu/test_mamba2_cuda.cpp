@@ -3,7 +3,8 @@
 // mamba2_ops.hpp around them) against the CPU layer (trainer/mixers/mamba2_mixer.cpp): the
 // layer's output, input gradient and every parameter gradient at the CCQ / CARVE shape (state
 // 128, head dim 64), state 64 and 256, grouped B, C (G < H), value heads of 128, T not a
-// multiple of 64 and odd B·H, fp32 and mixed; a whole model step; a loss curve of a CUDA run
+// multiple of 64 and odd B·H, fp32 and mixed, also with the states on the key-block split of
+// grouped_heads.hpp (its gate opened); a whole model step; a loss curve of a CUDA run
 // tracking the CPU run; and cuda_unsupported's reasons. Every comparison runs on fresh random
 // inputs and parameters drawn so that every gate and skip is far from trivial.
 #include <gtest/gtest.h>
