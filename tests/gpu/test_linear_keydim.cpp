@@ -124,7 +124,9 @@ Result run(std::mt19937_64& rng, const GCase& c) {
   gl::GroupedShape s;
   s.B = B, s.T = T, s.H = H, s.Hk = Hk, s.dk = D, s.dv = dv, s.scale = scale;
   // the path under test is the one taken
-  if (c.split) EXPECT_TRUE(gl::grouped_channel_key_split(channel_kind(c.m), s)) << name(c);
+  if (c.split) {
+    EXPECT_TRUE(gl::grouped_channel_key_split(channel_kind(c.m), s)) << name(c);
+  }
   Dev<bf16> q_(nk), k_(nk), v_(nv), dO_(nv), o_(nv), dq_(nk), dk_(nk), dv_(nv), b_(nh * D), w_(nv), db_(nh * D), dw_(nv);
   Dev<float> g_(ng), dg_(ng), beta_(nh), dbeta_(nh), S0_(ns), S_(ns), dST_(ns), dS0_(ns);
   Dev<bf16> bound(gl::grouped_boundary_bytes(s) / sizeof(bf16));
