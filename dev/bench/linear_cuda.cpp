@@ -314,12 +314,11 @@ struct Problem {
       ll::wide_ccq_fwd(s, ccq_inputs(), qc.p, {Kst.p, mst.p}, nullptr);
     else if (ccq)
       ll::ccq_fwd(s, ccq_inputs(), qc.p, {Kst.p, mst.p}, nullptr);
-    if (wide && channel && path == KeyPath::recurrent) {
+    const SplitGate gate(path == KeyPath::split);
+    if (wide && channel && path == KeyPath::recurrent)
       ll::wide_channel_fwd(cm, gs, inputs(), o.p, S.p, bound.p, nullptr);
-    } else if (wide && channel) {
-      const SplitGate gate(path == KeyPath::split);
+    else if (wide && channel)
       ll::grouped_channel_fwd(cm, gs, inputs(), o.p, S.p, bound.p, nullptr);
-    }
     else if (wide)
       ll::grouped_delta_fwd(gs, qin(), k.p, v.p, gated ? g.p : nullptr, beta.p, nullptr, o.p, S.p, bound.p, nullptr);
     else if (carve)
