@@ -4,7 +4,8 @@
 // byte and FLOP floors and, with --fla FILE, fla's chunk kernels timed in the same device call
 // (dev/fla/fla_check.py --time --json FILE). --key-dim K and --value-dim N time heads of K × N
 // channels through kernels/cuda/linear/grouped_heads.hpp (key dims 128 and 256 go to the recurrent
-// kernels of wide_key.hpp; CCQ in front at any key dim).
+// kernels of wide_key.hpp; CCQ in front at any key dim); --key-split times gla's wide key heads on
+// both the recurrent kernels and the key-block split.
 // Only in CUDA builds (LAR_HAVE_CUDA comes from kernels/cuda/CMakeLists.txt).
 #ifdef LAR_HAVE_CUDA
 #include <cuda_bf16.h>
@@ -13,12 +14,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
 #include <map>
 #include <memory>
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "dev/bench/bench.hpp"
@@ -45,6 +49,7 @@ struct Options {
   int reps = 20, warmup = 3;
   int value_dim = 64;  // ≠ 64: value heads of 64·m through grouped_heads.hpp (no floors)
   int key_dim = 64;    // 128, 256: the wide-key kernels (no floors, no CARVE, no decode rows)
+  bool key_split = false;  // gla at key_dim 128, 256: the recurrent kernels and the key-block split
   bool quick = false;
   bool long_seq = true;
   bool short_seq = true;
@@ -190,6 +195,26 @@ double median_ms(F&& f, int reps, int warmup) {
   return t[t.size() / 2];
 }
 
+// Which kernels a problem of wide gla heads runs: what grouped_heads.hpp picks (the product's
+// choice), the recurrent wide-key kernels (wide_key.hpp) or the key-block split (its gate opened
+// for the call).
+enum class KeyPath { product, recurrent, split };
+// Opens the key-block split's gate for a scope when `on`.
+struct SplitGate {
+  bool was = ll::wide_key_split_unverified_allowed();
+  explicit SplitGate(bool on) {
+    if (on) ll::wide_key_split_unverified_allowed() = true;
+  }
+  ~SplitGate() { ll::wide_key_split_unverified_allowed() = was; }
+  SplitGate(const SplitGate&) = delete;
+  SplitGate& operator=(const SplitGate&) = delete;
+};
+// Boundary bytes for either path when `both` (the larger need), else the product's.
+std::size_t boundary_bytes(const ll::GroupedShape& gs, bool both) {
+  const SplitGate gate(both);
+  return ll::grouped_boundary_bytes(gs);
+}
+
 // Everything one problem needs on the device. mixer: deltanet, gdn (delta_fwd/bwd) or gla,
 // kda, gdn2 (channel_fwd/bwd), carve (carve_fwd/bwd, content rank 16), each optionally
 // "+ccq" (ccq_fwd in front of the backbone's forward, ccq_bwd after its backward). Heads of
@@ -201,6 +226,7 @@ struct Problem {
   ll::DeltaShape s;
   ll::GroupedShape gs;  // the same with heads of dk × dv (wide)
   bool wide;
+  KeyPath path = KeyPath::product;  // wide channel heads only
   int64_t hk;                       // key dim
   size_t nx, nr, ns, nv, nsv, nk;  // q/k elements, rows, 64×64 states; v/o elements, dv×dk states; CCQ's dk×dk
 
@@ -210,7 +236,9 @@ struct Problem {
   static constexpr int kRank = 16;
   DevBuf<float> wsc, U1, U2, content, dwsc, dU1, dU2, lam, Kst, mst, dlam;
   DevBuf<bf16> qc, dqc;
-  Problem(const std::string& m, int64_t B, int64_t T, int64_t H, uint64_t seed, int64_t dv = 64, int64_t dk = 64)
+  // both: the boundary sized for the recurrent kernels and the key-block split alike
+  Problem(const std::string& m, int64_t B, int64_t T, int64_t H, uint64_t seed, int64_t dv = 64, int64_t dk = 64,
+          bool both = false)
       : mixer(m),
         base(m.substr(0, m.find('+'))),
         ccq(m.find("+ccq") != std::string::npos),
@@ -228,7 +256,7 @@ struct Problem {
         nsv(static_cast<size_t>(B * H) * dv * dk),
         nk(static_cast<size_t>(B * H) * dk * dk),
         q(nx), k(nx), v(nv), o(nv), dO(nv), dq(nx), dk(nx), dv(nv),
-        bound(ll::grouped_boundary_bytes(gs) / sizeof(bf16)),
+        bound(boundary_bytes(gs, both) / sizeof(bf16)),
         bg(channel ? nx : 1), wg(channel ? nv : 1), dbg(channel ? nx : 1), dwg(channel ? nv : 1),
         g(channel ? nx : nr), beta(nr), S(nsv), dg(channel ? nx : nr), dbeta(nr), dS0(nsv),
         wsc(carve ? nr : 1), U1(carve ? static_cast<size_t>(H) * kRank * 64 : 1),
@@ -286,7 +314,10 @@ struct Problem {
       ll::wide_ccq_fwd(s, ccq_inputs(), qc.p, {Kst.p, mst.p}, nullptr);
     else if (ccq)
       ll::ccq_fwd(s, ccq_inputs(), qc.p, {Kst.p, mst.p}, nullptr);
-    if (wide && channel)
+    const SplitGate gate(path == KeyPath::split);
+    if (wide && channel && path == KeyPath::recurrent)
+      ll::wide_channel_fwd(cm, gs, inputs(), o.p, S.p, bound.p, nullptr);
+    else if (wide && channel)
       ll::grouped_channel_fwd(cm, gs, inputs(), o.p, S.p, bound.p, nullptr);
     else if (wide)
       ll::grouped_delta_fwd(gs, qin(), k.p, v.p, gated ? g.p : nullptr, beta.p, nullptr, o.p, S.p, bound.p, nullptr);
@@ -308,7 +339,10 @@ struct Problem {
       ll::ChannelGrads gr;
       gr.dq = dq_b, gr.dk = dk.p, gr.dv = dv.p, gr.dg = dg.p, gr.dbeta = dbeta.p, gr.db = dbg.p, gr.dw = dwg.p;
       gr.dS0 = dS0.p;
-      if (wide)
+      const SplitGate gate(path == KeyPath::split);
+      if (wide && path == KeyPath::recurrent)
+        ll::wide_channel_bwd(cm, gs, inputs(), bound.p, dO.p, nullptr, gr, nullptr);
+      else if (wide)
         ll::grouped_channel_bwd(cm, gs, inputs(), bound.p, dO.p, nullptr, gr, nullptr);
       else
         ll::channel_bwd(cm, s, inputs(), bound.p, dO.p, nullptr, gr, nullptr);
@@ -344,11 +378,16 @@ int bench_linear(const Options& o) {
     throw lar::UserError("bench linear-cuda: --value-dim " + std::to_string(o.value_dim) + " is not a multiple of 64");
   if (o.key_dim != 64 && !ll::wide_key_dim(o.key_dim))
     throw lar::UserError("bench linear-cuda: --key-dim " + std::to_string(o.key_dim) + ": the kernels take 64, 128 or 256");
+  if (o.key_split && o.key_dim == 64)
+    throw lar::UserError("bench linear-cuda: --key-split times key dims of 128 and 256 (give --key-dim)");
   const bool wide = o.key_dim != 64 || o.value_dim != 64;
   std::cout << fmt::format(
       "linear-cuda: {} linear mixers (dk={}, dv={}, bf16 in/out, fp32 state) on {} ({} SMs); "
       "median of {} after {} warm-up; floors at {:.0f} TFLOP/s and {:.1f} TB/s\n",
-      o.key_dim == 64 ? "fused chunkwise (chunk 64)" : "recurrent wide-key", o.key_dim, o.value_dim, prop.name, prop.multiProcessorCount, o.reps, o.warmup, kPeakTflops, kBandwidthTBs);
+      o.key_dim == 64 ? "fused chunkwise (chunk 64)"
+      : o.key_split   ? "recurrent wide-key and (gla) key-block split"
+                      : "recurrent wide-key",
+      o.key_dim, o.value_dim, prop.name, prop.multiProcessorCount, o.reps, o.warmup, kPeakTflops, kBandwidthTBs);
   const std::map<std::string, double> fla = read_fla(o.fla);
   lar::registry::TextTable table;
   table.headers = {"mixer", "shape", "pass", "ms", "floor ms (bytes | flops)", "anchor ms", "anchor/ours"};
@@ -359,56 +398,65 @@ int bench_linear(const Options& o) {
     // carve is anchored on our gdn2, a +ccq mixer on its backbone (same call)
     const std::string own_anchor = mixer == "carve" ? "gdn2" : mixer.substr(0, mixer.find('+'));
     if (!o.wants(mixer)) continue;
+    // --key-split: gla's wide key heads on the recurrent kernels and on the key-block split,
+    // the split's rows anchored on the recurrent ones
+    const bool both = o.key_split && o.key_dim != 64 && mixer.rfind("gla", 0) == 0;
+    std::vector<std::pair<KeyPath, std::string>> paths = {{KeyPath::product, mixer}};
+    if (both) paths = {{KeyPath::recurrent, mixer + " [recurrent]"}, {KeyPath::split, mixer + " [key split]"}};
     for (const Case& c : cases) {
       if (wide && mixer == "carve") continue;
-      Problem p(mixer, c.B, c.T, c.H, 7, o.value_dim, o.key_dim);
-      auto fwd = [&] { p.fwd(); };
-      auto bwd = [&] { p.bwd(); };
-      p.fwd();
-      const double t_fwd = median_ms(fwd, o.reps, o.warmup);
-      const double t_bwd = median_ms(bwd, o.reps, o.warmup);
-      const double t_all = median_ms([&] { p.fwd(), p.bwd(); }, o.reps, o.warmup);
-      for (float x : p.dq.get())
-        if (!std::isfinite(x)) throw lar::RuntimeError("bench linear-cuda: non-finite dq");
-      const double rows = static_cast<double>(c.B * c.T * c.H), nc = std::ceil(c.T / 64.0);
-      const double bound_bytes = c.B * c.H * nc * 64 * 64 * 2;
-      const double gemm = 2.0 * 64 * 64 * 64 * c.B * c.H * nc;  // one 64³ product per chunk and head
-      // gates per token: channel log-gate; gdn2 b, w; carve bx and the scalar w
-      const double extra = p.channel ? 64 * 4 + (mixer == "gdn2" ? 2 * 64 * 2 : p.carve ? 64 * 2 + 4 : 0) : 0;
-      // CCQ: q read again, q_c written and read (fwd); dq_c written and read, q, k, dk again (bwd); λ
-      const double cx_fwd = p.ccq ? 3 * 64 * 2 + 4 : 0, cx_bwd = p.ccq ? 6 * 64 * 2 + 8 : 0;
-      const double fwd_bytes = rows * (4 * 64 * 2 + 8 + extra + cx_fwd) + bound_bytes;
-      const double bwd_bytes = rows * (7 * 64 * 2 + 16 + 2 * extra + cx_bwd) + bound_bytes;
-      const double fwd_flops = (6 + (p.ccq ? 4 : 0)) * gemm, bwd_flops = (16 + (p.ccq ? 12 : 0)) * gemm;
-      auto floor_ms = [&](double bytes, double flops) {
-        const double b = bytes / (kBandwidthTBs * 1e9), f = flops / (kPeakTflops * 1e9);
-        return fmt::format("{:.3f} ({:.3f} | {:.3f})", std::max(b, f), b, f);
-      };
-      const std::string name = fmt::format("B={} T={} H={}", c.B, c.T, c.H) +
-                               (p.wide ? fmt::format(" dk={} dv={}", o.key_dim, o.value_dim) : "");
-      const auto fla_it = fla.find(fmt::format("{},{},{},{},{},{}", mixer, c.B, c.T, c.H, o.key_dim, o.value_dim));
-      const double anchor = fla_it == fla.end() ? 0.0 : fla_it->second;  // fla fwd+bwd, same call
-      const bool anchored = anchor > 0;
-      for (const auto& [pass, t] : {std::pair<std::string, double>{"fwd", t_fwd}, {"bwd", t_bwd}, {"fwd+bwd", t_all}})
-        ours[mixer + name + pass] = t;
-      auto own = [&](const std::string& pass, double t) -> std::vector<std::string> {
-        const auto it = ours.find(own_anchor + name + pass);
-        if (own_anchor == mixer || it == ours.end()) return {"-", "-"};
-        return {fmt::format("{:.3f} ({})", it->second, own_anchor), fmt::format("{:.3f}x", it->second / t)};
-      };
-      auto row = [&](const std::string& pass, double t, const std::string& floor, bool with_fla) {
-        std::vector<std::string> a = with_fla ? std::vector<std::string>{fmt::format("{:.2f} (fla)", anchor),
-                                                                     fmt::format("{:.2f}x", anchor / t)}
-                                         : own(pass, t);
-        table.rows.push_back({mixer, name, pass, fmt::format("{:.3f}", t), floor, a[0], a[1]});
-      };
-      // one line as soon as a case is timed: a run stopped by a time limit keeps what it measured
-      std::cout << fmt::format("  {} {}: fwd {:.3f}  bwd {:.3f}  fwd+bwd {:.3f} ms\n", mixer, name, t_fwd, t_bwd, t_all)
-                << std::flush;
-      // (the floors count heads of 64 × 64: none for wide heads)
-      row("fwd", t_fwd, p.wide ? "-" : floor_ms(fwd_bytes, fwd_flops), false);
-      row("bwd", t_bwd, p.wide ? "-" : floor_ms(bwd_bytes, bwd_flops), false);
-      row("fwd+bwd", t_all, p.wide ? "-" : floor_ms(fwd_bytes + bwd_bytes, fwd_flops + bwd_flops), anchored);
+      Problem p(mixer, c.B, c.T, c.H, 7, o.value_dim, o.key_dim, both);
+      for (const auto& [path, label] : paths) {
+        p.path = path;
+        const std::string anchor_of = path == KeyPath::split ? mixer + " [recurrent]" : own_anchor;
+        auto fwd = [&] { p.fwd(); };
+        auto bwd = [&] { p.bwd(); };
+        p.fwd();
+        const double t_fwd = median_ms(fwd, o.reps, o.warmup);
+        const double t_bwd = median_ms(bwd, o.reps, o.warmup);
+        const double t_all = median_ms([&] { p.fwd(), p.bwd(); }, o.reps, o.warmup);
+        for (float x : p.dq.get())
+          if (!std::isfinite(x)) throw lar::RuntimeError("bench linear-cuda: non-finite dq");
+        const double rows = static_cast<double>(c.B * c.T * c.H), nc = std::ceil(c.T / 64.0);
+        const double bound_bytes = c.B * c.H * nc * 64 * 64 * 2;
+        const double gemm = 2.0 * 64 * 64 * 64 * c.B * c.H * nc;  // one 64³ product per chunk and head
+        // gates per token: channel log-gate; gdn2 b, w; carve bx and the scalar w
+        const double extra = p.channel ? 64 * 4 + (mixer == "gdn2" ? 2 * 64 * 2 : p.carve ? 64 * 2 + 4 : 0) : 0;
+        // CCQ: q read again, q_c written and read (fwd); dq_c written and read, q, k, dk again (bwd); λ
+        const double cx_fwd = p.ccq ? 3 * 64 * 2 + 4 : 0, cx_bwd = p.ccq ? 6 * 64 * 2 + 8 : 0;
+        const double fwd_bytes = rows * (4 * 64 * 2 + 8 + extra + cx_fwd) + bound_bytes;
+        const double bwd_bytes = rows * (7 * 64 * 2 + 16 + 2 * extra + cx_bwd) + bound_bytes;
+        const double fwd_flops = (6 + (p.ccq ? 4 : 0)) * gemm, bwd_flops = (16 + (p.ccq ? 12 : 0)) * gemm;
+        auto floor_ms = [&](double bytes, double flops) {
+          const double b = bytes / (kBandwidthTBs * 1e9), f = flops / (kPeakTflops * 1e9);
+          return fmt::format("{:.3f} ({:.3f} | {:.3f})", std::max(b, f), b, f);
+        };
+        const std::string name = fmt::format("B={} T={} H={}", c.B, c.T, c.H) +
+                                 (p.wide ? fmt::format(" dk={} dv={}", o.key_dim, o.value_dim) : "");
+        const auto fla_it = fla.find(fmt::format("{},{},{},{},{},{}", mixer, c.B, c.T, c.H, o.key_dim, o.value_dim));
+        const double anchor = fla_it == fla.end() ? 0.0 : fla_it->second;  // fla fwd+bwd, same call
+        const bool anchored = anchor > 0;
+        for (const auto& [pass, t] : {std::pair<std::string, double>{"fwd", t_fwd}, {"bwd", t_bwd}, {"fwd+bwd", t_all}})
+          ours[label + name + pass] = t;
+        auto own = [&](const std::string& pass, double t) -> std::vector<std::string> {
+          const auto it = ours.find(anchor_of + name + pass);
+          if (anchor_of == label || it == ours.end()) return {"-", "-"};
+          return {fmt::format("{:.3f} ({})", it->second, anchor_of), fmt::format("{:.3f}x", it->second / t)};
+        };
+        auto row = [&](const std::string& pass, double t, const std::string& floor, bool with_fla) {
+          std::vector<std::string> a = with_fla ? std::vector<std::string>{fmt::format("{:.2f} (fla)", anchor),
+                                                                       fmt::format("{:.2f}x", anchor / t)}
+                                           : own(pass, t);
+          table.rows.push_back({label, name, pass, fmt::format("{:.3f}", t), floor, a[0], a[1]});
+        };
+        // one line as soon as a case is timed: a run stopped by a time limit keeps what it measured
+        std::cout << fmt::format("  {} {}: fwd {:.3f}  bwd {:.3f}  fwd+bwd {:.3f} ms\n", label, name, t_fwd, t_bwd, t_all)
+                  << std::flush;
+        // (the floors count heads of 64 × 64: none for wide heads)
+        row("fwd", t_fwd, p.wide ? "-" : floor_ms(fwd_bytes, fwd_flops), false);
+        row("bwd", t_bwd, p.wide ? "-" : floor_ms(bwd_bytes, bwd_flops), false);
+        row("fwd+bwd", t_all, p.wide ? "-" : floor_ms(fwd_bytes + bwd_bytes, fwd_flops + bwd_flops), anchored);
+      }
     }
   }
   // recurrent single-token decode of every mixer: one launch per token, state read
@@ -462,6 +510,10 @@ static lar::bench::Registration linear_cuda_reg{
                      "Key head dim, 64, 128 or 256 (CARVE's paper heads are 128, CCQ's 256 × 512): 128 and 256 run "
                      "the recurrent wide-key kernels (kernels/cuda/linear/wide_key.hpp); no CARVE, no decode rows")
           ->check(CLI::IsMember({64, 128, 256}));
+      app.add_flag("--key-split", o->key_split,
+                   "With --key-dim 128 or 256: time gla and gla+ccq on the recurrent wide-key kernels and on the "
+                   "key-block split (the 64-wide chunk kernels over the key blocks, kernels/cuda/linear/"
+                   "grouped_heads.hpp; its gate opened for the bench), the split's rows anchored on the recurrent ones");
       app.add_option("--mixer", o->only,
                      "Only these cases, comma-separated (deltanet, gdn, gla, kda, gdn2, carve, gdn+ccq, gla+ccq, "
                      "<mixer>-decode for deltanet, gdn, gla, kda, gdn2, carve)");

@@ -5,7 +5,8 @@
 // output, input gradient and every parameter gradient at CCQ's mini shape (head 64: feature dim
 // 128 on the wide-key kernels, value heads of 128) and its smoke shape (head 16: feature dim 32
 // padded to the 64-wide chunk kernels, value heads of 32 padded to 64), feature dim 256, T not
-// a multiple of 64 and odd B·H, fp32 and mixed; a whole model step; a loss curve of a CUDA run
+// a multiple of 64 and odd B·H, fp32 and mixed, also with the feature dims on the key-block split
+// of grouped_heads.hpp (its gate opened); a whole model step; a loss curve of a CUDA run
 // tracking the CPU run; and the gate (kHedgehogCudaVerified, trainer/mixers/hedgehog_layer.hpp)
 // that refuses the layer in the product until these tests have passed on a GPU. Every test
 // but the gate's opens it for itself (allow_unverified_hedgehog_cuda), so all of this runs the
@@ -27,6 +28,7 @@
 #include "core/run_dir.hpp"
 #include "kernels/backend.hpp"
 #include "kernels/cpu/linear/hedgehog_map.hpp"
+#include "kernels/cuda/linear/grouped_heads.hpp"
 #include "kernels/cuda/linear/hedgehog_ops.hpp"
 #include "tests/gpu/device_buffer.hpp"
 #include "tests/gpu/host_helpers.hpp"
@@ -316,6 +318,35 @@ TEST(HedgehogCuda, OtherFeatureDimsMatchTheCpuLayer) {
   s.T = 70;
   compare_layer(s, "fp32");
   compare_layer(s, "mixed");
+}
+
+// Feature dims 128 and 256 through the key-block split of the gla kernels (grouped_heads.hpp:
+// the 64-wide chunk kernels over the feature blocks of 64), its gate opened for the test beside
+// the layer's own: the mini shape in fp32 and mixed, one sequence of 300 tokens, feature dim
+// 256; the same bounds as above.
+TEST(HedgehogCuda, KeySplitMatchesTheCpuLayer) {
+  namespace kl = kernels::cuda::linear;
+  OpenGate gate;
+  struct Open {
+    bool was = kl::wide_key_split_unverified_allowed();
+    Open() { kl::wide_key_split_unverified_allowed() = true; }
+    ~Open() { kl::wide_key_split_unverified_allowed() = was; }
+  } open;
+  kl::GroupedShape probe;
+  probe.T = 100, probe.dk = 128;
+  ASSERT_TRUE(kl::grouped_channel_key_split(kl::ChannelMixer::gla, probe));
+  Shape s;
+  for (const char* precision : {"fp32", "mixed"}) compare_layer(s, precision);
+  s.B = 1;
+  s.T = 300;
+  compare_layer(s, "fp32");
+  s.d = 128;
+  s.H = 1;
+  s.dk = 128;
+  s.dv = 64;
+  s.B = 3;
+  s.T = 90;
+  compare_layer(s, "fp32");
 }
 
 // A whole model step (embedding, norms, two GLA-Hedgehog layers, head) on the CUDA backend

@@ -6,13 +6,15 @@
 // 256-token checkpoint segment and over two), odd B·H, grouped heads, more CTAs than one backward
 // wave (5 sequences × 4 heads × 8 value tiles), strong gates (a tenth of the channels —
 // gdn: of the heads — decaying by up to 16 per token), nonzero S0 and dST, and the recurrent
-// decode token by token against the same reference.
+// decode token by token against the same reference. gla and linear also through the key-block
+// split (grouped_heads.hpp, its gate opened), against the reference and the recurrent kernels.
 #include <gtest/gtest.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
@@ -41,12 +43,22 @@ struct GCase {
   int B, T, Hk, H, dk, dv;
   bool with_state;
   bool strong = false;  // a tenth of the channels (gdn: of the heads) decay by up to 16 per token
+  bool split = false;   // gla / linear through the key-block split (grouped_heads.hpp), its gate opened
 };
 std::string name(const GCase& c) {
   return std::string(cl::mixer_name(c.m)) + " B=" + std::to_string(c.B) + " T=" + std::to_string(c.T) +
          " Hk=" + std::to_string(c.Hk) + " H=" + std::to_string(c.H) + " dk=" + std::to_string(c.dk) +
-         " dv=" + std::to_string(c.dv) + (c.with_state ? " +state" : "") + (c.strong ? " strong" : "");
+         " dv=" + std::to_string(c.dv) + (c.with_state ? " +state" : "") + (c.strong ? " strong" : "") +
+         (c.split ? " key-split" : "");
 }
+// Opens the key-block split's gate for the scope (closed again after it, as the product has it).
+struct SplitOpen {
+  bool was = gl::wide_key_split_unverified_allowed();
+  explicit SplitOpen(bool open = true) { gl::wide_key_split_unverified_allowed() = open; }
+  ~SplitOpen() { gl::wide_key_split_unverified_allowed() = was; }
+  SplitOpen(const SplitOpen&) = delete;
+  SplitOpen& operator=(const SplitOpen&) = delete;
+};
 bool channel(cl::Mixer m) { return m == cl::Mixer::linear || m == cl::Mixer::gla || m == cl::Mixer::kda || m == cl::Mixer::gdn2; }
 gl::ChannelMixer channel_kind(cl::Mixer m) {
   return m == cl::Mixer::kda ? gl::ChannelMixer::kda : m == cl::Mixer::gdn2 ? gl::ChannelMixer::gdn2 : gl::ChannelMixer::gla;
@@ -73,6 +85,7 @@ struct Result {
 };
 
 Result run(std::mt19937_64& rng, const GCase& c) {
+  const SplitOpen gate(c.split);  // before the boundary is sized: the split's boundary differs
   const int B = c.B, T = c.T, Hk = c.Hk, H = c.H, dv = c.dv, D = c.dk, G = H / Hk;
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   const bool ch = channel(c.m), gated = c.m != cl::Mixer::deltanet && c.m != cl::Mixer::linear;
@@ -110,6 +123,10 @@ Result run(std::mt19937_64& rng, const GCase& c) {
 
   gl::GroupedShape s;
   s.B = B, s.T = T, s.H = H, s.Hk = Hk, s.dk = D, s.dv = dv, s.scale = scale;
+  // the path under test is the one taken
+  if (c.split) {
+    EXPECT_TRUE(gl::grouped_channel_key_split(channel_kind(c.m), s)) << name(c);
+  }
   Dev<bf16> q_(nk), k_(nk), v_(nv), dO_(nv), o_(nv), dq_(nk), dk_(nk), dv_(nv), b_(nh * D), w_(nv), db_(nh * D), dw_(nv);
   Dev<float> g_(ng), dg_(ng), beta_(nh), dbeta_(nh), S0_(ns), S_(ns), dST_(ns), dS0_(ns);
   Dev<bf16> bound(gl::grouped_boundary_bytes(s) / sizeof(bf16));
@@ -138,6 +155,37 @@ Result run(std::mt19937_64& rng, const GCase& c) {
   }
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << name(c);
 
+  Result r;
+  if (c.split) {
+    // the same call on the recurrent wide kernels (wide_key.hpp), and the split once more into
+    // fresh buffers: the same bits (fixed-order sums, no atomics)
+    gl::ChannelInputs in;
+    in.q = q_.p, in.k = k_.p, in.v = v_.p, in.g = g_.p, in.S0 = S0p;
+    Dev<bf16> o2(nv), dq2(nk), dk2(nk), dv2(nv), o3(nv), dq3(nk), dk3(nk), dv3(nv);
+    Dev<float> S2(ns), dg2(ng), dS02(ns), S3(ns), dg3(ng), dS03(ns);
+    Dev<float> wbound(gl::wide_boundary_bytes(s) / sizeof(float) + 1);
+    Dev<bf16> bound3(gl::grouped_channel_boundary_bytes(gl::ChannelMixer::gla, s) / sizeof(bf16));
+    for (auto* d : {&o2, &dq2, &dk2, &dv2, &o3, &dq3, &dk3, &dv3}) d->poison();
+    for (auto* d : {&S2, &dg2, &dS02, &S3, &dg3, &dS03}) d->poison();
+    gl::ChannelGrads g2, g3;
+    g2.dq = dq2.p, g2.dk = dk2.p, g2.dv = dv2.p, g2.dg = dg2.p, g2.dS0 = dS02.p;
+    g3.dq = dq3.p, g3.dk = dk3.p, g3.dv = dv3.p, g3.dg = dg3.p, g3.dS0 = dS03.p;
+    gl::wide_channel_fwd(gl::ChannelMixer::gla, s, in, o2.p, S2.p, wbound.p, nullptr);
+    gl::wide_channel_bwd(gl::ChannelMixer::gla, s, in, wbound.p, dO_.p, dSTp, g2, nullptr);
+    gl::grouped_channel_fwd(gl::ChannelMixer::gla, s, in, o3.p, S3.p, bound3.p, nullptr);
+    gl::grouped_channel_bwd(gl::ChannelMixer::gla, s, in, bound3.p, dO_.p, dSTp, g3, nullptr);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << name(c);
+    r.err = {{"o~rec", rel_rms(o_.get(), o2.get())},   {"S~rec", rel_rms(S_.get(), S2.get())},
+             {"dq~rec", rel_rms(dq_.get(), dq2.get())}, {"dk~rec", rel_rms(dk_.get(), dk2.get())},
+             {"dv~rec", rel_rms(dv_.get(), dv2.get())}, {"dS0~rec", rel_rms(dS0_.get(), dS02.get())}};
+    if (gated) r.err.push_back({"dg~rec", rel_rms(dg_.get(), dg2.get())});
+    const std::pair<const char*, bool> same[] = {
+        {"o", o3.get() == o_.get()},    {"S", S3.get() == S_.get()},    {"dq", dq3.get() == dq_.get()},
+        {"dk", dk3.get() == dk_.get()}, {"dv", dv3.get() == dv_.get()}, {"dg", dg3.get() == dg_.get()},
+        {"dS0", dS03.get() == dS0_.get()}};
+    for (const auto& [what, eq] : same) EXPECT_TRUE(eq) << name(c) << ": a second call changed the bits of " << what;
+  }
+
   // the reference, per value head j with key head j / G
   std::vector<double> ro(nv), rS(ns), rdq(nk, 0.0), rdk(nk, 0.0), rdv(nv), rdg(ng), rdbeta(nh), rdb(nh * D), rdw(nv),
       rdS0(ns);
@@ -163,9 +211,8 @@ Result run(std::mt19937_64& rng, const GCase& c) {
       unslice(rdg, dg, b, j, gw, T, H, false), unslice(rdbeta, dbe, b, j, 1, T, H, false);
       unslice(rdb, db, b, j, D, T, H, false), unslice(rdw, dw, b, j, dv, T, H, false);
     }
-  Result r;
-  r.err = {{"o", rel_rms(o_.get(), ro)},   {"S", rel_rms(S_.get(), rS)},   {"dq", rel_rms(dq_.get(), rdq)},
-           {"dk", rel_rms(dk_.get(), rdk)}, {"dv", rel_rms(dv_.get(), rdv)}, {"dS0", rel_rms(dS0_.get(), rdS0)}};
+  r.err.insert(r.err.end(), {{"o", rel_rms(o_.get(), ro)},   {"S", rel_rms(S_.get(), rS)},   {"dq", rel_rms(dq_.get(), rdq)},
+           {"dk", rel_rms(dk_.get(), rdk)}, {"dv", rel_rms(dv_.get(), rdv)}, {"dS0", rel_rms(dS0_.get(), rdS0)}});
   if (gated) r.err.push_back({"dg", rel_rms(dg_.get(), rdg)});
   if (scalar_g) {
     // gdn's layer gradients of A_log and dt_bias are token sums of dg_t times a per-token factor
@@ -236,7 +283,7 @@ void check(const GCase& c, const Result& r) {
     char buf[64];
     std::snprintf(buf, sizeof buf, " %s %.2e", n.c_str(), e);
     line += buf;
-    const bool value = n == "o" || n == "S" || n == "decode o" || n == "decode S";
+    const bool value = n == "o" || n == "S" || n == "decode o" || n == "decode S" || n == "o~rec" || n == "S~rec";
     EXPECT_LT(e, value ? 5e-3 : 1e-2) << name(c) << ": " << n;
   }
   std::printf("%s\n", line.c_str());
@@ -257,6 +304,59 @@ TEST(LinearKeyDimCuda, MatchesCpuReference) {
                     GCase{m, 1, 300, 1, 1, 256, 64, true, true}, GCase{m, 5, 40, 1, 4, 128, 512, true}}) {
       check(c, run(rng, c));
     }
+}
+
+// The key-block split of gla and linear (grouped_heads.hpp: dk = 64·n as n problems of 64 key
+// channels on the chunk kernels, o and dv summed over the blocks) with its gate opened: against
+// the CPU reference and against the recurrent wide kernels on the same inputs (5e-3 on o and
+// the state, 1e-2 on every gradient, for both), and bit for bit against a second call. dk 128
+// and 256 × dv 64, 128, 512; grouped heads; T = 100 and 300 (partial last chunks), odd B·H,
+// nonzero S0 and dST, strong gates (a tenth of the channels decaying by up to 16 per token).
+TEST(LinearKeyDimCuda, KeySplitMatchesCpuReferenceAndRecurrent) {
+  int devices = 0;
+  ASSERT_EQ(cudaGetDeviceCount(&devices), cudaSuccess);
+  ASSERT_GT(devices, 0);
+  std::mt19937_64 rng{std::random_device{}()};
+  for (cl::Mixer m : {cl::Mixer::gla, cl::Mixer::linear})
+    for (GCase c : {GCase{m, 1, 100, 1, 3, 128, 128, true, true}, GCase{m, 1, 300, 1, 1, 256, 64, true, true},
+                    GCase{m, 3, 65, 1, 1, 256, 64, false}, GCase{m, 1, 130, 2, 4, 128, 64, true, true},
+                    GCase{m, 1, 100, 1, 1, 128, 512, true, true}, GCase{m, 3, 300, 1, 3, 256, 128, true, true},
+                    GCase{m, 1, 300, 2, 4, 256, 512, true, true}, GCase{m, 5, 40, 1, 4, 128, 512, true}}) {
+      c.split = true;
+      check(c, run(rng, c));
+    }
+}
+
+// The split's gate and its boundary workspace: closed in the product until the GPU tests pass
+// (the recurrent kernels run), for gla only (the delta rule and kda, gdn2 couple the key
+// channels), at dk 128 and 256 and T ≥ 1; the exact need per mixer and the larger need for a
+// caller that does not name its mixer.
+TEST(LinearKeyDimCuda, KeySplitGateAndBoundary) {
+  gl::GroupedShape s;
+  s.B = 3, s.T = 300, s.H = 4, s.Hk = 2, s.dk = 256, s.dv = 128;
+  const std::size_t wide = gl::wide_boundary_bytes(s);
+  const std::size_t split = static_cast<std::size_t>(3 * 4) * 4 * 2 * 5 * 64 * 64 * 2;  // n·B·H·m·⌈T/64⌉ 64×64 bf16
+  {
+    const SplitOpen closed(false);
+    EXPECT_EQ(gl::grouped_channel_key_split(gl::ChannelMixer::gla, s), gl::kWideKeySplitVerified);
+    if (!gl::kWideKeySplitVerified) {
+      EXPECT_EQ(gl::grouped_boundary_bytes(s), wide);
+      EXPECT_EQ(gl::grouped_channel_boundary_bytes(gl::ChannelMixer::gla, s), wide);
+    }
+  }
+  const SplitOpen open;
+  EXPECT_TRUE(gl::grouped_channel_key_split(gl::ChannelMixer::gla, s));
+  EXPECT_FALSE(gl::grouped_channel_key_split(gl::ChannelMixer::kda, s));
+  EXPECT_FALSE(gl::grouped_channel_key_split(gl::ChannelMixer::gdn2, s));
+  EXPECT_EQ(gl::grouped_channel_boundary_bytes(gl::ChannelMixer::gla, s), split);
+  EXPECT_EQ(gl::grouped_channel_boundary_bytes(gl::ChannelMixer::kda, s), wide);
+  EXPECT_EQ(gl::grouped_boundary_bytes(s), std::max(wide, split));
+  s.dk = 128;
+  EXPECT_TRUE(gl::grouped_channel_key_split(gl::ChannelMixer::gla, s));
+  s.dk = 64;
+  EXPECT_FALSE(gl::grouped_channel_key_split(gl::ChannelMixer::gla, s));
+  s.dk = 256, s.T = 0;
+  EXPECT_FALSE(gl::grouped_channel_key_split(gl::ChannelMixer::gla, s));
 }
 
 // gdn's scalar gate gradient at dk 256 × dv 512 (8 value tiles: dg is a sum of 8 · 64 · 256

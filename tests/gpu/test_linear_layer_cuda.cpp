@@ -1,8 +1,9 @@
 // The linear mixers on the CUDA backend (trainer/mixers/linear_mixer_cuda.cpp over
 // kernels/cuda/linear): a full model step (loss and every parameter's gradient) against the
 // CPU backend for each mixer, a hybrid stack, each routing, CARVE, CCQ, wide key and value
-// heads and grouped value heads; a loss curve of gdn tracking the CPU run; `backend: cuda`
-// training a gdn config and writing metrics; the clear errors for what the CUDA path does not
+// heads (gla and linear also on the key-block split) and grouped value heads; a loss curve of
+// gdn tracking the CPU run; `backend: cuda` training a gdn config and writing metrics; the
+// clear errors for what the CUDA path does not
 // run (dk ≠ 64, CARVE with a content chunk ≠ 64 or with cler/cler_h); the LAA paper cells'
 // routing (LaaRouting*: the β-scaled update, injection after the layer, cler/cler_h at value
 // heads of 128), gated until these pass. Every comparison runs on fresh random inputs and
@@ -30,6 +31,7 @@
 #include "trainer/mixers/linear_layer.hpp"
 #include "trainer/model.hpp"
 #include "trainer/train.hpp"
+#include "kernels/cuda/linear/grouped_heads.hpp"
 #include "kernels/cuda/linear/layer_ops.hpp"
 #include "tests/gpu/device_buffer.hpp"
 #include "tests/gpu/host_helpers.hpp"
@@ -267,6 +269,61 @@ TEST(LinearLayerCuda, WideKeyHeadsMatchTheCpuBackend) {
                run_config({{"architecture", "kda"}, {"stack", "pure"}, {"head_dim", 256}, {"value_dim", 128},
                            {"routing", "clvr"}, {"n_layers", 3}}),
                "fp32", 100, false, gates("kda"));
+}
+
+// gla and linear at key heads of 128 and 256 through the key-block split (grouped_heads.hpp:
+// the 64-wide chunk kernels over the key blocks, o and dv summed over them), its gate opened
+// for the test: the same cases and bounds as WideKeyHeadsMatchTheCpuBackend, plus grouped heads
+// (2 key heads over 4), CCQ in front, clvr routing, T over two 256-token segments and the
+// deterministic mode.
+namespace {
+struct KeySplitOpen {
+  bool was = kernels::cuda::linear::wide_key_split_unverified_allowed();
+  KeySplitOpen() { kernels::cuda::linear::wide_key_split_unverified_allowed() = true; }
+  ~KeySplitOpen() { kernels::cuda::linear::wide_key_split_unverified_allowed() = was; }
+};
+}  // namespace
+
+TEST(LinearLayerCuda, WideKeySplitMatchesTheCpuBackend) {
+  const KeySplitOpen open;
+  kernels::cuda::linear::GroupedShape probe;
+  probe.T = 100, probe.dk = 128;
+  ASSERT_TRUE(kernels::cuda::linear::grouped_channel_key_split(kernels::cuda::linear::ChannelMixer::gla, probe));
+  const std::vector<std::string> gla_gates = {"gate_bias", "gate_w1", "gate_w2"};
+  for (const char* arch : {"linear", "gla"}) {
+    const std::vector<std::string> gates = std::string(arch) == "gla" ? gla_gates : std::vector<std::string>{};
+    for (const auto& [dk, dv] : {std::pair{128, 128}, std::pair{128, 512}, std::pair{256, 512}}) {
+      const json cfg = run_config({{"architecture", arch}, {"stack", "pure"}, {"head_dim", dk}, {"value_dim", dv}});
+      const std::string what = std::string(arch) + " split dk=" + std::to_string(dk) + " dv=" + std::to_string(dv);
+      compare_step(what, cfg, "fp32", 100, false, gates);
+      if (dk == 128 && dv == 128) compare_step(what, cfg, "mixed", 100, false, gates);
+    }
+  }
+  compare_step("gla split dk=128 dv=128 Hk=2 H=4",
+               run_config({{"architecture", "gla"},
+                           {"stack", "pure"},
+                           {"head_dim", 128},
+                           {"value_dim", 128},
+                           {"n_v_heads", 4}}),
+               "fp32", 100, false, {"wq", "wk", "wv", "gate_bias", "gate_w1", "gate_w2"});
+  compare_step("gla split ccq dk=256 dv=512",
+               run_config({{"architecture", "gla"},
+                           {"stack", "pure"},
+                           {"head_dim", 256},
+                           {"value_dim", 512},
+                           {"ccq", {{"enabled", true}}}}),
+               "fp32", 100, false, {"ccq_b_lambda", "ccq_w_lambda"});
+  compare_step("gla split dk=256 dv=128 clvr",
+               run_config({{"architecture", "gla"},
+                           {"stack", "pure"},
+                           {"head_dim", 256},
+                           {"value_dim", 128},
+                           {"routing", "clvr"},
+                           {"n_layers", 3}}),
+               "fp32", 100, false, gla_gates);
+  compare_step("gla split dk=128 dv=512 T=300",
+               run_config({{"architecture", "gla"}, {"stack", "pure"}, {"head_dim", 128}, {"value_dim", 512}}),
+               "fp32", 300, true, gla_gates);
 }
 
 // Grouped value heads (model.n_v_heads = H over Hk < H key heads; value head j reads key head

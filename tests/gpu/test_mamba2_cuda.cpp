@@ -3,7 +3,8 @@
 // mamba2_ops.hpp around them) against the CPU layer (trainer/mixers/mamba2_mixer.cpp): the
 // layer's output, input gradient and every parameter gradient at the CCQ / CARVE shape (state
 // 128, head dim 64), state 64 and 256, grouped B, C (G < H), value heads of 128, T not a
-// multiple of 64 and odd B·H, fp32 and mixed; a whole model step; a loss curve of a CUDA run
+// multiple of 64 and odd B·H, fp32 and mixed, also with the states on the key-block split of
+// grouped_heads.hpp (its gate opened); a whole model step; a loss curve of a CUDA run
 // tracking the CPU run; and cuda_unsupported's reasons. Every comparison runs on fresh random
 // inputs and parameters drawn so that every gate and skip is far from trivial.
 #include <gtest/gtest.h>
@@ -22,6 +23,7 @@
 #include "core/run_dir.hpp"
 #include "kernels/cuda/linear/mamba2_ops.hpp"
 #include "kernels/backend.hpp"
+#include "kernels/cuda/linear/grouped_heads.hpp"
 #include "trainer/mixer.hpp"
 #include "trainer/model.hpp"
 #include "trainer/params.hpp"
@@ -313,6 +315,39 @@ TEST(Mamba2Cuda, WideHeadsAndStateMatchTheCpuLayer) {
   s.N = 256;
   s.B = 1;
   s.T = 70;
+  compare_layer(s, "fp32");
+}
+
+// States of 128 and 256 through the key-block split of the gla kernels (grouped_heads.hpp: the
+// 64-wide chunk kernels over the state's blocks of 64 channels), its gate opened for the test:
+// the paper shape in fp32 and mixed, groups (2 groups of 2 heads), value heads of 128 at state
+// 256, the same bounds as above. The 64-wide kernels' gate gradient is the one the state-64
+// case (DISABLED_StateOf64MatchesTheCpuLayer) found off in its token sums, so a failure of
+// A_log, dt_bias or D alone here points there rather than at the split.
+TEST(Mamba2Cuda, KeySplitMatchesTheCpuLayer) {
+  namespace kl = kernels::cuda::linear;
+  struct Open {
+    bool was = kl::wide_key_split_unverified_allowed();
+    Open() { kl::wide_key_split_unverified_allowed() = true; }
+    ~Open() { kl::wide_key_split_unverified_allowed() = was; }
+  } open;
+  kl::GroupedShape probe;
+  probe.T = 100, probe.dk = 128;
+  ASSERT_TRUE(kl::grouped_channel_key_split(kl::ChannelMixer::gla, probe));
+  Shape s;
+  s.d = 96;  // H = 3, state 128, B·H = 9, T = 100
+  for (const char* precision : {"fp32", "mixed"}) compare_layer(s, precision);
+  s.d = 128;  // H = 4, 2 groups of 2 heads
+  s.G = 2;
+  s.B = 5;
+  s.T = 65;
+  compare_layer(s, "fp32");
+  s.d = 192;  // H = 3 heads of 128, state 256, two 256-token segments
+  s.P = 128;
+  s.N = 256;
+  s.G = 1;
+  s.B = 1;
+  s.T = 300;
   compare_layer(s, "fp32");
 }
 

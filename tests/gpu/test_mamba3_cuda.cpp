@@ -4,7 +4,8 @@
 // gradient and every parameter gradient at the CARVE mini shape (d 384: 12 heads of 64, state
 // 128, MIMO rank 4 with chunk 16) and at small shapes (B·H odd, T not a multiple of 64, state
 // 256, value heads of 128, grouped B and C, ranks 2 and 3), fp32 and mixed; a whole model step;
-// a loss curve of a CUDA run tracking the CPU run; determinism; and the gate. Every comparison
+// a loss curve of a CUDA run tracking the CPU run; determinism; the gate; and the same layer with
+// the states on the key-block split of grouped_heads.hpp (its gate opened). Every comparison
 // runs on fresh random inputs and parameters drawn so that every gate, map and skip is far
 // from trivial. Every test opens the verification gate for itself (mamba3_cuda_unverified_allowed),
 // so they check the layer whatever kMamba3CudaVerified (mamba3_layer.hpp) says.
@@ -23,6 +24,7 @@
 #include "core/error.hpp"
 #include "core/run_dir.hpp"
 #include "kernels/backend.hpp"
+#include "kernels/cuda/linear/grouped_heads.hpp"
 #include "tests/gpu/host_helpers.hpp"
 #include "tests/gpu/layer_run.hpp"
 #include "tests/temp_dir.hpp"
@@ -248,6 +250,43 @@ TEST(Mamba3Cuda, WideStateHeadsAndGroupsMatchTheCpuLayer) {
   s.R = 2;
   s.chunk = 32;
   compare_layer(s, "mixed");
+}
+
+// States of 128 and 256 through the key-block split of the gla kernels (grouped_heads.hpp: the
+// 64-wide chunk kernels over the state's blocks of 64 channels, over T·R rows), its gate opened
+// for the test beside the layer's own: the CARVE mini shape SISO and MIMO rank 4, state 256,
+// value heads of 128, grouped B, C; the same bounds as above.
+TEST(Mamba3Cuda, KeySplitMatchesTheCpuLayer) {
+  namespace kl = kernels::cuda::linear;
+  AllowUnverified allow;
+  struct Open {
+    bool was = kl::wide_key_split_unverified_allowed();
+    Open() { kl::wide_key_split_unverified_allowed() = true; }
+    ~Open() { kl::wide_key_split_unverified_allowed() = was; }
+  } open;
+  kl::GroupedShape probe;
+  probe.T = 100, probe.dk = 128;
+  ASSERT_TRUE(kl::grouped_channel_key_split(kl::ChannelMixer::gla, probe));
+  compare_layer(mini(1), "fp32");
+  compare_layer(mini(4), "mixed");
+  Shape s;
+  s.N = 256;
+  s.B = 1;
+  s.T = 77;
+  s.R = 4;
+  s.chunk = 16;
+  compare_layer(s, "fp32");
+  s.R = 1;
+  s.chunk = 64;
+  s.N = 128;
+  s.d = 192;  // Di 384: H = 3 heads of 128
+  s.P = 128;
+  compare_layer(s, "fp32");
+  s.d = 128;  // H = 4 heads of 64, 2 groups
+  s.P = 64;
+  s.G = 2;
+  s.B = 3;
+  compare_layer(s, "fp32");
 }
 
 // A whole model step (embedding, norms, two Mamba-3 layers, head) on the CUDA backend against

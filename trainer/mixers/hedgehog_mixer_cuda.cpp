@@ -119,7 +119,8 @@ class CudaHedgehogImpl final : public CudaHedgehog {
     o_ = bf_alloc(ar, R * dvp_);
     oc_ = padded_v() ? bf_alloc(ar, R * s_.dv) : o_;
     og_ = ar.alloc(at_, {N, s_.Cv});
-    bound_ = ar.alloc(DType::f32, {(int64_t)(cl::grouped_boundary_bytes(gshape()) + 3) / 4});
+    const std::size_t bb = cl::grouped_channel_boundary_bytes(cl::ChannelMixer::gla, gshape());
+    bound_ = ar.alloc(DType::f32, {(int64_t)(bb + 3) / 4});
     rstd_ = ar.alloc(DType::f32, {R});
     const auto mark = ar.mark();
     const Tensor Xa = as_act(be, ar, X_);

@@ -197,7 +197,9 @@ class CudaLinearImpl final : public CudaLinear {
       cl::pack_pieces(wcat_pieces(), wcat_.data, act_bf16(), st);
     }
     o_ = bf_alloc(ar, N * d_.Cv);
-    const std::size_t bb = wide_carve() ? cl::wide_carve_boundary_bytes(shape()) : cl::grouped_boundary_bytes(gshape());
+    const std::size_t bb = wide_carve()     ? cl::wide_carve_boundary_bytes(shape())
+                           : delta_kernel() ? cl::grouped_boundary_bytes(gshape())
+                                            : cl::grouped_channel_boundary_bytes(channel_kind(), gshape());
     bound_ = ar.alloc(DType::f32, {(int64_t)(bb + 3) / 4});
     P_qkv_ = keep_p_ ? ar.alloc(at_, {N, ldp_}) : Tensor();
     og_ = keep_og_ && !wide_ ? ar.alloc(at_, {N, d_.Cv}) : Tensor();  // wide_: og is in P_qkv_

@@ -88,7 +88,8 @@ class CudaMamba2Impl final : public CudaMamba2 {
     P_proj_ = ar.alloc(at_, {N, ldp_});
     pdt_ = ar.alloc(DType::f32, {N, s_.H});
     o_ = bf_alloc(ar, N * Di_);
-    bound_ = ar.alloc(DType::f32, {(int64_t)(cl::grouped_boundary_bytes(gshape()) + 3) / 4});
+    const std::size_t bb = cl::grouped_channel_boundary_bytes(cl::ChannelMixer::gla, gshape());
+    bound_ = ar.alloc(DType::f32, {(int64_t)(bb + 3) / 4});
     rstd_ = ar.alloc(DType::f32, {N * s_.G});
     const auto mark = ar.mark();
     const Tensor Xa = as_act(be, ar, X_);

@@ -90,7 +90,8 @@ class CudaMamba3Impl final : public CudaMamba3 {
     P_proj_ = ar.alloc(at_, {N, ldp_});
     Pg_ = ar.alloc(DType::f32, {N, ldg_});
     o_ = bf_alloc(ar, rows() * s_.P);
-    bound_ = ar.alloc(DType::f32, {(int64_t)(cl::grouped_boundary_bytes(gshape()) + 3) / 4});
+    const std::size_t bb = cl::grouped_channel_boundary_bytes(cl::ChannelMixer::gla, gshape());
+    bound_ = ar.alloc(DType::f32, {(int64_t)(bb + 3) / 4});
     const auto mark = ar.mark();
     const Tensor Xa = as_act(be, ar, X_);
     be.gemm(Xa, false, Wcat_, true, P_proj_);

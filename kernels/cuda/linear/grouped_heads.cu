@@ -6,6 +6,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <string>
 
 #include "kernels/cuda/cuda_check.hpp"
@@ -51,6 +52,126 @@ __global__ void sum_heads(const T* __restrict__ src, T* __restrict__ dst, int64_
 }
 
 unsigned grid_for(int64_t n) { return static_cast<unsigned>(std::clamp<int64_t>((n + 255) / 256, 1, 65535)); }
+
+// ---- the key-block split (grouped_heads.hpp)
+
+// dst [Q, P, w] = src [P, Q, w] in units of U: a tensor's key blocks [rows, n, 64] out to
+// [n, rows, 64] (P = rows, Q = n) and back (P = n, Q = rows).
+template <class U>
+__global__ void swap_blocks(const U* __restrict__ src, U* __restrict__ dst, int64_t P, int64_t Q, int w) {
+  const int64_t n = P * Q * w;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t c = i % w, p = (i / w) % P, q = i / (w * P);
+    dst[i] = src[(p * Q + q) * w + c];
+  }
+}
+// dst [N] = Σ_{b < nb} src [b, N] in order of b, in fp32, rounded once; 8 elements a thread
+// (16-byte loads) or 1.
+__global__ void sum_blocks8(const uint4* __restrict__ src, uint4* __restrict__ dst, int64_t n8, int nb) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n8;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float acc[8] = {};
+    for (int b = 0; b < nb; ++b) {
+      const uint4 u = src[static_cast<int64_t>(b) * n8 + i];
+      const bf16* h = reinterpret_cast<const bf16*>(&u);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[e] += __bfloat162float(h[e]);
+    }
+    uint4 out;
+    bf16* h = reinterpret_cast<bf16*>(&out);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) h[e] = __float2bfloat16(acc[e]);
+    dst[i] = out;
+  }
+}
+__global__ void sum_blocks1(const bf16* __restrict__ src, bf16* __restrict__ dst, int64_t n, int nb) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float acc = 0.f;
+    for (int b = 0; b < nb; ++b) acc += __bfloat162float(src[static_cast<int64_t>(b) * n + i]);
+    dst[i] = __float2bfloat16(acc);
+  }
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
+
+// dst [Q, P, 64] = src [P, Q, 64] (elements of T), 16 bytes a thread where both are aligned.
+template <class T>
+void swap_key_blocks(const T* src, T* dst, int64_t P, int64_t Q, cudaStream_t st) {
+  if (P * Q == 0) return;
+  if (aligned16(src) && aligned16(dst)) {
+    constexpr int w = 64 * static_cast<int>(sizeof(T)) / 16;
+    swap_blocks<<<grid_for(P * Q * w), 256, 0, st>>>(reinterpret_cast<const uint4*>(src), reinterpret_cast<uint4*>(dst),
+                                                     P, Q, w);
+  } else {
+    swap_blocks<<<grid_for(P * Q * 64), 256, 0, st>>>(src, dst, P, Q, 64);
+  }
+  LAR_CUDA_LAUNCHED();
+}
+// The key blocks of x [R, n·64] as [n, R, 64] in scratch (null stays null) ...
+template <class T>
+const T* split_keys(Scratch& sc, const T* x, int64_t R, int n, cudaStream_t st) {
+  if (!x) return nullptr;
+  T* d = sc.get<T>(static_cast<size_t>(n * R * 64));
+  swap_key_blocks(x, d, R, n, st);
+  return d;
+}
+// ... a buffer for a gradient in that layout (null when dst is) ...
+template <class T>
+T* split_buffer(Scratch& sc, const T* dst, int64_t R, int n) {
+  return dst ? sc.get<T>(static_cast<size_t>(n * R * 64)) : nullptr;
+}
+// ... and the blocks back into dst [R, n·64].
+template <class T>
+void join_keys(const T* x, T* dst, int64_t R, int n, cudaStream_t st) {
+  if (dst) swap_key_blocks(x, dst, static_cast<int64_t>(n), R, st);
+}
+// x [N] repeated n times, [n, N], in scratch.
+const bf16* repeat_blocks(Scratch& sc, const bf16* x, int64_t N, int n, cudaStream_t st) {
+  if (!x) return nullptr;
+  bf16* d = sc.get<bf16>(static_cast<size_t>(n * N));
+  for (int b = 0; b < n; ++b)
+    LAR_CUDA_CHECK(cudaMemcpyAsync(d + b * N, x, static_cast<size_t>(N) * sizeof(bf16), cudaMemcpyDeviceToDevice, st));
+  return d;
+}
+// dst [N] = Σ_b x [b, N] (fp32 in order of b, rounded once).
+void sum_blocks(const bf16* x, bf16* dst, int64_t N, int n, cudaStream_t st) {
+  if (!dst || N == 0) return;
+  if (N % 8 == 0 && aligned16(x) && aligned16(dst))
+    sum_blocks8<<<grid_for(N / 8), 256, 0, st>>>(reinterpret_cast<const uint4*>(x), reinterpret_cast<uint4*>(dst),
+                                                 N / 8, n);
+  else
+    sum_blocks1<<<grid_for(N), 256, 0, st>>>(x, dst, N, n);
+  LAR_CUDA_LAUNCHED();
+}
+
+// The n key blocks as one 64-wide problem over n·B sequences (block b of sequence i is
+// sequence b·B + i).
+struct KeySplit {
+  GroupedShape bs;
+  int n = 1;
+  int64_t qk_rows = 0, g_rows = 0, v_elems = 0, s_rows = 0;  // rows of 64·n channels; v elements
+};
+KeySplit make_split(const GroupedShape& s) {
+  const int64_t Hk = s.Hk > 0 ? s.Hk : s.H;
+  KeySplit k;
+  k.n = static_cast<int>(s.dk / 64);
+  k.bs = s;
+  k.bs.B = s.B * k.n, k.bs.dk = 64;
+  k.qk_rows = s.B * s.T * Hk, k.g_rows = s.B * s.T * s.H, k.v_elems = s.B * s.T * s.H * s.dv;
+  k.s_rows = s.B * s.H * s.dv;
+  return k;
+}
+ChannelInputs split_inputs(Scratch& sc, const KeySplit& k, const ChannelInputs& in, bool with_state, cudaStream_t st) {
+  ChannelInputs x;
+  x.q = split_keys(sc, in.q, k.qk_rows, k.n, st);
+  x.k = split_keys(sc, in.k, k.qk_rows, k.n, st);
+  x.g = split_keys(sc, in.g, k.g_rows, k.n, st);
+  x.v = repeat_blocks(sc, in.v, k.v_elems, k.n, st);
+  if (with_state) x.S0 = split_keys(sc, in.S0, k.s_rows, k.n, st);
+  return x;
+}
 
 // The virtual problem: H·m heads of 64 value channels.
 struct Virtual {
@@ -113,11 +234,67 @@ ChannelInputs virtual_inputs(Scratch& sc, const Virtual& v, const ChannelInputs&
   return x;
 }
 
+void key_split_fwd(ChannelMixer m, const GroupedShape& gs, const ChannelInputs& in, bf16* o, float* S_out,
+                   bf16* boundary, cudaStream_t st) {
+  if (!o) throw RuntimeError("grouped channel forward: o is required");
+  const KeySplit k = make_split(gs);
+  Scratch sc(st);
+  const ChannelInputs x = split_inputs(sc, k, in, true, st);
+  bf16* ob = sc.get<bf16>(static_cast<size_t>(k.n * k.v_elems));
+  float* Sb = split_buffer(sc, S_out, k.s_rows, k.n);
+  grouped_channel_fwd(m, k.bs, x, ob, Sb, boundary, st);
+  sum_blocks(ob, o, k.v_elems, k.n, st);
+  join_keys(Sb, S_out, k.s_rows, k.n, st);
+}
+
+void key_split_bwd(ChannelMixer m, const GroupedShape& gs, const ChannelInputs& in, const bf16* boundary,
+                   const bf16* dout, const float* dST, const ChannelGrads& gr, cudaStream_t st) {
+  const KeySplit k = make_split(gs);
+  Scratch sc(st);
+  const ChannelInputs x = split_inputs(sc, k, in, false, st);  // the backward reads the boundary states
+  const bf16* dob = repeat_blocks(sc, dout, k.v_elems, k.n, st);
+  const float* dSTb = split_keys(sc, dST, k.s_rows, k.n, st);
+  ChannelGrads y;
+  y.dq = split_buffer(sc, gr.dq, k.qk_rows, k.n);
+  y.dk = split_buffer(sc, gr.dk, k.qk_rows, k.n);
+  y.dg = split_buffer(sc, gr.dg, k.g_rows, k.n);
+  y.dv = gr.dv ? sc.get<bf16>(static_cast<size_t>(k.n * k.v_elems)) : nullptr;
+  y.dS0 = split_buffer(sc, gr.dS0, k.s_rows, k.n);
+  grouped_channel_bwd(m, k.bs, x, boundary, dob, dSTb, y, st);
+  join_keys(y.dq, gr.dq, k.qk_rows, k.n, st);
+  join_keys(y.dk, gr.dk, k.qk_rows, k.n, st);
+  join_keys(y.dg, gr.dg, k.g_rows, k.n, st);
+  sum_blocks(y.dv, gr.dv, k.v_elems, k.n, st);
+  join_keys(y.dS0, gr.dS0, k.s_rows, k.n, st);
+}
+
 }  // namespace
 
+bool& wide_key_split_unverified_allowed() {
+  static bool allowed = false;
+  return allowed;
+}
+
+bool grouped_channel_key_split(ChannelMixer m, const GroupedShape& s) {
+  const bool open = kWideKeySplitVerified || wide_key_split_unverified_allowed();
+  return open && m == ChannelMixer::gla && wide_key_dim(s.dk) && s.T > 0;
+}
+
 std::size_t grouped_boundary_bytes(const GroupedShape& s) {
-  if (s.dk != 64) return wide_boundary_bytes(s);
+  if (s.dk != 64) {
+    const std::size_t wide = wide_boundary_bytes(s);  // (checks the shape)
+    if (!grouped_channel_key_split(ChannelMixer::gla, s)) return wide;
+    return std::max(wide, grouped_boundary_bytes(make_split(s).bs));
+  }
   return delta_boundary_bytes(make_virtual(s, false, "grouped boundary").s);
+}
+
+std::size_t grouped_channel_boundary_bytes(ChannelMixer m, const GroupedShape& s) {
+  if (grouped_channel_key_split(m, s)) {
+    wide_boundary_bytes(s);  // (checks the shape)
+    return grouped_boundary_bytes(make_split(s).bs);
+  }
+  return s.dk != 64 ? wide_boundary_bytes(s) : grouped_boundary_bytes(s);
 }
 
 void grouped_delta_fwd(const GroupedShape& gs, const bf16* q, const bf16* k, const bf16* v, const float* g,
@@ -166,6 +343,10 @@ void grouped_delta_decode(const GroupedShape& gs, const bf16* q, const bf16* k, 
 
 void grouped_channel_fwd(ChannelMixer m, const GroupedShape& gs, const ChannelInputs& in, bf16* o, float* S_out,
                          bf16* boundary, cudaStream_t stream) {
+  if (grouped_channel_key_split(m, gs)) {
+    wide_boundary_bytes(gs);  // (checks the shape)
+    return key_split_fwd(m, gs, in, o, S_out, boundary, stream);
+  }
   if (gs.dk != 64) return wide_channel_fwd(m, gs, in, o, S_out, boundary, stream);
   const Virtual vs = make_virtual(gs, false, "grouped channel forward");
   if (vs.direct()) return channel_fwd(m, vs.s, in, o, S_out, boundary, stream);
@@ -175,6 +356,10 @@ void grouped_channel_fwd(ChannelMixer m, const GroupedShape& gs, const ChannelIn
 
 void grouped_channel_bwd(ChannelMixer m, const GroupedShape& gs, const ChannelInputs& in, const bf16* boundary,
                          const bf16* dout, const float* dST, const ChannelGrads& gr, cudaStream_t stream) {
+  if (grouped_channel_key_split(m, gs)) {
+    wide_boundary_bytes(gs);  // (checks the shape)
+    return key_split_bwd(m, gs, in, boundary, dout, dST, gr, stream);
+  }
   if (gs.dk != 64) return wide_channel_bwd(m, gs, in, boundary, dout, dST, gr, stream);
   const Virtual vs = make_virtual(gs, false, "grouped channel backward");
   if (vs.direct()) return channel_bwd(m, vs.s, in, boundary, dout, dST, gr, stream);

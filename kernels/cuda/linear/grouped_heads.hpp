@@ -20,6 +20,21 @@
 // inside the chunk products and the solve) goes to the recurrent kernels of wide_key.hpp,
 // whose boundary workspace grouped_boundary_bytes then sizes. Tests:
 // tests/gpu/test_linear_grouped.cpp, tests/gpu/test_linear_keydim.cpp.
+//
+// The key-block split. gla's recurrence (and linear's, gla with a zero log-gate) never mixes
+// key channels: S_t = S_{t−1} diag(exp g_t) + v_t k_tᵀ, o_t = scale S_t q_t, so a key dim
+// dk = 64·n is n independent problems of 64 key channels — block b reads q, k, g at channels
+// 64b..64b+63 and the whole v; o = Σ_b o_b, dv = Σ_b dv_b; dq, dk, dg are per block; the
+// state's columns 64b..64b+63 are block b's state. The split runs the n blocks as one call
+// of the 64-wide path over n·B sequences (sequence b·B + i is block b of sequence i: the
+// boundary layout then depends on the value heads only, as the other paths', so a readout
+// over per-value-head keys reuses the main pass's boundary), with q, k, g, S0, dST split into
+// column blocks, v and dout repeated per block, and o, dv summed over the blocks in fp32 in
+// order of b (each block's part is bf16, the sum rounds once; deterministic, no atomics). The
+// delta-rule mixers (k·S couples the key channels) stay on the recurrent kernels; so do the
+// decodes (one token: the recurrent decode reads the state once). Until the split has passed
+// its GPU tests (tests/gpu/test_linear_keydim.cpp, KeySplit*) the product keeps the recurrent
+// kernels; the tests and `lar-bench linear-cuda --key-split` open it with the hook below.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -40,8 +55,18 @@ struct GroupedShape {
   KernelChoice kernels;  // (linear_attention.hpp)
 };
 
-// Bytes of the boundary workspace (the forward writes it, the backward reads it).
+// Bytes of the boundary workspace (the forward writes it, the backward reads it): for any
+// mixer (while the key-block split is open, the larger of its need and the recurrent
+// kernels'); grouped_channel_boundary_bytes gives the exact need of channel mixer m.
 std::size_t grouped_boundary_bytes(const GroupedShape& s);
+std::size_t grouped_channel_boundary_bytes(ChannelMixer m, const GroupedShape& s);
+
+// The key-block split's gate: false until its GPU tests have passed on a GPU. The hook is for
+// the GPU tests and the benchmark only (read at every call; set it before sizing the boundary).
+constexpr bool kWideKeySplitVerified = false;
+bool& wide_key_split_unverified_allowed();
+// True when grouped_channel_fwd / grouped_channel_bwd run mixer m at shape s as key blocks.
+bool grouped_channel_key_split(ChannelMixer m, const GroupedShape& s);
 
 void grouped_delta_fwd(const GroupedShape& s, const __nv_bfloat16* q, const __nv_bfloat16* k,
                        const __nv_bfloat16* v, const float* g, const float* beta, const float* S0,
