@@ -142,7 +142,7 @@ inline std::vector<float> summed(std::size_t total, int step, int world) {
 inline double lr_at(int step) { return 1.0 - 0.1 * step; }
 inline double scalar_at(int step) { return std::min(1.0, 0.5 + 0.25 * step); }
 
-struct Run {
+struct RunResult {
   std::vector<float> params;
   std::vector<double> norms;
   std::string state;
@@ -160,11 +160,11 @@ struct Buffer {
 
 // The unsharded DeviceOptimizer (blocked norm) for steps [from, to) on the summed gradients
 // of worlds[s] ranks at step s, from params0 and (if not empty) state0.
-inline Run unsharded(kernels::Backend& be, const optim::OptimizerConfig& cfg, const std::vector<int>& worlds,
+inline RunResult unsharded(kernels::Backend& be, const optim::OptimizerConfig& cfg, const std::vector<int>& worlds,
                      int from, int to, const std::vector<float>& params0, const std::string& state0) {
   std::size_t total = 0;
   const auto t = table(&total);
-  Run out;
+  RunResult out;
   Buffer P(be, total), G(be, total);
   be.upload(params0.data(), P.t);
   optim::DeviceOptimizer opt(be, cfg, t, total, /*blocked_norm=*/true);
@@ -183,17 +183,17 @@ inline Run unsharded(kernels::Backend& be, const optim::OptimizerConfig& cfg, co
 
 // DeviceZeroOptimizer on `world` ranks (one backend each) for steps [from, to): each rank
 // reduce-scatters its local gradients, clips, steps; then every rank saves the state.
-inline std::vector<Run> sharded(const BackendFactory& make, const optim::OptimizerConfig& cfg, int world, int from,
+inline std::vector<RunResult> sharded(const BackendFactory& make, const optim::OptimizerConfig& cfg, int world, int from,
                                 int to, const std::vector<float>& params0, const std::string& state0) {
   std::size_t total = 0;
   const auto t = table(&total);
   std::vector<std::unique_ptr<kernels::Backend>> bes;
   for (int r = 0; r < world; ++r) bes.push_back(make());
-  std::vector<Run> out(static_cast<std::size_t>(world));
+  std::vector<RunResult> out(static_cast<std::size_t>(world));
   FakeGroup group(world);
   group.run([&](int rank, optim::Communicator& host) {
     kernels::Backend& be = *bes[static_cast<std::size_t>(rank)];
-    Run& res = out[static_cast<std::size_t>(rank)];
+    RunResult& res = out[static_cast<std::size_t>(rank)];
     StagedCommunicator comm(host, be);
     Buffer P(be, total), G(be, total);
     be.upload(params0.data(), P.t);
@@ -222,10 +222,10 @@ inline std::size_t first_difference(const std::vector<float>& a, const std::vect
 
 // Every rank: the reference's parameters bit for bit, its norms exactly, its state blob byte
 // for byte.
-inline void expect_same(const std::vector<Run>& ranks, const Run& ref, const std::string& what) {
+inline void expect_same(const std::vector<RunResult>& ranks, const RunResult& ref, const std::string& what) {
   for (std::size_t r = 0; r < ranks.size(); ++r) {
     SCOPED_TRACE(what + " rank " + std::to_string(r));
-    const Run& z = ranks[r];
+    const RunResult& z = ranks[r];
     ASSERT_EQ(z.params.size(), ref.params.size());
     const std::size_t d = first_difference(z.params, ref.params);
     EXPECT_EQ(d, ref.params.size()) << "first differing parameter float " << d << ": " << z.params[d] << " vs "
@@ -250,8 +250,8 @@ inline void check_matches_unsharded(const BackendFactory& make, optim::Optimizer
   auto ref_be = make();
   for (int world : {2, 3}) {
     const std::vector<int> worlds(4, world);
-    const Run ref = unsharded(*ref_be, cfg, worlds, 0, 4, p0, "");
-    const std::vector<Run> z = sharded(make, cfg, world, 0, 4, p0, "");
+    const RunResult ref = unsharded(*ref_be, cfg, worlds, 0, 4, p0, "");
+    const std::vector<RunResult> z = sharded(make, cfg, world, 0, 4, p0, "");
     expect_same(z, ref, std::string(name_of(name)) + " world " + std::to_string(world));
     const optim::StateBytes sb = optim::optimizer_state_bytes(cfg, t, world);
     for (int r = 0; r < world; ++r) {
@@ -273,16 +273,16 @@ inline void check_resume_on_other_world(const BackendFactory& make, optim::Optim
   optim::DeviceZeroOptimizer::set_save_window_for_tests(10007);
   auto ref_be = make();
   const std::vector<int> worlds{2, 2, 3, 3};
-  const Run ref = unsharded(*ref_be, cfg, worlds, 0, 4, p0, "");
-  const Run ref_half = unsharded(*ref_be, cfg, worlds, 0, 2, p0, "");
-  const std::vector<Run> first = sharded(make, cfg, 2, 0, 2, p0, "");
+  const RunResult ref = unsharded(*ref_be, cfg, worlds, 0, 4, p0, "");
+  const RunResult ref_half = unsharded(*ref_be, cfg, worlds, 0, 2, p0, "");
+  const std::vector<RunResult> first = sharded(make, cfg, 2, 0, 2, p0, "");
   expect_same(first, ref_half, std::string(name_of(name)) + " steps 0-1 on 2 ranks");
-  const std::vector<Run> second = sharded(make, cfg, 3, 2, 4, first[0].params, first[0].state);
-  Run tail = ref;
+  const std::vector<RunResult> second = sharded(make, cfg, 3, 2, 4, first[0].params, first[0].state);
+  RunResult tail = ref;
   tail.norms.erase(tail.norms.begin(), tail.norms.begin() + 2);
   expect_same(second, tail, std::string(name_of(name)) + " steps 2-3 on 3 ranks");
   // The sharded blob resumes on one unsharded optimiser too.
-  const Run alone = unsharded(*ref_be, cfg, worlds, 2, 4, first[0].params, first[0].state);
+  const RunResult alone = unsharded(*ref_be, cfg, worlds, 2, 4, first[0].params, first[0].state);
   expect_same({alone}, tail, std::string(name_of(name)) + " steps 2-3 unsharded");
   optim::DeviceZeroOptimizer::set_save_window_for_tests(window);
 }

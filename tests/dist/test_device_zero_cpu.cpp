@@ -41,7 +41,7 @@ TEST(DeviceZeroCpu, BlockedNormIsTheHostOptimizersOnTheCpuBackend) {
   std::vector<float> host_p = initial_params(total);
   optim::Optimizer host(cfg, t, total);
   auto be = cpu();
-  const Run dev = unsharded(*be, cfg, {1, 1, 1}, 0, 3, host_p, "");
+  const RunResult dev = unsharded(*be, cfg, {1, 1, 1}, 0, 3, host_p, "");
   for (int s = 0; s < 3; ++s) {
     std::vector<float> g = summed(total, s, 1);
     EXPECT_EQ(host.clip_gradients(g.data()), dev.norms[static_cast<std::size_t>(s)]) << s;

@@ -98,14 +98,14 @@ TEST(DeviceZeroGpu, BlockedNormAndStateAgreeWithTheHost) {
   const optim::OptimizerConfig cfg = config(OptimizerName::normuon);
   const std::vector<float> p0 = initial_params(total);
   auto be = cuda("fp32")();
-  const Run dev = unsharded(*be, cfg, {2, 2}, 0, 2, p0, "");
+  const RunResult dev = unsharded(*be, cfg, {2, 2}, 0, 2, p0, "");
   optim::Optimizer host(cfg, t, total);
   for (int s = 0; s < 2; ++s) {
     std::vector<float> g = summed(total, s, 2);
     const double h = host.clip_gradients(g.data());
     EXPECT_NEAR(dev.norms[static_cast<std::size_t>(s)], h, 1e-12 * h) << s;
   }
-  const std::vector<Run> z = sharded(cuda("fp32"), cfg, 2, 0, 2, p0, "");
+  const std::vector<RunResult> z = sharded(cuda("fp32"), cfg, 2, 0, 2, p0, "");
   optim::Optimizer loaded(cfg, t, total);
   loaded.load_state(z[0].state);
   EXPECT_TRUE(loaded.save_state() == z[0].state);
