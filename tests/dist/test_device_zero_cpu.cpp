@@ -52,6 +52,47 @@ TEST(DeviceZeroCpu, BlockedNormIsTheHostOptimizersOnTheCpuBackend) {
   EXPECT_GT(dev.norms[0], 1.0);  // the first step clipped
 }
 
+// The layout both ZeRO optimisers use: every rank's state segments tile the unsharded m_
+// and v_ once (what save_state's all-gathers rely on), the ranks' shard tables cover every
+// parameter element once, and each rank's state map lands inside its own segments.
+TEST(DeviceZeroCpu, LayoutTilesTheUnshardedStateAndTheParameters) {
+  std::size_t total = 0;
+  const auto t = table(&total);
+  for (OptimizerName name : {OptimizerName::adamw, OptimizerName::muon, OptimizerName::normuon})
+    for (int world : {1, 2, 3, 5}) {
+      SCOPED_TRACE(std::string(name_of(name)) + " world " + std::to_string(world));
+      const optim::OptimizerConfig cfg = config(name);
+      const optim::Optimizer full(cfg, t, total);
+      std::vector<int> param_owner(total, -1);
+      for (int rank = 0; rank < world; ++rank) {
+        const optim::ZeroLayout lay = optim::zero_layout(cfg, t, world, rank);
+        ASSERT_EQ(lay.m_len + lay.v_len, full.state_floats());
+        for (const auto* segs : {&lay.m_segs, &lay.v_segs}) {
+          std::size_t next = 0;
+          for (const optim::Segment& s : *segs) {
+            EXPECT_EQ(s.offset, next);  // in order, no gap, no overlap
+            next = s.offset + s.count;
+          }
+          EXPECT_EQ(next, segs == &lay.m_segs ? lay.m_len : lay.v_len);
+        }
+        for (const optim::ParamView& v : lay.shard_views)
+          for (std::size_t i = 0; i < v.size(); ++i) {
+            EXPECT_EQ(param_owner[v.offset + i], -1) << v.name;
+            param_owner[v.offset + i] = rank;
+          }
+        const optim::Optimizer shard(cfg, lay.shard_views, total);
+        for (const optim::ZeroLayout::StateMap& m : lay.state_map(shard)) {
+          bool inside = false;
+          for (const optim::Segment& s : m.v ? lay.v_segs : lay.m_segs)
+            inside = inside || (s.owner == rank && m.full_off >= s.offset && m.full_off + m.count <= s.offset + s.count);
+          EXPECT_TRUE(inside) << (m.v ? "v " : "m ") << m.full_off;
+        }
+      }
+      for (const optim::ParamView& p : t)
+        for (std::size_t i = 0; i < p.size(); ++i) ASSERT_NE(param_owner[p.offset + i], -1) << p.name << " " << i;
+    }
+}
+
 TEST(DeviceZeroCpu, BlockSumSquaresWritesEachRangesBlocksWhereAsked) {
   auto be = cpu();
   std::mt19937 gen(5);
