@@ -118,7 +118,7 @@ SchemaNode build_schema() {
       {"ns_coefficients", leaf(SchemaType::number_list, json::array({3.4445, -4.7750, 2.0315}), "quintic Newton–Schulz coefficients (a, b, c)")},
       {"scale_mode", choice({"default", "spectral"}, "default", "default: sqrt(max(1, rows/cols)); spectral: the LAA repo's rule (docs)")},
       {"normuon_beta2", number(0.95, "NorMuon second-moment EMA")},
-      {"zero_stage", integer(0, "data-parallel runs: 0 = every rank holds the whole optimiser state; 1 = ZeRO-1, the state sharded over the ranks (AdamW moments by element range, Muon/NorMuon matrices whole; cpu backend only so far); 2 and 3 are not implemented")},
+      {"zero_stage", integer(0, "data-parallel runs: 0 = every rank holds the whole optimiser state; 1 = ZeRO-1, the state sharded over the ranks (AdamW moments by element range, Muon/NorMuon matrices whole; the cuda backend once its GPU check has passed, trainer/optim/device_zero.hpp); 2 and 3 are not implemented")},
     })},
     {"schedule", map("learning-rate schedule", {
       {"name", choice({"wsd", "cosine", "constant"}, "wsd", "wsd: warmup-stable-decay (minus_sqrt); cosine; constant after warmup")},

@@ -73,6 +73,26 @@ Tensor Tensor::slice0(int64_t begin, int64_t count) const {
 
 // ---- Backend defaults of the additive ops ----
 
+void Backend::block_sum_squares(const Tensor& x, const std::vector<SumRange>& ranges, int64_t block,
+                                const Tensor& out) {
+  if (x.dtype != DType::f32 || out.dtype != DType::f64 || block < 1)
+    throw RuntimeError(name() + ": block_sum_squares needs an f32 buffer, f64 sums and block ≥ 1");
+  std::vector<double> sums(static_cast<std::size_t>(out.numel()));
+  download(out, sums.data());
+  for (const SumRange& r : ranges) {
+    if (r.offset < 0 || r.n < 0 || r.offset + r.n > x.numel() || r.out < 0 ||
+        r.out + (r.n + block - 1) / block > out.numel())
+      throw RuntimeError(name() + ": block_sum_squares range outside its buffers");
+    for (int64_t k = 0; k * block < r.n; ++k) {
+      const int64_t n = std::min(block, r.n - k * block);
+      const Tensor view(static_cast<char*>(x.data) + (r.offset + k * block) * static_cast<int64_t>(sizeof(float)),
+                        DType::f32, {n});
+      sums[static_cast<std::size_t>(r.out + k)] = sum_squares(view);
+    }
+  }
+  upload(sums.data(), out);
+}
+
 void Backend::convert(const Tensor& src, const Tensor& dst) {
   if (src.dtype != dst.dtype)
     throw RuntimeError(name() + ": convert " + to_string(src.dtype) + " → " + to_string(dst.dtype) +

@@ -142,6 +142,18 @@ class Backend {
   virtual double sum_squares(const Tensor& x) = 0;
   // True when every element is finite (dtypes as sum_squares).
   virtual bool all_finite(const Tensor& x) = 0;
+  // Blocked Σ x² (the gradient norm's blocks, trainer/optim/optimizer.hpp kNormBlock): each
+  // range [offset, offset + n) of the flat f32 buffer x is cut into blocks of `block`
+  // elements (the last one shorter), and block k of range i gets its Σ x² in double at
+  // out[ranges[i].out + k] (out: f64 in backend memory; other entries are left as they
+  // are). Every block is added in a fixed order (deterministic). The default runs
+  // sum_squares per block: on the CPU backends that is element order, the host
+  // optim::block_sum_squares bit for bit; the GPU does all blocks in one launch.
+  struct SumRange {
+    int64_t offset = 0, n = 0, out = 0;
+  };
+  virtual void block_sum_squares(const Tensor& x, const std::vector<SumRange>& ranges, int64_t block,
+                                 const Tensor& out);
 
   // ---- embedding ----
   // out[n,:] = table[ids[n],:]. ids: i32 [N], table [V,d], out [N,d].

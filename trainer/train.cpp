@@ -30,6 +30,7 @@
 #include "trainer/mixer.hpp"
 #include "trainer/model.hpp"
 #include "trainer/optim/device_optimizer.hpp"
+#include "trainer/optim/device_zero.hpp"
 #include "trainer/optim/optimizer.hpp"
 #include "trainer/optim/zero.hpp"
 #include "trainer/optim/param_views.hpp"
@@ -121,10 +122,11 @@ json prepare_config(const json& raw) {
     throw UserError("backend: '" + cfg.at("backend").get<std::string>() + "' is not available in this build");
   // The same rules every cell of a spec passed at plan time (trainer/config_check.hpp).
   (void)check_config(cfg);
-  if (cfg.at("optimizer").at("zero_stage").get<long>() == 1 && resolve_train_backend(cfg) != "cpu")
-    throw UserError("optimizer.zero_stage: 1 (ZeRO-1) runs on the cpu backend only so far (the device "
-                    "optimiser has no sharded variant yet); this run resolves to backend " +
-                    resolve_train_backend(cfg) + "; use zero_stage 0");
+  if (cfg.at("optimizer").at("zero_stage").get<long>() == 1 && resolve_train_backend(cfg) != "cpu" &&
+      !optim::kDeviceZeroGpuVerified)
+    throw UserError("optimizer.zero_stage: 1 (ZeRO-1) on backend " + resolve_train_backend(cfg) +
+                    " waits for its GPU check (tests/gpu/test_device_zero; kDeviceZeroGpuVerified in "
+                    "trainer/optim/device_zero.hpp); use zero_stage 0, or backend cpu");
   if (cfg.at("backend").get<std::string>() == "cuda") {
     const std::string why = cuda_unsupported(cfg.at("model"));
     if (!why.empty())
@@ -324,6 +326,7 @@ class Trainer {
   std::unique_ptr<optim::Optimizer> opt_;         // cpu backend: host fp32 buffers
   std::unique_ptr<optim::DeviceOptimizer> dopt_;  // other backends: state in device memory
   std::unique_ptr<optim::ZeroOptimizer> zopt_;    // cpu backend, zero_stage 1, several ranks
+  std::unique_ptr<optim::DeviceZeroOptimizer> dzopt_;  // other backends, zero_stage 1 (dopt_ then null)
   json summary_ = json::object();  // recorded so far (saturation_loss, ...)
   long tokens_ = 0;
   double wall_offset_ = 0;  // wall time of earlier attempts
@@ -453,7 +456,7 @@ double Trainer::train_step(const data::Batch& global, bool stop_here, bool* stop
 
 void Trainer::save(long step) {
   // ZeRO-1: every rank takes part in gathering the unsharded state.
-  std::string zero_state = zopt_ ? zopt_->save_state() : std::string();
+  std::string zero_state = zopt_ ? zopt_->save_state() : dzopt_ ? dzopt_->save_state() : std::string();
   if (!primary()) {
     // Rank 0 writes the one checkpoint; wait for it with the long timeout (a multi-GB
     // file may take longer than a collective is allowed to).
@@ -469,7 +472,7 @@ void Trainer::save(long step) {
   } else {
     ck.params.resize(ps.params().bytes());
     be_->download(ps.params(), ck.params.data());
-    ck.optimizer = dopt_->save_state();
+    ck.optimizer = dzopt_ ? std::move(zero_state) : dopt_->save_state();
   }
   const double wall = wall_offset_ + std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start_).count();
   ck.state = {{"data", ds_->state()}, {"tokens", tokens_}, {"summary", summary_}, {"wall_time", wall},
@@ -557,6 +560,12 @@ int Trainer::run() {
       if (!comm) throw RuntimeError("optimizer.zero_stage 1: this data-parallel implementation has no communicator");
       zopt_ = std::make_unique<optim::ZeroOptimizer>(ocfg, views, numel, *comm);
       opt_ = std::make_unique<optim::Optimizer>(ocfg, std::vector<optim::ParamView>{}, numel);
+    } else if (ocfg.zero_stage == 1 && dopt_) {
+      // Device memory: the unsharded state goes before this rank's shard is allocated.
+      optim::Communicator* comm = dp_->communicator();
+      if (!comm) throw RuntimeError("optimizer.zero_stage 1: this data-parallel implementation has no communicator");
+      dopt_.reset();
+      dzopt_ = std::make_unique<optim::DeviceZeroOptimizer>(*be_, ocfg, views, numel, *comm);
     }
     const double mb = env_number("LAR_DIST_BUCKET_MB", 25, "MiB");
     save_timeout_s_ = env_number("LAR_DIST_SAVE_TIMEOUT", 1800, "seconds");
@@ -593,7 +602,8 @@ int Trainer::run() {
       else opt_->load_state(ck->optimizer);
     } else {
       be_->upload(ck->params.data(), model_->params().params());
-      dopt_->load_state(ck->optimizer);
+      if (dzopt_) dzopt_->load_state(ck->optimizer);
+      else dopt_->load_state(ck->optimizer);
     }
     ds_->restore(ck->state.at("data"));
     tokens_ = ck->state.at("tokens").get<long>();
@@ -613,7 +623,7 @@ int Trainer::run() {
         (world_ > 1 ? ", " + std::to_string(world_) + " data-parallel ranks" : std::string()));
   }
   if (micro_ > 1) log("gradient accumulation: " + std::to_string(micro_) + " micro-batches per rank");
-  if (zopt_) {
+  if (zopt_ || dzopt_) {
     const optim::StateBytes sb = optim::optimizer_state_bytes(ocfg, views, world_);
     log("zero_stage 1: optimiser state sharded over " + std::to_string(world_) + " ranks, rank 0 holds " +
         std::to_string(sb.per_rank[0]) + " of " + std::to_string(sb.full) + " bytes");
@@ -697,9 +707,10 @@ int Trainer::run() {
       }
       // ZeRO-1: the gradients were all-reduced above (every rank holds the sums); each
       // rank clips and steps its shard, and the step all-gathers the parameters.
-      const double gnorm = zopt_  ? zopt_->clip_gradients(grads)
-                           : opt_ ? opt_->clip_gradients(grads)
-                                  : dopt_->clip_gradients(model_->params().grads());
+      const double gnorm = zopt_    ? zopt_->clip_gradients(grads)
+                           : opt_   ? opt_->clip_gradients(grads)
+                           : dzopt_ ? dzopt_->clip_gradients(model_->params().grads())
+                                    : dopt_->clip_gradients(model_->params().grads());
       if (!std::isfinite(gnorm)) {
         st_.step = step;
         log("diverged: gradient norm " + fmt_num(gnorm) + " at step " + std::to_string(step + 1));
@@ -708,6 +719,7 @@ int Trainer::run() {
       }
       if (zopt_) zopt_->step(params, grads, sched, step);
       else if (opt_) opt_->step(params, grads, sched, step);
+      else if (dzopt_) dzopt_->step(model_->params().params(), model_->params().grads(), sched, step);
       else dopt_->step(model_->params().params(), model_->params().grads(), sched, step);
       const double lr = sched.lr(step);
       ++step;

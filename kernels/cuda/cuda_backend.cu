@@ -5,6 +5,7 @@
 // fast build on this and are checked against it.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <memory>
 #include <type_traits>
 #include <cstdio>
@@ -148,6 +149,28 @@ __global__ void sum_partials(const double* partial, int n, double* out) {
   for (int i = threadIdx.x; i < n; i += blockDim.x) v += partial[i];
   v = block_sum_d(v);
   if (threadIdx.x == 0) *out = v;
+}
+
+// One CUDA block per norm block (Backend::block_sum_squares): block b lies in the last range
+// whose first block is ≤ b; tab holds (offset, n, out, first block) per range. Threads add
+// strided elements in double, then block_sum_d's fixed tree: deterministic.
+__global__ void block_sum_squares_kernel(const float* x, const int64_t* tab, int nr, int64_t block, double* out) {
+  const int64_t b = blockIdx.x;
+  int lo = 0, hi = nr - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (tab[4 * mid + 3] <= b) lo = mid;
+    else hi = mid - 1;
+  }
+  const int64_t k = b - tab[4 * lo + 3];
+  const int64_t start = tab[4 * lo] + k * block, len = min(block, tab[4 * lo + 1] - k * block);
+  double acc = 0;
+  for (int64_t i = threadIdx.x; i < len; i += blockDim.x) {
+    const double v = x[start + i];
+    acc += v * v;
+  }
+  const double s = block_sum_d(acc);
+  if (threadIdx.x == 0) out[tab[4 * lo + 2] + k] = s;
 }
 
 // ---------------------------------------------------------------- embedding
@@ -1958,6 +1981,30 @@ double CudaBackend::reduce_to_host(bool squares, const Tensor& x) {
 double CudaBackend::sum_squares(const Tensor& x) { return reduce_to_host(true, x); }
 
 bool CudaBackend::all_finite(const Tensor& x) { return reduce_to_host(false, x) == 0; }
+
+void CudaBackend::block_sum_squares(const Tensor& x, const std::vector<SumRange>& ranges, int64_t block,
+                                    const Tensor& out) {
+  OpTimer timer(*this, "reduce (norms)");
+  if (x.dtype != DType::f32 || out.dtype != DType::f64 || block < 1)
+    throw RuntimeError("cuda block_sum_squares: needs an f32 buffer, f64 sums and block ≥ 1");
+  std::vector<int64_t> tab;
+  int64_t blocks = 0;
+  for (const SumRange& r : ranges) {
+    const int64_t nb = (r.n + block - 1) / block;
+    if (r.offset < 0 || r.n < 0 || r.offset + r.n > x.numel() || r.out < 0 || r.out + nb > out.numel())
+      throw RuntimeError("cuda block_sum_squares: range outside its buffers");
+    tab.insert(tab.end(), {r.offset, r.n, r.out, blocks});
+    blocks += nb;
+  }
+  if (blocks == 0) return;
+  if (blocks > std::numeric_limits<int>::max()) throw RuntimeError("cuda block_sum_squares: too many blocks");
+  // The table rides in the scratch doubles (int64 and double are both 8 bytes).
+  int64_t* dtab = reinterpret_cast<int64_t*>(scratch_doubles(tab.size()));
+  LAR_CUDA_CHECK(cudaMemcpyAsync(dtab, tab.data(), tab.size() * sizeof(int64_t), cudaMemcpyHostToDevice, stream_));
+  block_sum_squares_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream_>>>(
+      x.ptr<float>(), dtab, static_cast<int>(ranges.size()), block, out.ptr<double>());
+  LAR_CUDA_LAUNCHED();
+}
 
 void CudaBackend::embedding_fwd(const Tensor& ids, const Tensor& table, const Tensor& out) {
   OpTimer timer(*this, "embedding");

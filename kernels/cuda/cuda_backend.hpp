@@ -58,6 +58,8 @@ class CudaBackend final : public Backend {
   void axpy(double alpha, const Tensor& x, const Tensor& y) override;
   double sum_squares(const Tensor& x) override;
   bool all_finite(const Tensor& x) override;
+  void block_sum_squares(const Tensor& x, const std::vector<SumRange>& ranges, int64_t block,
+                         const Tensor& out) override;
 
   void embedding_fwd(const Tensor& ids, const Tensor& table, const Tensor& out) override;
   void embedding_bwd(const Tensor& ids, const Tensor& dout, const Tensor& dtable) override;

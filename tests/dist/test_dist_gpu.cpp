@@ -2,8 +2,9 @@
 // 2 GPUs and NCCL): bit-identity with 1 GPU × 2 micro-batches in deterministic mode, the
 // same losses as 1 GPU on the whole batch within bf16 tolerance, preemption by signal, and
 // a killed rank ending the launch within 60 s with the failure recorded; ZeRO-1's NCCL
-// communicator (dist/nccl_communicator.hpp) on device and host buffers, and ZeroOptimizer
-// over it against the unsharded optimiser (2 ranks: a + b is exact in either order).
+// communicator (dist/nccl_communicator.hpp) on device and host buffers, and ZeroOptimizer and
+// DeviceZeroOptimizer over it against the unsharded optimisers (2 ranks: a + b is the same
+// float in either order).
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -21,6 +22,8 @@
 #include "core/json.hpp"
 #include "core/run_dir.hpp"
 #include "dist/nccl_data_parallel.hpp"
+#include "trainer/optim/device_optimizer.hpp"
+#include "trainer/optim/device_zero.hpp"
 #include "trainer/optim/zero.hpp"
 
 using namespace lar;
@@ -293,6 +296,47 @@ std::string zero_worker(int rank, const fs::path& dir) {
     }
     if (std::memcmp(p.data(), ref.data(), total * sizeof(float)) != 0) return "ZeroOptimizer parameters differ";
     if (zero.save_state() != plain.save_state()) return "ZeroOptimizer state differs";
+  }
+
+  // DeviceZeroOptimizer (device buffers through NCCL in place) against the unsharded
+  // blocked-norm DeviceOptimizer on a + b, on this rank's GPU.
+  for (optim::OptimizerName name : {optim::OptimizerName::adamw, optim::OptimizerName::normuon}) {
+    optim::OptimizerConfig cfg;
+    cfg.name = name;
+    cfg.lr = 2e-2;
+    cfg.scalar_lr = name == optim::OptimizerName::adamw ? 0.0 : 3e-2;
+    const auto n = static_cast<int64_t>(total);
+    kernels::Tensor P(be->alloc_bytes(total * 4), kernels::DType::f32, {n}), G(be->alloc_bytes(total * 4), kernels::DType::f32, {n});
+    kernels::Tensor RP(be->alloc_bytes(total * 4), kernels::DType::f32, {n}), RG(be->alloc_bytes(total * 4), kernels::DType::f32, {n});
+    const std::vector<float> p0(total, 0.01f);
+    be->upload(p0.data(), P);
+    be->upload(p0.data(), RP);
+    std::string why;
+    {
+      optim::DeviceZeroOptimizer zero(*be, cfg, table, total, *comm);
+      optim::DeviceOptimizer plain(*be, cfg, table, total, /*blocked_norm=*/true);
+      for (int s = 0; s < 3; ++s) {  // every step on every rank: the collectives stay in step
+        std::vector<float> g = zero_grads(total, rank, s), sum = zero_grads(total, 0, s);
+        const std::vector<float> g1 = zero_grads(total, 1, s);
+        for (std::size_t i = 0; i < total; ++i) sum[i] += g1[i];
+        be->upload(g.data(), G);
+        be->upload(sum.data(), RG);
+        zero.reduce_gradients(G);
+        const double a = zero.clip_gradients(G), b = plain.clip_gradients(RG);
+        if (a != b && why.empty()) why = "DeviceZeroOptimizer grad norm differs at step " + std::to_string(s);
+        zero.step(P, G, 1.0, 1.0);
+        plain.step(RP, RG, 1.0, 1.0);
+      }
+      std::vector<float> got(total), want(total);
+      be->download(P, got.data());
+      be->download(RP, want.data());
+      if (why.empty() && std::memcmp(got.data(), want.data(), total * sizeof(float)) != 0)
+        why = "DeviceZeroOptimizer parameters differ";
+      const std::string zs = zero.save_state();  // collective: every rank, whatever failed
+      if (why.empty() && zs != plain.save_state()) why = "DeviceZeroOptimizer state differs";
+    }
+    for (void* q : {P.data, G.data, RP.data, RG.data}) be->free_bytes(q);
+    if (!why.empty()) return why;
   }
   return "";
 }

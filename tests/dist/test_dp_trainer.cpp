@@ -17,6 +17,8 @@
 #include "core/fs.hpp"
 #include "core/run_dir.hpp"
 #include "trainer/checkpoint.hpp"
+#include "kernels/backend.hpp"
+#include "trainer/optim/device_zero.hpp"
 #include "trainer/train.hpp"
 #include "tests/dist/fake_group.hpp"
 #include "tests/temp_dir.hpp"
@@ -312,6 +314,17 @@ TEST(DistZeroConfig, StageIsCheckedBeforeAnyWork) {
     }
   }
   EXPECT_EQ(trainer::prepare_config(stage(1)).at("optimizer").at("zero_stage"), 1);  // backend cpu
+  // On the GPU, ZeRO-1 waits for tests/gpu/test_device_zero: refused by the gate's name.
+  if (!optim::kDeviceZeroGpuVerified && kernels::backend_available("cuda")) {
+    json gpu = stage(1);
+    gpu["backend"] = "cuda";
+    try {
+      trainer::prepare_config(gpu);
+      ADD_FAILURE() << "zero_stage 1 on backend cuda accepted before its GPU check";
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find("kDeviceZeroGpuVerified"), std::string::npos) << e.what();
+    }
+  }
   // Through the trainer: exit 2, nothing written.
   TempDir d;
   write_run(d.path, tiny_run({{"optimizer", {{"zero_stage", 2}}}}));

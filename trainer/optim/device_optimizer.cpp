@@ -13,8 +13,8 @@ using kernels::DType;
 using kernels::Tensor;
 
 DeviceOptimizer::DeviceOptimizer(kernels::Backend& be, OptimizerConfig config, std::vector<ParamView> params,
-                                 std::size_t total_size)
-    : be_(be), host_(config, std::move(params), total_size) {
+                                 std::size_t total_size, bool blocked_norm)
+    : be_(be), host_(config, std::move(params), total_size), blocked_norm_(blocked_norm) {
   if (be_.dtype() != DType::f32) throw RuntimeError("device optimiser: needs an f32 backend");
   std::vector<const ParamView*> by_off;
   for (const ParamView& p : host_.params_) by_off.push_back(&p);
@@ -53,6 +53,14 @@ DeviceOptimizer::DeviceOptimizer(kernels::Backend& be, OptimizerConfig config, s
   m_ = zeroed(host_.m_.size());
   v_ = zeroed(host_.v_.size());
   if (work) work_ = be_.alloc_bytes(work * sizeof(float));
+  if (blocked_norm_) {
+    for (const ParamView& p : host_.params_) {
+      norm_ranges_.push_back({static_cast<int64_t>(p.offset), static_cast<int64_t>(p.size()),
+                              static_cast<int64_t>(norm_blocks_)});
+      norm_blocks_ += norm_blocks(p.size());
+    }
+    block_sums_ = be_.alloc_bytes(std::max<std::size_t>(norm_blocks_, 1) * sizeof(double));
+  }
   // The host copies only stage save/load; drop them until then (2 floats per parameter).
   std::vector<float>().swap(host_.scratch_);
 }
@@ -61,6 +69,7 @@ DeviceOptimizer::~DeviceOptimizer() {
   be_.free_bytes(m_);
   be_.free_bytes(v_);
   if (work_) be_.free_bytes(work_);
+  if (block_sums_) be_.free_bytes(block_sums_);
 }
 
 Tensor DeviceOptimizer::at(const Tensor& flat, std::size_t offset, std::size_t n) const {
@@ -70,14 +79,28 @@ Tensor DeviceOptimizer::at(const Tensor& flat, std::size_t offset, std::size_t n
 double DeviceOptimizer::clip_gradients(const Tensor& grads) {
   pending_scale_ = 1.0f;
   double ss = 0;
-  if (covers_all_) {
+  if (blocked_norm_) {
+    std::vector<double> sums(norm_blocks_);
+    if (norm_blocks_) {
+      const Tensor dev(block_sums_, DType::f64, {static_cast<int64_t>(norm_blocks_)});
+      be_.block_sum_squares(grads, norm_ranges_, static_cast<int64_t>(kNormBlock), dev);
+      be_.download(dev, sums.data());
+    }
+    for (double b : sums) ss += b;  // table order, as Optimizer::clip_gradients
+  } else if (covers_all_) {
     ss = be_.sum_squares(grads);
   } else {
     for (const ParamView& p : host_.params_) ss += be_.sum_squares(at(grads, p.offset, p.size()));
   }
   const double norm = std::sqrt(ss);
+  clip_by_norm(grads, norm);
+  return norm;
+}
+
+void DeviceOptimizer::clip_by_norm(const Tensor& grads, double norm) {
+  pending_scale_ = 1.0f;
   const double clip = host_.cfg_.grad_clip;
-  if (!std::isfinite(norm) || clip <= 0) return norm;
+  if (!std::isfinite(norm) || clip <= 0) return;
   const double coef = clip / (norm + 1e-6);
   if (coef < 1.0) {
     const double cf = static_cast<float>(coef);
@@ -91,7 +114,6 @@ double DeviceOptimizer::clip_gradients(const Tensor& grads) {
       for (const ParamView& p : host_.params_) be_.scale(at(grads, p.offset, p.size()), cf);
     }
   }
-  return norm;
 }
 
 void DeviceOptimizer::step(const Tensor& params, const Tensor& grads, const Schedule& schedule,

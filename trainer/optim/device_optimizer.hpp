@@ -24,8 +24,12 @@ namespace lar::optim {
 
 class DeviceOptimizer {
  public:
+  // blocked_norm: clip_gradients sums the squares in optimizer.hpp's kNormBlock blocks, added
+  // in table order (Backend::block_sum_squares): the norm ZeRO-1's shards add up to bit for
+  // bit (device_zero.hpp), and on the CPU backend the host Optimizer's norm bit for bit.
+  // Off: one sum_squares over the flat buffer (one reduction, no per-block sums to fetch).
   DeviceOptimizer(kernels::Backend& be, OptimizerConfig config, std::vector<ParamView> params,
-                  std::size_t total_size);
+                  std::size_t total_size, bool blocked_norm = false);
   ~DeviceOptimizer();
   DeviceOptimizer(const DeviceOptimizer&) = delete;
   DeviceOptimizer& operator=(const DeviceOptimizer&) = delete;
@@ -45,7 +49,11 @@ class DeviceOptimizer {
   const OptimizerConfig& config() const { return host_.config(); }
 
  private:
+  friend class DeviceZeroOptimizer;  // runs its shard as a DeviceOptimizer of its pieces
   kernels::Tensor at(const kernels::Tensor& flat, std::size_t offset, std::size_t n) const;
+  // clip_gradients after its norm: scales this table's gradients (or defers the factor to
+  // the next step()) when grad_clip / (norm + 1e-6) < 1.
+  void clip_by_norm(const kernels::Tensor& grads, double norm);
   // Muon matrices of one shape, updated together: Newton–Schulz's GEMMs run batched over them
   // (one launch per product instead of one per matrix, which dominated small models' steps).
   struct MuonBatch {
@@ -64,6 +72,10 @@ class DeviceOptimizer {
   void* m_ = nullptr;        // moments / momentum buffers, host_.m_'s layout
   void* v_ = nullptr;        // second moments, host_.v_'s layout
   std::vector<MuonBatch> batches_;
+  bool blocked_norm_ = false;
+  std::vector<kernels::Backend::SumRange> norm_ranges_;  // every tensor, its first block
+  std::size_t norm_blocks_ = 0;
+  void* block_sums_ = nullptr;  // f64, one per norm block
   void* work_ = nullptr;  // Muon: U, X, Y (a batch's matrices each) and A, B (its r×r products)
 };
 

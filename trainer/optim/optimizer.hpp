@@ -135,6 +135,8 @@ class Optimizer {
  private:
   friend class DeviceOptimizer;  // shares the slot layout and the state format
   friend class ZeroOptimizer;    // maps its shard's state into the unsharded layout
+  friend struct ZeroLayout;      // reads the shard's slot layout
+  friend class DeviceZeroOptimizer;  // stages the unsharded state of save/load
   struct Slot {           // per-tensor state layout
     bool muon = false;    // Muon/NorMuon (true) or AdamW (false)
     bool own_lr = false;  // AdamW group under muon/normuon with its own scalar_lr

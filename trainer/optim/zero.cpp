@@ -109,35 +109,29 @@ StateBytes optimizer_state_bytes(const OptimizerConfig& config, const std::vecto
   return out;
 }
 
-ZeroOptimizer::ZeroOptimizer(OptimizerConfig config, std::vector<ParamView> params, std::size_t total_size,
-                             Communicator& comm)
-    : cfg_(config), params_(std::move(params)), total_size_(total_size), comm_(comm) {
-  plan_ = plan_zero(cfg_, params_, comm_.world());
-  segments_ = plan_.segments(params_);
+ZeroLayout zero_layout(const OptimizerConfig& config, const std::vector<ParamView>& params, int world, int rank) {
+  ZeroLayout lay;
+  lay.plan = plan_zero(config, params, world);
+  lay.segments = lay.plan.segments(params);
 
   // The unsharded layout's offsets (Optimizer's constructor lays out m_ and v_ this way).
-  std::vector<std::size_t> m_off(params_.size()), v_off(params_.size());
-  std::size_t m = 0, v = 0, blocks = 0;
-  block_base_.resize(params_.size());
-  for (std::size_t i = 0; i < params_.size(); ++i) {
-    m_off[i] = m, v_off[i] = v;
-    m += params_[i].size();
-    v += v_len(cfg_, params_[i]);
-    block_base_[i] = blocks;
-    blocks += norm_blocks(params_[i].size());
+  std::vector<std::size_t> m_off(params.size()), v_off(params.size());
+  lay.block_base.resize(params.size());
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    m_off[i] = lay.m_len, v_off[i] = lay.v_len;
+    lay.m_len += params[i].size();
+    lay.v_len += v_len(config, params[i]);
+    lay.block_base[i] = lay.n_blocks;
+    lay.n_blocks += norm_blocks(params[i].size());
   }
-  n_blocks_ = blocks;
 
-  // This rank's pieces as a parameter table of their own: AdamW ranges as 1 × n views
-  // (the update is elementwise; kind, hence group and decay, are kept), Muon matrices whole.
-  std::vector<ParamView> views;
-  std::vector<const ZeroPiece*> mine;
-  for (const ZeroPiece& k : plan_.pieces) {
-    const ParamView& p = params_[k.param];
-    const std::size_t vl = v_len(cfg_, p);
-    m_segs_.push_back(Segment{m_off[k.param] + k.lo, k.hi - k.lo, k.owner});
-    if (vl) v_segs_.push_back(Segment{v_off[k.param] + (k.muon ? 0 : k.lo), k.muon ? vl : k.hi - k.lo, k.owner});
-    if (k.owner != comm_.rank()) continue;
+  for (std::size_t i = 0; i < lay.plan.pieces.size(); ++i) {
+    const ZeroPiece& k = lay.plan.pieces[i];
+    const ParamView& p = params[k.param];
+    const std::size_t vl = v_len(config, p);
+    lay.m_segs.push_back(Segment{m_off[k.param] + k.lo, k.hi - k.lo, k.owner});
+    if (vl) lay.v_segs.push_back(Segment{v_off[k.param] + (k.muon ? 0 : k.lo), k.muon ? vl : k.hi - k.lo, k.owner});
+    if (k.owner != rank) continue;
     ParamView view = p;
     if (!k.muon) {
       view.name = fmt::format("{}[{}:{}]", p.name, k.lo, k.hi);
@@ -145,29 +139,44 @@ ZeroOptimizer::ZeroOptimizer(OptimizerConfig config, std::vector<ParamView> para
       view.rows = 1;
       view.cols = static_cast<int>(k.hi - k.lo);
     }
-    views.push_back(view);
-    mine.push_back(&k);
+    lay.shard_views.push_back(view);
+    lay.shard_pieces.push_back(i);
+    lay.shard_full_m.push_back(m_off[k.param] + k.lo);
+    lay.shard_full_v.push_back(v_off[k.param] + (k.muon ? 0 : k.lo));
   }
-  shard_ = std::make_unique<Optimizer>(cfg_, std::move(views), total_size_);
-  for (std::size_t i = 0; i < mine.size(); ++i) {
-    const ZeroPiece& k = *mine[i];
-    const Optimizer::Slot& s = shard_->slots_[i];
-    map_.push_back(StateMap{false, s.m_off, m_off[k.param] + k.lo, k.hi - k.lo});
-    if (s.v_len) map_.push_back(StateMap{true, s.v_off, v_off[k.param] + (k.muon ? 0 : k.lo), s.v_len});
-  }
+  return lay;
 }
 
-void ZeroOptimizer::reduce_gradients(float* grads) { comm_.reduce_scatter(grads, segments_); }
+std::vector<ZeroLayout::StateMap> ZeroLayout::state_map(const Optimizer& shard) const {
+  std::vector<StateMap> out;
+  for (std::size_t i = 0; i < shard_pieces.size(); ++i) {
+    const ZeroPiece& k = plan.pieces[shard_pieces[i]];
+    const Optimizer::Slot& s = shard.slots_[i];
+    out.push_back(StateMap{false, s.m_off, shard_full_m[i], k.hi - k.lo});
+    if (s.v_len) out.push_back(StateMap{true, s.v_off, shard_full_v[i], s.v_len});
+  }
+  return out;
+}
+
+ZeroOptimizer::ZeroOptimizer(OptimizerConfig config, std::vector<ParamView> params, std::size_t total_size,
+                             Communicator& comm)
+    : cfg_(config), params_(std::move(params)), total_size_(total_size), comm_(comm) {
+  lay_ = zero_layout(cfg_, params_, comm_.world(), comm_.rank());
+  shard_ = std::make_unique<Optimizer>(cfg_, lay_.shard_views, total_size_);
+  map_ = lay_.state_map(*shard_);
+}
+
+void ZeroOptimizer::reduce_gradients(float* grads) { comm_.reduce_scatter(grads, lay_.segments); }
 
 double ZeroOptimizer::clip_gradients(float* grads) {
   // This rank's block sums, zero elsewhere; the all-reduce adds zeros to each (exact), and
   // every rank adds the blocks in table order as Optimizer::clip_gradients does.
-  std::vector<double> bs(n_blocks_, 0.0);
-  for (std::size_t i : plan_.of_rank(comm_.rank())) {
-    const ZeroPiece& k = plan_.pieces[i];
+  std::vector<double> bs(lay_.n_blocks, 0.0);
+  for (std::size_t i : lay_.plan.of_rank(comm_.rank())) {
+    const ZeroPiece& k = lay_.plan.pieces[i];
     const ParamView& p = params_[k.param];
     for (std::size_t lo = k.lo; lo < k.hi; lo += kNormBlock)
-      bs[block_base_[k.param] + lo / kNormBlock] =
+      bs[lay_.block_base[k.param] + lo / kNormBlock] =
           block_sum_squares(grads + p.offset + lo, std::min(kNormBlock, p.size() - lo));
   }
   comm_.all_reduce(bs.data(), bs.size());
@@ -178,7 +187,7 @@ double ZeroOptimizer::clip_gradients(float* grads) {
   const double coef = cfg_.grad_clip / (norm + 1e-6);
   if (coef < 1.0) {
     const float cf = static_cast<float>(coef);
-    for (const Segment& s : segments_) {
+    for (const Segment& s : lay_.segments) {
       if (s.owner != comm_.rank()) continue;
       float* g = grads + s.offset;
       for (std::size_t i = 0; i < s.count; ++i) g[i] *= cf;
@@ -193,7 +202,7 @@ void ZeroOptimizer::step(float* params, const float* grads, const Schedule& sche
 
 void ZeroOptimizer::step(float* params, const float* grads, double lr_factor, double scalar_factor) {
   shard_->step(params, grads, lr_factor, scalar_factor);
-  comm_.all_gather(params, segments_);
+  comm_.all_gather(params, lay_.segments);
 }
 
 std::unique_ptr<Optimizer> ZeroOptimizer::full_layout() const {
@@ -202,13 +211,13 @@ std::unique_ptr<Optimizer> ZeroOptimizer::full_layout() const {
 
 std::string ZeroOptimizer::save_state() {
   std::unique_ptr<Optimizer> full = full_layout();
-  for (const StateMap& s : map_) {
+  for (const ZeroLayout::StateMap& s : map_) {
     const std::vector<float>& from = s.v ? shard_->v_ : shard_->m_;
     std::vector<float>& to = s.v ? full->v_ : full->m_;
     std::memcpy(to.data() + s.full_off, from.data() + s.shard_off, sizeof(float) * s.count);
   }
-  comm_.all_gather(full->m_.data(), m_segs_);
-  comm_.all_gather(full->v_.data(), v_segs_);
+  comm_.all_gather(full->m_.data(), lay_.m_segs);
+  comm_.all_gather(full->v_.data(), lay_.v_segs);
   full->t_ = shard_->t_;
   return full->save_state();
 }
@@ -216,7 +225,7 @@ std::string ZeroOptimizer::save_state() {
 void ZeroOptimizer::load_state(const std::string& blob) {
   std::unique_ptr<Optimizer> full = full_layout();
   full->load_state(blob);  // checks the format against the unsharded table
-  for (const StateMap& s : map_) {
+  for (const ZeroLayout::StateMap& s : map_) {
     const std::vector<float>& from = s.v ? full->v_ : full->m_;
     std::vector<float>& to = s.v ? shard_->v_ : shard_->m_;
     std::memcpy(to.data() + s.shard_off, from.data() + s.full_off, sizeof(float) * s.count);

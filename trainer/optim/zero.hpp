@@ -91,6 +91,34 @@ struct StateBytes {
 };
 StateBytes optimizer_state_bytes(const OptimizerConfig& config, const std::vector<ParamView>& params, int world);
 
+// What a rank of a ZeRO-1 group needs beyond the plan, shared by the host ZeroOptimizer and
+// the device one (device_zero.hpp): the collectives' segment lists, this rank's pieces as a
+// parameter table of their own (an optimiser over it is the rank's shard), the unsharded
+// state layout and the norm's block numbering.
+struct ZeroLayout {
+  ZeroPlan plan;
+  std::vector<Segment> segments;           // all ranks' flat segments (gradients, parameters)
+  // This rank's pieces as a table: AdamW ranges as 1 × n views at their flat offset (the
+  // update is elementwise; kind, hence group and decay, are kept), Muon matrices whole.
+  std::vector<ParamView> shard_views;
+  std::vector<std::size_t> shard_pieces;   // indices into plan.pieces, one per shard view
+  std::vector<std::size_t> shard_full_m, shard_full_v;  // their offsets in the unsharded m_ / v_
+  std::vector<Segment> m_segs, v_segs;     // every rank's state in the unsharded m_ / v_
+  std::size_t m_len = 0, v_len = 0;        // the unsharded m_ / v_ lengths
+  std::vector<std::size_t> block_base;     // first global norm block of each parameter
+  std::size_t n_blocks = 0;
+
+  // Where the shard's state lives in the unsharded layout: shard floats
+  // [shard_off, shard_off + count) of m_ or v_ are the unsharded floats [full_off, ...).
+  struct StateMap {
+    bool v = false;
+    std::size_t shard_off = 0, full_off = 0, count = 0;
+  };
+  // `shard`: an Optimizer over shard_views (its slot layout says where the state went).
+  std::vector<StateMap> state_map(const Optimizer& shard) const;
+};
+ZeroLayout zero_layout(const OptimizerConfig& config, const std::vector<ParamView>& params, int world, int rank);
+
 class ZeroOptimizer {
  public:
   // `comm` must outlive this object. Allocates state only for this rank's pieces.
@@ -113,29 +141,19 @@ class ZeroOptimizer {
   void load_state(const std::string& blob);
 
   std::int64_t steps_taken() const { return shard_->steps_taken(); }
-  const ZeroPlan& plan() const { return plan_; }
+  const ZeroPlan& plan() const { return lay_.plan; }
   std::size_t state_bytes() const { return sizeof(float) * shard_->state_floats(); }
 
  private:
-  // Where this rank's shard state lives in the unsharded layout: shard floats
-  // [shard_off, shard_off + count) of m_ or v_ are the unsharded floats [full_off, ...).
-  struct StateMap {
-    bool v = false;
-    std::size_t shard_off = 0, full_off = 0, count = 0;
-  };
   std::unique_ptr<Optimizer> full_layout() const;  // an unsharded optimiser (state zeroed)
 
   OptimizerConfig cfg_;
   std::vector<ParamView> params_;
   std::size_t total_size_ = 0;
   Communicator& comm_;
-  ZeroPlan plan_;
-  std::vector<Segment> segments_;        // all ranks' flat segments
-  std::unique_ptr<Optimizer> shard_;     // this rank's pieces as its own parameter table
-  std::vector<StateMap> map_;            // this rank's state in the unsharded layout
-  std::vector<Segment> m_segs_, v_segs_; // every rank's state in the unsharded m_ / v_
-  std::vector<std::size_t> block_base_;  // first global norm block of each parameter
-  std::size_t n_blocks_ = 0;
+  ZeroLayout lay_;
+  std::unique_ptr<Optimizer> shard_;            // this rank's pieces as its own parameter table
+  std::vector<ZeroLayout::StateMap> map_;       // this rank's state in the unsharded layout
 };
 
 }  // namespace lar::optim
