@@ -520,6 +520,7 @@ json audit_json(const Report& r) {
   for (const auto& k : r.known_issues) j["known_issues"].push_back({{"where", k.where}, {"text", k.text}});
   const auto failed = r.failed_main_rows();
   j["failed_main_rows"] = failed;
+  j["incomplete_main_rows"] = r.main_rows_with_status("incomplete");
   j["pass"] = failed.empty();
   return j;
 }
@@ -580,9 +581,22 @@ std::string audit_markdown(const Report& r) {
   if (failed.empty()) {
     os << "PASS: all " << main_rows << " main rows have an included run for every seed and matched baselines.\n";
   } else {
-    os << "FAIL: " << failed.size() << " of " << main_rows << " main rows fail:";
-    for (const auto& f : failed) os << " " << f;
-    os << "\n";
+    // fail and not-yet-run first (the verdict's first word), then the rows still in progress
+    const auto incomplete = r.main_rows_with_status("incomplete");
+    const std::size_t bad = failed.size() - incomplete.size();
+    if (bad > 0) {
+      os << "FAIL: " << bad << " of " << main_rows << " main rows fail:";
+      for (const auto& f : failed)
+        if (std::find(incomplete.begin(), incomplete.end(), f) == incomplete.end()) os << " " << f;
+      os << "\n";
+    }
+    if (!incomplete.empty()) {
+      os << (bad > 0 ? "\n" : "") << "INCOMPLETE: " << incomplete.size() << " of " << main_rows
+         << " main rows have runs not finished yet (training, or cut before the end of their schedule; "
+            "`lar reproduce` again trains what is missing):";
+      for (const auto& f : incomplete) os << " " << f;
+      os << "\n";
+    }
   }
   return os.str();
 }

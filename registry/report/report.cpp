@@ -225,7 +225,15 @@ bool Report::has_deltas() const {
 std::vector<std::string> Report::failed_main_rows() const {
   std::vector<std::string> out;
   for (const auto& r : rows)
-    if (r.role == "main" && (r.status == "fail" || r.status == "missing")) out.push_back(r.id);
+    if (r.role == "main" && (r.status == "fail" || r.status == "missing" || r.status == "incomplete"))
+      out.push_back(r.id);
+  return out;
+}
+
+std::vector<std::string> Report::main_rows_with_status(const std::string& status) const {
+  std::vector<std::string> out;
+  for (const auto& r : rows)
+    if (r.role == "main" && r.status == status) out.push_back(r.id);
   return out;
 }
 
@@ -481,12 +489,21 @@ Report build_report(const TableInput& in) {
   }
 
   // 6. Row status.
+  // A row whose runs are all either included or still unfinished (training, or cut before the
+  // end of their schedule: a table in progress) is incomplete, not failed.
+  auto unfinished = [](const std::string& status) {
+    return status != "completed" && status != "diverged" && status != "failed";
+  };
   for (auto& r : rep.rows) {
     int included = 0, seen = 0;
+    bool only_unfinished = true;  // every cell without an included run has only unfinished runs
     for (const auto& cid : r.cell_ids) {
       if (chosen.count(cid)) ++included;
       for (const auto& run : in.runs)
-        if (run.cell_id == cid) ++seen;
+        if (run.cell_id == cid) {
+          ++seen;
+          if (!chosen.count(cid) && !unfinished(run.status)) only_unfinished = false;
+        }
     }
     const bool unmatched = std::any_of(r.deltas.begin(), r.deltas.end(), [](const auto& d) { return !d.second.matched; });
     if (r.role != "main") {
@@ -494,6 +511,8 @@ Report build_report(const TableInput& in) {
       r.notes.insert(r.notes.begin(), "exploratory: indicative only, not a main result (LAA App. B)");
     } else if (seen == 0) {
       r.status = "missing";
+    } else if (included < static_cast<int>(r.cell_ids.size()) && only_unfinished && !unmatched) {
+      r.status = "incomplete";
     } else if (included < static_cast<int>(r.cell_ids.size()) || unmatched) {
       r.status = "fail";
     } else {

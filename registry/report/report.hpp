@@ -145,8 +145,10 @@ struct Report {
   std::optional<std::string> throughput_reference;  // row id normalised to 100
   std::map<std::string, int> decimals;              // printing precision per metric
   bool has_deltas() const;
-  // Main rows that fail (no included run for a seed, or an unmatched baseline).
+  // Main rows without a complete result: failed (no included run for a seed although its runs
+  // ended, or an unmatched baseline), missing (no run yet) or incomplete (runs still unfinished).
   std::vector<std::string> failed_main_rows() const;
+  std::vector<std::string> main_rows_with_status(const std::string& status) const;
 };
 
 Report build_report(const TableInput& in);

@@ -25,6 +25,7 @@
 #include "kernels/backend.hpp"
 #include "kernels/cuda/linear/grouped_heads.hpp"
 #include "trainer/mixer.hpp"
+#include "trainer/mixers/mamba2_layer.hpp"
 #include "trainer/model.hpp"
 #include "trainer/params.hpp"
 #include "trainer/train.hpp"
@@ -195,28 +196,42 @@ TEST(Mamba2Cuda, GroupsMatchTheCpuLayer) {
 // T = 77 and at the group shapes above. The outputs, the input gradient and every other
 // parameter gradient were within their bounds. The CPU layer's own token sums are
 // ill-conditioned there (see random_params), so the cause is open, and cuda_mamba2_unsupported
-// refuses the state until it is known. The layer refuses it too, so this test bypasses
-// nothing: it fails with that error until the refusal is lifted.
+// refuses the state until it is known; these two tests open the refusal for themselves
+// (mamba2_cuda_refused_shapes_allowed) to measure it.
 // A conv of 3 at G = H = 2 (d 64, B 3, T 77): on the H200 y and dx were within bounds (1.6e-3,
 // 7.8e-3 fp32) but D's gradient was 0.76 away, dt_bias 0.14, the conv biases 0.1 (fp32; mixed
 // alike). The product refuses conv widths other than 4 (cuda_mamba2_unsupported) until this
 // is explained; the state-64 case above also used 3.
+// The conv kernels alone are exact at widths 2 to 5 (ConvKernelsMatchAHostReference, passed on
+// the H200), and at this shape the CPU layer matches finite differences with its token sums
+// moving at most 6 % under a 0.4 % perturbation of every parameter: neither the conv nor
+// ill-conditioned data explains it.
 TEST(Mamba2Cuda, DISABLED_ConvOf3MatchesTheCpuLayer) {
+  trainer::mixers::mamba2_cuda_refused_shapes_allowed() = true;
   Shape s;
   s.d = 64;
   s.G = 2;
   s.W = 3;
   s.T = 77;
   for (const char* precision : {"fp32", "mixed"}) compare_layer(s, precision);
+  trainer::mixers::mamba2_cuda_refused_shapes_allowed() = false;
 }
 
 TEST(Mamba2Cuda, DISABLED_StateOf64MatchesTheCpuLayer) {
+  trainer::mixers::mamba2_cuda_refused_shapes_allowed() = true;
   Shape s;
   s.d = 96;  // H = 3
   s.N = 64;
   s.W = 3;
   s.T = 77;
   for (const char* precision : {"fp32", "mixed"}) compare_layer(s, precision);
+  // which of the two is the cause: a state of 64 with Mamba-2's conv of 4, a conv of 3 at 256
+  s.W = 4;
+  compare_layer(s, "fp32");
+  s.N = 256;
+  s.W = 3;
+  compare_layer(s, "fp32");
+  trainer::mixers::mamba2_cuda_refused_shapes_allowed() = false;
 }
 
 // The conv + SiLU kernels alone (mamba2_ops.hpp) against a host fp64 reference, at widths 2 to

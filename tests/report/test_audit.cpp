@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "fixtures.hpp"
+#include "registry/report/render.hpp"
 #include "registry/report/report.hpp"
 
 using namespace lar;
@@ -285,6 +286,31 @@ TEST(Audit, MissingAndFailedMainRows) {
   EXPECT_EQ(rep.rows[0].status, "missing");
   EXPECT_EQ(rep.rows[1].status, "fail");
   EXPECT_EQ(rep.failed_main_rows(), (std::vector<std::string>{"gdn.none", "gdn.clvr"}));
+}
+
+// A table in progress: a run cut before the end of its schedule (preempted) or still training
+// leaves its row incomplete, not failed; the verdict says so apart from the failures.
+TEST(Audit, UnfinishedRunsMakeARowIncompleteNotFailed) {
+  auto in = routing_table(1);
+  in.runs[1].status = "preempted";
+  in.runs[1].step = 40;
+  auto rep = build_report(in);
+  EXPECT_EQ(rep.rows[0].status, "ok");
+  EXPECT_EQ(rep.rows[1].status, "incomplete");
+  EXPECT_EQ(rep.failed_main_rows(), std::vector<std::string>{"gdn.clvr"});  // not complete: exit 1
+  EXPECT_EQ(rep.main_rows_with_status("incomplete"), std::vector<std::string>{"gdn.clvr"});
+  const std::string md = audit_markdown(rep);
+  EXPECT_EQ(md.find("FAIL:"), std::string::npos) << md;
+  EXPECT_NE(md.find("INCOMPLETE: 1 of 2 main rows have runs not finished yet"), std::string::npos) << md;
+  EXPECT_EQ(audit_json(rep)["incomplete_main_rows"], json::array({"gdn.clvr"}));
+  // a diverged run beside it is a failure again
+  in.runs[0].status = "diverged";
+  auto rep2 = build_report(in);
+  EXPECT_EQ(rep2.rows[0].status, "fail");
+  EXPECT_EQ(rep2.rows[1].status, "incomplete");
+  const std::string md2 = audit_markdown(rep2);
+  EXPECT_NE(md2.find("FAIL: 1 of 2 main rows fail: gdn.none\n"), std::string::npos) << md2;
+  EXPECT_NE(md2.find("INCOMPLETE: 1 of 2 main rows"), std::string::npos) << md2;
 }
 
 TEST(Audit, RelativeThroughputAndRankAgreement) {

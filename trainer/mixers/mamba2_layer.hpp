@@ -20,6 +20,13 @@ struct Mamba2Slots {
   int A_log = -1, dt_bias = -1, D = -1, norm = -1, wo = -1;
 };
 
+// Tests only: tests/gpu/test_mamba2_cuda.cpp's DISABLED_StateOf64… and DISABLED_ConvOf3… run the
+// refused state of 64 and conv widths other than 4 to find why they fail.
+inline bool& mamba2_cuda_refused_shapes_allowed() {
+  static bool allowed = false;
+  return allowed;
+}
+
 // Why the CUDA layer cannot run this shape ("" when it can): the state size (the gla channel
 // kernels' key dim) must be 128 or 256, the head dim (their value dim) a multiple of 64 up
 // to 512, the conv at most 8 wide. The message names the offending key and value.
@@ -29,17 +36,18 @@ inline std::string cuda_mamba2_unsupported(const MambaShape& s, int conv_size) {
   // 64-wide chunk kernels, where the H200 tests measured the A_log, dt_bias and D gradients
   // (sums over every token) 0.06 to 0.46 away from the CPU layer, against the bound of 0.06.
   // That is refused until it is explained: ill-conditioned test data or a kernel fault.
-  if (s.N == 64)
+  const bool probe = mamba2_cuda_refused_shapes_allowed();
+  if (s.N == 64 && !probe)
     return "model.mamba.state_size: 64 has no CUDA path yet (its A_log, dt_bias and D gradients are not within "
            "the GPU tests' bounds); the CUDA Mamba-2 layer takes 128 (the papers') or 256";
-  if (s.N != 128 && s.N != 256)
+  if (s.N != 128 && s.N != 256 && !(probe && s.N == 64))
     return "model.mamba.state_size: the CUDA Mamba-2 layer takes 128 or 256, got " + std::to_string(s.N);
   if (s.P % 64 != 0 || s.P > 512)
     return "model.mamba.head_dim: the CUDA Mamba-2 layer needs a multiple of 64 up to 512, got " + std::to_string(s.P);
   // Every mamba2 layer test that passed on the H200 has a conv of 4 (Mamba-2's d_conv); both
   // that failed have 3 (GroupsMatchTheCpuLayer's G = H = 2 case: y and dx within bounds, the
   // D, dt_bias and conv bias gradients 0.1 to 0.8 away). Until that is explained, only 4.
-  if (conv_size != 4)
+  if (conv_size != 4 && !probe)
     return "model.conv_size: the CUDA Mamba-2 layer takes 4 (Mamba-2's), got " + std::to_string(conv_size) +
            " (at 3 its token-sum gradients measured outside the GPU tests' bounds)";
   return "";
