@@ -125,8 +125,9 @@ class CudaHedgehog {
   virtual void step(ForwardContext& ctx, const kernels::Tensor& x, const kernels::Tensor& y, MixerState& state) = 0;
 };
 #ifdef LAR_HAVE_CUDA
-// Checks the shape only (cuda_hedgehog_shape_unsupported); the mixer checks the gate before it
-// builds one (the GPU tests open the gate to reach it).
+// Checks the shape only (cuda_hedgehog_shape_unsupported, with the key-block split's gate for
+// heads past 128); the mixer checks the layer's gate before it builds one (the GPU tests open
+// the gates to reach it).
 std::unique_ptr<CudaHedgehog> make_cuda_hedgehog(const HedgehogShape& s, const HedgehogSlots& sl,
                                                  const std::vector<kernels::Tensor>& params,
                                                  const std::vector<kernels::Tensor>& grads);
