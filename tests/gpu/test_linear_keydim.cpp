@@ -185,7 +185,7 @@ Result run(std::mt19937_64& rng, const GCase& c) {
     gl::grouped_channel_bwd(gl::ChannelMixer::gla, s, in, bound3.p, dO_.p, dSTp, g3, nullptr);
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << name(c);
     if (recurrent_too) {
-      r.err = {{"o~rec", rel_rms(o_.get(), o2.get())},   {"S~rec", rel_rms(S_.get(), S2.get())},
+      r.err = {{"o~rec", rel_rms(o_.get(), o2.get())},    {"S~rec", rel_rms(S_.get(), S2.get())},
                {"dq~rec", rel_rms(dq_.get(), dq2.get())}, {"dk~rec", rel_rms(dk_.get(), dk2.get())},
                {"dv~rec", rel_rms(dv_.get(), dv2.get())}, {"dS0~rec", rel_rms(dS0_.get(), dS02.get())}};
       if (gated) r.err.push_back({"dg~rec", rel_rms(dg_.get(), dg2.get())});
@@ -417,11 +417,14 @@ TEST(LinearKeyDimCuda, KeySplitOnlyKeyDimsGateAndBoundary) {
       const std::string e1 = error_of([&] { (void)gl::grouped_boundary_bytes(s); });
       const std::string e2 = error_of([&] { (void)gl::grouped_channel_boundary_bytes(gl::ChannelMixer::gla, s); });
       gl::ChannelInputs in;
-      const std::string e3 = error_of([&] { gl::grouped_channel_fwd(gl::ChannelMixer::gla, s, in, nullptr, nullptr, nullptr, nullptr); });
-      const std::string e4 = error_of([&] { gl::grouped_channel_decode(gl::ChannelMixer::gla, s, in, nullptr, nullptr, nullptr); });
+      const std::string e3 =
+          error_of([&] { gl::grouped_channel_fwd(gl::ChannelMixer::gla, s, in, nullptr, nullptr, nullptr, nullptr); });
+      const std::string e4 =
+          error_of([&] { gl::grouped_channel_decode(gl::ChannelMixer::gla, s, in, nullptr, nullptr, nullptr); });
       for (const std::string& e : {e1, e2, e3, e4}) {
         EXPECT_NE(e.find("key dim dk=512 (supported: 64, 128, 256; gla: 64·n up to 512 through the key-block split)"),
-                  std::string::npos) << e;
+                  std::string::npos)
+            << e;
         EXPECT_NE(e.find(gate_name), std::string::npos) << e;
       }
     }
@@ -436,11 +439,11 @@ TEST(LinearKeyDimCuda, KeySplitOnlyKeyDimsGateAndBoundary) {
   EXPECT_EQ(gl::grouped_boundary_bytes(s), split);
   const std::string ekda = error_of([&] { (void)gl::grouped_channel_boundary_bytes(gl::ChannelMixer::kda, s); });
   EXPECT_NE(ekda.find("key dim dk=512 (supported: 64, 128, 256; gla: 64·n up to 512 through the key-block split)"),
-            std::string::npos) << ekda;
+            std::string::npos)
+      << ekda;
   EXPECT_EQ(ekda.find(gate_name), std::string::npos) << ekda;  // the gate is open: not what refuses it
-  const std::string edelta = error_of([&] {
-    gl::grouped_delta_decode(s, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr);
-  });
+  const std::string edelta = error_of(
+      [&] { gl::grouped_delta_decode(s, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr); });
   EXPECT_NE(edelta.find("grouped delta decode: key dim dk=512"), std::string::npos) << edelta;
   s.dk = 384;
   EXPECT_EQ(gl::grouped_channel_boundary_bytes(gl::ChannelMixer::gla, s), split / 8 * 6);
@@ -457,7 +460,8 @@ TEST(LinearKeyDimCuda, KeySplitOnlyKeyDimsGateAndBoundary) {
     EXPECT_FALSE(gl::grouped_channel_key_split(gl::ChannelMixer::gla, s)) << dk;
     const std::string e = error_of([&] { (void)gl::grouped_boundary_bytes(s); });
     EXPECT_NE(e.find("key dim dk=" + std::to_string(dk) + " (supported: 64, 128, 256; gla: 64·n up to 512"),
-              std::string::npos) << e;
+              std::string::npos)
+        << e;
   }
   s.dk = 512, s.dv = 96;
   const std::string edv = error_of([&] { (void)gl::grouped_boundary_bytes(s); });

@@ -156,9 +156,8 @@ struct KeySplit {
 
 // "<what>: key dim dk=… (supported: …)", naming the split's gate where it is what refuses dk.
 std::string key_dim_error(const std::string& what, int64_t dk) {
-  std::string m = what + ": key dim dk=" + std::to_string(dk) +
-                  " (supported: 64, 128, 256; gla: 64·n up to " + std::to_string(64 * kKeySplitMaxBlocks) +
-                  " through the key-block split)";
+  std::string m = what + ": key dim dk=" + std::to_string(dk) + " (supported: 64, 128, 256; gla: 64·n up to " +
+                  std::to_string(64 * kKeySplitMaxBlocks) + " through the key-block split)";
   if (key_split_dim(dk) && !wide_key_split_open()) m += std::string("; the split is ") + key_split_gate_text();
   return m;
 }
@@ -195,8 +194,10 @@ std::size_t split_boundary_bytes(const GroupedShape& s) {
 void pass_state(const float* src, float* dst, const KeySplit& k, cudaStream_t st) {
   if (!dst) return;
   const std::size_t bytes = static_cast<std::size_t>(k.s_rows) * k.n * 64 * sizeof(float);
-  if (src) LAR_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, st));
-  else LAR_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, st));
+  if (src)
+    LAR_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, st));
+  else
+    LAR_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, st));
 }
 ChannelInputs split_inputs(Scratch& sc, const KeySplit& k, const ChannelInputs& in, bool with_state, cudaStream_t st) {
   ChannelInputs x;

@@ -41,7 +41,7 @@ struct Row {
 };
 template <int kPer>
 __device__ __forceinline__ Row<kPer> softmaxes(int64_t row, int dk, int lane, const float* u, const float* a,
-                                         const float* bias) {
+                                               const float* bias) {
   float x[kPer];
   float mx = -INFINITY, mn = INFINITY;
 #pragma unroll
