@@ -9,10 +9,10 @@
 // ∂L/∂x; the caller turns it into ∂L/∂a = ∂L/∂x (I + Δ), ∂L/∂Δ = Σ ∂L/∂xᵀ a and
 // ∂L/∂b = Σ ∂L/∂x (a GEMM with β = 1 and layer_ops' column sums).
 //
-// One warp per row, dk ≤ 256 (4 channels a lane up to 128, 8 past it: CCQ's paper heads of 256,
-// feature dim 512); every reduction in a fixed order (warp
-// shuffles), no atomics: bit-reproducible. Row-major, launches on `stream`, lar::RuntimeError
-// on a bad shape. Tests: tests/gpu/test_hedgehog_cuda.cpp.
+// One warp per row, dk ≤ 256 (4 channels a lane up to 128, 8 past it: CCQ's paper heads of
+// 256, feature dim 512); every reduction in a fixed order (warp shuffles), no atomics:
+// bit-reproducible. Row-major, launches on `stream`, lar::RuntimeError on a bad shape. Tests:
+// tests/gpu/test_hedgehog_cuda.cpp.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
