@@ -6,7 +6,8 @@
 // 128 on the wide-key kernels, value heads of 128) and its smoke shape (head 16: feature dim 32
 // padded to the 64-wide chunk kernels, value heads of 32 padded to 64), feature dim 256, T not
 // a multiple of 64 and odd B·H, fp32 and mixed, also with the feature dims on the key-block split
-// of grouped_heads.hpp (its gate opened); a whole model step; a loss curve of a CUDA run
+// of grouped_heads.hpp (its gate opened), and CCQ's paper heads of 256 (feature dim 512) on the
+// split, their only CUDA path; a whole model step; a loss curve of a CUDA run
 // tracking the CPU run; and the gate (kHedgehogCudaVerified, trainer/mixers/hedgehog_layer.hpp)
 // that refuses the layer in the product until these tests have passed on a GPU. Every test
 // but the gate's opens it for itself (allow_unverified_hedgehog_cuda), so all of this runs the
@@ -68,7 +69,7 @@ struct OpenGate {
 // (bf16 rounding of values in (0, 1): ≤ 2⁻⁹ relative each), the padding columns exactly 0.
 // Backward: from the GPU's ∂L/∂x, ∂L/∂a = ∂L/∂x (I + Δ), ∂L/∂Δ = Σ ∂L/∂xᵀ a and ∂L/∂b = Σ ∂L/∂x
 // (in fp64 on the host) within 1e-5 of the CPU map's (fp32 arithmetic against fp64 on the
-// same bf16 dφ: the softmax Jacobian's sums over dk ≤ 128 terms cost ≈ 1e-7 relative each).
+// same bf16 dφ: the softmax Jacobian's sums over dk ≤ 256 terms cost ≈ 1e-7 relative each).
 void check_map(int64_t rows, int dk, int64_t ld, uint64_t seed) {
   namespace lk = kernels::cpu::linear;
   namespace cl = kernels::cuda::linear;
@@ -256,14 +257,18 @@ void compare_layer(const Shape& s, const std::string& precision) {
 
 }  // namespace
 
-// The map at the specs' head dims (16: smoke, 64: mini, 128: the widest) with the layer's
-// padded rows (feature dim 32 → 64, 128, 256) and unpadded rows, odd row counts (partial blocks).
+// The map at the specs' head dims (16: smoke, 64: mini, 256: paper, 128: the widest of the
+// narrow instance) with the layer's padded rows (feature dim 32 → 64, 128, 256, 400 → 448) and
+// unpadded rows, odd row counts (partial blocks); past 128 the wide instance (8 channels a lane).
 TEST(HedgehogCuda, FeatureMapMatchesTheCpuMap) {
   check_map(1001, 16, 64, 1);
   check_map(777, 16, 32, 2);
   check_map(1001, 64, 128, 3);
   check_map(333, 128, 256, 4);
   check_map(95, 24, 64, 5);  // a head dim off the warp's 32
+  check_map(517, 256, 512, 6);  // CCQ's paper heads: feature dim 512
+  check_map(201, 200, 448, 7);  // feature dim 400 padded to the split's 448
+  check_map(63, 136, 272, 8);   // just past the narrow instance, unpadded
 }
 
 // CCQ's mini shape (experiments/papers/ccq/common.yaml, scale mini): heads of 64 (feature dim
@@ -346,6 +351,51 @@ TEST(HedgehogCuda, KeySplitMatchesTheCpuLayer) {
   s.dv = 64;
   s.B = 3;
   s.T = 90;
+  compare_layer(s, "fp32");
+}
+
+// CCQ's paper heads (experiments/papers/ccq/common.yaml: head_dim 256, value_dim 512, feature
+// dim 512) on the key-block split, the only CUDA path at feature dims past 256 (its gate opened
+// for the test, as the layer's own): 8 feature blocks of 64 on the 64-wide chunk kernels. One
+// head with B = 3 (B·H odd) at T = 100 in fp32 and mixed; the paper's 4 heads at d 1024 with one
+// sequence of 130 tokens; heads of 200 (feature dim 400 padded to 448 with zero features and
+// zero log-gates), 3 heads, value heads of 64, T = 77. The bounds of compare_layer (the wide
+// feature dims').
+TEST(HedgehogCuda, PaperHeadsMatchTheCpuLayer) {
+  namespace kl = kernels::cuda::linear;
+  OpenGate gate;
+  struct Open {
+    bool was = kl::wide_key_split_unverified_allowed();
+    Open() { kl::wide_key_split_unverified_allowed() = true; }
+    ~Open() { kl::wide_key_split_unverified_allowed() = was; }
+  } open;
+  Shape s;
+  s.d = 256;
+  s.H = 1;
+  s.dk = 256;
+  s.dv = 512;
+  s.B = 3;
+  s.T = 100;
+  {
+    const json model = run_config(s).at("model");
+    ASSERT_EQ(trainer::cuda_unsupported(model), "");
+    const trainer::mixers::HedgehogShape hs = trainer::mixers::hedgehog_shape(trainer::mixer_config(model, 0));
+    ASSERT_EQ(trainer::mixers::hedgehog_cuda_key_dim(hs), 512);
+    kl::GroupedShape probe;
+    probe.B = s.B, probe.T = s.T, probe.H = s.H, probe.dk = 512, probe.dv = 512;
+    ASSERT_TRUE(kl::grouped_channel_key_split(kl::ChannelMixer::gla, probe));
+  }
+  for (const char* precision : {"fp32", "mixed"}) compare_layer(s, precision);
+  s.d = 1024;
+  s.H = 4;
+  s.B = 1;
+  s.T = 130;
+  compare_layer(s, "fp32");
+  s.d = 192;
+  s.H = 3;
+  s.dk = 200;
+  s.dv = 64;
+  s.T = 77;
   compare_layer(s, "fp32");
 }
 
@@ -453,8 +503,29 @@ TEST(HedgehogCuda, GateAndShapeRefusals) {
   OpenGate gate;
   EXPECT_EQ(trainer::cuda_unsupported(model), "");
   json wide = model;
-  wide["head_dim"] = 256;  // CCQ's paper scale: feature dim 512
+  wide["head_dim"] = 256;  // CCQ's paper scale: feature dim 512, on the key-block split only
+  namespace kl = kernels::cuda::linear;
+  const bool was = kl::wide_key_split_unverified_allowed();
+  kl::wide_key_split_unverified_allowed() = false;
+  if (!kl::kWideKeySplitVerified) {
+    const std::string why = trainer::cuda_unsupported(wide);
+    EXPECT_EQ(why.rfind("model.head_dim: the CUDA gla_hedgehog layer runs heads past 128", 0), 0u) << why;
+    EXPECT_NE(why.find("kWideKeySplitVerified"), std::string::npos) << why;
+    EXPECT_NE(why.find("got 256"), std::string::npos) << why;
+    // the mixer itself on the CUDA backend refuses it the same way
+    const trainer::MixerConfig mc = trainer::mixer_config(wide, 0);
+    const std::vector<float> params = random_params(trainer::make_mixer(mc)->params(), 3);
+    std::vector<float> x((size_t)s.B * s.T * s.d, 0.5f);
+    auto gpu = backend("cuda", "fp32");
+    EXPECT_THROW((void)run_layer(*gpu, mc, params, x, x, s.B, s.T), UserError);
+  } else {
+    EXPECT_EQ(trainer::cuda_unsupported(wide), "");
+  }
+  kl::wide_key_split_unverified_allowed() = true;
+  EXPECT_EQ(trainer::cuda_unsupported(wide), "");
+  kl::wide_key_split_unverified_allowed() = was;
+  wide["head_dim"] = 264;
   EXPECT_EQ(trainer::cuda_unsupported(wide),
-            "model.head_dim: the CUDA gla_hedgehog layer takes up to 128 (feature dim 2·head_dim up to 256, the "
-            "channel kernels' widest key), got 256");
+            "model.head_dim: the CUDA gla_hedgehog layer takes up to 256 (feature dim 2·head_dim up to 512, the gla "
+            "kernels' key-block split), got 264");
 }

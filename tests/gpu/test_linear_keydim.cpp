@@ -7,7 +7,10 @@
 // wave (5 sequences × 4 heads × 8 value tiles), strong gates (a tenth of the channels —
 // gdn: of the heads — decaying by up to 16 per token), nonzero S0 and dST, and the recurrent
 // decode token by token against the same reference. gla and linear also through the key-block
-// split (grouped_heads.hpp, its gate opened), against the reference and the recurrent kernels.
+// split (grouped_heads.hpp, its gate opened), against the reference and the recurrent kernels,
+// and at the key dims the split alone takes (192, 384, 512: CCQ's paper-scale GLA-Hedgehog),
+// with its decode over the state's column blocks, against the reference; the split's gate and
+// shape refusals.
 #include <gtest/gtest.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -124,8 +127,12 @@ Result run(std::mt19937_64& rng, const GCase& c) {
   gl::GroupedShape s;
   s.B = B, s.T = T, s.H = H, s.Hk = Hk, s.dk = D, s.dv = dv, s.scale = scale;
   // the path under test is the one taken
+  // (the recurrent kernels take dk 128 and 256; past them, and at 192, the split alone, the
+  // decode included)
+  const bool recurrent_too = gl::wide_key_dim(D);
   if (c.split) {
     EXPECT_TRUE(gl::grouped_channel_key_split(channel_kind(c.m), s)) << name(c);
+    EXPECT_EQ(gl::grouped_channel_decode_key_split(channel_kind(c.m), s), !recurrent_too) << name(c);
   }
   Dev<bf16> q_(nk), k_(nk), v_(nv), dO_(nv), o_(nv), dq_(nk), dk_(nk), dv_(nv), b_(nh * D), w_(nv), db_(nh * D), dw_(nv);
   Dev<float> g_(ng), dg_(ng), beta_(nh), dbeta_(nh), S0_(ns), S_(ns), dST_(ns), dS0_(ns);
@@ -157,28 +164,32 @@ Result run(std::mt19937_64& rng, const GCase& c) {
 
   Result r;
   if (c.split) {
-    // the same call on the recurrent wide kernels (wide_key.hpp), and the split once more into
-    // fresh buffers: the same bits (fixed-order sums, no atomics)
+    // the same call on the recurrent wide kernels (wide_key.hpp) where they take dk, and the
+    // split once more into fresh buffers: the same bits (fixed-order sums, no atomics)
     gl::ChannelInputs in;
     in.q = q_.p, in.k = k_.p, in.v = v_.p, in.g = g_.p, in.S0 = S0p;
     Dev<bf16> o2(nv), dq2(nk), dk2(nk), dv2(nv), o3(nv), dq3(nk), dk3(nk), dv3(nv);
     Dev<float> S2(ns), dg2(ng), dS02(ns), S3(ns), dg3(ng), dS03(ns);
-    Dev<float> wbound(gl::wide_boundary_bytes(s) / sizeof(float) + 1);
+    Dev<float> wbound(recurrent_too ? gl::wide_boundary_bytes(s) / sizeof(float) + 1 : 1);
     Dev<bf16> bound3(gl::grouped_channel_boundary_bytes(gl::ChannelMixer::gla, s) / sizeof(bf16));
     for (auto* d : {&o2, &dq2, &dk2, &dv2, &o3, &dq3, &dk3, &dv3}) d->poison();
     for (auto* d : {&S2, &dg2, &dS02, &S3, &dg3, &dS03}) d->poison();
     gl::ChannelGrads g2, g3;
     g2.dq = dq2.p, g2.dk = dk2.p, g2.dv = dv2.p, g2.dg = dg2.p, g2.dS0 = dS02.p;
     g3.dq = dq3.p, g3.dk = dk3.p, g3.dv = dv3.p, g3.dg = dg3.p, g3.dS0 = dS03.p;
-    gl::wide_channel_fwd(gl::ChannelMixer::gla, s, in, o2.p, S2.p, wbound.p, nullptr);
-    gl::wide_channel_bwd(gl::ChannelMixer::gla, s, in, wbound.p, dO_.p, dSTp, g2, nullptr);
+    if (recurrent_too) {
+      gl::wide_channel_fwd(gl::ChannelMixer::gla, s, in, o2.p, S2.p, wbound.p, nullptr);
+      gl::wide_channel_bwd(gl::ChannelMixer::gla, s, in, wbound.p, dO_.p, dSTp, g2, nullptr);
+    }
     gl::grouped_channel_fwd(gl::ChannelMixer::gla, s, in, o3.p, S3.p, bound3.p, nullptr);
     gl::grouped_channel_bwd(gl::ChannelMixer::gla, s, in, bound3.p, dO_.p, dSTp, g3, nullptr);
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << name(c);
-    r.err = {{"o~rec", rel_rms(o_.get(), o2.get())},   {"S~rec", rel_rms(S_.get(), S2.get())},
-             {"dq~rec", rel_rms(dq_.get(), dq2.get())}, {"dk~rec", rel_rms(dk_.get(), dk2.get())},
-             {"dv~rec", rel_rms(dv_.get(), dv2.get())}, {"dS0~rec", rel_rms(dS0_.get(), dS02.get())}};
-    if (gated) r.err.push_back({"dg~rec", rel_rms(dg_.get(), dg2.get())});
+    if (recurrent_too) {
+      r.err = {{"o~rec", rel_rms(o_.get(), o2.get())},    {"S~rec", rel_rms(S_.get(), S2.get())},
+               {"dq~rec", rel_rms(dq_.get(), dq2.get())}, {"dk~rec", rel_rms(dk_.get(), dk2.get())},
+               {"dv~rec", rel_rms(dv_.get(), dv2.get())}, {"dS0~rec", rel_rms(dS0_.get(), dS02.get())}};
+      if (gated) r.err.push_back({"dg~rec", rel_rms(dg_.get(), dg2.get())});
+    }
     const std::pair<const char*, bool> same[] = {
         {"o", o3.get() == o_.get()},    {"S", S3.get() == S_.get()},    {"dq", dq3.get() == dq_.get()},
         {"dk", dk3.get() == dk_.get()}, {"dv", dv3.get() == dv_.get()}, {"dg", dg3.get() == dg_.get()},
@@ -357,6 +368,136 @@ TEST(LinearKeyDimCuda, KeySplitGateAndBoundary) {
   EXPECT_FALSE(gl::grouped_channel_key_split(gl::ChannelMixer::gla, s));
   s.dk = 256, s.T = 0;
   EXPECT_FALSE(gl::grouped_channel_key_split(gl::ChannelMixer::gla, s));
+}
+
+// The split at the key dims only it takes (dk = 64·n past the recurrent kernels' 256, and 192):
+// CCQ's paper-scale GLA-Hedgehog (feature dim 512 = 8 blocks), 384 (6) and 192 (3), gla and
+// linear, against the CPU reference (5e-3 on o and the state, 1e-2 on every gradient, dS0
+// included) and bit for bit against a second call; the split decode (n 64-wide decodes over the
+// state's column blocks, o summed over the blocks) token by token from S0 against the same
+// reference's outputs and final state (5e-3). dv 64, 128, 256, 512; grouped heads; T = 100, 65
+// and 300 (partial last chunks, not a multiple of 64), odd B·H (3, 5), nonzero S0 and dST,
+// strong gates (a tenth of the channels decaying by up to 16 per token), and without a state.
+TEST(LinearKeyDimCuda, KeySplitAtSplitOnlyKeyDimsMatchesCpuReference) {
+  int devices = 0;
+  ASSERT_EQ(cudaGetDeviceCount(&devices), cudaSuccess);
+  ASSERT_GT(devices, 0);
+  std::mt19937_64 rng{std::random_device{}()};
+  for (cl::Mixer m : {cl::Mixer::gla, cl::Mixer::linear})
+    for (GCase c : {GCase{m, 1, 100, 1, 3, 512, 256, true, true}, GCase{m, 3, 65, 1, 1, 512, 64, false},
+                    GCase{m, 1, 300, 2, 4, 512, 128, true, true}, GCase{m, 5, 40, 1, 1, 512, 512, true, true},
+                    GCase{m, 1, 100, 1, 3, 384, 128, true, true}, GCase{m, 3, 70, 1, 1, 192, 64, true, true}}) {
+      c.split = true;
+      check(c, run(rng, c));
+    }
+}
+
+// The gate at the split-only key dims: closed, gla at dk 512 has no CUDA path and every entry
+// (the boundary's size, forward, backward, decode) refuses it naming the gate; open, the split
+// sizes its boundary (n·B·H·m·⌈T/64⌉ 64×64 bf16 blocks; none at T = 0), forward/backward and
+// decode take it; kda, gdn2 and the delta rule keep their error (they couple the key channels);
+// key dims off 64·n or past 512 are refused either way.
+TEST(LinearKeyDimCuda, KeySplitOnlyKeyDimsGateAndBoundary) {
+  gl::GroupedShape s;
+  s.B = 3, s.T = 300, s.H = 4, s.Hk = 2, s.dk = 512, s.dv = 128;
+  auto error_of = [](auto&& f) {
+    try {
+      f();
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const std::string gate_name = "kWideKeySplitVerified, kernels/cuda/linear/key_split_gate.hpp";
+  {
+    const SplitOpen closed(false);
+    if (!gl::kWideKeySplitVerified) {
+      EXPECT_FALSE(gl::grouped_channel_key_split(gl::ChannelMixer::gla, s));
+      EXPECT_FALSE(gl::grouped_channel_decode_key_split(gl::ChannelMixer::gla, s));
+      const std::string e1 = error_of([&] { (void)gl::grouped_boundary_bytes(s); });
+      const std::string e2 = error_of([&] { (void)gl::grouped_channel_boundary_bytes(gl::ChannelMixer::gla, s); });
+      gl::ChannelInputs in;
+      const std::string e3 =
+          error_of([&] { gl::grouped_channel_fwd(gl::ChannelMixer::gla, s, in, nullptr, nullptr, nullptr, nullptr); });
+      const std::string e4 =
+          error_of([&] { gl::grouped_channel_decode(gl::ChannelMixer::gla, s, in, nullptr, nullptr, nullptr); });
+      for (const std::string& e : {e1, e2, e3, e4}) {
+        EXPECT_NE(e.find("key dim dk=512 (supported: 64, 128, 256; gla: 64·n up to 512 through the key-block split)"),
+                  std::string::npos)
+            << e;
+        EXPECT_NE(e.find(gate_name), std::string::npos) << e;
+      }
+    }
+  }
+  const SplitOpen open;
+  EXPECT_TRUE(gl::grouped_channel_key_split(gl::ChannelMixer::gla, s));
+  EXPECT_TRUE(gl::grouped_channel_decode_key_split(gl::ChannelMixer::gla, s));
+  EXPECT_FALSE(gl::grouped_channel_key_split(gl::ChannelMixer::kda, s));
+  EXPECT_FALSE(gl::grouped_channel_decode_key_split(gl::ChannelMixer::gdn2, s));
+  const std::size_t split = static_cast<std::size_t>(8 * 3) * 4 * 2 * 5 * 64 * 64 * 2;  // n·B·H·m·⌈T/64⌉ 64×64 bf16
+  EXPECT_EQ(gl::grouped_channel_boundary_bytes(gl::ChannelMixer::gla, s), split);
+  EXPECT_EQ(gl::grouped_boundary_bytes(s), split);
+  const std::string ekda = error_of([&] { (void)gl::grouped_channel_boundary_bytes(gl::ChannelMixer::kda, s); });
+  EXPECT_NE(ekda.find("key dim dk=512 (supported: 64, 128, 256; gla: 64·n up to 512 through the key-block split)"),
+            std::string::npos)
+      << ekda;
+  EXPECT_EQ(ekda.find(gate_name), std::string::npos) << ekda;  // the gate is open: not what refuses it
+  const std::string edelta = error_of(
+      [&] { gl::grouped_delta_decode(s, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr); });
+  EXPECT_NE(edelta.find("grouped delta decode: key dim dk=512"), std::string::npos) << edelta;
+  s.dk = 384;
+  EXPECT_EQ(gl::grouped_channel_boundary_bytes(gl::ChannelMixer::gla, s), split / 8 * 6);
+  s.dk = 192;
+  EXPECT_TRUE(gl::grouped_channel_decode_key_split(gl::ChannelMixer::gla, s));
+  s.dk = 256;  // the recurrent decode keeps 128 and 256
+  EXPECT_FALSE(gl::grouped_channel_decode_key_split(gl::ChannelMixer::gla, s));
+  s.dk = 512, s.T = 0;
+  EXPECT_TRUE(gl::grouped_channel_key_split(gl::ChannelMixer::gla, s));
+  EXPECT_EQ(gl::grouped_channel_boundary_bytes(gl::ChannelMixer::gla, s), 0u);
+  s.T = 300;
+  for (int dk : {576, 640, 448 + 32, 32}) {
+    s.dk = dk;
+    EXPECT_FALSE(gl::grouped_channel_key_split(gl::ChannelMixer::gla, s)) << dk;
+    const std::string e = error_of([&] { (void)gl::grouped_boundary_bytes(s); });
+    EXPECT_NE(e.find("key dim dk=" + std::to_string(dk) + " (supported: 64, 128, 256; gla: 64·n up to 512"),
+              std::string::npos)
+        << e;
+  }
+  s.dk = 512, s.dv = 96;
+  const std::string edv = error_of([&] { (void)gl::grouped_boundary_bytes(s); });
+  EXPECT_NE(edv.find("value dim dv=96 (supported: multiples of 64)"), std::string::npos) << edv;
+  s.dv = 128, s.H = 3;
+  const std::string eh = error_of([&] { (void)gl::grouped_boundary_bytes(s); });
+  EXPECT_NE(eh.find("3 value heads are not a multiple of 2 key heads"), std::string::npos) << eh;
+}
+
+// A T = 0 call at dk 512 on the split: the state passes through (S_out = S0, dS0 = dST).
+TEST(LinearKeyDimCuda, KeySplitOnlyKeyDimsPassTheStateAtTZero) {
+  int devices = 0;
+  ASSERT_EQ(cudaGetDeviceCount(&devices), cudaSuccess);
+  ASSERT_GT(devices, 0);
+  const SplitOpen open;
+  gl::GroupedShape s;
+  s.B = 3, s.T = 0, s.H = 1, s.Hk = 1, s.dk = 512, s.dv = 64;
+  const size_t ns = static_cast<size_t>(3) * 64 * 512;
+  std::mt19937_64 rng(7);
+  std::normal_distribution<double> nd(0.0, 1.0);
+  std::vector<double> S0(ns), dST(ns);
+  for (auto& x : S0) x = static_cast<float>(nd(rng));
+  for (auto& x : dST) x = static_cast<float>(nd(rng));
+  Dev<float> S0_(ns), dST_(ns), S_(ns), dS0_(ns);
+  Dev<bf16> o_(1);
+  S0_.put(S0), dST_.put(dST);
+  S_.poison(), dS0_.poison();
+  gl::ChannelInputs in;
+  in.S0 = S0_.p;
+  gl::ChannelGrads gr;
+  gr.dS0 = dS0_.p;
+  gl::grouped_channel_fwd(gl::ChannelMixer::gla, s, in, o_.p, S_.p, nullptr, nullptr);
+  gl::grouped_channel_bwd(gl::ChannelMixer::gla, s, in, nullptr, nullptr, dST_.p, gr, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_TRUE(S_.get() == S0);
+  EXPECT_TRUE(dS0_.get() == dST);
 }
 
 // gdn's scalar gate gradient at dk 256 × dv 512 (8 value tiles: dg is a sum of 8 · 64 · 256
@@ -606,7 +747,10 @@ TEST(LinearKeyDimCuda, RejectsUnsupportedShapes) {
     gl::grouped_boundary_bytes(s);
     FAIL() << "no error";
   } catch (const std::exception& e) {
-    EXPECT_NE(std::string(e.what()).find("key dim dk=96 (supported: 64, 128, 256)"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("key dim dk=96 (supported: 64, 128, 256; gla: 64·n up to 512 through the "
+                                         "key-block split)"),
+              std::string::npos)
+        << e.what();
   }
   s.dk = 128, s.dv = 96;
   try {

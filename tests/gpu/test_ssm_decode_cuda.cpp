@@ -3,7 +3,8 @@
 // projections, conv over a window of the last W projection rows and output, with the gla channel
 // decode (Mamba-2, GLA-Hedgehog) or Mamba-3's own per-token kernel, mamba3_decode_step, on the
 // device state). For each mixer (mamba2 at state 128; mamba3 SISO and MIMO rank 4 at state 128;
-// gla_hedgehog at head 64 and head 16, the latter padded to the kernels' 64-wide key and value),
+// gla_hedgehog at head 64 and head 16, the latter padded to the kernels' 64-wide key and value;
+// and at CCQ's paper heads of 256 on the key-block split's decode, its gate opened),
 // fp32 and mixed, a one-layer model decodes T = 70 tokens of B = 3 sequences one at a time
 // (past one 64-token chunk of the forward), and every token's output is compared with (a) the
 // CPU layer's step() on the same parameters and inputs and (b) the CUDA layer's own full
@@ -29,6 +30,7 @@
 #include "eval/decoder.hpp"
 #include "eval/loglik.hpp"
 #include "kernels/backend.hpp"
+#include "kernels/cuda/linear/grouped_heads.hpp"
 #include "tests/gpu/decode_check.hpp"
 #include "tests/gpu/host_helpers.hpp"
 #include "trainer/mixer.hpp"
@@ -139,6 +141,30 @@ TEST(SsmDecodeCuda, HedgehogDecodesAsTheCpuLayerAndItsOwnForward) {
     check_layer("gla_hedgehog head64", hedgehog_model(64), precision);
     check_layer("gla_hedgehog head16", hedgehog_model(16), precision);
   }
+}
+
+// CCQ's paper heads (head_dim 256, value_dim 512: feature dim 512) decode on the key-block
+// split's decode (kernels/cuda/linear/grouped_heads.hpp: 8 decodes of 64 key channels over the
+// state's column blocks, o summed over the blocks), the only CUDA path past feature dim 256, its
+// gate opened for the test: one head, and two heads of 256 with value heads of 256; and heads
+// of 200 (feature dim 400 padded to 448). Against the CPU step and the CUDA forward (on the
+// split too), the bounds of check_layer.
+TEST(SsmDecodeCuda, HedgehogPaperHeadsDecodeOnTheKeySplit) {
+  namespace kl = kernels::cuda::linear;
+  struct Open {
+    bool was = kl::wide_key_split_unverified_allowed();
+    Open() { kl::wide_key_split_unverified_allowed() = true; }
+    ~Open() { kl::wide_key_split_unverified_allowed() = was; }
+  } open;
+  kl::GroupedShape probe;
+  probe.B = 3, probe.H = 1, probe.dk = 512, probe.dv = 512;
+  ASSERT_TRUE(kl::grouped_channel_decode_key_split(kl::ChannelMixer::gla, probe));
+  const json one = {{"architecture", "gla_hedgehog"}, {"head_dim", 256}, {"value_dim", 512}, {"n_heads", 1}};
+  const json two = {{"architecture", "gla_hedgehog"}, {"head_dim", 256}, {"value_dim", 256}, {"n_heads", 2}};
+  const json padded = {{"architecture", "gla_hedgehog"}, {"head_dim", 200}, {"value_dim", 64}, {"n_heads", 3}};
+  for (const char* precision : {"fp32", "mixed"}) check_layer("gla_hedgehog head256 dv512", one, precision);
+  check_layer("gla_hedgehog 2x head256", two, "fp32");
+  check_layer("gla_hedgehog 3x head200", padded, "fp32", 1);
 }
 
 // Whole models through eval::Decoder: a mamba2 + softmax hybrid (the softmax layers' KV-cache

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/error.hpp"
@@ -80,16 +81,23 @@ TEST(HedgehogLayer, RoutingIsRefused) {
 // CUDA, while kHedgehogCudaVerified is false, every shape is refused as unverified (backend: cuda
 // refuses, auto trains on the CPU). Past the gate (opened here as the GPU tests open it): "" for
 // CCQ's mini (head 64) and smoke (head 16) shapes, the reason naming the key and value otherwise
-// (paper scale: head 256, feature dim 512).
+// (heads past 256; paper scale, head 256, feature dim 512: by the key-block split's gate while
+// it is closed, PaperHeadsNeedTheKeySplitGate).
+namespace {
+json hedgehog_model(int d, int heads, int head_dim, int value_dim, json extra = json::object()) {
+  json m = {
+      {"architecture", "gla_hedgehog"}, {"stack", "pure"},       {"n_layers", 2}, {"d_model", d}, {"n_heads", heads},
+      {"head_dim", head_dim},           {"value_dim", value_dim}};
+  m.merge_patch(extra);
+  json raw = {{"model", m}, {"data", {{"task", "mqar"}, {"seq_len", 64}, {"batch_size", 2}}}};
+  return tr::prepare_config(raw).at("model");
+}
+}  // namespace
+
 TEST(HedgehogLayer, CudaCoverageNamesTheGateAndTheOption) {
   namespace mx = lar::trainer::mixers;
-  auto model = [](int d, int heads, int head_dim, int value_dim, json extra = json::object()) {
-    json m = {
-        {"architecture", "gla_hedgehog"}, {"stack", "pure"},       {"n_layers", 2}, {"d_model", d}, {"n_heads", heads},
-        {"head_dim", head_dim},           {"value_dim", value_dim}};
-    m.merge_patch(extra);
-    json raw = {{"model", m}, {"data", {{"task", "mqar"}, {"seq_len", 64}, {"batch_size", 2}}}};
-    return tr::prepare_config(raw).at("model");
+  const auto model = [](int d, int heads, int head_dim, int value_dim, json extra = json::object()) {
+    return hedgehog_model(d, heads, head_dim, value_dim, std::move(extra));
   };
   const json mini = model(256, 4, 64, 128), smoke = model(64, 4, 16, 32);
 #ifndef LAR_HAVE_CUDA
@@ -107,9 +115,9 @@ TEST(HedgehogLayer, CudaCoverageNamesTheGateAndTheOption) {
   EXPECT_EQ(tr::cuda_unsupported(mini), "");
   EXPECT_EQ(tr::cuda_unsupported(smoke), "");
   EXPECT_EQ(tr::cuda_unsupported(model(96, 6, 16, 32)), "");
-  EXPECT_EQ(tr::cuda_unsupported(model(1024, 4, 256, 512)),
-            "model.head_dim: the CUDA gla_hedgehog layer takes up to 128 (feature dim 2·head_dim up to 256, the "
-            "channel kernels' widest key), got 256");
+  EXPECT_EQ(tr::cuda_unsupported(model(1024, 2, 264, 512)),
+            "model.head_dim: the CUDA gla_hedgehog layer takes up to 256 (feature dim 2·head_dim up to 512, the gla "
+            "kernels' key-block split), got 264");
   EXPECT_EQ(tr::cuda_unsupported(model(60, 4, 15, 32)),
             "model.head_dim: the CUDA gla_hedgehog layer needs a multiple of 8, got 15");
   EXPECT_EQ(tr::cuda_unsupported(model(64, 1, 64, 576)),
@@ -119,5 +127,54 @@ TEST(HedgehogLayer, CudaCoverageNamesTheGateAndTheOption) {
   EXPECT_EQ(tr::cuda_unsupported(model(64, 4, 16, 32, {{"conv_size", 9}})),
             "model.conv_size: the CUDA conv is at most 8 wide, got 9");
   mx::allow_unverified_hedgehog_cuda(false);
+#endif
+}
+
+// CCQ's paper scale (d 1024, 4 heads of 256: feature dim 512) and heads between 128 and 256 run
+// the recurrence on gla's key-block split alone (kernels/cuda/linear/grouped_heads.hpp), so
+// trainer::cuda_unsupported refuses them by the split's gate while it is closed (naming the key,
+// the gate and its GPU tests), and takes them once it is open (the hook the GPU tests use);
+// heads up to 128 do not depend on it.
+TEST(HedgehogLayer, PaperHeadsNeedTheKeySplitGate) {
+  namespace mx = lar::trainer::mixers;
+  namespace kl = lar::kernels::cuda::linear;
+  const json paper = hedgehog_model(1024, 4, 256, 256), mid = hedgehog_model(320, 2, 160, 64),
+             mini = hedgehog_model(256, 4, 64, 128);
+#ifndef LAR_HAVE_CUDA
+  EXPECT_EQ(tr::cuda_unsupported(paper), "the 'gla_hedgehog' mixer has no CUDA implementation in this build");
+  GTEST_SKIP() << "a build without CUDA";
+#else
+  const bool hedgehog_was = mx::hedgehog_cuda_test_override();
+  mx::allow_unverified_hedgehog_cuda(true);  // the layer's own gate open: the split's reason shows
+  const bool was = kl::wide_key_split_unverified_allowed();
+  kl::wide_key_split_unverified_allowed() = false;
+  const std::string closed =
+      "model.head_dim: the CUDA gla_hedgehog layer runs heads past 128 (feature dims past 256, the wide-key kernels' "
+      "widest key) on gla's key-block split only, which is not yet verified on a GPU (kWideKeySplitVerified, "
+      "kernels/cuda/linear/key_split_gate.hpp; the GPU tests tests/gpu/test_linear_keydim.cpp KeySplit*, "
+      "tests/gpu/test_hedgehog_cuda.cpp PaperHeadsMatchTheCpuLayer, tests/gpu/test_ssm_decode_cuda.cpp "
+      "HedgehogPaperHeadsDecodeOnTheKeySplit); got ";
+  if (!kl::kWideKeySplitVerified) {
+    EXPECT_EQ(tr::cuda_unsupported(paper), closed + "256");
+    EXPECT_EQ(tr::cuda_unsupported(mid), closed + "160");
+    // the layer refuses it too (what the mixer checks before it builds the CUDA layer)
+    EXPECT_EQ(mx::cuda_hedgehog_unsupported(mx::hedgehog_shape(tr::mixer_config(paper, 0))), closed + "256");
+  } else {
+    EXPECT_EQ(tr::cuda_unsupported(paper), "");
+  }
+  EXPECT_EQ(tr::cuda_unsupported(mini), "");
+  kl::wide_key_split_unverified_allowed() = true;
+  EXPECT_EQ(tr::cuda_unsupported(paper), "");
+  EXPECT_EQ(tr::cuda_unsupported(mid), "");
+  EXPECT_EQ(tr::cuda_unsupported(mini), "");
+  // the padded key dims of the split: F = 2·head_dim up to a multiple of 64
+  const auto fp = [](const json& m) { return mx::hedgehog_cuda_key_dim(mx::hedgehog_shape(tr::mixer_config(m, 0))); };
+  EXPECT_EQ(fp(paper), 512);
+  EXPECT_EQ(fp(mid), 320);
+  EXPECT_EQ(fp(mini), 128);
+  EXPECT_EQ(fp(hedgehog_model(272, 2, 136, 64)), 320);
+  EXPECT_TRUE(kl::key_split_dim(fp(paper)) && kl::key_split_dim(fp(mid)));
+  kl::wide_key_split_unverified_allowed() = was;
+  mx::allow_unverified_hedgehog_cuda(hedgehog_was);
 #endif
 }

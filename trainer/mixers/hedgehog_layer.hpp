@@ -9,6 +9,7 @@
 
 #include "core/error.hpp"
 #include "kernels/backend.hpp"
+#include "kernels/cuda/linear/key_split_gate.hpp"
 #include "trainer/mixer.hpp"
 
 namespace lar::trainer::mixers {
@@ -52,24 +53,36 @@ inline HedgehogShape hedgehog_shape(const MixerConfig& cfg) {
 }
 
 // The CUDA layer runs the recurrence on the gla channel kernels at key dim Fp, the feature dim
-// padded to the kernels' 64 (chunk kernels), 128 or 256 (wide-key kernels) with zero features
-// and zero log-gates, and value heads padded to a multiple of 64 with zero values.
-inline int hedgehog_cuda_key_dim(const HedgehogShape& s) { return s.F <= 64 ? 64 : s.F <= 128 ? 128 : 256; }
+// padded to the kernels' 64 (chunk kernels), 128 or 256 (wide-key kernels, or the key-block
+// split where it is open), and past 256 to a multiple of 64 up to 512 (the key-block split of
+// kernels/cuda/linear/grouped_heads.hpp only: CCQ's paper heads of 256), with zero features and
+// zero log-gates, and value heads padded to a multiple of 64 with zero values.
+inline int hedgehog_cuda_key_dim(const HedgehogShape& s) {
+  return s.F <= 64 ? 64 : s.F <= 128 ? 128 : s.F <= 256 ? 256 : (s.F + 63) / 64 * 64;
+}
 inline int hedgehog_cuda_value_dim(const HedgehogShape& s) { return (s.dv + 63) / 64 * 64; }
 
 // Why the CUDA layer cannot run this shape ("" when it can); the message names the key and value.
+// Heads past 128 (feature dims past 256) run on the key-block split alone, so they are refused
+// while its gate (kernels/cuda/linear/key_split_gate.hpp) is closed, by the gate's name.
 inline std::string cuda_hedgehog_shape_unsupported(const HedgehogShape& s) {
+  namespace kl = kernels::cuda::linear;
   if (!s.conv) return "model.short_conv: the CUDA gla_hedgehog layer needs the short conv (true), got false";
   if (s.W > 8) return "model.conv_size: the CUDA conv is at most 8 wide, got " + std::to_string(s.W);
-  // F = 2·head_dim is the channel kernels' key dim: at most 256 (the wide-key kernels); the
-  // feature-map GEMM reads rows of head_dim bf16 values, 16-byte aligned at multiples of 8.
-  if (s.dk > 128)
-    return "model.head_dim: the CUDA gla_hedgehog layer takes up to 128 (feature dim 2·head_dim up to 256, the "
-           "channel kernels' widest key), got " +
-           std::to_string(s.dk);
+  // F = 2·head_dim is the channel kernels' key dim: at most 256 on the wide-key kernels, 512 on
+  // the key-block split; the feature-map GEMM reads rows of head_dim bf16 values, 16-byte aligned
+  // at multiples of 8.
+  if (s.dk > 32 * kl::kKeySplitMaxBlocks)
+    return "model.head_dim: the CUDA gla_hedgehog layer takes up to " + std::to_string(32 * kl::kKeySplitMaxBlocks) +
+           " (feature dim 2·head_dim up to " + std::to_string(64 * kl::kKeySplitMaxBlocks) +
+           ", the gla kernels' key-block split), got " + std::to_string(s.dk);
   if (s.dk % 8 != 0)
     return "model.head_dim: the CUDA gla_hedgehog layer needs a multiple of 8, got " + std::to_string(s.dk);
   if (s.dv > 512) return "model.value_dim: the CUDA gla_hedgehog layer takes up to 512, got " + std::to_string(s.dv);
+  if (s.dk > 128 && !kl::wide_key_split_open())
+    return "model.head_dim: the CUDA gla_hedgehog layer runs heads past 128 (feature dims past 256, the wide-key "
+           "kernels' widest key) on gla's key-block split only, which is " +
+           std::string(kl::key_split_gate_text()) + "; got " + std::to_string(s.dk);
   return "";
 }
 
@@ -112,8 +125,9 @@ class CudaHedgehog {
   virtual void step(ForwardContext& ctx, const kernels::Tensor& x, const kernels::Tensor& y, MixerState& state) = 0;
 };
 #ifdef LAR_HAVE_CUDA
-// Checks the shape only (cuda_hedgehog_shape_unsupported); the mixer checks the gate before it
-// builds one (the GPU tests open the gate to reach it).
+// Checks the shape only (cuda_hedgehog_shape_unsupported, with the key-block split's gate for
+// heads past 128); the mixer checks the layer's gate before it builds one (the GPU tests open
+// the gates to reach it).
 std::unique_ptr<CudaHedgehog> make_cuda_hedgehog(const HedgehogShape& s, const HedgehogSlots& sl,
                                                  const std::vector<kernels::Tensor>& params,
                                                  const std::vector<kernels::Tensor>& grads);

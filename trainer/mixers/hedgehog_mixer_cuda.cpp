@@ -12,7 +12,10 @@
 //   g = logsigmoid(x W₁ᵀ W₂ᵀ + b_g)/16           two GEMMs + layer_ops' gate map (logsig16)
 //   o = gla channel kernel(q = φ_q, k = φ_k, v, g, scale 1)
 //                                               grouped_channel_fwd at key dim Fp (64: the
-//                                               chunk kernels; 128, 256: the wide-key kernels)
+//                                               chunk kernels; 128, 256: the wide-key kernels
+//                                               or the key-block split where open; 320..512,
+//                                               heads past 128: the key-block split only,
+//                                               refused while its gate is closed)
 //   y = (RMSNorm_h(o) ⊙ SiLU(x W_gᵀ)) W_oᵀ       out_gate_forward (value heads of dv), the out GEMM
 // Padding (hedgehog_cuda_key_dim, hedgehog_cuda_value_dim): a feature dim F = 2dk below the
 // kernels' key dim gets zero features and zero log-gates in the extra channels (they add nothing
@@ -28,7 +31,8 @@
 // the same GEMMs, feature maps, gates and output as a forward at T = 1; the conv runs over the
 // window of the last W projection rows (ssm_cuda_decode.hpp) and keeps its last row; the
 // recurrence is the gla channel decode at key dim Fp on the fp32 state [B, H, dvp, Fp] (padded
-// as the forward's: the padding channels stay zero).
+// as the forward's: the padding channels stay zero; past 256 the split decode of
+// grouped_heads.hpp, n 64-wide decodes over the state's column blocks).
 #ifdef LAR_HAVE_CUDA
 #include <algorithm>
 #include <cmath>

@@ -153,15 +153,51 @@ struct KeySplit {
   int n = 1;
   int64_t qk_rows = 0, g_rows = 0, v_elems = 0, s_rows = 0;  // rows of 64·n channels; v elements
 };
-KeySplit make_split(const GroupedShape& s) {
+
+// "<what>: key dim dk=… (supported: …)", naming the split's gate where it is what refuses dk.
+std::string key_dim_error(const std::string& what, int64_t dk) {
+  std::string m = what + ": key dim dk=" + std::to_string(dk) + " (supported: 64, 128, 256; gla: 64·n up to " +
+                  std::to_string(64 * kKeySplitMaxBlocks) + " through the key-block split)";
+  if (key_split_dim(dk) && !wide_key_split_open()) m += std::string("; the split is ") + key_split_gate_text();
+  return m;
+}
+// A key dim that only the split takes, called where the split is not taken.
+void check_not_split_only(const GroupedShape& s, const char* what) {
+  if (s.dk != 64 && !wide_key_dim(s.dk)) throw RuntimeError(key_dim_error(what, s.dk));
+}
+
+KeySplit make_split(const GroupedShape& s, bool decode, const char* what) {
   const int64_t Hk = s.Hk > 0 ? s.Hk : s.H;
+  if (!key_split_dim(s.dk)) throw RuntimeError(key_dim_error(what, s.dk));
+  if (s.dv < 64 || s.dv % 64 != 0)
+    throw RuntimeError(std::string(what) + ": value dim dv=" + std::to_string(s.dv) + " (supported: multiples of 64)");
+  if (s.H < 1 || Hk < 1 || s.H % Hk != 0)
+    throw RuntimeError(std::string(what) + ": " + std::to_string(s.H) + " value heads are not a multiple of " +
+                       std::to_string(Hk) + " key heads");
+  if (s.B < 1 || (!decode && s.T < 0)) throw RuntimeError(std::string(what) + ": bad shape");
+  const int64_t T = decode ? 1 : s.T;
   KeySplit k;
   k.n = static_cast<int>(s.dk / 64);
   k.bs = s;
   k.bs.B = s.B * k.n, k.bs.dk = 64;
-  k.qk_rows = s.B * s.T * Hk, k.g_rows = s.B * s.T * s.H, k.v_elems = s.B * s.T * s.H * s.dv;
+  if (decode) k.bs.T = 1;
+  k.qk_rows = s.B * T * Hk, k.g_rows = s.B * T * s.H, k.v_elems = s.B * T * s.H * s.dv;
   k.s_rows = s.B * s.H * s.dv;
   return k;
+}
+std::size_t split_boundary_bytes(const GroupedShape& s) {
+  const KeySplit k = make_split(s, false, "grouped boundary");
+  return s.T == 0 ? 0 : grouped_boundary_bytes(k.bs);
+}
+// At T = 0 the state passes through (S_out = S0, dS0 = dST; zeros without them), as the
+// recurrent kernels have it (the chunk kernels take T ≥ 1).
+void pass_state(const float* src, float* dst, const KeySplit& k, cudaStream_t st) {
+  if (!dst) return;
+  const std::size_t bytes = static_cast<std::size_t>(k.s_rows) * k.n * 64 * sizeof(float);
+  if (src)
+    LAR_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, st));
+  else
+    LAR_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, st));
 }
 ChannelInputs split_inputs(Scratch& sc, const KeySplit& k, const ChannelInputs& in, bool with_state, cudaStream_t st) {
   ChannelInputs x;
@@ -237,7 +273,8 @@ ChannelInputs virtual_inputs(Scratch& sc, const Virtual& v, const ChannelInputs&
 void key_split_fwd(ChannelMixer m, const GroupedShape& gs, const ChannelInputs& in, bf16* o, float* S_out,
                    bf16* boundary, cudaStream_t st) {
   if (!o) throw RuntimeError("grouped channel forward: o is required");
-  const KeySplit k = make_split(gs);
+  const KeySplit k = make_split(gs, false, "grouped channel forward (key split)");
+  if (gs.T == 0) return pass_state(in.S0, S_out, k, st);
   Scratch sc(st);
   const ChannelInputs x = split_inputs(sc, k, in, true, st);
   bf16* ob = sc.get<bf16>(static_cast<size_t>(k.n * k.v_elems));
@@ -249,7 +286,8 @@ void key_split_fwd(ChannelMixer m, const GroupedShape& gs, const ChannelInputs& 
 
 void key_split_bwd(ChannelMixer m, const GroupedShape& gs, const ChannelInputs& in, const bf16* boundary,
                    const bf16* dout, const float* dST, const ChannelGrads& gr, cudaStream_t st) {
-  const KeySplit k = make_split(gs);
+  const KeySplit k = make_split(gs, false, "grouped channel backward (key split)");
+  if (gs.T == 0) return pass_state(dST, gr.dS0, k, st);
   Scratch sc(st);
   const ChannelInputs x = split_inputs(sc, k, in, false, st);  // the backward reads the boundary states
   const bf16* dob = repeat_blocks(sc, dout, k.v_elems, k.n, st);
@@ -268,38 +306,56 @@ void key_split_bwd(ChannelMixer m, const GroupedShape& gs, const ChannelInputs& 
   join_keys(y.dS0, gr.dS0, k.s_rows, k.n, st);
 }
 
-}  // namespace
-
-bool& wide_key_split_unverified_allowed() {
-  static bool allowed = false;
-  return allowed;
+// One token: the state's column blocks out to [n, B·H·dv, 64] (= [n·B, H, dv, 64], the 64-wide
+// decode's layout over n·B sequences), the decode in place there, the blocks back into S.
+void key_split_decode(ChannelMixer m, const GroupedShape& gs, const ChannelInputs& in, float* S, bf16* o,
+                      cudaStream_t st) {
+  if (!S || !o) throw RuntimeError("grouped channel decode (key split): S and o are required");
+  const KeySplit k = make_split(gs, true, "grouped channel decode (key split)");
+  Scratch sc(st);
+  const ChannelInputs x = split_inputs(sc, k, in, false, st);
+  float* Sb = sc.get<float>(static_cast<size_t>(k.n * k.s_rows * 64));
+  swap_key_blocks(S, Sb, k.s_rows, k.n, st);
+  bf16* ob = sc.get<bf16>(static_cast<size_t>(k.n * k.v_elems));
+  grouped_channel_decode(m, k.bs, x, Sb, ob, st);
+  sum_blocks(ob, o, k.v_elems, k.n, st);
+  join_keys(Sb, S, k.s_rows, k.n, st);
 }
 
+}  // namespace
+
 bool grouped_channel_key_split(ChannelMixer m, const GroupedShape& s) {
-  const bool open = kWideKeySplitVerified || wide_key_split_unverified_allowed();
-  return open && m == ChannelMixer::gla && wide_key_dim(s.dk) && s.T > 0;
+  return wide_key_split_open() && m == ChannelMixer::gla && key_split_dim(s.dk) && (s.T > 0 || !wide_key_dim(s.dk));
+}
+
+bool grouped_channel_decode_key_split(ChannelMixer m, const GroupedShape& s) {
+  return wide_key_split_open() && m == ChannelMixer::gla && key_split_dim(s.dk) && !wide_key_dim(s.dk);
 }
 
 std::size_t grouped_boundary_bytes(const GroupedShape& s) {
   if (s.dk != 64) {
+    const bool split = grouped_channel_key_split(ChannelMixer::gla, s);
+    if (!wide_key_dim(s.dk)) {
+      if (!split) throw RuntimeError(key_dim_error("grouped boundary", s.dk));
+      return split_boundary_bytes(s);
+    }
     const std::size_t wide = wide_boundary_bytes(s);  // (checks the shape)
-    if (!grouped_channel_key_split(ChannelMixer::gla, s)) return wide;
-    return std::max(wide, grouped_boundary_bytes(make_split(s).bs));
+    if (!split) return wide;
+    return std::max(wide, split_boundary_bytes(s));
   }
   return delta_boundary_bytes(make_virtual(s, false, "grouped boundary").s);
 }
 
 std::size_t grouped_channel_boundary_bytes(ChannelMixer m, const GroupedShape& s) {
-  if (grouped_channel_key_split(m, s)) {
-    wide_boundary_bytes(s);  // (checks the shape)
-    return grouped_boundary_bytes(make_split(s).bs);
-  }
+  if (grouped_channel_key_split(m, s)) return split_boundary_bytes(s);
+  check_not_split_only(s, "grouped channel boundary");
   return s.dk != 64 ? wide_boundary_bytes(s) : grouped_boundary_bytes(s);
 }
 
 void grouped_delta_fwd(const GroupedShape& gs, const bf16* q, const bf16* k, const bf16* v, const float* g,
                        const float* beta, const float* S0, bf16* o, float* S_out, bf16* boundary,
                        cudaStream_t stream) {
+  check_not_split_only(gs, "grouped delta forward");
   if (gs.dk != 64) return wide_delta_fwd(gs, q, k, v, g, beta, S0, o, S_out, boundary, stream);
   const Virtual vs = make_virtual(gs, false, "grouped delta forward");
   if (vs.direct()) return delta_fwd(vs.s, q, k, v, g, beta, S0, o, S_out, boundary, stream);
@@ -312,6 +368,7 @@ void grouped_delta_fwd(const GroupedShape& gs, const bf16* q, const bf16* k, con
 void grouped_delta_bwd(const GroupedShape& gs, const bf16* q, const bf16* k, const bf16* v, const float* g,
                        const float* beta, const bf16* boundary, const bf16* dout, const float* dST, bf16* dq,
                        bf16* dk, bf16* dv, float* dg, float* dbeta, float* dS0, cudaStream_t stream) {
+  check_not_split_only(gs, "grouped delta backward");
   if (gs.dk != 64)
     return wide_delta_bwd(gs, q, k, v, g, beta, boundary, dout, dST, dq, dk, dv, dg, dbeta, dS0, stream);
   const Virtual vs = make_virtual(gs, false, "grouped delta backward");
@@ -332,6 +389,7 @@ void grouped_delta_bwd(const GroupedShape& gs, const bf16* q, const bf16* k, con
 
 void grouped_delta_decode(const GroupedShape& gs, const bf16* q, const bf16* k, const bf16* v, const float* g,
                           const float* beta, float* S, bf16* o, cudaStream_t stream) {
+  check_not_split_only(gs, "grouped delta decode");
   if (gs.dk != 64) return wide_delta_decode(gs, q, k, v, g, beta, S, o, stream);
   const Virtual vs = make_virtual(gs, true, "grouped delta decode");
   if (vs.direct()) return delta_decode(vs.s, q, k, v, g, beta, S, o, stream);
@@ -343,10 +401,8 @@ void grouped_delta_decode(const GroupedShape& gs, const bf16* q, const bf16* k, 
 
 void grouped_channel_fwd(ChannelMixer m, const GroupedShape& gs, const ChannelInputs& in, bf16* o, float* S_out,
                          bf16* boundary, cudaStream_t stream) {
-  if (grouped_channel_key_split(m, gs)) {
-    wide_boundary_bytes(gs);  // (checks the shape)
-    return key_split_fwd(m, gs, in, o, S_out, boundary, stream);
-  }
+  if (grouped_channel_key_split(m, gs)) return key_split_fwd(m, gs, in, o, S_out, boundary, stream);
+  check_not_split_only(gs, "grouped channel forward");
   if (gs.dk != 64) return wide_channel_fwd(m, gs, in, o, S_out, boundary, stream);
   const Virtual vs = make_virtual(gs, false, "grouped channel forward");
   if (vs.direct()) return channel_fwd(m, vs.s, in, o, S_out, boundary, stream);
@@ -356,10 +412,8 @@ void grouped_channel_fwd(ChannelMixer m, const GroupedShape& gs, const ChannelIn
 
 void grouped_channel_bwd(ChannelMixer m, const GroupedShape& gs, const ChannelInputs& in, const bf16* boundary,
                          const bf16* dout, const float* dST, const ChannelGrads& gr, cudaStream_t stream) {
-  if (grouped_channel_key_split(m, gs)) {
-    wide_boundary_bytes(gs);  // (checks the shape)
-    return key_split_bwd(m, gs, in, boundary, dout, dST, gr, stream);
-  }
+  if (grouped_channel_key_split(m, gs)) return key_split_bwd(m, gs, in, boundary, dout, dST, gr, stream);
+  check_not_split_only(gs, "grouped channel backward");
   if (gs.dk != 64) return wide_channel_bwd(m, gs, in, boundary, dout, dST, gr, stream);
   const Virtual vs = make_virtual(gs, false, "grouped channel backward");
   if (vs.direct()) return channel_bwd(m, vs.s, in, boundary, dout, dST, gr, stream);
@@ -380,6 +434,8 @@ void grouped_channel_bwd(ChannelMixer m, const GroupedShape& gs, const ChannelIn
 
 void grouped_channel_decode(ChannelMixer m, const GroupedShape& gs, const ChannelInputs& in, float* S, bf16* o,
                             cudaStream_t stream) {
+  if (grouped_channel_decode_key_split(m, gs)) return key_split_decode(m, gs, in, S, o, stream);
+  check_not_split_only(gs, "grouped channel decode");
   if (gs.dk != 64) return wide_channel_decode(m, gs, in, S, o, stream);
   const Virtual vs = make_virtual(gs, true, "grouped channel decode");
   if (vs.direct()) return channel_decode(m, vs.s, in, S, o, stream);

@@ -30,17 +30,24 @@
 // boundary layout then depends on the value heads only, as the other paths', so a readout
 // over per-value-head keys reuses the main pass's boundary), with q, k, g, S0, dST split into
 // column blocks, v and dout repeated per block, and o, dv summed over the blocks in fp32 in
-// order of b (each block's part is bf16, the sum rounds once; deterministic, no atomics). The
-// delta-rule mixers (k·S couples the key channels) stay on the recurrent kernels; so do the
-// decodes (one token: the recurrent decode reads the state once). Until the split has passed
-// its GPU tests (tests/gpu/test_linear_keydim.cpp, KeySplit*) the product keeps the recurrent
-// kernels; the tests and `lar-bench linear-cuda --key-split` open it with the hook below.
+// order of b (each block's part is bf16, the sum rounds once; deterministic, no atomics). It
+// takes dk = 64·n for n = 2..8 (key_split_gate.hpp: key_split_dim), so gla runs at dk 192 and
+// 320..512, which the recurrent kernels do not take, on the split alone. The decode (one token)
+// keeps the recurrent decode at 128 and 256 (it reads the state once, in place); at the other
+// split dims it runs the same way as n 64-wide decodes over n·B sequences: the state's n column
+// blocks copied out and back, q, k, g split, v repeated, o summed over the blocks in fp32 in
+// order of b and rounded once. The delta-rule mixers (k·S couples the key channels) stay on the
+// recurrent kernels. Until the split has passed its GPU tests (tests/gpu/test_linear_keydim.cpp,
+// KeySplit*) the product keeps the recurrent kernels and refuses the split-only dims by the
+// gate's name; the tests and `lar-bench linear-cuda --key-split` open it with the hook of
+// key_split_gate.hpp.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/cuda/linear/key_split_gate.hpp"
 #include "kernels/cuda/linear/linear_attention.hpp"
 #include "kernels/cuda/linear/linear_methods.hpp"
 
@@ -57,16 +64,19 @@ struct GroupedShape {
 
 // Bytes of the boundary workspace (the forward writes it, the backward reads it): for any
 // mixer (while the key-block split is open, the larger of its need and the recurrent
-// kernels'); grouped_channel_boundary_bytes gives the exact need of channel mixer m.
+// kernels'; at the split-only key dims, the split's); grouped_channel_boundary_bytes gives the
+// exact need of channel mixer m. A key dim no path takes (or a split-only one while the gate is
+// closed) is a RuntimeError naming the supported dims and, for the latter, the gate.
 std::size_t grouped_boundary_bytes(const GroupedShape& s);
 std::size_t grouped_channel_boundary_bytes(ChannelMixer m, const GroupedShape& s);
 
-// The key-block split's gate: false until its GPU tests have passed on a GPU. The hook is for
-// the GPU tests and the benchmark only (read at every call; set it before sizing the boundary).
-constexpr bool kWideKeySplitVerified = false;
-bool& wide_key_split_unverified_allowed();
-// True when grouped_channel_fwd / grouped_channel_bwd run mixer m at shape s as key blocks.
+// The key-block split's gate (kWideKeySplitVerified, wide_key_split_unverified_allowed():
+// key_split_gate.hpp). True when grouped_channel_fwd / grouped_channel_bwd run mixer m at shape
+// s as key blocks: gla at key_split_dim(dk) with the gate open (at dk 128 and 256 for T ≥ 1).
 bool grouped_channel_key_split(ChannelMixer m, const GroupedShape& s);
+// True when grouped_channel_decode runs mixer m at shape s as key blocks: gla at the split's key
+// dims but 128 and 256, with the gate open.
+bool grouped_channel_decode_key_split(ChannelMixer m, const GroupedShape& s);
 
 void grouped_delta_fwd(const GroupedShape& s, const __nv_bfloat16* q, const __nv_bfloat16* k,
                        const __nv_bfloat16* v, const float* g, const float* beta, const float* S0,

@@ -1,6 +1,6 @@
 // The Hedgehog feature map's forward and backward: see hedgehog_ops.hpp. A warp holds one
-// row (lane l has channels l, l + 32, l + 64, l + 96), the max, min and sums are warp
-// shuffles in a fixed order.
+// row (lane l has channels l, l + 32, …: PER of them, 4 for heads up to 128, 8 up to 256), the
+// max, min and sums are warp shuffles in a fixed order.
 #include <cuda_bf16.h>
 
 #include <cmath>
@@ -20,7 +20,9 @@ using bf16 = __nv_bfloat16;
 
 constexpr int kThreads = 256;
 constexpr int kRowsPerBlock = kThreads / 32;
-constexpr int kPer = kHedgehogMaxDim / 32;
+// Channels a lane: the narrow instance (heads up to 128) and the wide one (up to kHedgehogMaxDim).
+constexpr int kPerNarrow = 4;
+constexpr int kPerWide = kHedgehogMaxDim / 32;
 
 __device__ __forceinline__ float warp_max(float v) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -33,11 +35,13 @@ __device__ __forceinline__ float warp_min(float v) {
 
 // The row's pre-activation x and its two softmaxes: p = softmax(x), n = softmax(−x), per lane
 // (channels past dk: p = n = 0). softmax(−x) is exp(min x − x) / Σ.
+template <int kPer>
 struct Row {
   float p[kPer], n[kPer];
 };
-__device__ __forceinline__ Row softmaxes(int64_t row, int dk, int lane, const float* u, const float* a,
-                                         const float* bias) {
+template <int kPer>
+__device__ __forceinline__ Row<kPer> softmaxes(int64_t row, int dk, int lane, const float* u, const float* a,
+                                               const float* bias) {
   float x[kPer];
   float mx = -INFINITY, mn = INFINITY;
 #pragma unroll
@@ -52,7 +56,7 @@ __device__ __forceinline__ Row softmaxes(int64_t row, int dk, int lane, const fl
   }
   mx = warp_max(mx);
   mn = warp_min(mn);
-  Row r;
+  Row<kPer> r;
   float sp = 0.f, sn = 0.f;
 #pragma unroll
   for (int j = 0; j < kPer; ++j) {
@@ -73,12 +77,13 @@ __device__ __forceinline__ Row softmaxes(int64_t row, int dk, int lane, const fl
   return r;
 }
 
+template <int kPer>
 __global__ void map_fwd_kernel(int64_t rows, int dk, const float* u, const float* a, const float* bias, bf16* phi,
                                int64_t ld) {
   const int64_t row = (int64_t)blockIdx.x * kRowsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x & 31;
   if (row >= rows) return;  // the whole warp: row is per warp
-  const Row r = softmaxes(row, dk, lane, u, a, bias);
+  const Row<kPer> r = softmaxes<kPer>(row, dk, lane, u, a, bias);
   bf16* out = phi + row * ld;
 #pragma unroll
   for (int j = 0; j < kPer; ++j) {
@@ -92,12 +97,13 @@ __global__ void map_fwd_kernel(int64_t rows, int dk, const float* u, const float
 }
 
 // dx = p ⊙ (dp − p·dp) − n ⊙ (dn − n·dn)   (the two softmaxes' Jacobians; −x for the second)
+template <int kPer>
 __global__ void map_bwd_kernel(int64_t rows, int dk, const float* u, const float* a, const float* bias,
                                const bf16* dphi, int64_t ld, float* dx, float* dx2) {
   const int64_t row = (int64_t)blockIdx.x * kRowsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x & 31;
   if (row >= rows) return;
-  const Row r = softmaxes(row, dk, lane, u, a, bias);
+  const Row<kPer> r = softmaxes<kPer>(row, dk, lane, u, a, bias);
   const bf16* d = dphi + row * ld;
   float dp[kPer], dn[kPer];
   float sp = 0.f, sn = 0.f;
@@ -139,7 +145,10 @@ void hedgehog_map_forward(int64_t rows, int dk, const float* u, const float* a, 
                           int64_t ld, cudaStream_t stream) {
   check(rows, dk, u, a, bias, phi, ld, "map forward");
   if (rows == 0) return;
-  map_fwd_kernel<<<blocks_for(rows, kRowsPerBlock), kThreads, 0, stream>>>(rows, dk, u, a, bias, phi, ld);
+  if (dk <= 32 * kPerNarrow)
+    map_fwd_kernel<kPerNarrow><<<blocks_for(rows, kRowsPerBlock), kThreads, 0, stream>>>(rows, dk, u, a, bias, phi, ld);
+  else
+    map_fwd_kernel<kPerWide><<<blocks_for(rows, kRowsPerBlock), kThreads, 0, stream>>>(rows, dk, u, a, bias, phi, ld);
   LAR_CUDA_LAUNCHED();
 }
 
@@ -148,7 +157,12 @@ void hedgehog_map_backward(int64_t rows, int dk, const float* u, const float* a,
   check(rows, dk, u, a, bias, dphi, ld, "map backward");
   if (rows > 0 && !dx) throw RuntimeError("hedgehog map backward: null dx");
   if (rows == 0) return;
-  map_bwd_kernel<<<blocks_for(rows, kRowsPerBlock), kThreads, 0, stream>>>(rows, dk, u, a, bias, dphi, ld, dx, dx2);
+  if (dk <= 32 * kPerNarrow)
+    map_bwd_kernel<kPerNarrow>
+        <<<blocks_for(rows, kRowsPerBlock), kThreads, 0, stream>>>(rows, dk, u, a, bias, dphi, ld, dx, dx2);
+  else
+    map_bwd_kernel<kPerWide>
+        <<<blocks_for(rows, kRowsPerBlock), kThreads, 0, stream>>>(rows, dk, u, a, bias, dphi, ld, dx, dx2);
   LAR_CUDA_LAUNCHED();
 }
 

@@ -9,9 +9,10 @@
 // ∂L/∂x; the caller turns it into ∂L/∂a = ∂L/∂x (I + Δ), ∂L/∂Δ = Σ ∂L/∂xᵀ a and
 // ∂L/∂b = Σ ∂L/∂x (a GEMM with β = 1 and layer_ops' column sums).
 //
-// One warp per row, dk ≤ 128 (4 channels a lane); every reduction in a fixed order (warp
-// shuffles), no atomics: bit-reproducible. Row-major, launches on `stream`, lar::RuntimeError
-// on a bad shape. Tests: tests/gpu/test_hedgehog_cuda.cpp.
+// One warp per row, dk ≤ 256 (4 channels a lane up to 128, 8 past it: CCQ's paper heads of
+// 256, feature dim 512); every reduction in a fixed order (warp shuffles), no atomics:
+// bit-reproducible. Row-major, launches on `stream`, lar::RuntimeError on a bad shape. Tests:
+// tests/gpu/test_hedgehog_cuda.cpp.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -20,7 +21,7 @@
 namespace lar::kernels::cuda::linear {
 
 // The widest map head (dk) the kernels take.
-constexpr int kHedgehogMaxDim = 128;
+constexpr int kHedgehogMaxDim = 256;
 
 // rows × dk inputs: u = a Δᵀ and a (fp32, contiguous [rows, dk]), bias [dk] (shared by every
 // row: one map for all heads); phi [rows, ld] bf16.

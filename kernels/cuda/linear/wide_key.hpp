@@ -3,10 +3,11 @@
 // the recurrent (token-by-token) form, exact for any log-decay ≤ 0 (the decays are applied
 // step by step; nothing is factored inside a chunk, so no exp(−G) can overflow).
 //   S_t = S_{t−1} D(a_t) + u_t k_tᵀ,  u_t = z_t − S_{t−1}(a_t ⊙ e_t),  o_t = scale S_t q_t
-// grouped_heads.hpp routes every dk ≠ 64 call here (but gla's training passes once its key-block
-// split is open: grouped_heads.hpp), with its layouts (q, k [B,T,Hk,dk] bf16;
-// v, o, gdn2's w [B,T,H,dv] bf16; gdn's g, β [B,T,H] fp32; channel gates [B,T,H,dk] fp32,
-// gdn2's b [B,T,H,dk] bf16; the state [B,H,dv,dk] fp32) and any dv = 64·m.
+// grouped_heads.hpp routes every dk ∈ {128, 256} call here (but gla's training passes once
+// its key-block split is open: grouped_heads.hpp, which alone takes gla at dk 192, 320..512),
+// with its layouts (q, k [B,T,Hk,dk] bf16; v, o, gdn2's w [B,T,H,dv] bf16; gdn's g, β [B,T,H]
+// fp32; channel gates [B,T,H,dk] fp32, gdn2's b [B,T,H,dk] bf16; the state [B,H,dv,dk] fp32)
+// and any dv = 64·m.
 //
 // Structure: one CTA of 16 warps per (b, h, 64 value rows); a warp holds 4 rows of the state
 // in registers (a lane 4 of them × dk/32 key columns), so the forward needs no block barrier
