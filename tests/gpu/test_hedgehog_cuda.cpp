@@ -33,6 +33,7 @@
 #include "kernels/cuda/linear/hedgehog_ops.hpp"
 #include "tests/gpu/device_buffer.hpp"
 #include "tests/gpu/host_helpers.hpp"
+#include "tests/gpu/key_split_open.hpp"
 #include "tests/gpu/layer_run.hpp"
 #include "tests/temp_dir.hpp"
 #include "tests/trainer/run_test_helpers.hpp"
@@ -332,11 +333,7 @@ TEST(HedgehogCuda, OtherFeatureDimsMatchTheCpuLayer) {
 TEST(HedgehogCuda, KeySplitMatchesTheCpuLayer) {
   namespace kl = kernels::cuda::linear;
   OpenGate gate;
-  struct Open {
-    bool was = kl::wide_key_split_unverified_allowed();
-    Open() { kl::wide_key_split_unverified_allowed() = true; }
-    ~Open() { kl::wide_key_split_unverified_allowed() = was; }
-  } open;
+  const gpu_test::KeySplitOpen open;
   kl::GroupedShape probe;
   probe.T = 100, probe.dk = 128;
   ASSERT_TRUE(kl::grouped_channel_key_split(kl::ChannelMixer::gla, probe));
@@ -364,11 +361,7 @@ TEST(HedgehogCuda, KeySplitMatchesTheCpuLayer) {
 TEST(HedgehogCuda, PaperHeadsMatchTheCpuLayer) {
   namespace kl = kernels::cuda::linear;
   OpenGate gate;
-  struct Open {
-    bool was = kl::wide_key_split_unverified_allowed();
-    Open() { kl::wide_key_split_unverified_allowed() = true; }
-    ~Open() { kl::wide_key_split_unverified_allowed() = was; }
-  } open;
+  const gpu_test::KeySplitOpen open;
   Shape s;
   s.d = 256;
   s.H = 1;

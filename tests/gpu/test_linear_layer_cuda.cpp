@@ -35,6 +35,7 @@
 #include "kernels/cuda/linear/layer_ops.hpp"
 #include "tests/gpu/device_buffer.hpp"
 #include "tests/gpu/host_helpers.hpp"
+#include "tests/gpu/key_split_open.hpp"
 #include "tests/temp_dir.hpp"
 
 using namespace lar;
@@ -276,16 +277,9 @@ TEST(LinearLayerCuda, WideKeyHeadsMatchTheCpuBackend) {
 // for the test: the same cases and bounds as WideKeyHeadsMatchTheCpuBackend, plus grouped heads
 // (2 key heads over 4), CCQ in front, clvr routing, T over two 256-token segments and the
 // deterministic mode.
-namespace {
-struct KeySplitOpen {
-  bool was = kernels::cuda::linear::wide_key_split_unverified_allowed();
-  KeySplitOpen() { kernels::cuda::linear::wide_key_split_unverified_allowed() = true; }
-  ~KeySplitOpen() { kernels::cuda::linear::wide_key_split_unverified_allowed() = was; }
-};
-}  // namespace
 
 TEST(LinearLayerCuda, WideKeySplitMatchesTheCpuBackend) {
-  const KeySplitOpen open;
+  const gpu_test::KeySplitOpen open;
   kernels::cuda::linear::GroupedShape probe;
   probe.T = 100, probe.dk = 128;
   ASSERT_TRUE(kernels::cuda::linear::grouped_channel_key_split(kernels::cuda::linear::ChannelMixer::gla, probe));

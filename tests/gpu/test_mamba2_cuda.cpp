@@ -31,6 +31,7 @@
 #include "trainer/train.hpp"
 #include "tests/gpu/device_buffer.hpp"
 #include "tests/gpu/host_helpers.hpp"
+#include "tests/gpu/key_split_open.hpp"
 #include "tests/gpu/layer_run.hpp"
 #include "tests/temp_dir.hpp"
 #include "tests/trainer/run_test_helpers.hpp"
@@ -341,11 +342,7 @@ TEST(Mamba2Cuda, WideHeadsAndStateMatchTheCpuLayer) {
 // A_log, dt_bias or D alone here points there rather than at the split.
 TEST(Mamba2Cuda, KeySplitMatchesTheCpuLayer) {
   namespace kl = kernels::cuda::linear;
-  struct Open {
-    bool was = kl::wide_key_split_unverified_allowed();
-    Open() { kl::wide_key_split_unverified_allowed() = true; }
-    ~Open() { kl::wide_key_split_unverified_allowed() = was; }
-  } open;
+  const gpu_test::KeySplitOpen open;
   kl::GroupedShape probe;
   probe.T = 100, probe.dk = 128;
   ASSERT_TRUE(kl::grouped_channel_key_split(kl::ChannelMixer::gla, probe));

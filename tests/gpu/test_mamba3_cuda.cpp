@@ -26,6 +26,7 @@
 #include "kernels/backend.hpp"
 #include "kernels/cuda/linear/grouped_heads.hpp"
 #include "tests/gpu/host_helpers.hpp"
+#include "tests/gpu/key_split_open.hpp"
 #include "tests/gpu/layer_run.hpp"
 #include "tests/temp_dir.hpp"
 #include "tests/trainer/run_test_helpers.hpp"
@@ -259,11 +260,7 @@ TEST(Mamba3Cuda, WideStateHeadsAndGroupsMatchTheCpuLayer) {
 TEST(Mamba3Cuda, KeySplitMatchesTheCpuLayer) {
   namespace kl = kernels::cuda::linear;
   AllowUnverified allow;
-  struct Open {
-    bool was = kl::wide_key_split_unverified_allowed();
-    Open() { kl::wide_key_split_unverified_allowed() = true; }
-    ~Open() { kl::wide_key_split_unverified_allowed() = was; }
-  } open;
+  const gpu_test::KeySplitOpen open;
   kl::GroupedShape probe;
   probe.T = 100, probe.dk = 128;
   ASSERT_TRUE(kl::grouped_channel_key_split(kl::ChannelMixer::gla, probe));

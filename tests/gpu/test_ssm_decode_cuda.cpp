@@ -33,6 +33,7 @@
 #include "kernels/cuda/linear/grouped_heads.hpp"
 #include "tests/gpu/decode_check.hpp"
 #include "tests/gpu/host_helpers.hpp"
+#include "tests/gpu/key_split_open.hpp"
 #include "trainer/mixer.hpp"
 #include "trainer/mixers/ssm_common.hpp"
 #include "trainer/model.hpp"
@@ -151,11 +152,7 @@ TEST(SsmDecodeCuda, HedgehogDecodesAsTheCpuLayerAndItsOwnForward) {
 // split too), the bounds of check_layer.
 TEST(SsmDecodeCuda, HedgehogPaperHeadsDecodeOnTheKeySplit) {
   namespace kl = kernels::cuda::linear;
-  struct Open {
-    bool was = kl::wide_key_split_unverified_allowed();
-    Open() { kl::wide_key_split_unverified_allowed() = true; }
-    ~Open() { kl::wide_key_split_unverified_allowed() = was; }
-  } open;
+  const gpu_test::KeySplitOpen open;
   kl::GroupedShape probe;
   probe.B = 3, probe.H = 1, probe.dk = 512, probe.dv = 512;
   ASSERT_TRUE(kl::grouped_channel_decode_key_split(kl::ChannelMixer::gla, probe));
