@@ -8,6 +8,8 @@
 // exactly those sums.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -220,14 +222,60 @@ inline std::size_t first_difference(const std::vector<float>& a, const std::vect
   return a.size() == b.size() ? a.size() : std::min(a.size(), b.size());
 }
 
-// Every rank: the reference's parameters bit for bit, its norms exactly, its state blob byte
-// for byte.
-inline void expect_same(const std::vector<RunResult>& ranks, const RunResult& ref, const std::string& what) {
+// How close a sharded run must come to the unsharded one. exact: parameters bit for bit, the
+// state blob byte for byte (elementwise updates, and any Muon on the CPU). rounding: the GPU's
+// Muon / NorMuon, whose Newton–Schulz batches the matrices of one shape a shard holds, and
+// cuBLAS's strided-batched GEMM does not compute a matrix alike at every batch count (seen on
+// the H200: parameters 1–2 ulp apart after 4 steps); then every parameter and every state float
+// lies within 1e-5 of the reference, relative to its magnitude plus the vector's RMS, and the
+// blobs' headers are byte for byte equal. The clip norms are exact either way: they read the
+// gradients only.
+enum class Match { exact, rounding };
+
+inline double rms(const float* x, std::size_t n) {
+  double s = 0;
+  for (std::size_t i = 0; i < n; ++i) s += static_cast<double>(x[i]) * x[i];
+  return n ? std::sqrt(s / static_cast<double>(n)) : 0.0;
+}
+
+// The first index where a and b differ by more than tol·(|b| + rms(b)), or n.
+inline std::size_t first_far(const float* a, const float* b, std::size_t n, double tol) {
+  const double scale = rms(b, n);
+  for (std::size_t i = 0; i < n; ++i)
+    if (std::fabs(static_cast<double>(a[i]) - b[i]) > tol * (std::fabs(static_cast<double>(b[i])) + scale)) return i;
+  return n;
+}
+
+inline constexpr double kRoundingTol = 1e-5;
+
+// A state blob: magic, header length, header, then the floats (Optimizer::save_state).
+inline void expect_state_close(const std::string& z, const std::string& ref) {
+  std::uint64_t hlen = 0;
+  const std::size_t body = 8 + sizeof(hlen);
+  ASSERT_EQ(z.size(), ref.size()) << "state blob sizes";
+  ASSERT_GE(ref.size(), body);
+  std::memcpy(&hlen, ref.data() + 8, sizeof(hlen));
+  ASSERT_LE(body + hlen, ref.size());
+  EXPECT_EQ(z.substr(0, body + hlen), ref.substr(0, body + hlen)) << "state blob headers differ";
+  const std::size_t n = (ref.size() - body - hlen) / sizeof(float);
+  std::vector<float> a(n), b(n);
+  std::memcpy(a.data(), z.data() + body + hlen, n * sizeof(float));
+  std::memcpy(b.data(), ref.data() + body + hlen, n * sizeof(float));
+  const std::size_t d = first_far(a.data(), b.data(), n, kRoundingTol);
+  EXPECT_EQ(d, n) << "state float " << d << " of " << n << ": " << (d < n ? a[d] : 0.f) << " vs "
+                  << (d < n ? b[d] : 0.f);
+}
+
+// Every rank against the reference at `match`; the norms exactly.
+inline void expect_same(const std::vector<RunResult>& ranks, const RunResult& ref, const std::string& what,
+                        Match match = Match::exact) {
   for (std::size_t r = 0; r < ranks.size(); ++r) {
     SCOPED_TRACE(what + " rank " + std::to_string(r));
     const RunResult& z = ranks[r];
     ASSERT_EQ(z.params.size(), ref.params.size());
-    const std::size_t d = first_difference(z.params, ref.params);
+    const std::size_t d = match == Match::exact
+                              ? first_difference(z.params, ref.params)
+                              : first_far(z.params.data(), ref.params.data(), ref.params.size(), kRoundingTol);
     EXPECT_EQ(d, ref.params.size()) << "first differing parameter float " << d << ": " << z.params[d] << " vs "
                                     << ref.params[d];
     ASSERT_EQ(z.norms.size(), ref.norms.size());
@@ -235,14 +283,18 @@ inline void expect_same(const std::vector<RunResult>& ranks, const RunResult& re
       EXPECT_EQ(z.norms[s], ref.norms[s]) << "norm of step " << s;
       EXPECT_GT(z.norms[s], 0.0);
     }
-    EXPECT_TRUE(z.state == ref.state) << "state blob differs (" << z.state.size() << " vs " << ref.state.size()
-                                      << " bytes)";
+    if (match == Match::exact)
+      EXPECT_TRUE(z.state == ref.state) << "state blob differs (" << z.state.size() << " vs " << ref.state.size()
+                                        << " bytes)";
+    else
+      expect_state_close(z.state, ref.state);
   }
 }
 
 // 4 steps (two clipped) on 2 and 3 ranks against the unsharded optimiser on one backend;
 // the moments held per rank are below the unsharded optimiser's.
-inline void check_matches_unsharded(const BackendFactory& make, optim::OptimizerName name) {
+inline void check_matches_unsharded(const BackendFactory& make, optim::OptimizerName name,
+                                    Match match = Match::exact) {
   std::size_t total = 0;
   const auto t = table(&total);
   const optim::OptimizerConfig cfg = config(name);
@@ -252,7 +304,7 @@ inline void check_matches_unsharded(const BackendFactory& make, optim::Optimizer
     const std::vector<int> worlds(4, world);
     const RunResult ref = unsharded(*ref_be, cfg, worlds, 0, 4, p0, "");
     const std::vector<RunResult> z = sharded(make, cfg, world, 0, 4, p0, "");
-    expect_same(z, ref, std::string(name_of(name)) + " world " + std::to_string(world));
+    expect_same(z, ref, std::string(name_of(name)) + " world " + std::to_string(world), match);
     const optim::StateBytes sb = optim::optimizer_state_bytes(cfg, t, world);
     for (int r = 0; r < world; ++r) {
       EXPECT_EQ(z[static_cast<std::size_t>(r)].state_bytes, sb.per_rank[static_cast<std::size_t>(r)]) << r;
@@ -264,7 +316,8 @@ inline void check_matches_unsharded(const BackendFactory& make, optim::Optimizer
 // 2 steps on 2 ranks, the blob and parameters resumed on 3 ranks (and on one unsharded
 // optimiser) for 2 more: both continue as the unsharded run of all 4 steps. A small save
 // window makes save_state cross windows (and pieces straddle them).
-inline void check_resume_on_other_world(const BackendFactory& make, optim::OptimizerName name) {
+inline void check_resume_on_other_world(const BackendFactory& make, optim::OptimizerName name,
+                                        Match match = Match::exact) {
   std::size_t total = 0;
   (void)table(&total);
   const optim::OptimizerConfig cfg = config(name);
@@ -276,14 +329,14 @@ inline void check_resume_on_other_world(const BackendFactory& make, optim::Optim
   const RunResult ref = unsharded(*ref_be, cfg, worlds, 0, 4, p0, "");
   const RunResult ref_half = unsharded(*ref_be, cfg, worlds, 0, 2, p0, "");
   const std::vector<RunResult> first = sharded(make, cfg, 2, 0, 2, p0, "");
-  expect_same(first, ref_half, std::string(name_of(name)) + " steps 0-1 on 2 ranks");
+  expect_same(first, ref_half, std::string(name_of(name)) + " steps 0-1 on 2 ranks", match);
   const std::vector<RunResult> second = sharded(make, cfg, 3, 2, 4, first[0].params, first[0].state);
   RunResult tail = ref;
   tail.norms.erase(tail.norms.begin(), tail.norms.begin() + 2);
-  expect_same(second, tail, std::string(name_of(name)) + " steps 2-3 on 3 ranks");
+  expect_same(second, tail, std::string(name_of(name)) + " steps 2-3 on 3 ranks", match);
   // The sharded blob resumes on one unsharded optimiser too.
   const RunResult alone = unsharded(*ref_be, cfg, worlds, 2, 4, first[0].params, first[0].state);
-  expect_same({alone}, tail, std::string(name_of(name)) + " steps 2-3 unsharded");
+  expect_same({alone}, tail, std::string(name_of(name)) + " steps 2-3 unsharded", match);
   optim::DeviceZeroOptimizer::set_save_window_for_tests(window);
 }
 

@@ -10,7 +10,8 @@
 //                                               grouped_channel_fwd: the G groups are the key
 //                                               heads, the H heads the value heads (grouped_
 //                                               heads.hpp; state sizes of 128 and 256 take the
-//                                               wide-key kernels)
+//                                               recurrent wide-key kernels, not the key-block
+//                                               split: key_split_gate.hpp, kSsmKeySplitVerified)
 //   y = RMSNorm_G((o + D·x) ⊙ SiLU(z)) W_oᵀ      mamba2_out_forward, then the out GEMM
 // The channel kernel's gate gradient is per key channel; mamba2_gates_backward sums it over
 // the state's N channels for the scalar gate. Parameter gradients: GEMMs (beta = 1) and the
@@ -269,6 +270,7 @@ class CudaMamba2Impl final : public CudaMamba2 {
     g.dv = s_.P;
     g.scale = 1.0;
     g.kernels = kernels_;
+    g.key_split = cl::ssm_key_split_open();
     return g;
   }
   bf16* bound_bf() const { return static_cast<bf16*>(bound_.data); }

@@ -10,7 +10,8 @@
 //   o = gla channel kernel(q, k, v, g, scale 1)     grouped_channel_fwd over T·R rows, one key
 //                                                   head per value head (the rotation is per
 //                                                   head); states of 128 and 256 run the
-//                                                   recurrent wide-key kernels
+//                                                   recurrent wide-key kernels (not the key-block
+//                                                   split: kSsmKeySplitVerified)
 //   y = Σ_r m_o ⊙ (o_r + diag_r + D v_r) ⊙ SiLU(z ⊙ m_z) W_oᵀ   mamba3_out_forward, the out GEMM
 // "Decay on the first of R rows": the channel kernel takes a log-decay per row and key channel,
 // so row r = 0 of each token carries AΔ on every key channel and the other R − 1 rows carry 0
@@ -285,6 +286,7 @@ class CudaMamba3Impl final : public CudaMamba3 {
     g.dv = s_.P;
     g.scale = 1.0;
     g.kernels = kernels_;
+    g.key_split = cl::ssm_key_split_open();
     return g;
   }
   __nv_bfloat16* bound_bf() const { return static_cast<__nv_bfloat16*>(bound_.data); }

@@ -22,11 +22,11 @@
 //   so a checkpoint does not need the unsharded state in device memory); load_state() reads
 //   such a blob (any world size, any backend wrote it) and keeps this rank's share.
 //
-// Bit-identical to the unsharded DeviceOptimizer given the same summed gradients: AdamW is
-// elementwise; a Muon matrix is updated whole by the same ops. One caveat for the GPU:
-// Newton–Schulz batches the matrices of one shape that the shard holds, so a batch may be
-// smaller than the unsharded one; cuBLAS's strided-batched GEMM is expected to compute every
-// matrix of a batch alike whatever the batch count (tests/gpu/test_device_zero.cpp checks).
+// Bit-identical to the unsharded DeviceOptimizer given the same summed gradients for AdamW
+// (elementwise) and on the CPU backend for every optimiser. On the GPU, Muon / NorMuon agree to
+// rounding only: Newton–Schulz batches the matrices of one shape that the shard holds, so a
+// batch may be smaller than the unsharded one, and cuBLAS's strided-batched GEMM does not compute
+// a matrix alike at every batch count (tests/gpu/test_device_zero.cpp bounds the difference).
 #include <cstddef>
 #include <cstdint>
 #include <memory>

@@ -325,11 +325,13 @@ void key_split_decode(ChannelMixer m, const GroupedShape& gs, const ChannelInput
 }  // namespace
 
 bool grouped_channel_key_split(ChannelMixer m, const GroupedShape& s) {
-  return wide_key_split_open() && m == ChannelMixer::gla && key_split_dim(s.dk) && (s.T > 0 || !wide_key_dim(s.dk));
+  return s.key_split && wide_key_split_open() && m == ChannelMixer::gla && key_split_dim(s.dk) &&
+         (s.T > 0 || !wide_key_dim(s.dk));
 }
 
 bool grouped_channel_decode_key_split(ChannelMixer m, const GroupedShape& s) {
-  return wide_key_split_open() && m == ChannelMixer::gla && key_split_dim(s.dk) && !wide_key_dim(s.dk);
+  return s.key_split && wide_key_split_open() && m == ChannelMixer::gla && key_split_dim(s.dk) &&
+         !wide_key_dim(s.dk);
 }
 
 std::size_t grouped_boundary_bytes(const GroupedShape& s) {

@@ -60,6 +60,7 @@ struct GroupedShape {
   int64_t dk = 64, dv = 64;
   double scale = 0.125;
   KernelChoice kernels;  // (linear_attention.hpp)
+  bool key_split = true;  // false: never gla's key-block split (the state-space layers: ssm_key_split_open)
 };
 
 // Bytes of the boundary workspace (the forward writes it, the backward reads it): for any
@@ -72,10 +73,11 @@ std::size_t grouped_channel_boundary_bytes(ChannelMixer m, const GroupedShape& s
 
 // The key-block split's gate (kWideKeySplitVerified, wide_key_split_unverified_allowed():
 // key_split_gate.hpp). True when grouped_channel_fwd / grouped_channel_bwd run mixer m at shape
-// s as key blocks: gla at key_split_dim(dk) with the gate open (at dk 128 and 256 for T ≥ 1).
+// s as key blocks: gla at key_split_dim(dk) with the gate open and s.key_split (at dk 128 and
+// 256 for T ≥ 1).
 bool grouped_channel_key_split(ChannelMixer m, const GroupedShape& s);
 // True when grouped_channel_decode runs mixer m at shape s as key blocks: gla at the split's key
-// dims but 128 and 256, with the gate open.
+// dims but 128 and 256, with the gate open and s.key_split.
 bool grouped_channel_decode_key_split(ChannelMixer m, const GroupedShape& s);
 
 void grouped_delta_fwd(const GroupedShape& s, const __nv_bfloat16* q, const __nv_bfloat16* k,

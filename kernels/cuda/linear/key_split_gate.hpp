@@ -7,11 +7,17 @@
 
 namespace lar::kernels::cuda::linear {
 
-// False until the split has passed its GPU tests on a GPU (tests/gpu/test_linear_keydim.cpp
+// True: the split has passed its GPU tests on the H200 (tests/gpu/test_linear_keydim.cpp
 // KeySplit*, tests/gpu/test_hedgehog_cuda.cpp KeySplitMatchesTheCpuLayer and
 // PaperHeadsMatchTheCpuLayer, tests/gpu/test_ssm_decode_cuda.cpp
-// HedgehogPaperHeadsDecodeOnTheKeySplit).
-constexpr bool kWideKeySplitVerified = false;
+// HedgehogPaperHeadsDecodeOnTheKeySplit) for gla, CCQ-GLA and GLA-Hedgehog.
+constexpr bool kWideKeySplitVerified = true;
+// The state-space layers (Mamba-2, Mamba-3) keep the recurrent wide-key kernels at their states
+// of 128 and 256 (GroupedShape::key_split false) until their own split tests pass
+// (tests/gpu/test_mamba2_cuda.cpp, test_mamba3_cuda.cpp DISABLED_KeySplitMatchesTheCpuLayer):
+// on the H200 Mamba-3's input gradient through the split came 1.35e-2 relative RMS from the CPU
+// layer against the bound of 1e-2, the block partials of dv summed in bf16 being the suspect.
+constexpr bool kSsmKeySplitVerified = false;
 // The hook for the GPU tests and the benchmark only (read at every call; set it before sizing a
 // boundary workspace: the split's differs from the recurrent kernels').
 inline bool& wide_key_split_unverified_allowed() {
@@ -19,6 +25,7 @@ inline bool& wide_key_split_unverified_allowed() {
   return allowed;
 }
 inline bool wide_key_split_open() { return kWideKeySplitVerified || wide_key_split_unverified_allowed(); }
+inline bool ssm_key_split_open() { return kSsmKeySplitVerified || wide_key_split_unverified_allowed(); }
 
 // The split runs dk = 64·n as n problems of 64 key channels, n = 2..8 (dk 128..512). The
 // recurrent wide kernels (wide_key.hpp) take 128 and 256 only, so dk 192 and 320..512 run on CUDA
