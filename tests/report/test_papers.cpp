@@ -281,3 +281,35 @@ TEST(Papers, BaselineFamiliesHaveThePapersLayerCountsAndValues) {
   EXPECT_EQ(siso, 3);
   EXPECT_EQ(mimo, 3);
 }
+
+// Every length a cell evaluates at has a column: where a table's reference metrics are
+// length-indexed (acc_pct@4K, val_loss@512, ppl@4096), each length of every cell's
+// eval.lengths, at every scale, is among them; otherwise a scale's runs record metrics the
+// table never reads and its rows fail as "required field missing".
+TEST(Papers, EveryEvaluationLengthHasAReferenceColumn) {
+  const auto length_of = [](std::string s) -> long {
+    long mult = 1;
+    if (!s.empty() && (s.back() == 'K' || s.back() == 'k')) {
+      mult = 1024;
+      s.pop_back();
+    }
+    if (s.empty() || s.find_first_not_of("0123456789") != std::string::npos) return -1;
+    return std::stol(s) * mult;
+  };
+  for (const auto& t : list_paper_tables()) {
+    for (const char* scale : {"smoke", "mini", "paper"}) {
+      const experiments::Plan plan = load_paper_plan(resolve_paper_spec(t), scale);
+      std::set<long> columns;
+      for (const auto& m : plan.meta["reference"]["metrics"].get<std::vector<std::string>>())
+        if (auto at = m.find('@'); at != std::string::npos && length_of(m.substr(at + 1)) > 0)
+          columns.insert(length_of(m.substr(at + 1)));
+      if (columns.empty()) continue;
+      for (const auto& c : plan.cells) {
+        if (!c.config.contains("eval") || !c.config["eval"].contains("lengths")) continue;
+        for (const auto& l : c.config["eval"]["lengths"])
+          EXPECT_TRUE(columns.count(l.get<long>())) << t << " @ " << scale << ": " << c.id << " evaluates at " << l
+                                                    << " tokens, which no reference metric names";
+      }
+    }
+  }
+}
