@@ -89,3 +89,15 @@ TEST(ReproduceCli, RunsRerendersAuditsAndFlagsADivergedRun) {
   EXPECT_NE(audit.out.find("FAIL: 1 of 2 main rows fail: gdn.none"), std::string::npos) << audit.out;
   fs::remove_all(home);
 }
+
+// --help lists the tables the specs' folder holds (not a list kept in the code).
+TEST(ReproduceCli, HelpListsEverySpecTable) {
+  Result help = sh("env LAR_PAPERS=" LAR_SOURCE_DIR "/experiments/papers " LAR_BINARY " reproduce --help");
+  ASSERT_EQ(help.rc, 0) << help.out;
+  const auto listed = [&](const std::string& t) {
+    return help.out.find(" " + t + " ") != std::string::npos || help.out.find("\n" + t + " ") != std::string::npos;
+  };
+  for (const char* t : {"laa/table2", "laa/table4", "laa/table5", "ccq/fig3_4", "ccq/appendix_c", "carve/table8"})
+    EXPECT_TRUE(listed(t)) << t << "\n" << help.out;
+  EXPECT_FALSE(listed("laa/common")) << help.out;
+}
