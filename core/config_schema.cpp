@@ -50,7 +50,7 @@ SchemaNode build_schema() {
       {"ccq_group", integer(0, "CCQ's chunk-parallel kernels: chunks per group, 1 to 64; 0 = the fewest that fit batch·heads·groups CTAs in one wave")},
     })},
     {"model", map("the network", {
-      {"architecture", choice({"softmax", "linear", "gla", "deltanet", "gdn", "kda", "gdn2", "carve", "mamba2", "mamba3", "gla_hedgehog"}, "softmax", "token mixer of the linear layers (softmax: every layer softmax; mamba2, mamba3, gla_hedgehog: the papers' Mamba-2, Mamba-3 and GLA-Hedgehog baselines; mamba3 and gla_hedgehog CPU only)")},
+      {"architecture", choice({"softmax", "linear", "gla", "deltanet", "gdn", "kda", "gdn2", "carve", "mamba2", "mamba3", "gla_hedgehog"}, "softmax", "token mixer of the linear layers (softmax: every layer softmax; mamba2, mamba3, gla_hedgehog: the papers' Mamba-2, Mamba-3 and GLA-Hedgehog baselines)")},
       {"stack", choice({"dense", "pure", "hybrid"}, "dense", "dense: all softmax; pure: all linear; hybrid: 1 softmax per hybrid_ratio linear")},
       {"hybrid_ratio", integer(2, "hybrid stacks: linear layers per softmax layer (2 = every third layer softmax)")},
       {"n_layers", integer(2, "number of blocks")},

@@ -17,6 +17,12 @@ struct Shape {
   std::string arch, stack, optimizer;
   double soft_layers = 0, lin_layers = 0;
   bool ccq = false;
+  // What the linear layer's chunk kernel sees: heads of kdk keys × kdv values, kernel_arch's
+  // recurrence (Mamba-2, Mamba-3 and GLA-Hedgehog run gla's), rows per token (Mamba-3 MIMO:
+  // its rank), and whether the key-block split runs it (key_split_gate.hpp).
+  double kheads = 0, kdk = 64, kdv = 64, krows = 1;
+  std::string kernel_arch;
+  bool key_split = false;
 };
 
 double num(const json& j, const char* key, double dflt) {
@@ -39,6 +45,27 @@ Shape shape_of(const json& config) {
   s.stack = m.value("stack", std::string("dense"));
   s.ccq = m.contains("ccq") && m["ccq"].is_object() && m["ccq"].value("enabled", false);
   if (config.is_object() && config.contains("optimizer")) s.optimizer = config["optimizer"].value("name", std::string());
+  s.kernel_arch = s.arch;
+  s.kheads = s.H;
+  s.kdk = s.hd;
+  s.kdv = s.dv;
+  if (s.arch == "mamba2" || s.arch == "mamba3") {
+    const json& mm = m.contains("mamba") && m["mamba"].is_object() ? m["mamba"] : json::object();
+    const double P = std::max(1.0, num(mm, "head_dim", 64));
+    s.kernel_arch = "gla";
+    s.kheads = num(mm, "expand", 2) * s.d / P;
+    s.kdk = num(mm, "state_size", 128);
+    s.kdv = P;
+    const json& m3 = m.contains("mamba3") && m["mamba3"].is_object() ? m["mamba3"] : json::object();
+    if (s.arch == "mamba3" && m3.value("form", std::string("siso")) == "mimo") s.krows = num(m3, "mimo_rank", 4);
+  } else if (s.arch == "gla_hedgehog") {
+    s.kernel_arch = "gla";
+    s.kdk = 64 * std::ceil(2 * s.hd / 64);  // the feature dim, padded to a multiple of 64
+    s.kdv = 64 * std::ceil(s.dv / 64);
+  }
+  // gla (with or without CCQ, and GLA-Hedgehog) takes the key-block split past 64 keys; the
+  // state-space layers keep the recurrent wide-key kernels (kSsmKeySplitVerified).
+  s.key_split = s.kdk > 64 && (s.arch == "gla" || s.arch == "gla_hedgehog");
   // The trainer's layer plan: hybrid = every (ratio+1)-th layer softmax.
   for (int l = 0; l < static_cast<int>(s.L); ++l) {
     const bool soft = s.arch == "softmax" || s.stack == "dense" ||
@@ -92,6 +119,25 @@ Rates calibrate(const TimingModel& m) {
   return r;
 }
 
+// The chunk kernel of one layer, fwd+bwd, ms at B=8 T=4096, for the layer's own heads: the
+// 64-wide kernels' time (kernel_ms, 16 heads of 64) per 1024 value channels, and past 64 keys the
+// H200's times of the wide paths per 1024 value channels (docs/perf.md: 16 heads of 128 × 128;
+// gla at 256 × 512). Key dims past 256 on the split scale with their 64-wide blocks (not measured).
+double layer_kernel_ms(const Shape& s, const TimingModel& m) {
+  double per_1024;
+  if (s.kdk <= 64) {
+    per_1024 = m.kernel_ms(s.kernel_arch);
+  } else if (s.key_split) {
+    per_1024 = s.kdk <= 128 ? 12.92 / 2 : 464.59 / 8 * std::max(1.0, s.kdk / 256);
+  } else if (s.kdk <= 128) {
+    const std::string& a = s.kernel_arch;
+    per_1024 = (a == "kda" ? 59.57 : a == "gdn2" || a == "carve" ? 62.01 : 55.72) / 2;
+  } else {
+    per_1024 = 2027.97 / 8;
+  }
+  return per_1024 * (s.kheads * s.kdv / 1024) * s.krows;
+}
+
 }  // namespace
 
 double TimingModel::kernel_ms(const std::string& arch) const {
@@ -110,6 +156,8 @@ double model_flops_per_token(const json& config) {
   const double T = num(config.contains("data") ? config["data"] : json::object(), "seq_len", 1);
   return dense_flops(s, 1) + attention_flops(s, 1, T);
 }
+
+double layer_kernel_ms(const json& config, const TimingModel& m) { return layer_kernel_ms(shape_of(config), m); }
 
 double estimate_params(const json& config) {
   const Shape s = shape_of(config);
@@ -137,16 +185,18 @@ CellTiming estimate_cell(const experiments::Cell& cell, const TimingModel& m) {
   // slower than in their bench (lower clocks: the GDN step's profile, 22.41 ms for 20
   // layers, against 20 × 0.966); CCQ adds ≈ 30 % to a layer (perf.md).
   const double in_step = m.gdn_delta_kernels_s * 1e3 / (20 * m.kernel_ms("gdn"));
-  const double kernels = s.lin_layers * m.kernel_ms(s.arch) * in_step * 1e-3 * (per_step / 32768) *
-                         (s.H * s.dv / 1024) * (s.ccq ? 1.3 : 1.0);
+  const double kernels =
+      s.lin_layers * layer_kernel_ms(s, m) * in_step * 1e-3 * (per_step / 32768) * (s.ccq ? 1.3 : 1.0);
   const double floor = m.layer_floor_s * s.L + m.step_floor_s;
   t.flops_per_step = dense_flops(s, per_step) + optimiser_flops(s) + attention_flops(s, per_step, T);
   const double compute = dense + attn + kernels;
   const double muon = s.optimizer == "muon" || s.optimizer == "normuon" ? 1 : 0;
+  // The linear layer's kernel against GDN's at the same heads of 64 (the shared-GPU fit's unit).
+  const double kernel_vs_gdn = layer_kernel_ms(s, m) / (m.kernel_ms("gdn") * std::max(s.H * s.dv, 1.0) / 1024);
   const double shared = m.shared_compute * compute +
                         (per_step / m.shared_tokens) *
-                            (m.shared_layer_s * s.L + m.shared_linear_s * s.lin_layers * m.kernel_ms(s.arch) /
-                                                          m.kernel_ms("gdn") + m.shared_muon_s * muon * s.L);
+                            (m.shared_layer_s * s.L + m.shared_linear_s * s.lin_layers * kernel_vs_gdn +
+                             m.shared_muon_s * muon * s.L);
   // Alone, a step takes at least the GPU time it holds when shared (no alone runs of these
   // sizes are measured: a lower bound, not a fit).
   t.step_s = std::max(compute + floor, shared);

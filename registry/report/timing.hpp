@@ -68,6 +68,11 @@ double model_flops_per_token(const json& config);
 // Parameters of a config by the model's shapes (docs/spec.md §2, approximately: gates and norms
 // of linear mixers as 1·d² a layer).
 double estimate_params(const json& config);
+// The chunk kernel of one linear layer of config, fwd+bwd, ms at B=8 T=4096 in its bench: the
+// 64-wide kernels' time per 1024 value channels, past 64 keys the H200's times of the wide paths
+// (the key-block split for gla and GLA-Hedgehog, the recurrent wide-key kernels otherwise, Mamba
+// included; docs/perf.md). 0 for softmax.
+double layer_kernel_ms(const json& config, const TimingModel& m = TimingModel{});
 
 // Markdown: one line per cell, the whole table at -j, and against `paper` (the same spec at
 // its paper scale, cell by cell): the fraction of the paper's tokens and parameters.
