@@ -18,9 +18,11 @@ struct Shape {
   double soft_layers = 0, lin_layers = 0;
   bool ccq = false;
   // What the linear layer's chunk kernel sees: heads of kdk keys × kdv values, kernel_arch's
-  // recurrence (Mamba-2, Mamba-3 and GLA-Hedgehog run gla's), rows per token (Mamba-3 MIMO:
-  // its rank), and whether the key-block split runs it (key_split_gate.hpp).
-  double kheads = 0, kdk = 64, kdv = 64, krows = 1;
+  // recurrence (Mamba-2, Mamba-3 and GLA-Hedgehog run gla's), and whether the key-block split
+  // runs it (key_split_gate.hpp). Mamba-3 MIMO's R rows a token are not counted: on the H200 its
+  // CARVE-main runs kept pace with SISO's and Mamba-2's (the recurrent wide-key kernels' time is
+  // not in proportion to their rows at these sizes).
+  double kheads = 0, kdk = 64, kdv = 64;
   std::string kernel_arch;
   bool key_split = false;
 };
@@ -56,8 +58,6 @@ Shape shape_of(const json& config) {
     s.kheads = num(mm, "expand", 2) * s.d / P;
     s.kdk = num(mm, "state_size", 128);
     s.kdv = P;
-    const json& m3 = m.contains("mamba3") && m["mamba3"].is_object() ? m["mamba3"] : json::object();
-    if (s.arch == "mamba3" && m3.value("form", std::string("siso")) == "mimo") s.krows = num(m3, "mimo_rank", 4);
   } else if (s.arch == "gla_hedgehog") {
     s.kernel_arch = "gla";
     s.kdk = 64 * std::ceil(2 * s.hd / 64);  // the feature dim, padded to a multiple of 64
@@ -135,7 +135,7 @@ double layer_kernel_ms(const Shape& s, const TimingModel& m) {
   } else {
     per_1024 = 2027.97 / 8;
   }
-  return per_1024 * (s.kheads * s.kdv / 1024) * s.krows;
+  return per_1024 * (s.kheads * s.kdv / 1024);
 }
 
 }  // namespace
