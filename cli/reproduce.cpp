@@ -8,6 +8,7 @@
 #include <iostream>
 #include <memory>
 #include <optional>
+#include <set>
 #include <thread>
 
 #include "cli/command.hpp"
@@ -60,7 +61,50 @@ struct ReproduceArgs {
   long checkpoint_every = 0;
   bool no_run = false;
   bool estimate = false;
+  std::vector<std::string> skip;  // AXIS=VALUE: cells not trained by this call
 };
+
+// An axis value as --skip spells it: strings bare, everything else as JSON (true, 512, 3e-4).
+std::string axis_text(const lar::json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); }
+
+// --skip AXIS=VALUE (repeatable): the plan's cells less those with any such axis value, for the
+// launch only (the table, audit, report and bundle still cover the whole table, the skipped
+// cells as missing). A malformed rule, an axis the plan does not have or a value no cell takes
+// is a UserError naming what there is.
+std::vector<lar::experiments::Cell> cells_to_run(const lar::experiments::Plan& plan,
+                                                 const std::vector<std::string>& skip) {
+  using lar::UserError;
+  std::vector<std::pair<std::string, std::string>> rules;
+  for (const std::string& r : skip) {
+    const auto eq = r.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == r.size())
+      throw UserError("--skip '" + r + "': expected AXIS=VALUE, e.g. --skip architecture=mamba2");
+    const std::string axis = r.substr(0, eq), value = r.substr(eq + 1);
+    std::set<std::string> axes, values;
+    for (const auto& c : plan.cells)
+      for (const auto& [a, v] : c.axes) {
+        axes.insert(a);
+        if (a == axis) values.insert(axis_text(v));
+      }
+    const auto joined = [](const std::set<std::string>& xs) {
+      std::string out;
+      for (const auto& x : xs) out += (out.empty() ? "" : ", ") + x;
+      return out;
+    };
+    if (!axes.count(axis)) throw UserError("--skip '" + r + "': the table has no axis '" + axis + "' (axes: " + joined(axes) + ")");
+    if (!values.count(value))
+      throw UserError("--skip '" + r + "': no cell has " + axis + " = " + value + " (values: " + joined(values) + ")");
+    rules.emplace_back(axis, value);
+  }
+  std::vector<lar::experiments::Cell> out;
+  for (const auto& c : plan.cells) {
+    bool skipped = false;
+    for (const auto& [a, v] : c.axes)
+      for (const auto& [axis, value] : rules) skipped |= a == axis && axis_text(v) == value;
+    if (!skipped) out.push_back(c);
+  }
+  return out;
+}
 
 // --estimate: the timing model's H200 prediction for this table at -j N, with the fraction
 // of the paper's tokens and parameters, and the cells the GPU would refuse (they train on
@@ -188,7 +232,9 @@ int run_reproduce(const ReproduceArgs& a) {
   for (const auto& w : plan.notes) std::cerr << w << "\n";
   for (const auto& w : plan.warnings) std::cerr << w << "\n";
   set_checkpoint_every(plan, a.checkpoint_every);
-  if (a.estimate) return print_estimate(a, plan, spec);
+  experiments::Plan to_run = plan;
+  to_run.cells = cells_to_run(plan, a.skip);
+  if (a.estimate) return print_estimate(a, to_run, spec);
   if (a.no_run) {
     report::Report rep = report::build_report(report::make_table_input(plan, spec, default_db_path()));
     std::cout << report::render_table(rep, a.format);
@@ -207,10 +253,13 @@ int run_reproduce(const ReproduceArgs& a) {
     (*console)({runner::ProgressEvent::Kind::note, "", RunState::pending, msg, nullptr, 0, 0});
   });
   std::cout << "reproducing " << a.table << ": " << plan.experiment
-            << (plan.scale.empty() ? "" : " at scale " + plan.scale) << ", " << plan.cells.size() << " cells, "
-            << (a.executor == "slurm" ? "as Slurm job arrays" : std::to_string(o.jobs) + " at a time") << " → "
+            << (plan.scale.empty() ? "" : " at scale " + plan.scale) << ", " << to_run.cells.size() << " cells"
+            << (to_run.cells.size() < plan.cells.size()
+                    ? " (" + std::to_string(plan.cells.size() - to_run.cells.size()) + " skipped)"
+                    : std::string())
+            << ", " << (a.executor == "slurm" ? "as Slurm job arrays" : std::to_string(o.jobs) + " at a time") << " → "
             << (runs_root() / plan.experiment).string() << "\n";
-  runner::LaunchSummary s = runner::launch(plan, o, [console](const runner::ProgressEvent& ev) { (*console)(ev); });
+  runner::LaunchSummary s = runner::launch(to_run, o, [console](const runner::ProgressEvent& ev) { (*console)(ev); });
   console->finish();
   const int launch_rc = runner::print_summary(std::cout, s);
   if (s.interrupted) {
@@ -262,6 +311,10 @@ static lar::cli::CommandRegistration reg{
                    "train nothing: predict the H200 wall time of every cell and of the table at -j N "
                    "(timing model), with the fraction of the paper's tokens and parameters");
       app.add_flag("--no-run", a->no_run, "train nothing: print, and write --report / --bundle from the runs there are");
+      app.add_option("--skip", a->skip,
+                     "AXIS=VALUE (repeatable): do not train the cells with that axis value this call, e.g. "
+                     "--skip architecture=mamba2; the table, audit, report and bundle still cover every cell "
+                     "(the skipped ones as missing), and a later call without it trains them");
       app.footer("Tables: " + table_list() + " (experiments/papers/). Exit code: 0\n"
                  "when every main cell has an included run, 1 otherwise, 130 when interrupted.\n"
                  "Resuming: run the same command again; completed cells are skipped and partial ones\n"
