@@ -1,8 +1,9 @@
 #pragma once
 // What the CUDA backend's source files share beyond cuda_backend.hpp: the nested structs its
 // header only declares (a growable arena block, an op's profiling scope, a cuBLASLt GEMM plan)
-// and the dtype checks of its ops. cuda_backend.cu holds the ops and their kernels,
-// cuda_memory.cpp the allocator and the copies, cuda_gemm.cpp the GEMMs.
+// and the dtype checks of its ops. cuda_backend.cu holds the ops and their kernels but for
+// norm.cu (RMSNorm), cuda_memory.cpp the allocator and the copies, cuda_gemm.cpp the GEMMs;
+// backend_device.cuh the device helpers the op files share.
 #include <cublasLt.h>
 #include <cuda.h>
 
