@@ -1,8 +1,9 @@
 #pragma once
-// Device helpers of the CUDA backend's op files (cuda_backend.cu, norm.cu): warp and block
-// reductions (fixed order: deterministic), the grid size of elementwise launches, and loads /
-// stores of f32 or bf16 activations with f32 math. In an anonymous namespace, as they were in
-// one file: each op file keeps its own copy, so moving an op between files changes no kernel.
+// Device helpers of the CUDA backend's op files (cuda_backend_internal.hpp lists them): warp
+// and block reductions (fixed order: deterministic), the grid size of elementwise launches, and
+// loads / stores of f32 or bf16 activations with f32 math. In an anonymous namespace, as they
+// were in one file: each op file keeps its own copy, so moving an op between files changes no
+// kernel.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -113,8 +114,9 @@ __device__ inline void st4(bf16* p, const float (&v)[4]) {
 
 }  // namespace
 
-// The f32 → bf16 conversion kernel of cuda_backend.cu over n elements, blocks × 256 threads
-// on st (for the op files that convert an output: norm.cu).
+// The conversion kernels of cuda_backend.cu over n elements, blocks × 256 threads on st (for
+// the other op files: norm.cu, attention/attention_ops.cu).
 void launch_f32_to_bf16(const float* x, __nv_bfloat16* y, int64_t n, int blocks, cudaStream_t st);
+void launch_bf16_to_f32(const __nv_bfloat16* x, float* y, int64_t n, int blocks, cudaStream_t st);
 
 }  // namespace lar::kernels::cuda

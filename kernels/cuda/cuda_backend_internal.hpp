@@ -1,9 +1,11 @@
 #pragma once
 // What the CUDA backend's source files share beyond cuda_backend.hpp: the nested structs its
 // header only declares (a growable arena block, an op's profiling scope, a cuBLASLt GEMM plan)
-// and the dtype checks of its ops. cuda_backend.cu holds the ops and their kernels but for
-// norm.cu (RMSNorm), cuda_memory.cpp the allocator and the copies, cuda_gemm.cpp the GEMMs;
-// backend_device.cuh the device helpers the op files share.
+// and the dtype checks of its ops. One file per op family: cuda_backend.cu (construction,
+// options, profiling, elementwise ops and reductions, embedding, SwiGLU, RoPE, conversions, the
+// optimiser updates), norm.cu (RMSNorm), loss.cu (cross-entropy), attention/attention_ops.cu
+// (causal attention and its dispatch), cuda_memory.cpp (the allocator and the copies),
+// cuda_gemm.cpp (the GEMMs); backend_device.cuh holds the device helpers they share.
 #include <cublasLt.h>
 #include <cuda.h>
 
