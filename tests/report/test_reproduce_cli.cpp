@@ -43,15 +43,28 @@ reference:
     - {match: {routing: clvr}, values: [1.9]}
 )";
 
+// A LAR_HOME of its own holding kSpec, removed after; `lar` is the command prefix that runs there.
+struct SpecHome {
+  fs::path home, spec;
+  std::string lar;
+  explicit SpecHome(const std::string& tag) {
+    home = fs::temp_directory_path() / ("lar_repro_" + tag + "_" + std::to_string(::getpid()));
+    fs::remove_all(home);
+    fs::create_directories(home);
+    spec = home / "spec.yaml";
+    std::ofstream(spec) << kSpec;
+    lar = "cd " + home.string() + " && env -u LAR_DB LAR_HOME=" + home.string() + " " + LAR_BINARY " ";
+  }
+  ~SpecHome() { fs::remove_all(home); }
+};
+
 }  // namespace
 
 TEST(ReproduceCli, RunsRerendersAuditsAndFlagsADivergedRun) {
-  const fs::path home = fs::temp_directory_path() / ("lar_repro_it_" + std::to_string(::getpid()));
-  fs::remove_all(home);
-  fs::create_directories(home);
-  const fs::path spec = home / "spec.yaml";
-  std::ofstream(spec) << kSpec;
-  const std::string env = "cd " + home.string() + " && env -u LAR_DB LAR_HOME=" + home.string() + " " + LAR_BINARY " ";
+  const SpecHome h("it");
+  const fs::path& home = h.home;
+  const fs::path& spec = h.spec;
+  const std::string& env = h.lar;
 
   Result first = sh(env + "reproduce " + spec.string() + " -j 2");
   ASSERT_EQ(first.rc, 0) << first.out;
@@ -87,7 +100,6 @@ TEST(ReproduceCli, RunsRerendersAuditsAndFlagsADivergedRun) {
   EXPECT_EQ(audit.rc, 1) << audit.out;
   EXPECT_NE(audit.out.find("rep-it/gdn.none.s0: diverged at step 6/6 (loss is NaN)"), std::string::npos) << audit.out;
   EXPECT_NE(audit.out.find("FAIL: 1 of 2 main rows fail: gdn.none"), std::string::npos) << audit.out;
-  fs::remove_all(home);
 }
 
 // --help lists the tables the specs' folder holds (not a list kept in the code).
@@ -106,12 +118,10 @@ TEST(ReproduceCli, HelpListsEverySpecTable) {
 // exit 1), the next call without it trains only them; a rule naming no axis or no value is
 // exit 2, naming what there is, and trains nothing.
 TEST(ReproduceCli, SkipLeavesCellsForALaterCall) {
-  const fs::path home = fs::temp_directory_path() / ("lar_repro_skip_" + std::to_string(::getpid()));
-  fs::remove_all(home);
-  fs::create_directories(home);
-  const fs::path spec = home / "spec.yaml";
-  std::ofstream(spec) << kSpec;
-  const std::string env = "cd " + home.string() + " && env -u LAR_DB LAR_HOME=" + home.string() + " " + LAR_BINARY " ";
+  const SpecHome h("skip");
+  const fs::path& home = h.home;
+  const fs::path& spec = h.spec;
+  const std::string& env = h.lar;
 
   Result bad = sh(env + "reproduce " + spec.string() + " --skip route=clvr 2>&1");
   EXPECT_EQ(bad.rc, 2) << bad.out;
@@ -136,5 +146,4 @@ TEST(ReproduceCli, SkipLeavesCellsForALaterCall) {
   EXPECT_NE(second.out.find("start  gdn.clvr.s0"), std::string::npos) << second.out;
   EXPECT_EQ(second.out.find("start  gdn.none.s0"), std::string::npos) << second.out;
   EXPECT_NE(second.out.find("PASS: all 2 main rows"), std::string::npos) << second.out;
-  fs::remove_all(home);
 }
