@@ -2,10 +2,11 @@
 // What the CUDA backend's source files share beyond cuda_backend.hpp: the nested structs its
 // header only declares (a growable arena block, an op's profiling scope, a cuBLASLt GEMM plan)
 // and the dtype checks of its ops. One file per op family: cuda_backend.cu (construction,
-// options, profiling, elementwise ops and reductions, embedding, SwiGLU, RoPE, conversions, the
-// optimiser updates), norm.cu (RMSNorm), loss.cu (cross-entropy), attention/attention_ops.cu
-// (causal attention and its dispatch), cuda_memory.cpp (the allocator and the copies),
-// cuda_gemm.cpp (the GEMMs); backend_device.cuh holds the device helpers they share.
+// options, profiling, elementwise ops and reductions, conversions, the optimiser updates),
+// embedding.cu, norm.cu (RMSNorm), swiglu.cu, rope.cu, loss.cu (cross-entropy),
+// attention/attention_ops.cu (causal attention and its dispatch), cuda_memory.cpp (the allocator
+// and the copies), cuda_gemm.cpp (the GEMMs); backend_device.cuh holds the device helpers they
+// share.
 #include <cublasLt.h>
 #include <cuda.h>
 
