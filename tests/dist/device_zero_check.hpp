@@ -19,6 +19,7 @@
 
 #include "kernels/backend.hpp"
 #include "tests/dist/fake_group.hpp"
+#include "tests/gpu/host_helpers.hpp"
 #include "trainer/optim/device_optimizer.hpp"
 #include "trainer/optim/device_zero.hpp"
 #include "trainer/optim/optimizer.hpp"
@@ -249,23 +250,13 @@ inline std::size_t first_far(const float* a, const float* b, std::size_t n, doub
   return n;
 }
 
-inline double rel_rms_diff(const float* a, const float* b, std::size_t n) {
-  double d = 0, r = 0;
-  for (std::size_t i = 0; i < n; ++i) {
-    const double e = static_cast<double>(a[i]) - b[i];
-    d += e * e;
-    r += static_cast<double>(b[i]) * b[i];
-  }
-  return r > 0 ? std::sqrt(d / r) : std::sqrt(d);
-}
-
 inline constexpr double kRoundingTol = 1e-5;
 inline constexpr double kBf16RelRms = 5e-3;
 
 // a against b (n floats) at `match` (not exact).
 inline void expect_close(const float* a, const float* b, std::size_t n, Match match, const char* what) {
   if (match == Match::bf16) {
-    const double e = rel_rms_diff(a, b, n);
+    const double e = gpu_test::rel_rms(a, b, n);
     EXPECT_LE(e, kBf16RelRms) << what << ": relative RMS of the difference over " << n << " floats";
     return;
   }
