@@ -6,6 +6,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "kernels/cuda/linear/key_split_gate.hpp"
 #include "registry/report/adapter.hpp"
 
 namespace lar::report {
@@ -51,7 +52,8 @@ Shape shape_of(const json& config) {
   s.kheads = s.H;
   s.kdk = s.hd;
   s.kdv = s.dv;
-  if (s.arch == "mamba2" || s.arch == "mamba3") {
+  const bool ssm = s.arch == "mamba2" || s.arch == "mamba3";
+  if (ssm) {
     const json& mm = m.contains("mamba") && m["mamba"].is_object() ? m["mamba"] : json::object();
     const double P = std::max(1.0, num(mm, "head_dim", 64));
     s.kernel_arch = "gla";
@@ -63,9 +65,12 @@ Shape shape_of(const json& config) {
     s.kdk = 64 * std::ceil(2 * s.hd / 64);  // the feature dim, padded to a multiple of 64
     s.kdv = 64 * std::ceil(s.dv / 64);
   }
-  // gla (with or without CCQ, and GLA-Hedgehog) takes the key-block split past 64 keys; the
-  // state-space layers keep the recurrent wide-key kernels (kSsmKeySplitVerified).
-  s.key_split = s.kdk > 64 && (s.arch == "gla" || s.arch == "gla_hedgehog");
+  // Past 64 keys, the key-block split where its gates (key_split_gate.hpp) send the layer: gla
+  // (with or without CCQ) and GLA-Hedgehog by kWideKeySplitVerified, the state-space layers by
+  // kSsmKeySplitVerified; otherwise the recurrent wide-key kernels.
+  namespace kl = kernels::cuda::linear;
+  s.key_split = s.kdk > 64 && (((s.arch == "gla" || s.arch == "gla_hedgehog") && kl::kWideKeySplitVerified) ||
+                               (ssm && kl::kSsmKeySplitVerified));
   // The trainer's layer plan: hybrid = every (ratio+1)-th layer softmax.
   for (int l = 0; l < static_cast<int>(s.L); ++l) {
     const bool soft = s.arch == "softmax" || s.stack == "dense" ||
