@@ -29,30 +29,27 @@ std::vector<std::string> registered_mixers() {
   return out;
 }
 
-// The linear mixers (CARVE included) run on CUDA through trainer/mixers/linear_mixer_cuda.cpp,
-// Mamba-2 and Mamba-3 through trainer/mixers/mamba{2,3}_mixer_cuda.cpp, GLA-Hedgehog through
-// trainer/mixers/hedgehog_mixer_cuda.cpp (CUDA builds only; Mamba-3's and GLA-Hedgehog's behind
-// their verification gates, which cuda_unsupported checks).
+// The linear mixers (CARVE included) run on CUDA through cuda_layers/linear_layer_cuda.cpp,
+// Mamba-2 and Mamba-3 through cuda_layers/mamba{2,3}_layer_cuda.cpp, GLA-Hedgehog through
+// cuda_layers/hedgehog_layer_cuda.cpp: a mixer runs there when its CUDA layer registered its
+// factory (builds with CUDA only; Mamba-3's and GLA-Hedgehog's behind their verification
+// gates, which cuda_unsupported checks).
 bool mixer_runs_on_cuda(const std::string& kind) {
   if (kind == "softmax") return true;
-#ifdef LAR_HAVE_CUDA
-  if (kind == "gla_hedgehog") return mixers::hedgehog_cuda_gate_open();
-  return kind == "linear" || kind == "gla" || kind == "deltanet" || kind == "gdn" || kind == "kda" || kind == "gdn2" ||
-         kind == "carve" || kind == "mamba2" || kind == "mamba3";
-#else
-  return false;
-#endif
+  if (kind == "gla_hedgehog") return mixers::cuda_hedgehog_factory() && mixers::hedgehog_cuda_gate_open();
+  if (kind == "mamba2") return mixers::cuda_mamba2_factory() != nullptr;
+  if (kind == "mamba3") return mixers::cuda_mamba3_factory() != nullptr;
+  return mixers::cuda_linear_factory() && (kind == "linear" || kind == "gla" || kind == "deltanet" || kind == "gdn" ||
+                                           kind == "kda" || kind == "gdn2" || kind == "carve");
 }
 
 std::string cuda_unsupported(const json& model) {
   bool linear = false, mamba2 = false, mamba3 = false, hedgehog = false;
   for (const auto& kind : layer_kinds(model)) {
-#ifdef LAR_HAVE_CUDA
-    if (kind == "gla_hedgehog") {  // the gate and the shape, below
+    if (kind == "gla_hedgehog" && mixers::cuda_hedgehog_factory()) {  // the gate and the shape, below
       hedgehog = true;
       continue;
     }
-#endif
     if (!mixer_runs_on_cuda(kind)) return "the '" + kind + "' mixer has no CUDA implementation in this build";
     mamba2 = mamba2 || kind == "mamba2";
     mamba3 = mamba3 || kind == "mamba3";

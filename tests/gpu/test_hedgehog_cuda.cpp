@@ -1,4 +1,4 @@
-// The GLA-Hedgehog layer on the CUDA backend (trainer/mixers/hedgehog_mixer_cuda.cpp: the
+// The GLA-Hedgehog layer on the CUDA backend (cuda_layers/hedgehog_layer_cuda.cpp: the
 // feature map of kernels/cuda/linear/hedgehog_ops.hpp and the gla channel kernels at key dim
 // 2·head_dim) against the CPU layer (trainer/mixers/hedgehog_mixer.cpp): the feature map's
 // forward and backward against the CPU map (kernels/cpu/linear/hedgehog_map.hpp); the layer's

@@ -1,4 +1,4 @@
-// The linear mixers on the CUDA backend (trainer/mixers/linear_mixer_cuda.cpp over
+// The linear mixers on the CUDA backend (cuda_layers/linear_layer_cuda.cpp over
 // kernels/cuda/linear): a full model step (loss and every parameter's gradient) against the
 // CPU backend for each mixer, a hybrid stack, each routing, CARVE, CCQ, wide key and value
 // heads (gla and linear also on the key-block split) and grouped value heads; a loss curve of

@@ -1,4 +1,4 @@
-// The Mamba-2 layer on the CUDA backend (trainer/mixers/mamba2_mixer_cuda.cpp: the gla channel
+// The Mamba-2 layer on the CUDA backend (cuda_layers/mamba2_layer_cuda.cpp: the gla channel
 // kernels with the scalar gate broadcast over the key channels, kernels/cuda/linear/
 // mamba2_ops.hpp around them) against the CPU layer (trainer/mixers/mamba2_mixer.cpp): the
 // layer's output, input gradient and every parameter gradient at the CCQ / CARVE shape (state

@@ -1,4 +1,4 @@
-// The Mamba-3 layer on the CUDA backend (trainer/mixers/mamba3_mixer_cuda.cpp: the gla channel
+// The Mamba-3 layer on the CUDA backend (cuda_layers/mamba3_layer_cuda.cpp: the gla channel
 // kernels over R rows per token, kernels/cuda/linear/mamba3_ops.hpp around them), SISO and
 // MIMO, against the CPU layer (trainer/mixers/mamba3_mixer.cpp): the layer's output, input
 // gradient and every parameter gradient at the CARVE mini shape (d 384: 12 heads of 64, state

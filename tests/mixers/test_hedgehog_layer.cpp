@@ -1,6 +1,6 @@
 // The GLA-Hedgehog layer (trainer/mixers/hedgehog_mixer.cpp): gradients by finite
 // differences in fp64, decode (recurrent) equal to the chunkwise forward, the feature map
-// itself (two softmaxes, the identity at init), and what the CUDA layer (hedgehog_mixer_cuda.cpp)
+// itself (two softmaxes, the identity at init), and what the CUDA layer (cuda_layers/hedgehog_layer_cuda.cpp)
 // covers: nothing while its gate is closed (kHedgehogCudaVerified), then by shape.
 #include <gtest/gtest.h>
 
@@ -100,10 +100,10 @@ TEST(HedgehogLayer, CudaCoverageNamesTheGateAndTheOption) {
     return hedgehog_model(d, heads, head_dim, value_dim, std::move(extra));
   };
   const json mini = model(256, 4, 64, 128), smoke = model(64, 4, 16, 32);
-#ifndef LAR_HAVE_CUDA
-  EXPECT_EQ(tr::cuda_unsupported(mini), "the 'gla_hedgehog' mixer has no CUDA implementation in this build");
-  GTEST_SKIP() << "a build without CUDA";
-#else
+  if (!mx::cuda_hedgehog_factory()) {  // a build without CUDA
+    EXPECT_EQ(tr::cuda_unsupported(mini), "the 'gla_hedgehog' mixer has no CUDA implementation in this build");
+    GTEST_SKIP() << "a build without CUDA";
+  }
   const std::string unverified =
       "the 'gla_hedgehog' mixer's CUDA layer is unverified: it has not yet passed tests/gpu/test_hedgehog_cuda on a "
       "GPU (kHedgehogCudaVerified, trainer/mixers/hedgehog_layer.hpp)";
@@ -127,7 +127,6 @@ TEST(HedgehogLayer, CudaCoverageNamesTheGateAndTheOption) {
   EXPECT_EQ(tr::cuda_unsupported(model(64, 4, 16, 32, {{"conv_size", 9}})),
             "model.conv_size: the CUDA conv is at most 8 wide, got 9");
   mx::allow_unverified_hedgehog_cuda(false);
-#endif
 }
 
 // CCQ's paper scale (d 1024, 4 heads of 256: feature dim 512) and heads between 128 and 256 run
@@ -140,10 +139,10 @@ TEST(HedgehogLayer, PaperHeadsNeedTheKeySplitGate) {
   namespace kl = lar::kernels::cuda::linear;
   const json paper = hedgehog_model(1024, 4, 256, 256), mid = hedgehog_model(320, 2, 160, 64),
              mini = hedgehog_model(256, 4, 64, 128);
-#ifndef LAR_HAVE_CUDA
-  EXPECT_EQ(tr::cuda_unsupported(paper), "the 'gla_hedgehog' mixer has no CUDA implementation in this build");
-  GTEST_SKIP() << "a build without CUDA";
-#else
+  if (!mx::cuda_hedgehog_factory()) {  // a build without CUDA
+    EXPECT_EQ(tr::cuda_unsupported(paper), "the 'gla_hedgehog' mixer has no CUDA implementation in this build");
+    GTEST_SKIP() << "a build without CUDA";
+  }
   const bool hedgehog_was = mx::hedgehog_cuda_test_override();
   mx::allow_unverified_hedgehog_cuda(true);  // the layer's own gate open: the split's reason shows
   const bool was = kl::wide_key_split_unverified_allowed();
@@ -176,5 +175,4 @@ TEST(HedgehogLayer, PaperHeadsNeedTheKeySplitGate) {
   EXPECT_TRUE(kl::key_split_dim(fp(paper)) && kl::key_split_dim(fp(mid)));
   kl::wide_key_split_unverified_allowed() = was;
   mx::allow_unverified_hedgehog_cuda(hedgehog_was);
-#endif
 }

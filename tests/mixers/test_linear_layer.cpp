@@ -12,9 +12,12 @@
 #include "core/config_schema.hpp"
 #include "core/error.hpp"
 #include "kernels/backend.hpp"
-#include "trainer/mixer.hpp"
-#include "trainer/mixers/linear_layer.hpp"
 #include "mixer_checks.hpp"
+#include "trainer/mixer.hpp"
+#include "trainer/mixers/hedgehog_layer.hpp"
+#include "trainer/mixers/linear_layer.hpp"
+#include "trainer/mixers/mamba2_layer.hpp"
+#include "trainer/mixers/mamba3_layer.hpp"
 
 using lar::json;
 using lar::kernels::DType;
@@ -113,6 +116,21 @@ using lar::test::rel_err;
 
 TEST(LinearLayer, AllArchitecturesRegistered) {
   for (const char* k : kMixers) EXPECT_TRUE(tr::mixer_registered(k)) << k;
+}
+
+// The CUDA layers (cuda_layers/) register their factories with the trainer at static
+// initialisation: a build with the CUDA backend has all of them and runs the linear mixers
+// there; a build without has none, and the trainer says so by name.
+TEST(LinearLayer, CudaLayersRegisterExactlyWithTheCudaBackend) {
+  namespace mx = lar::trainer::mixers;
+  const bool cuda = lar::kernels::backend_available("cuda");
+  EXPECT_EQ(mx::cuda_linear_factory() != nullptr, cuda);
+  EXPECT_EQ(mx::cuda_hedgehog_factory() != nullptr, cuda);
+  EXPECT_EQ(mx::cuda_mamba2_factory() != nullptr, cuda);
+  EXPECT_EQ(mx::cuda_mamba3_factory() != nullptr, cuda);
+  for (const char* k : {"linear", "gla", "deltanet", "gdn", "kda", "gdn2", "carve", "mamba2", "mamba3"})
+    EXPECT_EQ(tr::mixer_runs_on_cuda(k), cuda) << k;
+  EXPECT_TRUE(tr::mixer_runs_on_cuda("softmax"));
 }
 
 TEST(LinearLayer, FiniteDifferenceGradientsFp64) {

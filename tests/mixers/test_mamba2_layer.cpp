@@ -1,6 +1,6 @@
 // The Mamba-2 layer (trainer/mixers/mamba2_mixer.cpp): gradients by finite differences in
 // fp64, decode (the recurrent form) equal to the chunkwise forward, the shape options and
-// their errors, and which shapes the CUDA layer (mamba2_mixer_cuda.cpp) covers.
+// their errors, and which shapes the CUDA layer (cuda_layers/mamba2_layer_cuda.cpp) covers.
 #include <gtest/gtest.h>
 
 #include <string>

@@ -1,7 +1,7 @@
 #pragma once
 // Internal to trainer/mixers: the GLA-Hedgehog layer's shape (HedgehogShape) and parameter
 // indices (HedgehogSlots), shared by the CPU implementation (hedgehog_mixer.cpp) and the CUDA
-// one (hedgehog_mixer_cuda.cpp, CUDA builds only); the gate that keeps the CUDA layer off until
+// one (cuda_layers/hedgehog_layer_cuda.cpp, CUDA builds only); the gate that keeps the CUDA layer off until
 // it is verified on a GPU, and why the CUDA layer cannot run a shape.
 #include <memory>
 #include <string>
@@ -124,13 +124,14 @@ class CudaHedgehog {
   virtual std::unique_ptr<MixerState> init_state(kernels::Backend& be, int batch) = 0;
   virtual void step(ForwardContext& ctx, const kernels::Tensor& x, const kernels::Tensor& y, MixerState& state) = 0;
 };
-#ifdef LAR_HAVE_CUDA
 // Checks the shape only (cuda_hedgehog_shape_unsupported, with the key-block split's gate for
 // heads past 128); the mixer checks the layer's gate before it builds one (the GPU tests open
 // the gates to reach it).
-std::unique_ptr<CudaHedgehog> make_cuda_hedgehog(const HedgehogShape& s, const HedgehogSlots& sl,
-                                                 const std::vector<kernels::Tensor>& params,
-                                                 const std::vector<kernels::Tensor>& grads);
-#endif
+// The CUDA layer's factory: cuda_layers/hedgehog_layer_cuda.cpp sets it at static initialisation in
+// builds with CUDA; null in a build without (the mixer then says the build has no CUDA support).
+using CudaHedgehogFactory = std::unique_ptr<CudaHedgehog> (*)(const HedgehogShape& s, const HedgehogSlots& sl,
+                                                              const std::vector<kernels::Tensor>& params,
+                                                              const std::vector<kernels::Tensor>& grads);
+CudaHedgehogFactory& cuda_hedgehog_factory();
 
 }  // namespace lar::trainer::mixers

@@ -9,7 +9,7 @@
 //   o → per-head RMSNorm × SiLU(W_g x) → W_o.
 // The recurrence is the shared core (kernels/cpu/linear/core.hpp, channel gates): chunkwise
 // in training, recurrent in decode. On the CUDA backend forward/backward go to
-// hedgehog_mixer_cuda.cpp (CUDA builds; the feature map of kernels/cuda/linear/hedgehog_ops.hpp
+// cuda_layers/hedgehog_layer_cuda.cpp (CUDA builds; the feature map of kernels/cuda/linear/hedgehog_ops.hpp
 // and the gla channel kernels at key dim 2dk; cuda_hedgehog_unsupported says which shapes, and
 // the gate kHedgehogCudaVerified in hedgehog_layer.hpp keeps it off until it is verified on a
 // GPU); so does decode (init_state/step: the forward's projections, conv over a window of the
@@ -327,12 +327,12 @@ class HedgehogMixer final : public ssm::DtypeMixer<HedgehogMixer, Impl, State> {
     if (const std::string why = cuda_hedgehog_unsupported(s_); !why.empty())
       throw UserError("gla_hedgehog mixer (layer " + std::to_string(cfg_.layer) + ") on " + be.name() + ": " + why);
     if (!pt_.bound()) throw RuntimeError("gla_hedgehog mixer: used before bind()");
-#ifdef LAR_HAVE_CUDA
-    if (!cuda_) cuda_ = make_cuda_hedgehog(s_, sl_, pt_.P, pt_.G);
+    if (!cuda_) {
+      if (!cuda_hedgehog_factory())
+        throw UserError("gla_hedgehog mixer: this build has no CUDA support (backend " + be.name() + ")");
+      cuda_ = cuda_hedgehog_factory()(s_, sl_, pt_.P, pt_.G);
+    }
     return *cuda_;
-#else
-    throw UserError("gla_hedgehog mixer: this build has no CUDA support (backend " + be.name() + ")");
-#endif
   }
 
   Shape s_;
@@ -344,5 +344,10 @@ const MixerRegistration reg_hedgehog{"gla_hedgehog",
                                      [](const MixerConfig& c) { return std::make_unique<HedgehogMixer>(c); }};
 
 }  // namespace
+
+CudaHedgehogFactory& cuda_hedgehog_factory() {
+  static CudaHedgehogFactory factory = nullptr;
+  return factory;
+}
 
 }  // namespace lar::trainer::mixers

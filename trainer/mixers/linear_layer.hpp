@@ -1,7 +1,7 @@
 #pragma once
 // Internal to trainer/mixers: the resolved shape of one linear-mixer layer (Dims) and the
 // indices of its parameters (Slots), shared by the CPU implementation (linear_mixer.cpp)
-// and the CUDA one (linear_mixer_cuda.cpp, CUDA builds only).
+// and the CUDA one (cuda_layers/linear_layer_cuda.cpp, CUDA builds only).
 #include <memory>
 #include <string>
 #include <vector>
@@ -100,7 +100,7 @@ inline std::string laa_routing_cuda_gate(const std::string& what) {
   return what + " has a CUDA path that is not yet verified on a GPU (tests/gpu/test_linear_layer_cuda.cpp LaaRouting*)";
 }
 
-// The CUDA implementation (linear_mixer_cuda.cpp): forward/backward of the Mixer contract
+// The CUDA implementation (cuda_layers/linear_layer_cuda.cpp): forward/backward of the Mixer contract
 // on the CUDA backend, fp32 interface tensors, bf16 chunk kernels inside; and the recurrent
 // decode (one token per call, the state on the device: the decode kernels of
 // kernels/cuda/linear with the forward's projections, conv, gates and output).
@@ -114,9 +114,11 @@ class CudaLinear {
   virtual void step(ForwardContext& ctx, const kernels::Tensor& x, const kernels::Tensor& y, MixerState& state,
                     Routing& route) = 0;
 };
-#ifdef LAR_HAVE_CUDA
-std::unique_ptr<CudaLinear> make_cuda_linear(const Dims& d, const Slots& s, const std::vector<kernels::Tensor>& params,
-                                             const std::vector<kernels::Tensor>& grads);
-#endif
+// The CUDA layer's factory: cuda_layers/linear_layer_cuda.cpp sets it at static initialisation in
+// builds with CUDA; null in a build without (the mixer then says the build has no CUDA support).
+using CudaLinearFactory = std::unique_ptr<CudaLinear> (*)(const Dims& d, const Slots& s,
+                                                          const std::vector<kernels::Tensor>& params,
+                                                          const std::vector<kernels::Tensor>& grads);
+CudaLinearFactory& cuda_linear_factory();
 
 }  // namespace lar::trainer::mixers

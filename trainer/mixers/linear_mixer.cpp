@@ -23,7 +23,7 @@
 // This file is the CPU implementation (f32 for training, f64 for the gradient checks): the
 // elementwise parts are host loops, projections go through Backend::gemm, the per-(batch,
 // head) recurrences run in parallel over the backend's threads (each one single-threaded,
-// so deterministic). On the CUDA backend forward/backward go to linear_mixer_cuda.cpp
+// so deterministic). On the CUDA backend forward/backward go to cuda_layers/linear_layer_cuda.cpp
 // (same parameters, same math; bf16 chunk kernels), CARVE, CCQ and grouped value heads
 // included, only with dk ∈ {64, 128, 256} and dv = 64·m (cuda_linear_unsupported says why
 // not); so does decode (init_state/step: the per-token kernels, the state on the device),
@@ -984,12 +984,12 @@ class LinearMixer final : public Mixer {
       throw UserError("model.architecture: '" + cfg_.kind + "' on backend " + be.name() + ": " + why +
                       " (use backend: cpu)");
     if (params_.empty()) throw RuntimeError("linear mixer: used before bind()");
-#ifdef LAR_HAVE_CUDA
-    if (!cuda_) cuda_ = make_cuda_linear(dm_, sl_, params_, grads_);
+    if (!cuda_) {
+      if (!cuda_linear_factory())
+        throw UserError("linear mixers: this build has no CUDA support (backend " + be.name() + ")");
+      cuda_ = cuda_linear_factory()(dm_, sl_, params_, grads_);
+    }
     return *cuda_;
-#else
-    throw UserError("linear mixers: this build has no CUDA support (backend " + be.name() + ")");
-#endif
   }
 
   template <class T>
@@ -1094,6 +1094,11 @@ const MixerRegistration reg_gdn2{"gdn2", factory()};
 const MixerRegistration reg_carve{"carve", factory()};
 
 }  // namespace
+
+CudaLinearFactory& cuda_linear_factory() {
+  static CudaLinearFactory factory = nullptr;
+  return factory;
+}
 
 std::string cuda_linear_decode_unsupported(const Dims& d) {
   // CARVE's CUDA decode (carve_decode) is 64-wide; the wide kernels have no per-token form yet.

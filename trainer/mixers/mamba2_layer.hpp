@@ -1,6 +1,6 @@
 #pragma once
 // Internal to trainer/mixers: the parameter indices of the Mamba-2 layer (Mamba2Slots), shared
-// by the CPU implementation (mamba2_mixer.cpp) and the CUDA one (mamba2_mixer_cuda.cpp, CUDA
+// by the CPU implementation (mamba2_mixer.cpp) and the CUDA one (cuda_layers/mamba2_layer_cuda.cpp, CUDA
 // builds only), and why the CUDA one cannot run a shape.
 #include <memory>
 #include <string>
@@ -64,10 +64,11 @@ class CudaMamba2 {
   virtual std::unique_ptr<MixerState> init_state(kernels::Backend& be, int batch) = 0;
   virtual void step(ForwardContext& ctx, const kernels::Tensor& x, const kernels::Tensor& y, MixerState& state) = 0;
 };
-#ifdef LAR_HAVE_CUDA
-std::unique_ptr<CudaMamba2> make_cuda_mamba2(const MambaShape& s, int conv_size, const Mamba2Slots& sl,
-                                             const std::vector<kernels::Tensor>& params,
-                                             const std::vector<kernels::Tensor>& grads);
-#endif
+// The CUDA layer's factory: cuda_layers/mamba2_layer_cuda.cpp sets it at static initialisation in
+// builds with CUDA; null in a build without (the mixer then says the build has no CUDA support).
+using CudaMamba2Factory = std::unique_ptr<CudaMamba2> (*)(const MambaShape& s, int conv_size, const Mamba2Slots& sl,
+                                                          const std::vector<kernels::Tensor>& params,
+                                                          const std::vector<kernels::Tensor>& grads);
+CudaMamba2Factory& cuda_mamba2_factory();
 
 }  // namespace lar::trainer::mixers

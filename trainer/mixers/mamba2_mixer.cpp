@@ -10,7 +10,7 @@
 // a, no output scale): the chunkwise form trains, the recurrent form decodes.
 // On the CPU backend (f32 training, f64 gradient checks) projections go through Backend::gemm,
 // the per-(batch, head) recurrences run in parallel over the backend's threads. On the CUDA
-// backend forward/backward go to mamba2_mixer_cuda.cpp (CUDA builds; the gla channel kernels
+// backend forward/backward go to cuda_layers/mamba2_layer_cuda.cpp (CUDA builds; the gla channel kernels
 // with the scalar gate broadcast over the key channels; cuda_mamba2_unsupported says which
 // shapes); so does decode (init_state/step: the forward's projections, conv over a window of
 // the last W projection rows, and the gla channel decode on the device state), gated until its
@@ -340,12 +340,12 @@ class Mamba2Mixer final : public ssm::DtypeMixer<Mamba2Mixer, Impl, State> {
     if (const std::string why = cuda_mamba2_unsupported(s_, W_); !why.empty())
       throw UserError("mamba2 mixer (layer " + std::to_string(cfg_.layer) + ") on " + be.name() + ": " + why);
     if (!pt_.bound()) throw RuntimeError("mamba2 mixer: used before bind()");
-#ifdef LAR_HAVE_CUDA
-    if (!cuda_) cuda_ = make_cuda_mamba2(s_, W_, sl_, pt_.P, pt_.G);
+    if (!cuda_) {
+      if (!cuda_mamba2_factory())
+        throw UserError("mamba2 mixer: this build has no CUDA support (backend " + be.name() + ")");
+      cuda_ = cuda_mamba2_factory()(s_, W_, sl_, pt_.P, pt_.G);
+    }
     return *cuda_;
-#else
-    throw UserError("mamba2 mixer: this build has no CUDA support (backend " + be.name() + ")");
-#endif
   }
 
   MambaShape s_;
@@ -357,5 +357,10 @@ class Mamba2Mixer final : public ssm::DtypeMixer<Mamba2Mixer, Impl, State> {
 const MixerRegistration reg_mamba2{"mamba2", [](const MixerConfig& c) { return std::make_unique<Mamba2Mixer>(c); }};
 
 }  // namespace
+
+CudaMamba2Factory& cuda_mamba2_factory() {
+  static CudaMamba2Factory factory = nullptr;
+  return factory;
+}
 
 }  // namespace lar::trainer::mixers

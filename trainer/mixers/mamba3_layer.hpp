@@ -1,6 +1,6 @@
 #pragma once
 // Internal to trainer/mixers: the parameter indices of the Mamba-3 layer (Mamba3Slots), shared
-// by the CPU implementation (mamba3_mixer.cpp) and the CUDA one (mamba3_mixer_cuda.cpp, CUDA
+// by the CPU implementation (mamba3_mixer.cpp) and the CUDA one (cuda_layers/mamba3_layer_cuda.cpp, CUDA
 // builds only); why the CUDA one cannot run a shape; and the gate that keeps the CUDA layer
 // off until the GPU tests (tests/gpu/test_mamba3_cuda.cpp) have passed on an H200.
 #include <memory>
@@ -80,11 +80,12 @@ class CudaMamba3 {
   virtual std::unique_ptr<MixerState> init_state(kernels::Backend& be, int batch) = 0;
   virtual void step(ForwardContext& ctx, const kernels::Tensor& x, const kernels::Tensor& y, MixerState& state) = 0;
 };
-#ifdef LAR_HAVE_CUDA
 // na: the rotated pairs; rank: R (1 for SISO).
-std::unique_ptr<CudaMamba3> make_cuda_mamba3(const MambaShape& s, int na, int rank, const Mamba3Slots& sl,
-                                             const std::vector<kernels::Tensor>& params,
-                                             const std::vector<kernels::Tensor>& grads);
-#endif
+// The CUDA layer's factory: cuda_layers/mamba3_layer_cuda.cpp sets it at static initialisation in
+// builds with CUDA; null in a build without (the mixer then says the build has no CUDA support).
+using CudaMamba3Factory = std::unique_ptr<CudaMamba3> (*)(const MambaShape& s, int na, int rank, const Mamba3Slots& sl,
+                                                          const std::vector<kernels::Tensor>& params,
+                                                          const std::vector<kernels::Tensor>& grads);
+CudaMamba3Factory& cuda_mamba3_factory();
 
 }  // namespace lar::trainer::mixers

@@ -10,7 +10,7 @@
 //     (SISO: y_h = (o + D_h x_h) ⊙ SiLU(z_h)).
 // Training runs the chunkwise form on the shared scalar-decay core (the mapping is in
 // mamba3.hpp: each token is R rows of the core); decode runs Mamba-3's own recurrence. On the
-// CUDA backend forward/backward go to mamba3_mixer_cuda.cpp (CUDA builds; the same mapping on
+// CUDA backend forward/backward go to cuda_layers/mamba3_layer_cuda.cpp (CUDA builds; the same mapping on
 // the gla channel kernels; cuda_mamba3_unsupported says which shapes); so does decode
 // (init_state/step: the forward's projections and Mamba-3's own recurrence in one per-token
 // kernel, mamba3_decode_step, on the device state φ, S, k_prev, v_prev), gated until its GPU
@@ -516,12 +516,12 @@ class Mamba3Mixer final : public ssm::DtypeMixer<Mamba3Mixer, Impl, State> {
     if (const std::string why = mamba3_cuda_gate(); !why.empty()) throw UserError(who + why);
     if (const std::string why = cuda_mamba3_unsupported(s_, R_); !why.empty()) throw UserError(who + why);
     if (!pt_.bound()) throw RuntimeError("mamba3 mixer: used before bind()");
-#ifdef LAR_HAVE_CUDA
-    if (!cuda_) cuda_ = make_cuda_mamba3(s_, na_, R_, sl_, pt_.P, pt_.G);
+    if (!cuda_) {
+      if (!cuda_mamba3_factory())
+        throw UserError("mamba3 mixer: this build has no CUDA support (backend " + be.name() + ")");
+      cuda_ = cuda_mamba3_factory()(s_, na_, R_, sl_, pt_.P, pt_.G);
+    }
     return *cuda_;
-#else
-    throw UserError("mamba3 mixer: this build has no CUDA support (backend " + be.name() + ")");
-#endif
   }
 
   MambaShape s_;
@@ -533,5 +533,10 @@ class Mamba3Mixer final : public ssm::DtypeMixer<Mamba3Mixer, Impl, State> {
 const MixerRegistration reg_mamba3{"mamba3", [](const MixerConfig& c) { return std::make_unique<Mamba3Mixer>(c); }};
 
 }  // namespace
+
+CudaMamba3Factory& cuda_mamba3_factory() {
+  static CudaMamba3Factory factory = nullptr;
+  return factory;
+}
 
 }  // namespace lar::trainer::mixers

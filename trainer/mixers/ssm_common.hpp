@@ -268,12 +268,11 @@ void proj_bwd(kernels::Backend& be, const kernels::Tensor& X, const kernels::Ten
 namespace lar::trainer::mixers {
 
 // The recurrent decode (init_state/step) of the mamba2, mamba3 and gla_hedgehog mixers on the
-// CUDA backend (mamba2_mixer_cuda.cpp, mamba3_mixer_cuda.cpp, hedgehog_mixer_cuda.cpp: the
-// forward's projections and conv over a window of the last W projection rows, the per-token
-// kernels on the device state): verified on the H200 by `test_ssm_decode_cuda` (each layer
-// against the CPU layer and its own forward, whole models against the CPU decoder). While false
-// the CUDA backend refuses it (ssm_decode_cuda_gate); UnverifiedDecodeIsAClearError expects
-// either value.
+// CUDA backend (cuda_layers/{mamba2,mamba3,hedgehog}_layer_cuda.cpp: the forward's projections
+// and conv over a window of the last W projection rows, the per-token kernels on the device
+// state): verified on the H200 by `test_ssm_decode_cuda` (each layer against the CPU layer and
+// its own forward, whole models against the CPU decoder). While false the CUDA backend refuses
+// it (ssm_decode_cuda_gate); UnverifiedDecodeIsAClearError expects either value.
 constexpr bool kSsmDecodeCudaVerified = true;
 
 // Tests only: tests/gpu/test_ssm_decode_cuda.cpp runs the unverified CUDA decode.

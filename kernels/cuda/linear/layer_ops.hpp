@@ -4,7 +4,7 @@
 // packing of q, k, v into the kernels' bf16 [B,T,H,64] layout (one fused pass), the gate
 // maps, the per-head output RMSNorm × SiLU gate, the cross-layer routing readouts, and
 // deterministic column sums for the parameter gradients. Used by
-// trainer/mixers/linear_mixer_cuda.cpp; tests: tests/gpu/test_linear_layer_cuda.cpp.
+// cuda_layers/linear_layer_cuda.cpp; tests: tests/gpu/test_linear_layer_cuda.cpp.
 //
 // Conventions: row-major, N = B·T token rows; key heads of 64 (q, k, the channel gates, the
 // routing readouts: value heads of 64 too), value heads of any width for the output norm ×

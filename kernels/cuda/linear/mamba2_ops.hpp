@@ -1,6 +1,6 @@
 #pragma once
 // The parts of the Mamba-2 layer (trainer/mixers/mamba2_mixer.cpp, its CUDA path
-// trainer/mixers/mamba2_mixer_cuda.cpp) that no op of layer_ops.hpp covers: the causal
+// cuda_layers/mamba2_layer_cuda.cpp) that no op of layer_ops.hpp covers: the causal
 // depthwise conv with a bias (x, B and C each have their own, and the widths differ: Di vs
 // G·N), softplus(dt + dt_bias) with the written value Δ·x and the scalar log-gate broadcast
 // over the key channels of the gla channel kernels, and the output y = o + D·x through the

@@ -1,6 +1,6 @@
 #pragma once
 // The parts of the Mamba-3 layer (trainer/mixers/mamba3_mixer.cpp, its CUDA path
-// trainer/mixers/mamba3_mixer_cuda.cpp) around the gla channel kernel (grouped_heads.hpp):
+// cuda_layers/mamba3_layer_cuda.cpp) around the gla channel kernel (grouped_heads.hpp):
 // the per-token scalars (Δ, A, λ, the trapezoidal write weight c and the next token's share
 // β'), the rotary angles' cumulative sum, the RMSNorm + bias + rotation of B and C into the
 // kernels' keys and queries, the written value c·(x ⊙ m_x), the log decay on the first of a

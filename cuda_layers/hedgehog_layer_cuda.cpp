@@ -29,11 +29,10 @@
 // o, the boundary states and the norm's rstd.
 // Decode (init_state/step, one token of B sequences a call; gated by kSsmDecodeCudaVerified):
 // the same GEMMs, feature maps, gates and output as a forward at T = 1; the conv runs over the
-// window of the last W projection rows (ssm_cuda_decode.hpp) and keeps its last row; the
+// window of the last W projection rows (ssm_decode.hpp) and keeps its last row; the
 // recurrence is the gla channel decode at key dim Fp on the fp32 state [B, H, dvp, Fp] (padded
 // as the forward's: the padding channels stay zero; past 256 the split decode of
 // grouped_heads.hpp, n 64-wide decodes over the state's column blocks).
-#ifdef LAR_HAVE_CUDA
 #include <algorithm>
 #include <cmath>
 #include <memory>
@@ -41,6 +40,7 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "cuda_layers/ssm_decode.hpp"
 #include "kernels/cuda/cuda_backend.hpp"
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/linear/arena_bf16.hpp"
@@ -49,7 +49,6 @@
 #include "kernels/cuda/linear/layer_ops.hpp"
 #include "kernels/cuda/linear/mamba2_ops.hpp"
 #include "trainer/mixers/hedgehog_layer.hpp"
-#include "trainer/mixers/ssm_cuda_decode.hpp"
 
 namespace lar::trainer::mixers {
 
@@ -483,12 +482,15 @@ class CudaHedgehogImpl final : public CudaHedgehog {
   Bf phq_, phk_, v_, o_, oc_;
 };
 
-}  // namespace
-
 std::unique_ptr<CudaHedgehog> make_cuda_hedgehog(const HedgehogShape& s, const HedgehogSlots& sl,
                                                  const std::vector<Tensor>& params, const std::vector<Tensor>& grads) {
   return std::make_unique<CudaHedgehogImpl>(s, sl, params, grads);
 }
 
+// The trainer builds the layer through this factory (cuda_hedgehog_factory, hedgehog_layer.hpp); a build
+// without CUDA has no factory, and the mixer says so.
+[[maybe_unused]] const bool kRegistered = (cuda_hedgehog_factory() = &make_cuda_hedgehog, true);
+
+}  // namespace
+
 }  // namespace lar::trainer::mixers
-#endif  // LAR_HAVE_CUDA

@@ -1,11 +1,10 @@
 #pragma once
-// Internal to trainer/mixers, CUDA builds only: the decode state of the CUDA Mamba-2, Mamba-3
-// and GLA-Hedgehog layers (init_state/step) and the conv window they share. As the linear
-// mixers' decode (linear_mixer_cuda.cpp): the state lives in one device allocation of the
+// Internal to cuda_layers/: the decode state of the CUDA Mamba-2, Mamba-3 and GLA-Hedgehog
+// layers (init_state/step) and the conv window they share. As the linear mixers' decode
+// (linear_layer_cuda.cpp): the state lives in one device allocation of the
 // backend, zero at the start; the causal conv runs the forward's own conv kernel over a window
 // of the last W projection rows of each sequence (two buffers [B, W, ldp] in act_dtype(), the
 // current one and the next), so its last row is the forward's value at that position.
-#ifdef LAR_HAVE_CUDA
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -82,4 +81,3 @@ inline SsmCudaState& ssm_decode_state(const char* who, MixerState& state, const 
 }
 
 }  // namespace lar::trainer::mixers
-#endif  // LAR_HAVE_CUDA

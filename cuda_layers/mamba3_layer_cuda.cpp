@@ -24,20 +24,19 @@
 // mapping, whose write weight needs the next token) in one per-token kernel,
 // mamba3_decode_step (mamba3_ops.hpp), on the fp32 state φ [B,H,na], S [B,H,P,N] (the CPU's
 // layout), k_prev [B,H,R,N], v_prev [B,H,R,P]; no conv, so no window.
-#ifdef LAR_HAVE_CUDA
 #include <cmath>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "core/error.hpp"
+#include "cuda_layers/ssm_decode.hpp"
 #include "kernels/cuda/cuda_backend.hpp"
 #include "kernels/cuda/linear/arena_bf16.hpp"
 #include "kernels/cuda/linear/grouped_heads.hpp"
 #include "kernels/cuda/linear/layer_ops.hpp"
 #include "kernels/cuda/linear/mamba3_ops.hpp"
 #include "trainer/mixers/mamba3_layer.hpp"
-#include "trainer/mixers/ssm_cuda_decode.hpp"
 
 namespace lar::trainer::mixers {
 
@@ -374,12 +373,15 @@ class CudaMamba3Impl final : public CudaMamba3 {
   Bf q_, k_, v_;
 };
 
-}  // namespace
-
 std::unique_ptr<CudaMamba3> make_cuda_mamba3(const MambaShape& s, int na, int rank, const Mamba3Slots& sl,
                                              const std::vector<Tensor>& params, const std::vector<Tensor>& grads) {
   return std::make_unique<CudaMamba3Impl>(s, na, rank, sl, params, grads);
 }
 
+// The trainer builds the layer through this factory (cuda_mamba3_factory, mamba3_layer.hpp); a build
+// without CUDA has no factory, and the mixer says so.
+[[maybe_unused]] const bool kRegistered = (cuda_mamba3_factory() = &make_cuda_mamba3, true);
+
+}  // namespace
+
 }  // namespace lar::trainer::mixers
-#endif  // LAR_HAVE_CUDA

@@ -20,23 +20,22 @@
 // the conv outputs, Δ·x and the [N, H·N] gate are recomputed in the backward.
 // Decode (init_state/step, one token of B sequences a call; gated by kSsmDecodeCudaVerified):
 // the same GEMMs, gates and output as a forward at T = 1; the conv runs over the window of the
-// last W projection rows (ssm_cuda_decode.hpp) and keeps its last row; the recurrence is the
+// last W projection rows (ssm_decode.hpp) and keeps its last row; the recurrence is the
 // gla channel decode (grouped_channel_decode; the wide-key decode at states of 128 and 256) on
 // the fp32 state [B, H, P, N] (the CPU layer's layout).
-#ifdef LAR_HAVE_CUDA
 #include <cmath>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "core/error.hpp"
+#include "cuda_layers/ssm_decode.hpp"
 #include "kernels/cuda/cuda_backend.hpp"
 #include "kernels/cuda/linear/arena_bf16.hpp"
 #include "kernels/cuda/linear/grouped_heads.hpp"
 #include "kernels/cuda/linear/layer_ops.hpp"
 #include "kernels/cuda/linear/mamba2_ops.hpp"
 #include "trainer/mixers/mamba2_layer.hpp"
-#include "trainer/mixers/ssm_cuda_decode.hpp"
 
 namespace lar::trainer::mixers {
 
@@ -381,12 +380,15 @@ class CudaMamba2Impl final : public CudaMamba2 {
   Bf aB_, aC_, v_;
 };
 
-}  // namespace
-
 std::unique_ptr<CudaMamba2> make_cuda_mamba2(const MambaShape& s, int conv_size, const Mamba2Slots& sl,
                                              const std::vector<Tensor>& params, const std::vector<Tensor>& grads) {
   return std::make_unique<CudaMamba2Impl>(s, conv_size, sl, params, grads);
 }
 
+// The trainer builds the layer through this factory (cuda_mamba2_factory, mamba2_layer.hpp); a build
+// without CUDA has no factory, and the mixer says so.
+[[maybe_unused]] const bool kRegistered = (cuda_mamba2_factory() = &make_cuda_mamba2, true);
+
+}  // namespace
+
 }  // namespace lar::trainer::mixers
-#endif  // LAR_HAVE_CUDA

@@ -38,7 +38,6 @@
 // carries its key statistics through ccq_fwd's K0, m0, t0. Not with cler/cler_h
 // (cuda_linear_decode_unsupported).
 // Everything runs on the backend's stream; activations live in the step's arena.
-#ifdef LAR_HAVE_CUDA
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -1294,12 +1293,15 @@ class CudaLinearImpl final : public CudaLinear {
   Bf bx_;
 };
 
-}  // namespace
-
 std::unique_ptr<CudaLinear> make_cuda_linear(const Dims& d, const Slots& s, const std::vector<Tensor>& params,
                                              const std::vector<Tensor>& grads) {
   return std::make_unique<CudaLinearImpl>(d, s, params, grads);
 }
 
+// The trainer builds the layer through this factory (cuda_linear_factory, linear_layer.hpp); a build
+// without CUDA has no factory, and the mixer says so.
+[[maybe_unused]] const bool kRegistered = (cuda_linear_factory() = &make_cuda_linear, true);
+
+}  // namespace
+
 }  // namespace lar::trainer::mixers
-#endif  // LAR_HAVE_CUDA
