@@ -18,8 +18,10 @@
 //   S0, S_out, dST, dS0 [B, H, 64 (dv), 64 (dk)] fp32  (state rows = value channels, as the CPU reference)
 //   boundary         [B, H, nc, 64, 64] bf16     the state at every chunk start (nc = ⌈T/64⌉),
 //                                                written by the forward for the backward
-// Head dims: dk = dv = 64. Any T ≥ 1 (the last chunk may be partial). Any pointer documented as
-// nullable may be nullptr. Every launch goes on `stream`; bad shapes throw lar::RuntimeError.
+// Head dims: dk = dv = 64 here; value heads of 64·m and grouped heads go through
+// grouped_heads.hpp, key heads of 128 and 256 through wide_key.hpp. Any T ≥ 1 (the last chunk
+// may be partial). Any pointer documented as nullable may be nullptr. Every launch goes on
+// `stream`; bad shapes throw lar::RuntimeError.
 //
 // Structure: one CTA of 8 warps per (b, h) walks the chunks in order with the state in
 // registers (forward: S; backward: dS, chunks in reverse); inside a chunk every product is a
