@@ -2,12 +2,12 @@
 // CUDA backend. Same parameters, layout and results as the CPU path within bf16 rounding:
 //   [q | k | v] = x [Wq; Wk; Wv]ᵀ                one GEMM (the three are adjacent in the flat
 //                                               buffer)
-//   a_q, a_k, v = SiLU(causal conv)              ssm_conv_silu_forward (kernels/cuda/linear/
+//   a_q, a_k, v = SiLU(causal conv)              ssm_conv_silu_forward (kernels/ssm/
 //                                               mamba2_ops.hpp, with a zero bias): a_q, a_k fp32,
 //                                               v bf16
 //   u = a Δᵀ per (token, head)                   a GEMM over the [N·H, dk] rows (one map for all
 //                                               heads), W = I + Δ applied as a + a Δᵀ
-//   φ = [softmax(a + u + b), softmax(−…)]        hedgehog_map_forward (kernels/cuda/linear/
+//   φ = [softmax(a + u + b), softmax(−…)]        hedgehog_map_forward (kernels/hedgehog/
 //                                               hedgehog_ops.hpp): bf16 [N, H, Fp]
 //   g = logsigmoid(x W₁ᵀ W₂ᵀ + b_g)/16           two GEMMs + layer_ops' gate map (logsig16)
 //   o = gla channel kernel(q = φ_q, k = φ_k, v, g, scale 1)
@@ -43,11 +43,11 @@
 #include "cuda_layers/ssm_decode.hpp"
 #include "kernels/cuda/cuda_backend.hpp"
 #include "kernels/cuda/cuda_check.hpp"
-#include "kernels/cuda/linear/arena_bf16.hpp"
-#include "kernels/cuda/linear/grouped_heads.hpp"
-#include "kernels/cuda/linear/hedgehog_ops.hpp"
-#include "kernels/cuda/linear/layer_ops.hpp"
-#include "kernels/cuda/linear/mamba2_ops.hpp"
+#include "kernels/linear/arena_bf16.hpp"
+#include "kernels/linear/grouped_heads.hpp"
+#include "kernels/hedgehog/hedgehog_ops.hpp"
+#include "kernels/linear/layer_ops.hpp"
+#include "kernels/ssm/mamba2_ops.hpp"
 #include "trainer/mixers/hedgehog_layer.hpp"
 
 namespace lar::trainer::mixers {

@@ -3,7 +3,7 @@
 // rounding:
 //   P = x [Wq;Wk;Wv]ᵀ             one GEMM (the three are adjacent in the flat buffer)
 //   q, k, v = conv+SiLU(P), L2     one fused pass → bf16 q, k [B,T,Hk,dk], v [B,T,H,dv]
-//                                  (kernels/cuda/linear/layer_ops; key heads of 128 or 256 get their
+//                                  (kernels/linear/layer_ops; key heads of 128 or 256 get their
 //                                  L2 norm from a pass of their own, wide_key.hpp, and run the
 //                                  recurrent wide-key kernels)
 //   gates                          small GEMMs + one elementwise map each
@@ -13,8 +13,8 @@
 //                                  value heads wider than 64 through grouped_heads.hpp;
 //                                  linear = gla with a zero log-gate) / carve_fwd (CARVE: gdn2's
 //                                  gates with raw erase logits x W_bᵀ, a scalar write gate per
-//                                  head and the content projection U1, U2; kernels/cuda/linear/
-//                                  linear_methods.hpp)
+//                                  head and the content projection U1, U2; kernels/carve/
+//                                  carve_cuda.hpp)
 //   y = (RMSNorm_h(o) ⊙ SiLU(x W_gᵀ)) W_oᵀ   norm × gate fused
 // Grouped value heads (model.n_v_heads, Hk < H): q, k and their conv and L2 norm are Hk heads
 // wide, everything else H; the chunk kernels take gshape().Hk and sum the virtual heads' dq,
@@ -46,14 +46,16 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "kernels/carve/carve_cuda.hpp"
+#include "kernels/ccq/ccq_cuda.hpp"
+#include "kernels/channel_rule/channel_rule.hpp"
 #include "kernels/cuda/cuda_backend.hpp"
-#include "kernels/cuda/linear/arena_bf16.hpp"
 #include "kernels/cuda/cuda_check.hpp"
-#include "kernels/cuda/linear/grouped_heads.hpp"
-#include "kernels/cuda/linear/layer_ops.hpp"
-#include "kernels/cuda/linear/linear_attention.hpp"
-#include "kernels/cuda/linear/linear_methods.hpp"
-#include "kernels/cuda/linear/wide_key.hpp"
+#include "kernels/delta_rule/delta_rule.hpp"
+#include "kernels/linear/arena_bf16.hpp"
+#include "kernels/linear/grouped_heads.hpp"
+#include "kernels/linear/layer_ops.hpp"
+#include "kernels/linear/wide_key.hpp"
 #include "trainer/mixers/linear_layer.hpp"
 
 namespace lar::trainer::mixers {
@@ -702,7 +704,7 @@ class CudaLinearImpl final : public CudaLinear {
   }
   // The delta and channel kernels' shape: value heads of dv = 64·m channels run as m heads of
   // 64 sharing q, k and the gates, and value head j reads key head j / (H / Hk)
-  // (kernels/cuda/linear/grouped_heads.hpp).
+  // (kernels/linear/grouped_heads.hpp).
   cl::GroupedShape gshape() const {
     cl::GroupedShape s;
     s.B = B_;

@@ -2,7 +2,7 @@
 // backend. Same parameters, layout and results as the CPU path within bf16 rounding:
 //   [z | x | B | C] = x [W_z; W_x; W_B; W_C]ᵀ    one GEMM (the four are adjacent in the flat
 //                                               buffer); dt = x W_dtᵀ in fp32 (its own GEMM)
-//   x, B, C ← SiLU(conv + bias)                 ssm_conv_silu_forward (kernels/cuda/linear/
+//   x, B, C ← SiLU(conv + bias)                 ssm_conv_silu_forward (kernels/ssm/
 //                                               mamba2_ops.hpp): x fp32, B and C bf16, already
 //                                               in the kernels' [B,T,G,N] layout
 //   Δ·x (bf16), a = −exp(A_log)·Δ broadcast     mamba2_gates_forward
@@ -31,10 +31,10 @@
 #include "core/error.hpp"
 #include "cuda_layers/ssm_decode.hpp"
 #include "kernels/cuda/cuda_backend.hpp"
-#include "kernels/cuda/linear/arena_bf16.hpp"
-#include "kernels/cuda/linear/grouped_heads.hpp"
-#include "kernels/cuda/linear/layer_ops.hpp"
-#include "kernels/cuda/linear/mamba2_ops.hpp"
+#include "kernels/linear/arena_bf16.hpp"
+#include "kernels/linear/grouped_heads.hpp"
+#include "kernels/linear/layer_ops.hpp"
+#include "kernels/ssm/mamba2_ops.hpp"
 #include "trainer/mixers/mamba2_layer.hpp"
 
 namespace lar::trainer::mixers {

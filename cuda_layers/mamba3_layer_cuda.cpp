@@ -4,7 +4,7 @@
 //   [z | x | B | C] = x [W_z; W_x; W_B; W_C]ᵀ       one GEMM in act_dtype (adjacent weights)
 //   [dt | a | trap | angle] = x [W_dt; …; W_angle]ᵀ  one fp32 GEMM (adjacent weights)
 //   Δ, A, λ, c, β', φ; q, k, the written value c·v and the gate
-//                                                   mamba3_prepare (kernels/cuda/linear/
+//                                                   mamba3_prepare (kernels/ssm/
 //                                                   mamba3_ops.hpp): token t is the R rows
 //                                                   t·R + r of the channel kernel's sequence
 //   o = gla channel kernel(q, k, v, g, scale 1)     grouped_channel_fwd over T·R rows, one key
@@ -32,10 +32,10 @@
 #include "core/error.hpp"
 #include "cuda_layers/ssm_decode.hpp"
 #include "kernels/cuda/cuda_backend.hpp"
-#include "kernels/cuda/linear/arena_bf16.hpp"
-#include "kernels/cuda/linear/grouped_heads.hpp"
-#include "kernels/cuda/linear/layer_ops.hpp"
-#include "kernels/cuda/linear/mamba3_ops.hpp"
+#include "kernels/linear/arena_bf16.hpp"
+#include "kernels/linear/grouped_heads.hpp"
+#include "kernels/linear/layer_ops.hpp"
+#include "kernels/ssm/mamba3_ops.hpp"
 #include "trainer/mixers/mamba3_layer.hpp"
 
 namespace lar::trainer::mixers {

@@ -5,8 +5,11 @@
 //   kernels/backend.hpp   this interface, Tensor (a non-owning view) and Arena
 //   kernels/cpu/          CpuBackend<T>: the numerical reference, T = float (training)
 //                         or double (finite-difference gradient checks in tests)
-//   kernels/cpu/linear/   CPU kernels of the linear mixers (their own interface)
-//   kernels/cuda/         the CUDA backend
+//   kernels/cuda/         the CUDA backend: memory, GEMM, one file per op family
+//   kernels/<family>/     a mixer family's kernels, their own interface: linear/ (the one
+//                         recurrence, CPU, and what the CUDA families share), delta_rule/,
+//                         channel_rule/, carve/, ccq/, hedgehog/, ssm/, attention/ (CPU
+//                         reference, CUDA kernels, decode, supports.hpp, tests beside)
 //
 // Conventions, for every op below:
 // - Tensors are row-major and contiguous. Shapes are written [B,T,H,D]; a "2-D view" of

@@ -105,7 +105,7 @@ std::string cuda_unsupported(const json& model) {
   // The dimensions and options are the model's, the same for every linear layer.
   const MixerConfig c = mixer_config(model, 0);
   // Key heads of 64 run the chunk kernels, of 128 and 256 the recurrent wide-key kernels
-  // (kernels/cuda/linear/wide_key.hpp, CCQ too, CARVE up to 128); the cler/cler_h readouts are
+  // (kernels/linear/wide_key.hpp, CCQ too, CARVE up to 128); the cler/cler_h readouts are
   // 64-wide only.
   if (c.head_dim != 64 && c.head_dim != 128 && c.head_dim != 256)
     return "model.head_dim: the linear CUDA kernels take 64, 128 or 256, got " + std::to_string(c.head_dim);
@@ -117,7 +117,7 @@ std::string cuda_unsupported(const json& model) {
     if (r == "cler" || r == "cler_h")
       return "model.head_dim: the cler/cler_h readouts run on CUDA with key heads of 64 only, got " + dk;
   }
-  // Value heads of 64·m run as m heads of 64 sharing q, k (kernels/cuda/linear/grouped_heads.hpp);
+  // Value heads of 64·m run as m heads of 64 sharing q, k (kernels/linear/grouped_heads.hpp);
   // not CARVE beyond 128 (its content signal couples the value channels: its wide kernels hold
   // the whole head in one CTA); the cler/cler_h readouts through the same mapping, gated until
   // verified (kLaaRoutingCudaVerified).

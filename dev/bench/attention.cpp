@@ -1,5 +1,5 @@
 // `lar-bench attention` — causal bf16 attention on the GPU, both implementations in
-// kernels/cuda/attention: cuDNN's fused attention (cudnn_attention.hpp) and our flash
+// kernels/attention: cuDNN's fused attention (cudnn_attention.hpp) and our flash
 // kernels (flash_attention.hpp); forward, backward and forward+backward at the issue's
 // shapes, CUDA-event timing, median of --reps after --warmup, against the FLOP floor and
 // PyTorch SDPA timed in the same device call (--sdpa FILE; without it, no SDPA columns).
@@ -22,8 +22,8 @@
 #include "dev/bench/bench.hpp"
 #include "core/error.hpp"
 #include "core/json.hpp"
-#include "kernels/cuda/attention/cudnn_attention.hpp"
-#include "kernels/cuda/attention/flash_attention.hpp"
+#include "kernels/attention/cudnn_attention.hpp"
+#include "kernels/attention/flash_attention.hpp"
 #include "kernels/cuda/cuda_check.hpp"
 #include "registry/text_table.hpp"
 

@@ -1,4 +1,4 @@
-// `lar-bench ccq-kernels` — CCQ's own kernels (ccq_fwd, ccq_bwd; kernels/cuda/linear/ccq.cu)
+// `lar-bench ccq-kernels` — CCQ's own kernels (ccq_fwd, ccq_bwd; kernels/ccq/ccq.cu)
 // timed alone at the paper's layer shape (B=1 T=4096 H=32) and the 344M model's (B=8 T=4096
 // H=16); CUDA events, median of --reps after --warmup. The whole layer with and without CCQ is
 // `lar-bench linear-layer`. --group, --fwd and --bwd force the variants (A/B; cuda.ccq_* in a run).
@@ -15,8 +15,7 @@
 
 #include "dev/bench/bench.hpp"
 #include "dev/bench/cuda_timing.hpp"
-#include "kernels/cuda/linear/linear_attention.hpp"
-#include "kernels/cuda/linear/linear_methods.hpp"
+#include "kernels/ccq/ccq_cuda.hpp"
 
 namespace {
 

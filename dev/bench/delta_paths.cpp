@@ -1,7 +1,7 @@
 // `lar-bench delta-paths` — gdn fwd and bwd times of the delta rule's two paths (fused,
 // two-phase "chunked") and of the automatic choice at B = 1, 2, 4, 8 with T = 32768 / B, H = 16
 // (CUDA events, median of --reps after --warmup): the data the cost model of `use_two_phase`
-// (kernels/cuda/linear/delta_rule.cu) is fitted on. The verdict says whether the automatic
+// (kernels/delta_rule/delta_rule.cu) is fitted on. The verdict says whether the automatic
 // choice is within 10% of the faster path at every shape; the exit code is 1 when it is not.
 // Only in CUDA builds (LAR_HAVE_CUDA comes from kernels/cuda/CMakeLists.txt).
 #ifdef LAR_HAVE_CUDA
@@ -16,7 +16,7 @@
 #include "core/error.hpp"
 #include "dev/bench/bench.hpp"
 #include "dev/bench/cuda_timing.hpp"
-#include "kernels/cuda/linear/linear_attention.hpp"
+#include "kernels/delta_rule/delta_rule.hpp"
 
 namespace {
 

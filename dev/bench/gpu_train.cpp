@@ -7,7 +7,7 @@
 // With LAR_CUDA_PROFILE=1 it adds device milliseconds per step for each op kind.
 // --arch/--stack/--hybrid-ratio pick the token mixers (default: the dense softmax model);
 // e.g. `--arch gdn --stack pure` is the 344M GDN model of issue 8 (heads of 64), whose
-// linear layers add their own per-op times (kernels/cuda/linear/layer_ops.hpp) to the profile.
+// linear layers add their own per-op times (kernels/linear/layer_ops.hpp) to the profile.
 // Only in CUDA builds (LAR_HAVE_CUDA comes from kernels/cuda/CMakeLists.txt).
 #ifdef LAR_HAVE_CUDA
 #include <algorithm>
@@ -20,7 +20,7 @@
 #include "kernels/backend.hpp"
 #include "core/error.hpp"
 #include "kernels/cuda/cuda_backend.hpp"
-#include "kernels/cuda/linear/layer_ops.hpp"
+#include "kernels/linear/layer_ops.hpp"
 #include "trainer/mixer.hpp"
 #include "trainer/model.hpp"
 #include "trainer/optim/device_optimizer.hpp"

@@ -1,9 +1,9 @@
-// `lar-bench linear-cuda` — the fused chunkwise linear-mixer kernels (kernels/cuda/linear) on
+// `lar-bench linear-cuda` — the fused chunkwise linear-mixer kernels (kernels/delta_rule, channel_rule, carve, ccq, linear) on
 // the GPU: deltanet, gdn, gla, kda, gdn2 forward, backward and forward+backward at B=8, T=4096, H=16,
 // dk=dv=64 and B=1, T=32K; CUDA-event timing, median of --reps after --warmup, against the
 // byte and FLOP floors and, with --fla FILE, fla's chunk kernels timed in the same device call
 // (dev/fla/fla_check.py --time --json FILE). --key-dim K and --value-dim N time heads of K × N
-// channels through kernels/cuda/linear/grouped_heads.hpp (key dims 128 and 256 go to the recurrent
+// channels through kernels/linear/grouped_heads.hpp (key dims 128 and 256 go to the recurrent
 // kernels of wide_key.hpp; CCQ in front at any key dim); --key-split times gla's wide key heads on
 // both the recurrent kernels and the key-block split.
 // Only in CUDA builds (LAR_HAVE_CUDA comes from kernels/cuda/CMakeLists.txt).
@@ -25,14 +25,16 @@
 #include <utility>
 #include <vector>
 
-#include "dev/bench/bench.hpp"
 #include "core/error.hpp"
 #include "core/json.hpp"
+#include "dev/bench/bench.hpp"
+#include "kernels/carve/carve_cuda.hpp"
+#include "kernels/ccq/ccq_cuda.hpp"
+#include "kernels/channel_rule/channel_rule.hpp"
 #include "kernels/cuda/cuda_check.hpp"
-#include "kernels/cuda/linear/grouped_heads.hpp"
-#include "kernels/cuda/linear/linear_attention.hpp"
-#include "kernels/cuda/linear/linear_methods.hpp"
-#include "kernels/cuda/linear/wide_key.hpp"
+#include "kernels/delta_rule/delta_rule.hpp"
+#include "kernels/linear/grouped_heads.hpp"
+#include "kernels/linear/wide_key.hpp"
 #include "registry/text_table.hpp"
 
 namespace {
@@ -504,15 +506,15 @@ static lar::bench::Registration linear_cuda_reg{
       app.add_flag("!--no-short", o->short_seq, "Skip the B=8, T=4096 shape");
       app.add_option("--value-dim", o->value_dim,
                      "Value head dim (a multiple of 64 up to 512): value heads of 64·m run as m heads "
-                     "sharing q, k (kernels/cuda/linear/grouped_heads.hpp); no CARVE, no decode rows")
+                     "sharing q, k (kernels/linear/grouped_heads.hpp); no CARVE, no decode rows")
           ->check(CLI::Range(64, 512));
       app.add_option("--key-dim", o->key_dim,
                      "Key head dim, 64, 128 or 256 (CARVE's paper heads are 128, CCQ's 256 × 512): 128 and 256 run "
-                     "the recurrent wide-key kernels (kernels/cuda/linear/wide_key.hpp); no CARVE, no decode rows")
+                     "the recurrent wide-key kernels (kernels/linear/wide_key.hpp); no CARVE, no decode rows")
           ->check(CLI::IsMember({64, 128, 256}));
       app.add_flag("--key-split", o->key_split,
                    "With --key-dim 128 or 256: time gla and gla+ccq on the recurrent wide-key kernels and on the "
-                   "key-block split (the 64-wide chunk kernels over the key blocks, kernels/cuda/linear/"
+                   "key-block split (the 64-wide chunk kernels over the key blocks, kernels/linear/"
                    "grouped_heads.hpp; its gate opened for the bench), the split's rows anchored on the recurrent ones");
       app.add_option("--mixer", o->only,
                      "Only these cases, comma-separated (deltanet, gdn, gla, kda, gdn2, carve, gdn+ccq, gla+ccq, "

@@ -2,7 +2,13 @@
 """Did a change to a .cu file move code without changing it? Compares the machine code of
 every kernel of two cubins (their .text.<kernel> sections, byte for byte).
 
-  dev/cuda/cubin_diff.py BEFORE.cubin AFTER.cubin [--rename OLD=NEW ...] [--fields]
+  dev/cuda/cubin_diff.py BEFORE.cubin[,MORE.cubin...] AFTER.cubin[,MORE.cubin...] [--rename OLD=NEW ...] [--fields]
+
+A side may pool several cubins (a file split in two, or two files merged): their kernels are
+compared as one set, and a kernel that several of them hold (a header's kernel compiled into
+each) must be the same in all. nvcc prefixes the names in an anonymous namespace with a hash of
+the file (`_INTERNAL_<hash>_<n>_<file>_cu_<hash>::`); that prefix is dropped, so a kernel that
+moved to another file keeps its name.
 
 Cubins: compile the file before and after with the build's nvcc command plus
 `-keep -keep-dir DIR` (DIR/<file>.compute_90a.cubin, .compute_90.cubin). Prints per kernel
@@ -13,6 +19,7 @@ the 16-bit field at bits 40-55 of their instructions (the constant-bank offset: 
 parameters that moved), how many instructions differ and by how much that field moved.
 Needs no CUDA tools beyond nvcc (no cuobjdump): identical bytes are identical SASS.
 """
+import re
 import struct
 import subprocess
 import sys
@@ -34,11 +41,25 @@ def sections(path):
     return out
 
 
+INTERNAL = re.compile(r"_INTERNAL_\w+?_cu_[0-9a-f]+::")
+
+
 def kernels(path):
     secs = {n[len(".text."):]: b for n, b in sections(path).items() if n.startswith(".text.")}
     names = list(secs)
     demangled = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True).stdout
-    return dict(zip(demangled.split("\n"), (secs[n] for n in names)))
+    return {INTERNAL.sub("", d): secs[n] for d, n in zip(demangled.split("\n"), names)}
+
+
+def pooled(paths):
+    """The kernels of several cubins as one set; exits if two of them hold different code under one name."""
+    out, where = {}, {}
+    for path in paths.split(","):
+        for name, code in kernels(path).items():
+            if name in out and out[name] != code:
+                sys.exit(f"{path} and {where[name]} hold different code for {name}")
+            out[name], where[name] = code, path
+    return out
 
 
 def field_moves(x, y):
@@ -65,7 +86,7 @@ def main():
         del args[i:i + 2]
     if len(args) != 2:
         sys.exit(__doc__)
-    before, after = kernels(args[0]), kernels(args[1])
+    before, after = pooled(args[0]), pooled(args[1])
     mapped = {}
     for name, code in before.items():
         for old, new in renames:

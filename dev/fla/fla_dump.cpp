@@ -19,8 +19,9 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "kernels/channel_rule/channel_rule.hpp"
 #include "kernels/cuda/cuda_check.hpp"
-#include "kernels/cuda/linear/linear_attention.hpp"
+#include "kernels/delta_rule/delta_rule.hpp"
 
 namespace gl = lar::kernels::cuda::linear;
 using bf16 = __nv_bfloat16;

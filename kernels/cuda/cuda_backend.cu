@@ -15,14 +15,14 @@
 #include <cuda.h>
 
 #include "core/env.hpp"
-#include "kernels/cuda/attention/cudnn_attention.hpp"
-#include "kernels/cuda/attention/flash_attention.hpp"
+#include "kernels/attention/cudnn_attention.hpp"
+#include "kernels/attention/flash_attention.hpp"
+#include "kernels/cuda/backend_device.cuh"
 #include "kernels/cuda/cuda_backend.hpp"
 #include "kernels/cuda/cuda_backend_internal.hpp"
-#include "kernels/cuda/backend_device.cuh"
 #include "kernels/cuda/cuda_check.hpp"
-#include "kernels/cuda/linear/linear_attention.hpp"
 #include "kernels/cuda/optim/optim_kernels.hpp"
+#include "kernels/linear/shape.hpp"
 
 namespace lar::kernels::cuda {
 

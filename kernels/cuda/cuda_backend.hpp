@@ -124,7 +124,7 @@ class CudaBackend final : public Backend {
   // attention), "flash" (our bf16 mma.sync kernels), "fp32" (the reference kernels), or
   // "none". bf16 attention uses cuDNN where attention::cudnn_covers() the shape (causal,
   // optional window, S == T, D 64/128), cuDNN loads and has an engine, unless deterministic
-  // or cuda.attention: flash; the flash kernels otherwise (kernels/cuda/attention/cudnn_attention.hpp).
+  // or cuda.attention: flash; the flash kernels otherwise (kernels/attention/cudnn_attention.hpp).
   const char* attention_path() const { return attn_path_; }
   // With LAR_CUDA_PROFILE=1 in the environment: device seconds per op kind since the last
   // report (CUDA events around every op), largest first; empty otherwise. GEMMs are split

@@ -6,7 +6,7 @@
 #include <cmath>
 #include <sstream>
 
-#include "kernels/cuda/linear/key_split_gate.hpp"
+#include "kernels/linear/key_split_gate.hpp"
 #include "registry/report/adapter.hpp"
 
 namespace lar::report {

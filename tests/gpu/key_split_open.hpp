@@ -3,7 +3,7 @@
 // scope and restored after, so a failing test leaves the others as they were.
 #pragma once
 
-#include "kernels/cuda/linear/key_split_gate.hpp"
+#include "kernels/linear/key_split_gate.hpp"
 
 namespace lar::gpu_test {
 

@@ -1,7 +1,7 @@
 // The GLA-Hedgehog layer on the CUDA backend (cuda_layers/hedgehog_layer_cuda.cpp: the
-// feature map of kernels/cuda/linear/hedgehog_ops.hpp and the gla channel kernels at key dim
+// feature map of kernels/hedgehog/hedgehog_ops.hpp and the gla channel kernels at key dim
 // 2·head_dim) against the CPU layer (trainer/mixers/hedgehog_mixer.cpp): the feature map's
-// forward and backward against the CPU map (kernels/cpu/linear/hedgehog_map.hpp); the layer's
+// forward and backward against the CPU map (kernels/hedgehog/hedgehog_map.hpp); the layer's
 // output, input gradient and every parameter gradient at CCQ's mini shape (head 64: feature dim
 // 128 on the wide-key kernels, value heads of 128) and its smoke shape (head 16: feature dim 32
 // padded to the 64-wide chunk kernels, value heads of 32 padded to 64), feature dim 256, T not
@@ -28,9 +28,9 @@
 #include "core/error.hpp"
 #include "core/run_dir.hpp"
 #include "kernels/backend.hpp"
-#include "kernels/cpu/linear/hedgehog_map.hpp"
-#include "kernels/cuda/linear/grouped_heads.hpp"
-#include "kernels/cuda/linear/hedgehog_ops.hpp"
+#include "kernels/hedgehog/hedgehog_map.hpp"
+#include "kernels/linear/grouped_heads.hpp"
+#include "kernels/hedgehog/hedgehog_ops.hpp"
 #include "tests/gpu/device_buffer.hpp"
 #include "tests/gpu/host_helpers.hpp"
 #include "tests/gpu/key_split_open.hpp"

@@ -1,5 +1,5 @@
 // The recurrent decode of the linear mixers on the CUDA backend (LinearMixer::init_state/step →
-// CudaLinear, cuda_layers/linear_layer_cuda.cpp: the per-token kernels of kernels/cuda/linear
+// CudaLinear, cuda_layers/linear_layer_cuda.cpp: the per-token kernels of kernels/delta_rule, channel_rule, carve
 // with the forward's projections, conv, gates and output): for each mixer, CCQ, wide key heads,
 // wider and grouped value heads and the routings (clvr, cler, cler_h), a layer decodes T = 70
 // tokens (past one 64-token chunk, so CARVE's content chunk and the chunk forward's second chunk

@@ -1,5 +1,5 @@
 // The linear mixers on the CUDA backend (cuda_layers/linear_layer_cuda.cpp over
-// kernels/cuda/linear): a full model step (loss and every parameter's gradient) against the
+// kernels/linear and the family folders): a full model step (loss and every parameter's gradient) against the
 // CPU backend for each mixer, a hybrid stack, each routing, CARVE, CCQ, wide key and value
 // heads (gla and linear also on the key-block split) and grouped value heads; a loss curve of
 // gdn tracking the CPU run; `backend: cuda` training a gdn config and writing metrics; the
@@ -31,8 +31,8 @@
 #include "trainer/mixers/linear_layer.hpp"
 #include "trainer/model.hpp"
 #include "trainer/train.hpp"
-#include "kernels/cuda/linear/grouped_heads.hpp"
-#include "kernels/cuda/linear/layer_ops.hpp"
+#include "kernels/linear/grouped_heads.hpp"
+#include "kernels/linear/layer_ops.hpp"
 #include "tests/gpu/device_buffer.hpp"
 #include "tests/gpu/host_helpers.hpp"
 #include "tests/gpu/key_split_open.hpp"
@@ -212,7 +212,7 @@ TEST(LinearLayerCuda, EveryMixerStepMatchesTheCpuBackend) {
 // is 1.5e-2; the backbones alone 1.05e-2 – 1.45e-2), so CCQ is held to the fp32 bounds here.
 // Open: gdn2 at dv = 256 (fp32) gave A_log token sums 1.6e-1 and 3.1e-1 off the CPU's on two
 // draws while every per-token gradient stayed ≤ 1.5e-2 and the kernels alone match at dv = 256
-// (test_linear_grouped); DISABLED_WideValueHeads256 below measures it.
+// (test_grouped_heads_cuda); DISABLED_WideValueHeads256 below measures it.
 TEST(LinearLayerCuda, WideValueHeadsMatchTheCpuBackend) {
   for (const char* arch : {"linear", "gla", "deltanet", "gdn", "kda", "gdn2"}) {
     const json cfg = run_config({{"architecture", arch}, {"stack", "pure"}, {"value_dim", 128}});
@@ -229,7 +229,7 @@ TEST(LinearLayerCuda, WideValueHeadsMatchTheCpuBackend) {
                "fp32");
 }
 
-// Key heads of 128 and 256 (the recurrent wide-key kernels, kernels/cuda/linear/wide_key.hpp;
+// Key heads of 128 and 256 (the recurrent wide-key kernels, kernels/linear/wide_key.hpp;
 // the L2 norm of q, k in a pass of its own) with value heads of 128 and 512, i.e. wider than
 // the kernels' 64-row value tiles: every mixer, fp32 and mixed. The gate parameters whose
 // gradients sum the per-value-tile partials (gdn's A_log, dt_bias, w_beta, w_a; kda's and
@@ -740,7 +740,7 @@ TEST(LinearLayerCuda, CarveStepMatchesTheCpuBackend) {
 }
 
 // CARVE at key heads of 128 and value heads of 128 (the recurrent wide_carve_fwd/bwd of
-// kernels/cuda/linear/wide_key.hpp: one CTA per head, the content signal reduced over the whole
+// kernels/linear/wide_key.hpp: one CTA per head, the content signal reduced over the whole
 // value head at each 64-token chunk), gated until these pass (kCarveWideCudaVerified in
 // trainer/mixers/linear_layer.hpp; the tests open the gate). Against the CPU layer with the
 // bounds of the wide-key gdn2/kda cases (compare_step: wide heads and CARVE take the token-sum

@@ -1,5 +1,5 @@
 // The Mamba-2 layer on the CUDA backend (cuda_layers/mamba2_layer_cuda.cpp: the gla channel
-// kernels with the scalar gate broadcast over the key channels, kernels/cuda/linear/
+// kernels with the scalar gate broadcast over the key channels, kernels/ssm/
 // mamba2_ops.hpp around them) against the CPU layer (trainer/mixers/mamba2_mixer.cpp): the
 // layer's output, input gradient and every parameter gradient at the CCQ / CARVE shape (state
 // 128, head dim 64), state 64 and 256, grouped B, C (G < H), value heads of 128, T not a
@@ -21,9 +21,9 @@
 
 #include "core/error.hpp"
 #include "core/run_dir.hpp"
-#include "kernels/cuda/linear/mamba2_ops.hpp"
+#include "kernels/ssm/mamba2_ops.hpp"
 #include "kernels/backend.hpp"
-#include "kernels/cuda/linear/grouped_heads.hpp"
+#include "kernels/linear/grouped_heads.hpp"
 #include "trainer/mixer.hpp"
 #include "trainer/mixers/mamba2_layer.hpp"
 #include "trainer/model.hpp"

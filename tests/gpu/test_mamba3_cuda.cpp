@@ -1,5 +1,5 @@
 // The Mamba-3 layer on the CUDA backend (cuda_layers/mamba3_layer_cuda.cpp: the gla channel
-// kernels over R rows per token, kernels/cuda/linear/mamba3_ops.hpp around them), SISO and
+// kernels over R rows per token, kernels/ssm/mamba3_ops.hpp around them), SISO and
 // MIMO, against the CPU layer (trainer/mixers/mamba3_mixer.cpp): the layer's output, input
 // gradient and every parameter gradient at the CARVE mini shape (d 384: 12 heads of 64, state
 // 128, MIMO rank 4 with chunk 16) and at small shapes (B·H odd, T not a multiple of 64, state
@@ -24,7 +24,7 @@
 #include "core/error.hpp"
 #include "core/run_dir.hpp"
 #include "kernels/backend.hpp"
-#include "kernels/cuda/linear/grouped_heads.hpp"
+#include "kernels/linear/grouped_heads.hpp"
 #include "tests/gpu/host_helpers.hpp"
 #include "tests/gpu/key_split_open.hpp"
 #include "tests/gpu/layer_run.hpp"

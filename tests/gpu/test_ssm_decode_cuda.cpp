@@ -30,7 +30,7 @@
 #include "eval/decoder.hpp"
 #include "eval/loglik.hpp"
 #include "kernels/backend.hpp"
-#include "kernels/cuda/linear/grouped_heads.hpp"
+#include "kernels/linear/grouped_heads.hpp"
 #include "tests/gpu/decode_check.hpp"
 #include "tests/gpu/host_helpers.hpp"
 #include "tests/gpu/key_split_open.hpp"
@@ -145,7 +145,7 @@ TEST(SsmDecodeCuda, HedgehogDecodesAsTheCpuLayerAndItsOwnForward) {
 }
 
 // CCQ's paper heads (head_dim 256, value_dim 512: feature dim 512) decode on the key-block
-// split's decode (kernels/cuda/linear/grouped_heads.hpp: 8 decodes of 64 key channels over the
+// split's decode (kernels/linear/grouped_heads.hpp: 8 decodes of 64 key channels over the
 // state's column blocks, o summed over the blocks), the only CUDA path past feature dim 256, its
 // gate opened for the test: one head, and two heads of 256 with value heads of 256; and heads
 // of 200 (feature dim 400 padded to 448). Against the CPU step and the CUDA forward (on the

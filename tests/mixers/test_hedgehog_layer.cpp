@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "core/error.hpp"
-#include "kernels/cpu/linear/hedgehog_map.hpp"
+#include "kernels/hedgehog/hedgehog_map.hpp"
 #include "mixer_checks.hpp"
 #include "trainer/mixer.hpp"
 #include "trainer/mixers/hedgehog_layer.hpp"
@@ -130,7 +130,7 @@ TEST(HedgehogLayer, CudaCoverageNamesTheGateAndTheOption) {
 }
 
 // CCQ's paper scale (d 1024, 4 heads of 256: feature dim 512) and heads between 128 and 256 run
-// the recurrence on gla's key-block split alone (kernels/cuda/linear/grouped_heads.hpp), so
+// the recurrence on gla's key-block split alone (kernels/linear/grouped_heads.hpp), so
 // trainer::cuda_unsupported refuses them by the split's gate while it is closed (naming the key,
 // the gate and its GPU tests), and takes them once it is open (the hook the GPU tests use);
 // heads up to 128 do not depend on it.
@@ -150,7 +150,7 @@ TEST(HedgehogLayer, PaperHeadsNeedTheKeySplitGate) {
   const std::string closed =
       "model.head_dim: the CUDA gla_hedgehog layer runs heads past 128 (feature dims past 256, the wide-key kernels' "
       "widest key) on gla's key-block split only, which is not yet verified on a GPU (kWideKeySplitVerified, "
-      "kernels/cuda/linear/key_split_gate.hpp; the GPU tests tests/gpu/test_linear_keydim.cpp KeySplit*, "
+      "kernels/linear/key_split_gate.hpp; the GPU tests kernels/linear/test_wide_key_cuda.cpp KeySplit*, "
       "tests/gpu/test_hedgehog_cuda.cpp PaperHeadsMatchTheCpuLayer, tests/gpu/test_ssm_decode_cuda.cpp "
       "HedgehogPaperHeadsDecodeOnTheKeySplit); got ";
   if (!kl::kWideKeySplitVerified) {

@@ -1,6 +1,6 @@
 // The Mamba-3 layer, SISO and MIMO (trainer/mixers/mamba3_mixer.cpp): gradients by finite
 // differences in fp64 (the chunkwise form on the shared core), decode by Mamba-3's own rotary,
-// trapezoidal recurrence (kernels/cpu/ssm/mamba3.hpp) equal to the chunkwise forward, MIMO of
+// trapezoidal recurrence (kernels/ssm/mamba3.hpp) equal to the chunkwise forward, MIMO of
 // rank 1 with its maps at 1 equal to SISO, the parameter shapes and the options' errors.
 #include <gtest/gtest.h>
 

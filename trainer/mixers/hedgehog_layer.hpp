@@ -9,7 +9,7 @@
 
 #include "core/error.hpp"
 #include "kernels/backend.hpp"
-#include "kernels/cuda/linear/key_split_gate.hpp"
+#include "kernels/linear/key_split_gate.hpp"
 #include "trainer/mixer.hpp"
 
 namespace lar::trainer::mixers {
@@ -55,7 +55,7 @@ inline HedgehogShape hedgehog_shape(const MixerConfig& cfg) {
 // The CUDA layer runs the recurrence on the gla channel kernels at key dim Fp, the feature dim
 // padded to the kernels' 64 (chunk kernels), 128 or 256 (wide-key kernels, or the key-block
 // split where it is open), and past 256 to a multiple of 64 up to 512 (the key-block split of
-// kernels/cuda/linear/grouped_heads.hpp only: CCQ's paper heads of 256), with zero features and
+// kernels/linear/grouped_heads.hpp only: CCQ's paper heads of 256), with zero features and
 // zero log-gates, and value heads padded to a multiple of 64 with zero values.
 inline int hedgehog_cuda_key_dim(const HedgehogShape& s) {
   return s.F <= 64 ? 64 : s.F <= 128 ? 128 : s.F <= 256 ? 256 : (s.F + 63) / 64 * 64;
@@ -64,7 +64,7 @@ inline int hedgehog_cuda_value_dim(const HedgehogShape& s) { return (s.dv + 63) 
 
 // Why the CUDA layer cannot run this shape ("" when it can); the message names the key and value.
 // Heads past 128 (feature dims past 256) run on the key-block split alone, so they are refused
-// while its gate (kernels/cuda/linear/key_split_gate.hpp) is closed, by the gate's name.
+// while its gate (kernels/linear/key_split_gate.hpp) is closed, by the gate's name.
 inline std::string cuda_hedgehog_shape_unsupported(const HedgehogShape& s) {
   namespace kl = kernels::cuda::linear;
   if (!s.conv) return "model.short_conv: the CUDA gla_hedgehog layer needs the short conv (true), got false";
@@ -132,6 +132,10 @@ class CudaHedgehog {
 using CudaHedgehogFactory = std::unique_ptr<CudaHedgehog> (*)(const HedgehogShape& s, const HedgehogSlots& sl,
                                                               const std::vector<kernels::Tensor>& params,
                                                               const std::vector<kernels::Tensor>& grads);
-CudaHedgehogFactory& cuda_hedgehog_factory();
+// (An inline function's static is one object per program: the mixer and the registration share it.)
+inline CudaHedgehogFactory& cuda_hedgehog_factory() {
+  static CudaHedgehogFactory factory = nullptr;
+  return factory;
+}
 
 }  // namespace lar::trainer::mixers

@@ -7,9 +7,9 @@
 //   S_t = S_{t−1} D(exp g_t) + v_t φ(k_t)ᵀ,  o_t = S_t φ(q_t)      (the GLA core, no scale:
 //     the per-head RMSNorm below makes the output scale-free)
 //   o → per-head RMSNorm × SiLU(W_g x) → W_o.
-// The recurrence is the shared core (kernels/cpu/linear/core.hpp, channel gates): chunkwise
+// The recurrence is the shared core (kernels/linear/core.hpp, channel gates): chunkwise
 // in training, recurrent in decode. On the CUDA backend forward/backward go to
-// cuda_layers/hedgehog_layer_cuda.cpp (CUDA builds; the feature map of kernels/cuda/linear/hedgehog_ops.hpp
+// cuda_layers/hedgehog_layer_cuda.cpp (CUDA builds; the feature map of kernels/hedgehog/hedgehog_ops.hpp
 // and the gla channel kernels at key dim 2dk; cuda_hedgehog_unsupported says which shapes, and
 // the gate kHedgehogCudaVerified in hedgehog_layer.hpp keeps it off until it is verified on a
 // GPU); so does decode (init_state/step: the forward's projections, conv over a window of the
@@ -23,8 +23,8 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cpu/linear/core.hpp"
-#include "kernels/cpu/linear/hedgehog_map.hpp"
+#include "kernels/linear/core.hpp"
+#include "kernels/hedgehog/hedgehog_map.hpp"
 #include "trainer/mixer.hpp"
 #include "trainer/mixers/hedgehog_layer.hpp"
 #include "trainer/mixers/ssm_common.hpp"
@@ -344,10 +344,5 @@ const MixerRegistration reg_hedgehog{"gla_hedgehog",
                                      [](const MixerConfig& c) { return std::make_unique<HedgehogMixer>(c); }};
 
 }  // namespace
-
-CudaHedgehogFactory& cuda_hedgehog_factory() {
-  static CudaHedgehogFactory factory = nullptr;
-  return factory;
-}
 
 }  // namespace lar::trainer::mixers

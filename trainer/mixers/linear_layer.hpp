@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "kernels/backend.hpp"
-#include "kernels/cpu/linear/mixers.hpp"
+#include "kernels/linear/mixers.hpp"
 #include "trainer/mixer.hpp"
 
 namespace lar::trainer::mixers {
@@ -61,8 +61,8 @@ std::string cuda_linear_unsupported(const Dims& d);
 std::string cuda_linear_decode_unsupported(const Dims& d);
 
 // CARVE at key heads of 128 or value heads of 128 on CUDA (the recurrent wide_carve_fwd/bwd of
-// kernels/cuda/linear/wide_key.hpp): verified on the H200 (test_linear_layer_cuda CarveWide*,
-// test_linear_keydim CarveWideMatchesCpuReference). Set it to false to refuse the path again
+// kernels/linear/wide_key.hpp): verified on the H200 (test_linear_layer_cuda CarveWide*,
+// test_wide_key_cuda CarveWideMatchesCpuReference). Set it to false to refuse the path again
 // (cuda_linear_unsupported then says why and backend: auto trains those cells on the CPU).
 constexpr bool kCarveWideCudaVerified = true;
 // The refusal while the gate is closed (the model-level check of trainer/mixer.cpp says the same).
@@ -103,7 +103,7 @@ inline std::string laa_routing_cuda_gate(const std::string& what) {
 // The CUDA implementation (cuda_layers/linear_layer_cuda.cpp): forward/backward of the Mixer contract
 // on the CUDA backend, fp32 interface tensors, bf16 chunk kernels inside; and the recurrent
 // decode (one token per call, the state on the device: the decode kernels of
-// kernels/cuda/linear with the forward's projections, conv, gates and output).
+// the family kernels (kernels/delta_rule, channel_rule, carve, ccq) with the forward's projections, conv, gates and output).
 class CudaLinear {
  public:
   virtual ~CudaLinear() = default;
@@ -119,6 +119,10 @@ class CudaLinear {
 using CudaLinearFactory = std::unique_ptr<CudaLinear> (*)(const Dims& d, const Slots& s,
                                                           const std::vector<kernels::Tensor>& params,
                                                           const std::vector<kernels::Tensor>& grads);
-CudaLinearFactory& cuda_linear_factory();
+// (An inline function's static is one object per program: the mixer and the registration share it.)
+inline CudaLinearFactory& cuda_linear_factory() {
+  static CudaLinearFactory factory = nullptr;
+  return factory;
+}
 
 }  // namespace lar::trainer::mixers

@@ -1,4 +1,4 @@
-// The linear-attention mixer layer (docs/spec.md §2) around the recurrences of kernels/cpu/linear:
+// The linear-attention mixer layer (docs/spec.md §2) around the recurrences of kernels/linear:
 //   q,k,v = projections of the normed input x
 //   optional short causal depthwise conv (width model.conv_size) + SiLU on q, k, v
 //   delta rules (deltanet, gdn, kda, gdn2), CCQ and model.qk_l2norm: q, k L2-normalised per
@@ -10,7 +10,7 @@
 //     kda       β; g = −exp(A_log)·softplus(W₂W₁x + dt_bias)   per key channel
 //     gdn2      g as kda; b = σ(W_b x) per key channel; w = σ(W_w x) per value channel
 //     carve     g as kda; erase logits W_b x + U2 tanh(U1 m_c) (content, per head); w = σ(w_wᵀx)
-//               scalar per head (kernels/cpu/linear/carve.hpp); model.carve.qkv: paper
+//               scalar per head (kernels/carve/carve.hpp); model.carve.qkv: paper
 //               takes q, k, v = SiLU(W x) as the paper prints them (no conv, no L2 norm)
 //   CCQ (model.ccq.enabled, any of them): q ← (I − λΣ)q on L2-normalised q, k with
 //     λ = σ(W_λ p_q + b_λ) from the raw query projection p_q, or a fixed λ
@@ -39,9 +39,13 @@
 #include <vector>
 
 #include "core/error.hpp"
-#include "kernels/cpu/linear/carve.hpp"
-#include "kernels/cpu/linear/ccq.hpp"
-#include "kernels/cpu/linear/mixers.hpp"
+#include "kernels/carve/carve.hpp"
+#include "kernels/carve/supports.hpp"
+#include "kernels/ccq/ccq.hpp"
+#include "kernels/ccq/supports.hpp"
+#include "kernels/channel_rule/supports.hpp"
+#include "kernels/delta_rule/supports.hpp"
+#include "kernels/linear/mixers.hpp"
 #include "trainer/mixer.hpp"
 #include "trainer/mixers/linear_layer.hpp"
 
@@ -1095,16 +1099,25 @@ const MixerRegistration reg_carve{"carve", factory()};
 
 }  // namespace
 
-CudaLinearFactory& cuda_linear_factory() {
-  static CudaLinearFactory factory = nullptr;
-  return factory;
+namespace {
+
+namespace kc = kernels::cuda::linear;  // the CUDA kernels' shape contracts (CUDA-free)
+
+// Whether the CUDA kernels of this mixer's family take these heads: gdn and deltanet run on the
+// delta rule, linear, gla, kda and gdn2 on the channel rule; CCQ and CARVE add their own.
+bool family_supports(const Dims& d, kc::HeadDims h) {
+  const bool delta = d.mixer == lk::Mixer::gdn || d.mixer == lk::Mixer::deltanet;
+  if (!(delta ? kc::delta_rule_supports(h) : kc::channel_rule_supports(h))) return false;
+  return !d.ccq || kc::ccq_supports(h.dk);
 }
+
+}  // namespace
 
 std::string cuda_linear_decode_unsupported(const Dims& d) {
   // CARVE's CUDA decode (carve_decode) is 64-wide; the wide kernels have no per-token form yet.
-  if (d.carve && d.dk != 64)
+  if (d.carve && !kc::carve_decode_supports({d.dk, 64}))
     return "model.head_dim: CARVE decode on CUDA takes key heads of 64 only, got " + std::to_string(d.dk);
-  if (d.carve && d.dv != 64)
+  if (d.carve && !kc::carve_decode_supports({64, d.dv}))
     return "model.value_dim: CARVE decode on CUDA takes value heads of 64 only, got " + std::to_string(d.dv);
   // The decode's readout subtracts the token's own o2 after route_residual (T = 1), which would
   // scale z alone by β: the β-scaled update has no CUDA decode.
@@ -1116,27 +1129,27 @@ std::string cuda_linear_unsupported(const Dims& d) {
   // The CUDA CARVE kernel's content chunk is its 64-token chunk; the cler/cler_h readout
   // (a second kernel pass with the shifted query) would need CARVE's content-gated erase
   // gates, which exist only inside carve_fwd.
-  if (d.carve && d.L != 64)
+  if (d.carve && d.L != kc::kCarveContentChunk)
     return "model.carve.content_chunk: the CUDA CARVE kernel uses content chunks of 64, got " + std::to_string(d.L);
   if (d.carve && (d.route == Dims::Route::cler || d.route == Dims::Route::cler_h))
     return "model.routing: cler/cler_h with CARVE have no CUDA path (clvr has)";
   if (d.resid_update && !laa_routing_cuda_open())
     return laa_routing_cuda_gate("model.routing_signal: 'update' (the β-scaled write residual)");
   if (d.silu_only) return "model.carve.qkv: 'paper' has no CUDA path yet";
-  // key heads of 128 and 256: the recurrent wide-key kernels (kernels/cuda/linear/wide_key.hpp,
+  // key heads of 128 and 256: the recurrent wide-key kernels (kernels/linear/wide_key.hpp,
   // CCQ included), without the cler/cler_h readouts (64-wide kernels only); CARVE at key or value
   // heads of 128 through wide_carve_fwd/bwd, gated until verified (kCarveWideCudaVerified)
-  if (d.dk != 64 && d.dk != 128 && d.dk != 256)
+  if (!family_supports(d, {d.dk, 64}))
     return "model.head_dim: the CUDA kernels take 64, 128 or 256, got " + std::to_string(d.dk);
-  if (d.carve && d.dk != 64 && d.dk != 128)
+  if (d.carve && !kc::carve_supports({d.dk, 64}))
     return "model.head_dim: CARVE runs on CUDA with key heads of 64 or 128, got " + std::to_string(d.dk);
-  if (d.carve && d.dv != 64 && d.dv != 128)
+  if (d.carve && !kc::carve_supports({64, d.dv}))
     return "model.value_dim: CARVE runs on CUDA with value heads of 64 or 128, got " + std::to_string(d.dv);
   if (d.carve && (d.dk != 64 || d.dv != 64) && !kCarveWideCudaVerified && !carve_wide_cuda_unverified_allowed())
     return carve_wide_gate_message(d.dk, d.dv);
   if (d.dk != 64 && (d.route == Dims::Route::cler || d.route == Dims::Route::cler_h))
     return "model.head_dim: the cler/cler_h readouts run on CUDA with key heads of 64 only, got " + std::to_string(d.dk);
-  if (d.dv % 64 != 0 || d.dv > 512)
+  if (!family_supports(d, {64, d.dv}))
     return "model.value_dim: the CUDA kernels need a multiple of 64 up to 512, got " + std::to_string(d.dv);
   if (d.dv != 64 && (d.route == Dims::Route::cler || d.route == Dims::Route::cler_h) && !laa_routing_cuda_open())
     return laa_routing_cuda_gate("model.value_dim: " + std::to_string(d.dv) + " with the cler/cler_h readouts");

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kernels/backend.hpp"
+#include "kernels/ssm/supports.hpp"
 #include "trainer/mixer.hpp"
 #include "trainer/mixers/mamba_options.hpp"
 
@@ -40,9 +41,10 @@ inline std::string cuda_mamba2_unsupported(const MambaShape& s, int conv_size) {
   if (s.N == 64 && !probe)
     return "model.mamba.state_size: 64 has no CUDA path yet (its A_log, dt_bias and D gradients are not within "
            "the GPU tests' bounds); the CUDA Mamba-2 layer takes 128 (the papers') or 256";
-  if (s.N != 128 && s.N != 256 && !(probe && s.N == 64))
+  namespace kc = kernels::cuda::linear;
+  if (!kc::ssm_state_supported(s.N) && !(probe && s.N == 64))
     return "model.mamba.state_size: the CUDA Mamba-2 layer takes 128 or 256, got " + std::to_string(s.N);
-  if (s.P % 64 != 0 || s.P > 512)
+  if (!kc::ssm_head_supported(s.P))
     return "model.mamba.head_dim: the CUDA Mamba-2 layer needs a multiple of 64 up to 512, got " + std::to_string(s.P);
   // Every mamba2 layer test that passed on the H200 has a conv of 4 (Mamba-2's d_conv); both
   // that failed have 3 (GroupsMatchTheCpuLayer's G = H = 2 case: y and dx within bounds, the
@@ -69,6 +71,10 @@ class CudaMamba2 {
 using CudaMamba2Factory = std::unique_ptr<CudaMamba2> (*)(const MambaShape& s, int conv_size, const Mamba2Slots& sl,
                                                           const std::vector<kernels::Tensor>& params,
                                                           const std::vector<kernels::Tensor>& grads);
-CudaMamba2Factory& cuda_mamba2_factory();
+// (An inline function's static is one object per program: the mixer and the registration share it.)
+inline CudaMamba2Factory& cuda_mamba2_factory() {
+  static CudaMamba2Factory factory = nullptr;
+  return factory;
+}
 
 }  // namespace lar::trainer::mixers

@@ -6,7 +6,7 @@
 //     S_t = exp(a_t) S_{t−1} + (Δ_t x_t) B_tᵀ,   y_t = S_t C_t + D_h x_t
 //   y ← RMSNorm over each group of channels (y ⊙ SiLU(z)) · w  →  out projection.
 // The recurrence is scalar-decay linear attention — the state-space dual — so it runs on the
-// shared core of kernels/cpu/linear/core.hpp (q = C, k = B, written value Δ·x, scalar gate
+// shared core of kernels/linear/core.hpp (q = C, k = B, written value Δ·x, scalar gate
 // a, no output scale): the chunkwise form trains, the recurrent form decodes.
 // On the CPU backend (f32 training, f64 gradient checks) projections go through Backend::gemm,
 // the per-(batch, head) recurrences run in parallel over the backend's threads. On the CUDA
@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cpu/linear/core.hpp"
+#include "kernels/linear/core.hpp"
 #include "trainer/mixer.hpp"
 #include "trainer/mixers/mamba2_layer.hpp"
 #include "trainer/mixers/mamba_options.hpp"
@@ -357,10 +357,5 @@ class Mamba2Mixer final : public ssm::DtypeMixer<Mamba2Mixer, Impl, State> {
 const MixerRegistration reg_mamba2{"mamba2", [](const MixerConfig& c) { return std::make_unique<Mamba2Mixer>(c); }};
 
 }  // namespace
-
-CudaMamba2Factory& cuda_mamba2_factory() {
-  static CudaMamba2Factory factory = nullptr;
-  return factory;
-}
 
 }  // namespace lar::trainer::mixers

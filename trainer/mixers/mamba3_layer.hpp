@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kernels/backend.hpp"
+#include "kernels/ssm/supports.hpp"
 #include "trainer/mixer.hpp"
 #include "trainer/mixers/mamba_options.hpp"
 
@@ -50,7 +51,7 @@ inline int mamba3_rank(const json& model) {
 
 // The widest MIMO rank the CUDA layer takes (its per-token kernels hold the R rows of q and k
 // in registers).
-constexpr int kMamba3CudaMaxRank = 4;
+constexpr int kMamba3CudaMaxRank = kernels::cuda::linear::kMamba3MaxRank;
 
 // Why the CUDA layer cannot run this shape ("" when it can): the state size (the gla channel
 // kernels' key dim) must be 128 or 256 (the recurrent wide-key kernels: exact at any chunk
@@ -58,11 +59,12 @@ constexpr int kMamba3CudaMaxRank = 4;
 // up to 512, the MIMO rank at most kMamba3CudaMaxRank. The message names the key and value.
 // (Inline: trainer::cuda_unsupported checks a model's layers with it before any is built.)
 inline std::string cuda_mamba3_unsupported(const MambaShape& s, int rank) {
-  if (s.N != 128 && s.N != 256)
+  namespace kc = kernels::cuda::linear;
+  if (!kc::ssm_state_supported(s.N))
     return "model.mamba.state_size: the CUDA Mamba-3 layer takes 128 or 256, got " + std::to_string(s.N);
-  if (s.P % 64 != 0 || s.P > 512)
+  if (!kc::ssm_head_supported(s.P))
     return "model.mamba.head_dim: the CUDA Mamba-3 layer needs a multiple of 64 up to 512, got " + std::to_string(s.P);
-  if (rank < 1 || rank > kMamba3CudaMaxRank)
+  if (!kc::mamba3_rank_supported(rank))
     return "model.mamba3.mimo_rank: the CUDA Mamba-3 layer takes 1 to " + std::to_string(kMamba3CudaMaxRank) +
            ", got " + std::to_string(rank);
   return "";
@@ -86,6 +88,10 @@ class CudaMamba3 {
 using CudaMamba3Factory = std::unique_ptr<CudaMamba3> (*)(const MambaShape& s, int na, int rank, const Mamba3Slots& sl,
                                                           const std::vector<kernels::Tensor>& params,
                                                           const std::vector<kernels::Tensor>& grads);
-CudaMamba3Factory& cuda_mamba3_factory();
+// (An inline function's static is one object per program: the mixer and the registration share it.)
+inline CudaMamba3Factory& cuda_mamba3_factory() {
+  static CudaMamba3Factory factory = nullptr;
+  return factory;
+}
 
 }  // namespace lar::trainer::mixers

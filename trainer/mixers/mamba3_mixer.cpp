@@ -4,7 +4,7 @@
 //   Δ = softplus(dt + dt_bias); A = min(−softplus(a), −1e-4); λ = σ(trap); θ ← π·tanh(θ)
 //   k̂_r = RMSNorm(B_r)·w_B + B_bias_{h,r}, q̂_r = RMSNorm(C_r)·w_C + C_bias_{h,r}  (biases start at 1)
 //   v_r = x_h ⊙ m_x,{h,r}  (MIMO; SISO: v = x_h)
-//   per head: the rotary, trapezoidal recurrence of kernels/cpu/ssm/mamba3.hpp with log
+//   per head: the rotary, trapezoidal recurrence of kernels/ssm/mamba3.hpp with log
 //     decay A·Δ, R keys/values written and R queries read per token;
 //   y_h = Σ_r m_o,{h,r} ⊙ (o_r + D_h v_r) ⊙ SiLU(z_h ⊙ m_z,{h,r}) → out projection
 //     (SISO: y_h = (o + D_h x_h) ⊙ SiLU(z_h)).
@@ -23,8 +23,8 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cpu/linear/core.hpp"
-#include "kernels/cpu/ssm/mamba3.hpp"
+#include "kernels/linear/core.hpp"
+#include "kernels/ssm/mamba3.hpp"
 #include "trainer/mixer.hpp"
 #include "trainer/mixers/mamba3_layer.hpp"
 #include "trainer/mixers/mamba_options.hpp"
@@ -533,10 +533,5 @@ class Mamba3Mixer final : public ssm::DtypeMixer<Mamba3Mixer, Impl, State> {
 const MixerRegistration reg_mamba3{"mamba3", [](const MixerConfig& c) { return std::make_unique<Mamba3Mixer>(c); }};
 
 }  // namespace
-
-CudaMamba3Factory& cuda_mamba3_factory() {
-  static CudaMamba3Factory factory = nullptr;
-  return factory;
-}
 
 }  // namespace lar::trainer::mixers
