@@ -41,6 +41,7 @@
 
 #include "core/error.hpp"
 #include "cuda_layers/ssm_decode.hpp"
+#include "cuda_layers/layer_common.hpp"
 #include "kernels/cuda/cuda_backend.hpp"
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/linear/arena_bf16.hpp"
@@ -61,7 +62,8 @@ using kernels::Tensor;
 using kernels::cuda::linear::Bf;
 using kernels::cuda::linear::bf_alloc;
 
-constexpr float kNormEps = 1e-5f;  // as on the CPU
+using cuda_layer::kNormEps;
+using cuda_layer::kernel_choice;
 
 // rows × w elements of es bytes: dense [rows, w] → dst rows of ld (the rest zeroed), and back.
 void pad_rows(const void* src, int64_t w, void* dst, int64_t ld, int64_t rows, std::size_t es, cudaStream_t st) {
@@ -84,15 +86,8 @@ class CudaHedgehogImpl final : public CudaHedgehog {
     dvp_ = hedgehog_cuda_value_dim(s_);
     ldp_ = 2 * s_.Cq + s_.Cv;
     // one GEMM for q, k, v: their weights (and gradients) must be adjacent
-    auto adjacent = [&](const std::vector<Tensor>& v) {
-      const int order[] = {sl_.wq, sl_.wk, sl_.wv};
-      for (int i = 0; i + 1 < 3; ++i)
-        if (static_cast<const char*>(v[order[i + 1]].data) !=
-            static_cast<const char*>(v[order[i]].data) + v[order[i]].bytes())
-          return false;
-      return true;
-    };
-    if (!adjacent(P_) || !adjacent(G_))
+    const auto slots = {sl_.wq, sl_.wk, sl_.wv};
+    if (!cuda_layer::adjacent(P_, slots) || !cuda_layer::adjacent(G_, slots))
       throw RuntimeError("gla_hedgehog mixer (cuda): wq, wk, wv are not adjacent in the parameter buffer");
     Wqkv_ = Tensor(P_[sl_.wq].data, DType::f32, {ldp_, s_.d});
     Gqkv_ = Tensor(G_[sl_.wq].data, DType::f32, {ldp_, s_.d});
@@ -376,15 +371,7 @@ class CudaHedgehogImpl final : public CudaHedgehog {
   }
 
  private:
-  static cudaStream_t stream(kernels::Backend& be) {
-    auto* cb = dynamic_cast<kernels::cuda::CudaBackend*>(&be);
-    if (!cb) throw RuntimeError("gla_hedgehog mixer (cuda): backend " + be.name() + " is not the CUDA backend");
-    return cb->stream();
-  }
-  static cl::KernelChoice kernel_choice(const kernels::Backend& be) {
-    const auto& c = be.options().cuda;
-    return cl::kernel_choice(c.linear_path, c.ccq_fwd, c.ccq_bwd, c.ccq_group);
-  }
+  static cudaStream_t stream(kernels::Backend& be) { return cuda_layer::stream(be, "gla_hedgehog mixer"); }
   bool padded_f() const { return Fp_ != s_.F; }
   bool padded_v() const { return dvp_ != s_.dv; }
   cl::GroupedShape gshape() const {

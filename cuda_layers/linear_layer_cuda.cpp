@@ -49,6 +49,7 @@
 #include "kernels/carve/carve_cuda.hpp"
 #include "kernels/ccq/ccq_cuda.hpp"
 #include "kernels/channel_rule/channel_rule.hpp"
+#include "cuda_layers/layer_common.hpp"
 #include "kernels/cuda/cuda_backend.hpp"
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/delta_rule/delta_rule.hpp"
@@ -67,8 +68,10 @@ namespace cl = lar::kernels::cuda::linear;
 using bf16 = __nv_bfloat16;
 using kernels::DType;
 using kernels::Tensor;
+using Decay = MixerDesc::Decay;
 
-constexpr float kNormEps = 1e-5f;  // output RMSNorm, as on the CPU
+using cuda_layer::kNormEps;
+using cuda_layer::kernel_choice;
 
 // What the layer keeps from forward to backward besides o, the boundary states and the
 // small gates, by the run's cuda.linear_keep: all (the default) keeps P = x [Wq;Wk;Wv]ᵀ and
@@ -81,11 +84,6 @@ constexpr float kNormEps = 1e-5f;  // output RMSNorm, as on the CPU
 // products' last bits. (The CUDA backend has checked the value.)
 bool keeps_p(const kernels::Backend& be) { return be.options().cuda.linear_keep != "og"; }
 bool keeps_og(const kernels::Backend& be) { return be.options().cuda.linear_keep != "p"; }
-// The chunk and CCQ kernels the run's cuda.linear_path and cuda.ccq_* keys ask for.
-cl::KernelChoice kernel_choice(const kernels::Backend& be) {
-  const auto& c = be.options().cuda;
-  return cl::kernel_choice(c.linear_path, c.ccq_fwd, c.ccq_bwd, c.ccq_group);
-}
 
 using kernels::cuda::linear::Bf;
 using kernels::cuda::linear::bf_alloc;
@@ -124,20 +122,13 @@ class CudaLinearImpl final : public CudaLinear {
   CudaLinearImpl(const Dims& d, const Slots& s, const std::vector<Tensor>& p, const std::vector<Tensor>& g)
       : d_(d), s_(s), P_(p), G_(g) {
     // The fused QKV GEMM needs wq, wk, wv adjacent (ParamStore declares them in order).
-    const auto* q = static_cast<const char*>(P_[s_.wq].data);
-    const auto* k = static_cast<const char*>(P_[s_.wk].data);
-    const auto* v = static_cast<const char*>(P_[s_.wv].data);
-    const auto* gq = static_cast<const char*>(G_[s_.wq].data);
-    const auto* gk = static_cast<const char*>(G_[s_.wk].data);
-    const auto* gv = static_cast<const char*>(G_[s_.wv].data);
-    if (k != q + P_[s_.wq].bytes() || v != k + P_[s_.wk].bytes() || gk != gq + G_[s_.wq].bytes() ||
-        gv != gk + G_[s_.wk].bytes())
+    if (!cuda_layer::adjacent(P_, {s_.wq, s_.wk, s_.wv}) || !cuda_layer::adjacent(G_, {s_.wq, s_.wk, s_.wv}))
       throw RuntimeError("linear mixer (cuda): wq, wk, wv are not adjacent in the parameter buffer");
     nqkv_ = ldp_ = 2 * d_.Cqk + d_.Cv;
     Wqkv_ = Tensor(P_[s_.wq].data, DType::f32, {nqkv_, d_.d});
     Gqkv_ = Tensor(G_[s_.wq].data, DType::f32, {nqkv_, d_.d});
     // gdn: w_beta and w_a, declared one after the other, make one [2H, d] projection
-    if (d_.mixer == lk::Mixer::gdn) {
+    if (md_.decay == Decay::head) {
       const auto* b = static_cast<const char*>(P_[s_.wbeta].data);
       const auto* gb = static_cast<const char*>(G_[s_.wbeta].data);
       if (static_cast<const char*>(P_[s_.wa].data) == b + P_[s_.wbeta].bytes() &&
@@ -162,15 +153,13 @@ class CudaLinearImpl final : public CudaLinear {
   void forward(ForwardContext& ctx, const Tensor& x, const Tensor& y, Routing& route) override {
     auto& be = ctx.be;
     auto& ar = ctx.arena;
-    auto* cb = dynamic_cast<kernels::cuda::CudaBackend*>(&be);
-    if (!cb) throw RuntimeError("linear mixer (cuda): backend " + be.name() + " is not the CUDA backend");
-    cudaStream_t st = cb->stream();
+    cudaStream_t st = cuda_layer::stream(be, "linear mixer");
     const int64_t B = x.size(0), T = x.size(1), N = B * T;
     B_ = B, T_ = T;
     X_ = x.view({N, d_.d});
     at_ = be.act_dtype();
     rin_ = Tensor();
-    if (d_.route == Dims::Route::cler && !route.in.empty()) {
+    if (d_.route.kind == Route::cler && !route.in.empty()) {
       if (route.in.numel() != N * d_.Cv)
         throw RuntimeError("linear mixer (cuda): routing input " + route.in.shape_str() + " does not match [B,T," +
                            std::to_string(d_.Cv) + "]");
@@ -210,13 +199,13 @@ class CudaLinearImpl final : public CudaLinear {
     // statistics ccq_bwd starts from (q_c is [N, Cq] bf16, 64 MiB a layer at B·T = 32K,
     // d = 1024; a second ccq_fwd in the backward cost ≈ 4% of that layer's time). Evaluation
     // may switch it off (model.ccq.disable_at_eval), as on the CPU.
-    ccq_on_ = d_.ccq && !(d_.ccq_disable_eval && !ctx.training);
+    ccq_on_ = d_.ccq.on && !(d_.ccq.disable_at_eval && !ctx.training);
     lam_ = flam_ = Tensor();
     qc_ = Bf{};
     ccq_stats_ = cl::CcqStats{};
     if (ccq_on_) {
       lam_ = ar.alloc(DType::f32, {N, d_.H});
-      if (d_.ccq_learned) flam_ = ar.alloc(DType::f32, {N, d_.H});
+      if (d_.ccq.learned) flam_ = ar.alloc(DType::f32, {N, d_.H});
       if (ctx.training) {
         qc_ = bf_alloc(ar, N * d_.Cq);
         ccq_stats_.K = ar.alloc(DType::f32, {B * d_.H * d_.dk * d_.dk}).ptr<float>();
@@ -226,21 +215,21 @@ class CudaLinearImpl final : public CudaLinear {
     // CARVE: the content signal m_c of every chunk (written by carve_fwd, read by carve_bwd);
     // frozen content runs the kernel with U1 = U2 = 0 (no parameters), as the CPU does.
     content_ = Uzero_ = Tensor();
-    if (d_.carve) {
+    if (d_.carve.on) {
       const std::size_t cb = wide_carve() ? cl::wide_carve_content_bytes(shape()) : cl::carve_content_bytes(shape());
       content_ = ar.alloc(DType::f32, {(int64_t)(cb + 3) / 4});
-      if (d_.freeze_content) Uzero_ = ar.zeros(DType::f32, {(int64_t)d_.H * d_.crank * std::max(d_.dk, d_.dv)});
+      if (d_.carve.freeze_content) Uzero_ = ar.zeros(DType::f32, {(int64_t)d_.H * d_.carve.rank * std::max(d_.dk, d_.dv)});
     }
     route.out = Tensor();
     Tensor vout;
-    if (d_.route == Dims::Route::clvr) vout = ar.alloc(DType::f32, {B, T, d_.Cv});
-    const bool readout = d_.route == Dims::Route::cler || d_.route == Dims::Route::cler_h;
+    if (d_.route.kind == Route::clvr) vout = ar.alloc(DType::f32, {B, T, d_.Cv});
+    const bool readout = d_.route.kind == Route::cler || d_.route.kind == Route::cler_h;
     r_raw_ = Tensor();
     if (readout) {
       qr_ = bf_alloc(ar, N * d_.Cq);
       route.out = ar.alloc(DType::f32, {B, T, d_.Cv});
       // routing_signal: update publishes u = β·r; r itself is kept for ∂L/∂β
-      if (d_.resid_update && ctx.training) r_raw_ = ar.alloc(DType::f32, {N, d_.Cv});
+      if (d_.route.update && ctx.training) r_raw_ = ar.alloc(DType::f32, {N, d_.Cv});
     }
     const auto mark = ar.mark();
     const Tensor Xa = as_act(be, ar, X_);
@@ -261,7 +250,7 @@ class CudaLinearImpl final : public CudaLinear {
       kernel_fwd(qread, o_.p, bound_bf(), st);
     }
     // routing: publish ṽ (clvr) or the write residual (cler, cler_h)
-    if (d_.route == Dims::Route::clvr) route.out = vout;
+    if (d_.route.kind == Route::clvr) route.out = vout;
     if (readout) {
       cl::LayerTimer tm("linear: routing readout (fwd)", st);
       cl::route_query(route_args(), qr_.p, st);
@@ -276,11 +265,8 @@ class CudaLinearImpl final : public CudaLinear {
   void backward(ForwardContext& ctx, const Tensor& dy, const Tensor& dx, Routing& route) override {
     auto& be = ctx.be;
     auto& ar = ctx.arena;
-    auto* cb = dynamic_cast<kernels::cuda::CudaBackend*>(&be);
-    if (!cb) throw RuntimeError("linear mixer (cuda): backend " + be.name() + " is not the CUDA backend");
-    cudaStream_t st = cb->stream();
+    cudaStream_t st = cuda_layer::stream(be, "linear mixer");
     const int64_t N = B_ * T_;
-    const lk::Mixer m = d_.mixer;
     det_ = be.options().deterministic;
     kernels_ = kernel_choice(be);
     const Tensor dX = dx.view({N, d_.d});
@@ -341,7 +327,7 @@ class CudaLinearImpl final : public CudaLinear {
         else cl::ccq_bwd(shape(), ccq_inputs(), stats, g.dq.p, dq.p, g.dk.p, dlam.ptr<float>(), st);
       }
       g.dq = dq;
-      if (d_.ccq_learned) {
+      if (d_.ccq.learned) {
         dflam = ar.alloc(DType::f32, {N, d_.H});
         gate_bwd(gate_args(cl::GateMap::sigmoid, flam_, s_.blam, 1), dlam.ptr<float>(), nullptr, nullptr,
                  dflam.ptr<float>(), d_.H, nullptr, st);
@@ -357,12 +343,12 @@ class CudaLinearImpl final : public CudaLinear {
       g.dk = dk;
     }
     // routing: the gradient on the published side channel
-    const bool has_dout = d_.route != Dims::Route::none && !route.d_out.empty();
+    const bool has_dout = d_.route.kind != Route::none && !route.d_out.empty();
     if (has_dout && route.d_out.numel() != N * d_.Cv)
       throw RuntimeError("linear mixer (cuda): routing gradient " + route.d_out.shape_str() +
                          " does not match the side channel");
     Tensor ek, ev, eb, ew;
-    if (has_dout && (d_.route == Dims::Route::cler || d_.route == Dims::Route::cler_h)) {
+    if (has_dout && (d_.route.kind == Route::cler || d_.route.kind == Route::cler_h)) {
       cl::LayerTimer tm("linear: routing readout (bwd)", st);
       Bf do2 = bf_alloc(ar, N * d_.Cv);
       cl::route_readout_grad(route_args(), route.d_out.ptr<float>(), do2.p, st);
@@ -372,7 +358,7 @@ class CudaLinearImpl final : public CudaLinear {
       ev = ar.alloc(DType::f32, {N, d_.Cv});
       cl::RouteGrads rg;
       rg.dr = route.d_out.ptr<float>();
-      if (d_.resid_update) {
+      if (d_.route.update) {
         if (r_raw_.empty())
           throw RuntimeError("linear mixer (cuda): backward after an evaluation forward (the routed update kept no r)");
         rg.r = r_raw_.ptr<float>();
@@ -383,7 +369,7 @@ class CudaLinearImpl final : public CudaLinear {
       rg.dv2 = g2.dv.p;
       rg.ek = ek.ptr<float>();
       rg.ev = ev.ptr<float>();
-      if (!g_.empty() && m != lk::Mixer::linear) {
+      if (!g_.empty() && md_.decay != Decay::none) {
         rg.dg = fptr(g.dg);
         rg.dg2 = fptr(g2.dg);
       }
@@ -391,7 +377,7 @@ class CudaLinearImpl final : public CudaLinear {
         rg.dbeta = fptr(g.dbeta);
         rg.dbeta2 = fptr(g2.dbeta);
       }
-      if (m == lk::Mixer::gdn2) {
+      if (md_.gated()) {
         eb = ar.alloc(DType::f32, {N, d_.Cq});
         ew = ar.alloc(DType::f32, {N, d_.Cv});
         rg.db2 = g2.db.p;
@@ -418,7 +404,7 @@ class CudaLinearImpl final : public CudaLinear {
       qg.dv = g.dv.p;
       qg.ek = fptr(ek);
       qg.ev = fptr(ev);
-      if (has_dout && d_.route == Dims::Route::clvr) qg.dvout = route.d_out.ptr<float>();
+      if (has_dout && d_.route.kind == Route::clvr) qg.dvout = route.d_out.ptr<float>();
       Tensor dgam;
       if (!rin_.empty()) {
         dgam = ar.alloc(DType::f32, {N, d_.Cv});
@@ -462,10 +448,8 @@ class CudaLinearImpl final : public CudaLinear {
   // Decode: the layout of an evaluation forward (P without og; gdn's gates folded into P), with
   // the per-token kernels in place of the chunk kernels.
   std::unique_ptr<MixerState> init_state(kernels::Backend& be, int batch) override {
-    auto* cb = dynamic_cast<kernels::cuda::CudaBackend*>(&be);
-    if (!cb) throw RuntimeError("linear mixer (cuda): backend " + be.name() + " is not the CUDA backend");
+    cudaStream_t st = cuda_layer::stream(be, "linear mixer");
     if (batch < 1) throw RuntimeError("linear mixer (cuda): init_state for a batch of " + std::to_string(batch));
-    cudaStream_t st = cb->stream();
     decode_layout(be);
     const int64_t B = batch;
     const std::size_t es = kernels::dtype_size(at_);
@@ -473,9 +457,9 @@ class CudaLinearImpl final : public CudaLinear {
     auto round = [](std::size_t b) { return (b + 255) / 256 * 256; };
     const std::size_t s_bytes = round((std::size_t)B * d_.H * d_.dv * d_.dk * 4);
     const std::size_t w_bytes = round((std::size_t)B * window * ldp_ * es);
-    const std::size_t c_bytes = d_.carve ? round((std::size_t)B * d_.H * 128 * 4) : 0;
-    const std::size_t k_bytes = d_.ccq ? round((std::size_t)B * d_.H * d_.dk * d_.dk * 4) : 0;
-    const std::size_t m_bytes = d_.ccq ? round((std::size_t)B * d_.H * d_.dk * 4) : 0;
+    const std::size_t c_bytes = d_.carve.on ? round((std::size_t)B * d_.H * 128 * 4) : 0;
+    const std::size_t k_bytes = d_.ccq.on ? round((std::size_t)B * d_.H * d_.dk * d_.dk * 4) : 0;
+    const std::size_t m_bytes = d_.ccq.on ? round((std::size_t)B * d_.H * d_.dk * 4) : 0;
     const std::size_t p_bytes = fold_ ? round((std::size_t)ldp_ * d_.d * es) : 0;
     const std::size_t total = s_bytes + 2 * w_bytes + c_bytes + 2 * (k_bytes + m_bytes) + p_bytes;
     auto s = std::make_unique<CudaLinearState>(be, total);
@@ -506,11 +490,9 @@ class CudaLinearImpl final : public CudaLinear {
   void step(ForwardContext& ctx, const Tensor& x, const Tensor& y, MixerState& state, Routing& route) override {
     auto& be = ctx.be;
     auto& ar = ctx.arena;
-    auto* cb = dynamic_cast<kernels::cuda::CudaBackend*>(&be);
-    if (!cb) throw RuntimeError("linear mixer (cuda): backend " + be.name() + " is not the CUDA backend");
+    cudaStream_t st = cuda_layer::stream(be, "linear mixer");
     auto* s = dynamic_cast<CudaLinearState*>(&state);
     if (!s) throw RuntimeError("linear mixer (cuda): step() with a foreign state");
-    cudaStream_t st = cb->stream();
     const int64_t N = x.size(0);
     if (x.ndim != 2 || x.size(1) != d_.d || N != s->B)
       throw RuntimeError("linear mixer (cuda): step() input " + x.shape_str() + " for a state of batch " +
@@ -520,26 +502,26 @@ class CudaLinearImpl final : public CudaLinear {
     B_ = N, T_ = 1;
     X_ = x;
     rin_ = Tensor();
-    if (d_.route == Dims::Route::cler && !route.in.empty()) {
+    if (d_.route.kind == Route::cler && !route.in.empty()) {
       if (route.in.numel() != N * d_.Cv)
         throw RuntimeError("linear mixer (cuda): routing input " + route.in.shape_str() + " does not match [B," +
                            std::to_string(d_.Cv) + "]");
       rin_ = route.in;
     }
     wcat_ = fold_ ? Tensor(s->wcat, at_, {ldp_, d_.d}) : Tensor();
-    ccq_on_ = d_.ccq && !(d_.ccq_disable_eval && !ctx.training);
+    ccq_on_ = d_.ccq.on && !(d_.ccq.disable_at_eval && !ctx.training);
     // the published side channel outlives the step's scratch (the model reads it after step())
     route.out = Tensor();
     Tensor vout, resid;
-    if (d_.route == Dims::Route::clvr) vout = ar.alloc(DType::f32, {N, d_.Cv});
+    if (d_.route.kind == Route::clvr) vout = ar.alloc(DType::f32, {N, d_.Cv});
     if (readout_routing()) resid = ar.alloc(DType::f32, {N, d_.Cv});
     const auto mark = ar.mark();
     o_ = bf_alloc(ar, N * d_.Cv);
     rstd_ = ar.alloc(DType::f32, {N * d_.H});
     saved_gates_alloc(ar, N);
     content_ = Uzero_ = Tensor();
-    if (d_.carve && d_.freeze_content)
-      Uzero_ = ar.zeros(DType::f32, {(int64_t)d_.H * d_.crank * std::max(d_.dk, d_.dv)});
+    if (d_.carve.on && d_.carve.freeze_content)
+      Uzero_ = ar.zeros(DType::f32, {(int64_t)d_.H * d_.carve.rank * std::max(d_.dk, d_.dv)});
     const Tensor Xa = as_act(be, ar, X_);
     P_qkv_ = ar.alloc(at_, {N, ldp_});
     be.gemm(Xa, false, wcat_.empty() ? Wqkv_ : wcat_, true, P_qkv_);
@@ -554,7 +536,7 @@ class CudaLinearImpl final : public CudaLinear {
     lam_ = flam_ = Tensor();
     if (ccq_on_) {
       lam_ = ar.alloc(DType::f32, {N, d_.H});
-      if (d_.ccq_learned) flam_ = ar.alloc(DType::f32, {N, d_.H});
+      if (d_.ccq.learned) flam_ = ar.alloc(DType::f32, {N, d_.H});
       ccq_lambda(be, ar, st, N);
       const Bf qc = bf_alloc(ar, N * d_.Cq);
       cl::CcqInputs in = ccq_inputs();
@@ -593,7 +575,7 @@ class CudaLinearImpl final : public CudaLinear {
       cl::LayerTimer tm("linear: decode", st);
       kernel_decode(qread, *s, st);
     }
-    if (d_.route == Dims::Route::clvr) route.out = vout;
+    if (d_.route.kind == Route::clvr) route.out = vout;
     output(be, ar, st, N, Xa, y);
     ++s->pos;
     ar.release(mark);
@@ -675,7 +657,7 @@ class CudaLinearImpl final : public CudaLinear {
     const bool pv = per_value_q();
     const cl::GroupedShape gs = pv ? readout_shape() : gshape();
     const bf16* k = pv ? readout_k() : k_.p;
-    if (d_.carve)
+    if (d_.carve.on)
       cl::carve_decode(shape(), carve_inputs(q), static_cast<int>(s.pos % cl::kChunk), s.S, s.content, o_.p, st);
     else if (delta_kernel())
       cl::grouped_delta_decode(gs, q, k, v_.p, fptr(g_), fptr(beta_), s.S, o_.p, st);
@@ -723,10 +705,10 @@ class CudaLinearImpl final : public CudaLinear {
   // head per value head) in the main pass, and the cler/cler_h readout (its shifted query
   // a_t ⊙ e_t carries the value head's gates). Without grouping these are q_, k_ and gshape().
   bool grouped() const { return d_.Hk != d_.H; }
-  bool per_value_q() const { return grouped() && (ccq_on_ || d_.carve); }
+  bool per_value_q() const { return grouped() && (ccq_on_ || d_.carve.on); }
   // CARVE at key or value heads of 128: the recurrent kernels of wide_key.hpp (wide_carve_fwd/bwd).
-  bool wide_carve() const { return d_.carve && (d_.dk != 64 || d_.dv != 64); }
-  bool readout_routing() const { return d_.route == Dims::Route::cler || d_.route == Dims::Route::cler_h; }
+  bool wide_carve() const { return d_.carve.on && (d_.dk != 64 || d_.dv != 64); }
+  bool readout_routing() const { return d_.route.kind == Route::cler || d_.route.kind == Route::cler_h; }
   cl::GroupedShape readout_shape() const {
     cl::GroupedShape s = gshape();
     s.Hk = d_.H;
@@ -736,7 +718,7 @@ class CudaLinearImpl final : public CudaLinear {
   const bf16* main_q() const { return qx_.p ? qx_.p : q_.p; }
   bf16* bound_bf() const { return static_cast<bf16*>(bound_.data); }
   const char* kernel_name(bool bwd) const {
-    if (d_.carve) return bwd ? "linear: carve_bwd" : "linear: carve_fwd";
+    if (d_.carve.on) return bwd ? "linear: carve_bwd" : "linear: carve_fwd";
     if (delta_kernel()) return bwd ? "linear: delta_bwd" : "linear: delta_fwd";
     return bwd ? "linear: channel_bwd" : "linear: channel_fwd";
   }
@@ -751,10 +733,10 @@ class CudaLinearImpl final : public CudaLinear {
     in.g = g_.ptr<float>() + tok;
     in.bx = bx_.p + tok;
     in.w = ws_.ptr<float>() + gate;
-    in.U1 = d_.freeze_content ? Uzero_.ptr<float>() : P_[s_.U1].ptr<float>();
-    in.U2 = d_.freeze_content ? Uzero_.ptr<float>() : P_[s_.U2].ptr<float>();
-    in.rank = d_.crank;
-    in.content_grad = d_.content_grad;
+    in.U1 = d_.carve.freeze_content ? Uzero_.ptr<float>() : P_[s_.U1].ptr<float>();
+    in.U2 = d_.carve.freeze_content ? Uzero_.ptr<float>() : P_[s_.U2].ptr<float>();
+    in.rank = d_.carve.rank;
+    in.content_grad = d_.carve.content_grad;
     return in;
   }
   cl::CcqInputs ccq_inputs() const {
@@ -762,14 +744,16 @@ class CudaLinearImpl final : public CudaLinear {
     in.q = main_q();
     in.k = readout_k();
     in.lambda = lam_.ptr<float>();
-    in.centered = d_.ccq_centered;
+    in.centered = d_.ccq.centered;
     return in;
   }
-  bool delta_kernel() const { return d_.mixer == lk::Mixer::gdn || d_.mixer == lk::Mixer::deltanet; }
+  bool delta_kernel() const { return md_.family == MixerDesc::Family::delta_rule; }
+  // The channel rule's update: gdn2's gated erase and write, kda's β, or none (gla, and
+  // linear with g = 0).
   cl::ChannelMixer channel_kind() const {
-    if (d_.mixer == lk::Mixer::kda) return cl::ChannelMixer::kda;
-    if (d_.mixer == lk::Mixer::gdn2) return cl::ChannelMixer::gdn2;
-    return cl::ChannelMixer::gla;  // gla, and linear with g = 0
+    if (md_.gated()) return cl::ChannelMixer::gdn2;
+    if (md_.beta()) return cl::ChannelMixer::kda;
+    return cl::ChannelMixer::gla;
   }
   cl::ChannelInputs channel_inputs(const bf16* q, const bf16* k) const {
     cl::ChannelInputs in;
@@ -791,7 +775,7 @@ class CudaLinearImpl final : public CudaLinear {
     const bf16* k = pv ? readout_k() : k_.p;
     if (wide_carve())
       cl::wide_carve_fwd(shape(), carve_inputs(q), o, nullptr, bound, content_.ptr<float>(), st);
-    else if (d_.carve)
+    else if (d_.carve.on)
       cl::carve_fwd(shape(), carve_inputs(q), o, nullptr, bound, content_.ptr<float>(), st);
     else if (delta_kernel())
       cl::grouped_delta_fwd(gs, q, k, v_.p, fptr(g_), fptr(beta_), nullptr, o, nullptr, bound, st);
@@ -808,15 +792,15 @@ class CudaLinearImpl final : public CudaLinear {
     g.dv = bf_alloc(ar, N * d_.Cv);
     if (!g_.empty()) g.dg = ar.alloc(DType::f32, g_.shape());
     if (!beta_.empty()) g.dbeta = ar.alloc(DType::f32, beta_.shape());
-    if (d_.carve) {
+    if (d_.carve.on) {
       // U1 [H, r, dv] and U2 [H, dk, r]: one copy, or one per sequence when deterministic with
       // the 64-wide kernel (the wide one sums the batch in a fixed order itself)
       const int64_t nb = det_ && !wide_carve() ? B_ : 1;
       g.dbx = bf_alloc(ar, N * d_.Cq);
       g.dws = ar.alloc(DType::f32, {N, d_.H});
-      g.dU1 = ar.alloc(DType::f32, {(int64_t)d_.H * d_.crank * d_.dv * nb});
-      g.dU2 = ar.alloc(DType::f32, {(int64_t)d_.H * d_.crank * d_.dk * nb});
-    } else if (d_.mixer == lk::Mixer::gdn2) {
+      g.dU1 = ar.alloc(DType::f32, {(int64_t)d_.H * d_.carve.rank * d_.dv * nb});
+      g.dU2 = ar.alloc(DType::f32, {(int64_t)d_.H * d_.carve.rank * d_.dk * nb});
+    } else if (md_.gated()) {
       g.db = bf_alloc(ar, N * d_.Cq);
       g.dw = bf_alloc(ar, N * d_.Cv);
     }
@@ -838,14 +822,14 @@ class CudaLinearImpl final : public CudaLinear {
       cg.dU1 = g.dU1.ptr<float>();
       cg.dU2 = g.dU2.ptr<float>();
       cl::wide_carve_bwd(shape(), carve_inputs(q), bound_.data, content_.ptr<float>(), dO, nullptr, cg, st);
-    } else if (d_.carve) {
+    } else if (d_.carve.on) {
       // carve_bwd sums dU1, dU2 over the batch with atomics (order-dependent in the last
       // bit). A deterministic backend runs it per sequence instead, into per-sequence
       // slices that gates_backward adds in sequence order (B launches of H CTAs: slower).
       const int64_t nb = det_ ? B_ : 1, tok = T_ * d_.Cq, nc = cl::delta_num_chunks(shape());
       cl::DeltaShape s = shape();
       s.B = B_ / nb;
-      const int64_t nu = (int64_t)d_.H * d_.crank * d_.dk;
+      const int64_t nu = (int64_t)d_.H * d_.carve.rank * d_.dk;
       for (int64_t b = 0; b < nb; ++b) {
         cl::CarveGrads cg;
         cg.dq = g.dq.p + b * tok;
@@ -907,12 +891,12 @@ class CudaLinearImpl final : public CudaLinear {
     a.k = readout_k();
     a.v = v_.p;
     a.g = fptr(g_);
-    a.g_channel = d_.mixer != lk::Mixer::gdn;
+    a.g_channel = md_.decay != Decay::head;
     a.b = b_.p;
     a.w = w_.p;
     a.scale = static_cast<float>(1.0 / std::sqrt((double)d_.dk));
     a.dv = d_.dv;
-    if (d_.resid_update) a.beta = fptr(beta_);  // publish u = β·r (model.routing_signal: update)
+    if (d_.route.update) a.beta = fptr(beta_);  // publish u = β·r (model.routing_signal: update)
     return a;
   }
 
@@ -950,10 +934,9 @@ class CudaLinearImpl final : public CudaLinear {
   // The small gate tensors kept from forward to backward: gdn's a-gate pre-activation and
   // log-decay [N, H], β's [N, H], the low-rank gates' hidden x W₁ᵀ [N, rank].
   void saved_gates_alloc(kernels::Arena& ar, int64_t N) {
-    const lk::Mixer m = d_.mixer;
     g_ = beta_ = fg_ = h1_ = fbeta_ = fb_ = fw_ = fws_ = ws_ = Tensor();
     b_ = w_ = bx_ = Bf();
-    if (d_.carve) {  // the scalar write gate per head: pre-activation and σ
+    if (d_.carve.on) {  // the scalar write gate per head: pre-activation and σ
       fws_ = ar.alloc(DType::f32, {N, d_.H});
       ws_ = ar.alloc(DType::f32, {N, d_.H});
     }
@@ -965,12 +948,12 @@ class CudaLinearImpl final : public CudaLinear {
       Tensor f = ar.alloc(DType::f32, {N, 2 * d_.H});
       fbeta_ = Tensor(f.data, DType::f32, {N, d_.H});
       fg_ = Tensor(f.ptr<float>() + d_.H, DType::f32, {N, d_.H});
-    } else if (m == lk::Mixer::gdn) {
+    } else if (md_.decay == Decay::head) {
       fg_ = ar.alloc(DType::f32, {N, d_.H});
     }
-    if (m == lk::Mixer::gdn) g_ = ar.alloc(DType::f32, {N, d_.H});
-    if (m == lk::Mixer::gla || m == lk::Mixer::kda || m == lk::Mixer::gdn2) h1_ = ar.alloc(at_, {N, d_.rank});
-    if (lk::uses_beta(m)) {
+    if (md_.decay == Decay::head) g_ = ar.alloc(DType::f32, {N, d_.H});
+    if (md_.low_rank_gate()) h1_ = ar.alloc(at_, {N, d_.rank});
+    if (md_.beta()) {
       if (fbeta_.empty() && !fold_) fbeta_ = ar.alloc(DType::f32, {N, d_.H});
       beta_ = ar.alloc(DType::f32, {N, d_.H});
     }
@@ -1029,36 +1012,35 @@ class CudaLinearImpl final : public CudaLinear {
 
   // The gates of N tokens from x (Xa) and, for gdn's folded gates, from P_qkv_ (again: see inputs()).
   void gate_inputs(kernels::Backend& be, kernels::Arena& ar, cudaStream_t st, int64_t N, const Tensor& Xa, bool again) {
-    const lk::Mixer m = d_.mixer;
-    if (m == lk::Mixer::gdn && fold_) {
+    if (md_.decay == Decay::head && fold_) {
       if (!again) {
         cl::LayerTimer tm("linear: gate maps (fwd)", st);
         cl::gdn_gates_forward(gdn_gate_args(), beta_.ptr<float>(), g_.ptr<float>(), st);
       }
-    } else if (m == lk::Mixer::gdn) {
+    } else if (md_.decay == Decay::head) {
       if (!again) {
         if (Wba_.empty()) be.gemm(Xa, false, P_[s_.wa], true, fg_);
         else be.gemm(Xa, false, Wba_, true, pre_ba());  // β's pre-activation too
         gate_fwd(gate_args(cl::GateMap::decay, fg_, s_.dt_bias, 1, pre_ld()), g_.ptr<float>(), nullptr, st);
       }
-    } else if (m == lk::Mixer::gla || m == lk::Mixer::kda || m == lk::Mixer::gdn2) {
+    } else if (md_.low_rank_gate()) {
       if (!again) be.gemm(Xa, false, P_[s_.g1], true, h1_);
       fg_ = ar.alloc(DType::f32, {N, d_.Cq});
       be.gemm(h1_, false, P_[s_.g2], true, fg_);
       g_ = ar.alloc(DType::f32, {N, d_.Cq});
-      if (m == lk::Mixer::gla)
+      if (md_.decay == Decay::logsig)
         gate_fwd(gate_args(cl::GateMap::logsig16, fg_, s_.gb, 1), g_.ptr<float>(), nullptr, st);
       else
         gate_fwd(gate_args(cl::GateMap::decay, fg_, s_.dt_bias, d_.dk), g_.ptr<float>(), nullptr, st);
-    } else if (m == lk::Mixer::linear) {
+    } else if (md_.family == MixerDesc::Family::channel_rule) {
       // the channel kernel as gla with a zero log-gate: S_t = S_{t−1} + v_t k_tᵀ
       g_ = ar.zeros(DType::f32, {N, d_.Cq});
     }
-    if (lk::uses_beta(m) && !again && !fold_) {
+    if (md_.beta() && !again && !fold_) {
       if (Wba_.empty()) be.gemm(Xa, false, P_[s_.wbeta], true, fbeta_);
       gate_fwd(gate_args(cl::GateMap::sigmoid, fbeta_, -1, 1, pre_ld()), beta_.ptr<float>(), nullptr, st);
     }
-    if (d_.carve) {
+    if (d_.carve.on) {
       // raw erase logits x W_bᵀ in bf16 (the kernel adds the content term and applies σ)
       bx_ = bf_alloc(ar, N * d_.Cq);
       const Tensor bx(bx_.p, DType::bf16, {N, d_.Cq});
@@ -1073,7 +1055,7 @@ class CudaLinearImpl final : public CudaLinear {
         be.gemm(Xa, false, P_[s_.wwrite], true, fws_);
         gate_fwd(gate_args(cl::GateMap::sigmoid, fws_, -1, 1), ws_.ptr<float>(), nullptr, st);
       }
-    } else if (m == lk::Mixer::gdn2) {
+    } else if (md_.gated()) {
       fb_ = ar.alloc(DType::f32, {N, d_.Cq});
       fw_ = ar.alloc(DType::f32, {N, d_.Cv});
       be.gemm(Xa, false, P_[s_.werase], true, fb_);
@@ -1134,7 +1116,6 @@ class CudaLinearImpl final : public CudaLinear {
   // then come from the q·k·v GEMMs).
   void gates_backward(kernels::Backend& be, kernels::Arena& ar, cudaStream_t st, int64_t N, const Grads& g,
                       const Tensor& eb, const Tensor& ew, const Tensor& Xa, const Tensor& dX, const Tensor& dP) {
-    const lk::Mixer m = d_.mixer;
     auto colsum = [&](const Tensor& M, int group, int slot, int64_t ld = 0) {
       Tensor scratch = ar.alloc(DType::f32, {(int64_t)cl::colsum_scratch_floats(M.size(0), (int)M.size(1))});
       cl::LayerTimer tm("linear: gate maps (bwd)", st);
@@ -1163,10 +1144,10 @@ class CudaLinearImpl final : public CudaLinear {
       be.gemm(dF, false, Wba_, false, dX, 1.0, 1.0);
       return;
     }
-    if (!fg_.empty() && m != lk::Mixer::gdn) {
+    if (!fg_.empty() && md_.decay != Decay::head) {
       // the channel gates (gla, kda, gdn2; f = (x W₁ᵀ) W₂ᵀ): df in act_dtype() and the bias /
       // A_log sums in one pass
-      const bool decay = m != lk::Mixer::gla;
+      const bool decay = md_.decay != Decay::logsig;
       const cl::GateArgs ga = decay ? gate_args(cl::GateMap::decay, fg_, s_.dt_bias, d_.dk)
                                     : gate_args(cl::GateMap::logsig16, fg_, s_.gb, 1);
       Tensor df = ar.alloc(at_, fg_.shape());
@@ -1205,9 +1186,9 @@ class CudaLinearImpl final : public CudaLinear {
       proj_bwd(be, dfb, s_.werase, Xa, dX);
       proj_bwd(be, dfw, s_.wwrite, Xa, dX);
     }
-    if (d_.carve) {
+    if (d_.carve.on) {
       // U1, U2: carve_bwd summed this call's batch in a fixed order; add to the gradients
-      if (!d_.freeze_content) {
+      if (!d_.carve.freeze_content) {
         const int64_t nu1 = G_[s_.U1].numel(), nu2 = G_[s_.U2].numel();
         for (int64_t b = 0; b * nu1 < g.dU1.numel(); ++b) {  // one slice, or one per sequence in order
           be.axpy(1.0, Tensor(g.dU1.ptr<float>() + b * nu1, DType::f32, {nu1}), G_[s_.U1]);
@@ -1238,8 +1219,8 @@ class CudaLinearImpl final : public CudaLinear {
 
   // CCQ's λ [N, H] into lam_: σ(p_q W_λᵀ + b_λ) (pre-activation kept in flam_), or fixed.
   void ccq_lambda(kernels::Backend& be, kernels::Arena& ar, cudaStream_t st, int64_t N) {
-    if (!d_.ccq_learned) {
-      be.fill(lam_, d_.ccq_lambda);
+    if (!d_.ccq.learned) {
+      be.fill(lam_, d_.ccq.lambda);
       return;
     }
     be.gemm(q_projection(ar, st, N), false, P_[s_.wlam], true, flam_);
@@ -1261,6 +1242,7 @@ class CudaLinearImpl final : public CudaLinear {
                                      cudaMemcpyDeviceToDevice, st));
   }
   Dims d_;
+  MixerDesc md_ = d_.desc();
   Slots s_;
   std::vector<Tensor> P_, G_;
   int64_t nqkv_ = 0;  // 2Cqk + Cv: P's q, k, v columns

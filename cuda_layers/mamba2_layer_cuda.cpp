@@ -30,6 +30,7 @@
 
 #include "core/error.hpp"
 #include "cuda_layers/ssm_decode.hpp"
+#include "cuda_layers/layer_common.hpp"
 #include "kernels/cuda/cuda_backend.hpp"
 #include "kernels/linear/arena_bf16.hpp"
 #include "kernels/linear/grouped_heads.hpp"
@@ -46,7 +47,8 @@ using bf16 = __nv_bfloat16;
 using kernels::DType;
 using kernels::Tensor;
 
-constexpr float kNormEps = 1e-5f;  // as on the CPU
+using cuda_layer::kNormEps;
+using cuda_layer::kernel_choice;
 
 using kernels::cuda::linear::Bf;
 using kernels::cuda::linear::bf_alloc;
@@ -61,15 +63,8 @@ class CudaMamba2Impl final : public CudaMamba2 {
     GN_ = s_.G * s_.N;
     ldp_ = 2 * Di_ + 2 * GN_;
     // one GEMM for z, x, B, C: their weights (and gradients) must be adjacent
-    auto adjacent = [&](const std::vector<Tensor>& v) {
-      const int order[] = {sl_.wz, sl_.wx, sl_.wB, sl_.wC};
-      for (int i = 0; i + 1 < 4; ++i)
-        if (static_cast<const char*>(v[order[i + 1]].data) !=
-            static_cast<const char*>(v[order[i]].data) + v[order[i]].bytes())
-          return false;
-      return true;
-    };
-    if (!adjacent(P_) || !adjacent(G_))
+    const auto slots = {sl_.wz, sl_.wx, sl_.wB, sl_.wC};
+    if (!cuda_layer::adjacent(P_, slots) || !cuda_layer::adjacent(G_, slots))
       throw RuntimeError("mamba2 mixer (cuda): w_z, w_x, w_B, w_C are not adjacent in the parameter buffer");
     Wcat_ = Tensor(P_[sl_.wz].data, DType::f32, {ldp_, s_.d});
     Gcat_ = Tensor(G_[sl_.wz].data, DType::f32, {ldp_, s_.d});
@@ -250,15 +245,7 @@ class CudaMamba2Impl final : public CudaMamba2 {
   }
 
  private:
-  static cudaStream_t stream(kernels::Backend& be) {
-    auto* cb = dynamic_cast<kernels::cuda::CudaBackend*>(&be);
-    if (!cb) throw RuntimeError("mamba2 mixer (cuda): backend " + be.name() + " is not the CUDA backend");
-    return cb->stream();
-  }
-  static cl::KernelChoice kernel_choice(const kernels::Backend& be) {
-    const auto& c = be.options().cuda;
-    return cl::kernel_choice(c.linear_path, c.ccq_fwd, c.ccq_bwd, c.ccq_group);
-  }
+  static cudaStream_t stream(kernels::Backend& be) { return cuda_layer::stream(be, "mamba2 mixer"); }
   cl::GroupedShape gshape() const {
     cl::GroupedShape g;
     g.B = B_;

@@ -31,6 +31,7 @@
 
 #include "core/error.hpp"
 #include "cuda_layers/ssm_decode.hpp"
+#include "cuda_layers/layer_common.hpp"
 #include "kernels/cuda/cuda_backend.hpp"
 #include "kernels/linear/arena_bf16.hpp"
 #include "kernels/linear/grouped_heads.hpp"
@@ -46,7 +47,8 @@ namespace cl = lar::kernels::cuda::linear;
 using kernels::DType;
 using kernels::Tensor;
 
-constexpr float kNormEps = 1e-5f;  // as on the CPU
+using cuda_layer::kNormEps;
+using cuda_layer::kernel_choice;
 
 using kernels::cuda::linear::Bf;
 using kernels::cuda::linear::bf_alloc;
@@ -61,13 +63,7 @@ class CudaMamba3Impl final : public CudaMamba3 {
     RGN_ = (int64_t)R_ * s_.G * s_.N;
     ldp_ = 2 * Di_ + 2 * RGN_;
     ldg_ = 3 * (int64_t)s_.H + na_;
-    auto adjacent = [](const std::vector<Tensor>& v, std::initializer_list<int> order) {
-      const int* o = order.begin();
-      for (std::size_t i = 0; i + 1 < order.size(); ++i)
-        if (static_cast<const char*>(v[o[i + 1]].data) != static_cast<const char*>(v[o[i]].data) + v[o[i]].bytes())
-          return false;
-      return true;
-    };
+    using cuda_layer::adjacent;
     for (const auto* v : {&P_, &G_})
       if (!adjacent(*v, {sl_.wz, sl_.wx, sl_.wB, sl_.wC}) || !adjacent(*v, {sl_.wdt, sl_.wa, sl_.wtrap, sl_.wang}))
         throw RuntimeError("mamba3 mixer (cuda): the projection weights are not adjacent in the parameter buffer");
@@ -264,15 +260,7 @@ class CudaMamba3Impl final : public CudaMamba3 {
   }
 
  private:
-  static cudaStream_t stream(kernels::Backend& be) {
-    auto* cb = dynamic_cast<kernels::cuda::CudaBackend*>(&be);
-    if (!cb) throw RuntimeError("mamba3 mixer (cuda): backend " + be.name() + " is not the CUDA backend");
-    return cb->stream();
-  }
-  static cl::KernelChoice kernel_choice(const kernels::Backend& be) {
-    const auto& c = be.options().cuda;
-    return cl::kernel_choice(c.linear_path, c.ccq_fwd, c.ccq_bwd, c.ccq_group);
-  }
+  static cudaStream_t stream(kernels::Backend& be) { return cuda_layer::stream(be, "mamba3 mixer"); }
   // the channel kernel's rows: R per token and head
   int64_t rows() const { return B_ * T_ * R_ * s_.H; }
   cl::GroupedShape gshape() const {

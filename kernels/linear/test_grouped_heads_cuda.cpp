@@ -247,7 +247,7 @@ TEST(LinearGroupedCuda, RejectsUnsupportedShapes) {
     gl::grouped_boundary_bytes(s);
     FAIL() << "no error";
   } catch (const std::exception& e) {
-    EXPECT_NE(std::string(e.what()).find("key dim dk=96 (supported: 64, 128, 256)"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("key dim dk=96 (supported: 64, 128, 256; gla: 64·n up to 512 through the key-block split)"), std::string::npos) << e.what();
   }
   s.dk = 64, s.dv = 96;
   try {

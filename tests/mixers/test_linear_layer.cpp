@@ -291,6 +291,61 @@ TEST(LinearLayer, ParameterListsFollowTheMixer) {
   }
 }
 
+// The whole parameter list of each mixer, in declaration order (checkpoints and the CUDA
+// layer's fused projections — [W_β; W_a], [Wq; Wk; Wv] — depend on it): d = 10, 2 heads,
+// dk = 4, dv = 3, gate rank 3, conv 3.
+TEST(LinearLayer, ParameterListsInOrder) {
+  auto list = [](const tr::MixerConfig& c) {
+    std::string out;
+    for (auto& s : tr::make_mixer(c)->params()) {
+      out += s.name + "[";
+      for (std::size_t i = 0; i < s.shape.size(); ++i) out += (i ? "," : "") + std::to_string(s.shape[i]);
+      out += "] ";
+    }
+    return out;
+  };
+  const std::string qkv = "wq[8,10] wk[8,10] wv[6,10] conv_q[8,3] conv_k[8,3] conv_v[6,3] ";
+  const std::string out = "o_norm[3] w_gate[6,10] wo[10,6] ";
+  const std::string low_rank = "gate_w1[3,10] gate_w2[8,3] ";
+  EXPECT_EQ(list(config("linear")), qkv + out);
+  EXPECT_EQ(list(config("gla")), qkv + low_rank + "gate_bias[8] " + out);
+  EXPECT_EQ(list(config("deltanet")), qkv + "w_beta[2,10] " + out);
+  EXPECT_EQ(list(config("gdn")), qkv + "w_beta[2,10] w_a[2,10] A_log[2] dt_bias[2] " + out);
+  EXPECT_EQ(list(config("kda")), qkv + low_rank + "w_beta[2,10] A_log[2] dt_bias[8] " + out);
+  EXPECT_EQ(list(config("gdn2")), qkv + low_rank + "A_log[2] dt_bias[8] w_erase[8,10] w_write[6,10] " + out);
+  EXPECT_EQ(list(config("carve")), qkv + low_rank +
+                                       "A_log[2] dt_bias[8] w_erase[8,10] w_write[2,10] content_u1[4,3] "
+                                       "content_u2[8,2] " +
+                                       out);
+  EXPECT_EQ(list(config("gdn", false)), "wq[8,10] wk[8,10] wv[6,10] w_beta[2,10] w_a[2,10] A_log[2] dt_bias[2] " + out);
+  EXPECT_EQ(list(config("gla", true, json{{"enabled", true}})),
+            qkv + low_rank + "gate_bias[8] ccq_w_lambda[2,8] ccq_b_lambda[2] " + out);
+  auto cler = config("deltanet");
+  cler.routing = "cler";
+  EXPECT_EQ(list(cler), qkv + "w_beta[2,10] cler_gamma[1] " + out);
+}
+
+// Each mixer's description (decay, erase, write, kernel family) says what its recurrence
+// (kernels/linear/mixers.hpp) takes: a per-channel or per-head gate, β, the gated erase/write.
+TEST(LinearLayer, MixerDescriptionsMatchTheRecurrences) {
+  namespace lk = lar::kernels::cpu::linear;
+  using D = tr::mixers::MixerDesc::Decay;
+  for (lk::Mixer m : {lk::Mixer::linear, lk::Mixer::gla, lk::Mixer::deltanet, lk::Mixer::gdn, lk::Mixer::kda,
+                      lk::Mixer::gdn2}) {
+    SCOPED_TRACE(lk::mixer_name(m));
+    const tr::mixers::MixerDesc md = tr::mixers::describe(m);
+    const lk::GateKind gk = md.decay == D::none   ? lk::GateKind::none
+                            : md.decay == D::head ? lk::GateKind::scalar
+                                                  : lk::GateKind::channel;
+    // linear runs gla's channel kernel with g = 0, but its recurrence has no gate
+    EXPECT_EQ(gk, lk::gate_kind(m));
+    EXPECT_EQ(md.beta(), lk::uses_beta(m));
+    EXPECT_EQ(md.update != tr::mixers::MixerDesc::Update::add, lk::is_delta_rule(m));
+    EXPECT_EQ(md.gated(), m == lk::Mixer::gdn2);
+    EXPECT_EQ(md.family == tr::mixers::MixerDesc::Family::delta_rule, m == lk::Mixer::deltanet || m == lk::Mixer::gdn);
+  }
+}
+
 // The decay gates of every Mamba-2-style mixer start as in fla / Mamba-2 (docs/architectures.md):
 // A = exp(A_log) in [1, 16] (one per head), dt = softplus(dt_bias) in [1e-3, 1e-1] (one per
 // head for gdn, one per key channel for kda / gdn2 / carve), neither weight-decayed. A

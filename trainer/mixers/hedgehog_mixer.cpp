@@ -255,7 +255,7 @@ class Impl {
   Cache<T> c_;
 };
 
-class HedgehogMixer final : public ssm::DtypeMixer<HedgehogMixer, Impl, State> {
+class HedgehogMixer final : public ssm::DtypeMixer<HedgehogMixer, Impl, State, CudaHedgehog> {
  public:
   explicit HedgehogMixer(const MixerConfig& cfg) : DtypeMixer(cfg), s_(hedgehog_shape(cfg)) {
     check_no_routing(cfg);
@@ -294,50 +294,17 @@ class HedgehogMixer final : public ssm::DtypeMixer<HedgehogMixer, Impl, State> {
     return std::make_unique<Impl<T>>(s_, sl_, pt_);
   }
 
-  void bind(std::vector<Tensor> params, std::vector<Tensor> grads) override {
-    DtypeMixer::bind(std::move(params), std::move(grads));
-    cuda_.reset();
+  std::string cuda_refusal(const kernels::Backend& be) const {
+    const std::string why = cuda_hedgehog_unsupported(s_);
+    return why.empty() ? "" : "gla_hedgehog mixer (layer " + std::to_string(cfg_.layer) + ") on " + be.name() + ": " + why;
   }
-  void forward(ForwardContext& ctx, const Tensor& x, const Tensor& y, Routing& r) override {
-    if (ctx.be.device() == kernels::Device::cuda) return cuda(ctx.be).forward(ctx, x, y);
-    DtypeMixer::forward(ctx, x, y, r);
-  }
-  void backward(ForwardContext& ctx, const Tensor& dy, const Tensor& dx, Routing& r) override {
-    if (ctx.be.device() == kernels::Device::cuda) return cuda(ctx.be).backward(ctx, dy, dx);
-    DtypeMixer::backward(ctx, dy, dx, r);
-  }
-  // Decode: on CUDA the device implementation (while ssm_decode_cuda_gate allows it).
-  std::unique_ptr<MixerState> init_state(kernels::Backend& be, int batch, int max_len) const override {
-    if (be.device() == kernels::Device::cuda)
-      return const_cast<HedgehogMixer*>(this)->cuda_decode(be).init_state(be, batch);
-    return DtypeMixer::init_state(be, batch, max_len);
-  }
-  void step(ForwardContext& ctx, const Tensor& x, const Tensor& y, MixerState& state, Routing& r) override {
-    if (ctx.be.device() == kernels::Device::cuda) return cuda_decode(ctx.be).step(ctx, x, y, state);
-    DtypeMixer::step(ctx, x, y, state, r);
+  std::unique_ptr<CudaHedgehog> make_cuda() const {
+    return cuda_hedgehog_factory() ? cuda_hedgehog_factory()(s_, sl_, pt_.P, pt_.G) : nullptr;
   }
 
  private:
-  CudaHedgehog& cuda_decode(const kernels::Backend& be) {
-    if (const std::string why = ssm_decode_cuda_gate(cfg_.kind, be.name()); !why.empty()) throw UserError(why);
-    return cuda(be);
-  }
-  // The CUDA implementation, built on first use after bind(), where the gate and the shape allow it.
-  CudaHedgehog& cuda(const kernels::Backend& be) {
-    if (const std::string why = cuda_hedgehog_unsupported(s_); !why.empty())
-      throw UserError("gla_hedgehog mixer (layer " + std::to_string(cfg_.layer) + ") on " + be.name() + ": " + why);
-    if (!pt_.bound()) throw RuntimeError("gla_hedgehog mixer: used before bind()");
-    if (!cuda_) {
-      if (!cuda_hedgehog_factory())
-        throw UserError("gla_hedgehog mixer: this build has no CUDA support (backend " + be.name() + ")");
-      cuda_ = cuda_hedgehog_factory()(s_, sl_, pt_.P, pt_.G);
-    }
-    return *cuda_;
-  }
-
   Shape s_;
   Slots sl_;
-  std::unique_ptr<CudaHedgehog> cuda_;
 };
 
 const MixerRegistration reg_hedgehog{"gla_hedgehog",

@@ -20,7 +20,9 @@
 //   reads key head h / (H/Hk) — the same as repeating q, k per group (fla's GVA).
 // Initialisation and the choices above are documented in docs/architectures.md.
 //
-// This file is the CPU implementation (f32 for training, f64 for the gradient checks): the
+// This file is the CPU skeleton (f32 for training, f64 for the gradient checks); the mixer's
+// gates come from its MixerDesc and the add-ons from Dims (linear_layer.hpp, read from the
+// config by linear_config.cpp). The
 // elementwise parts are host loops, projections go through Backend::gemm, the per-(batch,
 // head) recurrences run in parallel over the backend's threads (each one single-threaded,
 // so deterministic). On the CUDA backend forward/backward go to cuda_layers/linear_layer_cuda.cpp
@@ -34,17 +36,12 @@
 #include <cmath>
 #include <cstdlib>
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
 #include "core/error.hpp"
 #include "kernels/carve/carve.hpp"
-#include "kernels/carve/supports.hpp"
 #include "kernels/ccq/ccq.hpp"
-#include "kernels/ccq/supports.hpp"
-#include "kernels/channel_rule/supports.hpp"
-#include "kernels/delta_rule/supports.hpp"
 #include "kernels/linear/mixers.hpp"
 #include "trainer/mixer.hpp"
 #include "trainer/mixers/linear_layer.hpp"
@@ -56,6 +53,7 @@ namespace {
 namespace lk = lar::kernels::cpu::linear;
 using kernels::DType;
 using kernels::Tensor;
+using Decay = MixerDesc::Decay;
 
 template <class T>
 inline T sigmoid(T x) {
@@ -148,7 +146,7 @@ class Impl {
     conv_fwd(c.pv, c.av, sl_.cv, d.Cv, B, len, st ? &st->tail_v : nullptr);
     // CLER: the written value gets p(l)'s write residual, ṽ = v + Γ_l r_{p(l)}
     c.rin.clear();
-    if (d.route == Dims::Route::cler && !route.in.empty()) {
+    if (d.route.kind == Route::cler && !route.in.empty()) {
       if (route.in.numel() != (int64_t)N * d.Cv)
         throw RuntimeError("linear mixer: routing input " + route.in.shape_str() +
                            " does not match [B,T," + std::to_string(d.Cv) + "]");
@@ -161,23 +159,23 @@ class Impl {
     // gather per (b,h), L2-normalising q, k for the delta rules
     gather(B, len);
     // CCQ read correction of q
-    c.ccq_active = d.ccq && !(d.ccq_disable_eval && !training);
+    c.ccq_active = d.ccq.on && !(d.ccq.disable_at_eval && !training);
     if (c.ccq_active) ccq_fwd(be, X, B, len, st);
     // the recurrence
     const int nc = lk::num_chunks(len, d.chunk);
     const size_t ss = (size_t)d.dv * d.dk;
     c.o.resize((size_t)N * d.Cv);
-    if (!st && !d.carve) c.bounds.resize((size_t)B * d.H * nc * ss);
-    if (!st && d.carve) c.ccache.resize((size_t)B * d.H);
+    if (!st && !d.carve.on) c.bounds.resize((size_t)B * d.H * nc * ss);
+    if (!st && d.carve.on) c.ccache.resize((size_t)B * d.H);
     std::vector<T> ho((size_t)B * d.H * len * d.dv);
     const T scale = T(1) / std::sqrt(T(d.dk));
-    const bool res = d.route == Dims::Route::cler || d.route == Dims::Route::cler_h;
+    const bool res = d.route.kind == Route::cler || d.route.kind == Route::cler_h;
     c.hres.resize(res ? ho.size() : 0);
 #pragma omp parallel for schedule(static) num_threads(be.threads())
     for (int bh = 0; bh < B * d.H; ++bh) {
       T* o = &ho[(size_t)bh * len * d.dv];
       T* resid = res ? &c.hres[(size_t)bh * len * d.dv] : nullptr;
-      if (d.carve) {
+      if (d.carve.on) {
         auto ci = carve_inputs(bh, len, scale);
         ci.resid = resid;
         if (st)
@@ -188,7 +186,7 @@ class Impl {
       }
       auto in = inputs(bh, len, scale);
       in.resid = resid;
-      in.resid_update = d.resid_update;
+      in.resid_update = d.route.update;
       if (st) {
         T* S = &st->S[(size_t)bh * ss];
         lk::mixer_forward(d.mixer, in, lk::Form::recurrent, d.chunk, S, o, S);
@@ -204,7 +202,7 @@ class Impl {
                       &c.o[((size_t)b * len + t) * d.Cv + (size_t)h * d.dv]);
     // routing: publish the write residual (cler, cler_h) or the written value (clvr)
     c.out = Tensor();
-    if (d.route != Dims::Route::none) {
+    if (d.route.kind != Route::none) {
       c.out = arena.alloc(dtype_of<T>(), {(int64_t)N, (int64_t)d.Cv});
       T* out = c.out.template ptr<T>();
       if (res) {
@@ -260,7 +258,7 @@ class Impl {
     std::vector<T> hdo(BH * nv), dq(BH * nk), dk(BH * nk), dv(BH * nv);
     std::vector<T> dg(c.hg.size()), dbeta(c.hbeta.size()), db(c.hb.size()), dw(c.hw.size());
     std::vector<T> dbx(c.hbx.size()), dws(c.hws.size());
-    const size_t nU1 = d.carve ? (size_t)d.crank * d.dv : 0, nU2 = d.carve ? (size_t)d.dk * d.crank : 0;
+    const size_t nU1 = d.carve.on ? (size_t)d.carve.rank * d.dv : 0, nU2 = d.carve.on ? (size_t)d.dk * d.carve.rank : 0;
     std::vector<T> dU1(BH * nU1, T(0)), dU2(BH * nU2, T(0));
     for (int b = 0; b < B; ++b)
       for (int h = 0; h < d.H; ++h)
@@ -270,7 +268,7 @@ class Impl {
     const size_t gstride = c.hg.size() / BH;
     const T scale = T(1) / std::sqrt(T(d.dk));
     // routing: the gradient arriving on the published side channel
-    const bool has_dout = d.route != Dims::Route::none && !route.d_out.empty();
+    const bool has_dout = d.route.kind != Route::none && !route.d_out.empty();
     if (has_dout && route.d_out.numel() != (int64_t)N * d.Cv)
       throw RuntimeError("linear mixer: routing gradient " + route.d_out.shape_str() +
                          " does not match the side channel");
@@ -287,7 +285,7 @@ class Impl {
 #pragma omp parallel for schedule(static) num_threads(be.threads())
     for (int bh = 0; bh < (int)BH; ++bh) {
       const T* dres = hdres.empty() ? nullptr : &hdres[bh * nv];
-      if (d.carve) {
+      if (d.carve.on) {
         lk::CarveGrads<T> cg;
         cg.dq = &dq[bh * nk];
         cg.dk = &dk[bh * nk];
@@ -304,7 +302,7 @@ class Impl {
       }
       auto in = inputs(bh, len, scale);
       in.dresid = dres;
-      in.resid_update = d.resid_update;
+      in.resid_update = d.route.update;
       lk::MixerGrads<T> gr;
       gr.dq = &dq[bh * nk];
       gr.dk = &dk[bh * nk];
@@ -317,7 +315,7 @@ class Impl {
                          &hdo[bh * nv], (const T*)nullptr, gr, &c.bounds[(size_t)bh * nc * ss]);
     }
     // CARVE content projection: sum the per-(b,h) gradients in a fixed order
-    if (d.carve && !d.freeze_content)
+    if (d.carve.on && !d.carve.freeze_content)
       for (int h = 0; h < d.H; ++h)
         for (int b = 0; b < B; ++b) {
           const size_t bh = (size_t)b * d.H + h;
@@ -346,7 +344,7 @@ class Impl {
           }
           std::copy_n(&dv[hi * d.dv], d.dv, &dav[n * d.Cv + h * d.dv]);
         }
-    if (has_dout && d.route == Dims::Route::clvr) {  // published ṽ = v
+    if (has_dout && d.route.kind == Route::clvr) {  // published ṽ = v
       const T* g = route.d_out.ptr<T>();
       for (size_t i = 0; i < dav.size(); ++i) dav[i] += g[i];
     }
@@ -379,8 +377,8 @@ class Impl {
     s->tail_q.assign((size_t)B * w1 * dm_.Cqk, T(0));
     s->tail_k.assign((size_t)B * w1 * dm_.Cqk, T(0));
     s->tail_v.assign((size_t)B * w1 * dm_.Cv, T(0));
-    if (dm_.ccq) s->ccq.assign((size_t)B * dm_.H, lk::CcqState<T>(dm_.dk));
-    if (dm_.carve) s->carve.assign((size_t)B * dm_.H, lk::CarveState<T>(dm_.dk, dm_.dv));
+    if (dm_.ccq.on) s->ccq.assign((size_t)B * dm_.H, lk::CcqState<T>(dm_.dk));
+    if (dm_.carve.on) s->carve.assign((size_t)B * dm_.H, lk::CarveState<T>(dm_.dk, dm_.dv));
     return s;
   }
 
@@ -413,24 +411,24 @@ class Impl {
     in.len = len;
     in.dk = dm_.dk;
     in.dv = dm_.dv;
-    in.rank = dm_.crank;
+    in.rank = dm_.carve.rank;
     in.q = &c.hq[(size_t)bh * len * dm_.dk];
     in.k = &c.hk[(size_t)bh * len * dm_.dk];
     in.v = &c.hv[(size_t)bh * len * dm_.dv];
     in.g = &c.hg[(size_t)bh * len * dm_.dk];
     in.bx = &c.hbx[(size_t)bh * len * dm_.dk];
     in.w = &c.hws[(size_t)bh * len];
-    if (dm_.freeze_content) {
+    if (dm_.carve.freeze_content) {
       in.U1 = zeros_.data();
       in.U2 = zeros_.data();
     } else {
-      in.U1 = par(sl_.U1) + (size_t)h * dm_.crank * dm_.dv;
-      in.U2 = par(sl_.U2) + (size_t)h * dm_.dk * dm_.crank;
+      in.U1 = par(sl_.U1) + (size_t)h * dm_.carve.rank * dm_.dv;
+      in.U2 = par(sl_.U2) + (size_t)h * dm_.dk * dm_.carve.rank;
     }
-    in.content_chunk = dm_.L;
+    in.content_chunk = dm_.carve.content_chunk;
     in.chunk = dm_.chunk;
     in.scale = scale;
-    in.content_grad = dm_.content_grad;
+    in.content_grad = dm_.carve.content_grad;
     return in;
   }
 
@@ -440,7 +438,7 @@ class Impl {
     const Dims& d = dm_;
     const int N = B * len;
     c.lam.resize((size_t)N * d.H);
-    if (d.ccq_learned) {
+    if (d.ccq.learned) {
       c.lam_pre.resize((size_t)N * d.H);
       be.gemm(tv(c.pq, {N, d.Cqk}), false, P_[sl_.wlam], true, tv(c.lam_pre, {N, d.H}));
     }
@@ -448,8 +446,8 @@ class Impl {
       for (int h = 0; h < d.H; ++h)
         for (int t = 0; t < len; ++t) {
           const size_t n = (size_t)b * len + t, hi = ((size_t)b * d.H + h) * len + t;
-          c.lam[hi] = d.ccq_learned ? sigmoid(c.lam_pre[n * d.H + h] + par(sl_.blam)[h])
-                                    : T(d.ccq_lambda);
+          c.lam[hi] = d.ccq.learned ? sigmoid(c.lam_pre[n * d.H + h] + par(sl_.blam)[h])
+                                    : T(d.ccq.lambda);
         }
     c.hq_pre = c.hq;
 #pragma omp parallel for schedule(static) num_threads(be.threads())
@@ -460,7 +458,7 @@ class Impl {
       in.q = &c.hq_pre[(size_t)bh * len * d.dk];
       in.k = &c.hk[(size_t)bh * len * d.dk];
       in.lambda = &c.lam[(size_t)bh * len];
-      in.centered = d.ccq_centered;
+      in.centered = d.ccq.centered;
       T* out = &c.hq[(size_t)bh * len * d.dk];
       if (st)
         lk::ccq_recurrent_forward(in, &st->ccq[bh], out);
@@ -486,14 +484,14 @@ class Impl {
       in.q = &c.hq_pre[bh * nk];
       in.k = &c.hk[bh * nk];
       in.lambda = &c.lam[(size_t)bh * len];
-      in.centered = d.ccq_centered;
+      in.centered = d.ccq.centered;
       lk::ccq_chunk_backward(in, d.chunk, (const lk::CcqState<T>*)nullptr, &dq[bh * nk],
                              lk::CcqGrads<T>{&dqn[bh * nk], &dkc[bh * nk], &dlam[(size_t)bh * len]});
     }
     dq.swap(dqn);
     for (size_t i = 0; i < dk.size(); ++i) dk[i] += dkc[i];
     dpq.clear();
-    if (!d.ccq_learned) return;
+    if (!d.ccq.learned) return;
     std::vector<T> dpre((size_t)N * d.H);
     for (int b = 0; b < B; ++b)
       for (int h = 0; h < d.H; ++h)
@@ -618,26 +616,24 @@ class Impl {
   void gates_fwd(kernels::Backend& be, const Tensor& X, int N) {
     Cache<T>& c = c_;
     const Dims& d = dm_;
-    switch (d.mixer) {
-      case lk::Mixer::gla:
-      case lk::Mixer::kda:
-      case lk::Mixer::gdn2: lowrank_fwd(be, X, N); break;
-      case lk::Mixer::gdn:
-        c.gpre.resize((size_t)N * d.H);
-        be.gemm(X, false, P_[sl_.wa], true, tv(c.gpre, {N, d.H}));
-        break;
-      default: c.gpre.clear();
+    if (md_.low_rank_gate()) {
+      lowrank_fwd(be, X, N);
+    } else if (md_.decay == Decay::head) {
+      c.gpre.resize((size_t)N * d.H);
+      be.gemm(X, false, P_[sl_.wa], true, tv(c.gpre, {N, d.H}));
+    } else {
+      c.gpre.clear();
     }
-    if (lk::uses_beta(d.mixer)) {
+    if (md_.beta()) {
       c.beta_pre.resize((size_t)N * d.H);
       be.gemm(X, false, P_[sl_.wbeta], true, tv(c.beta_pre, {N, d.H}));
     }
-    if (d.carve) {
+    if (d.carve.on) {
       c.b_pre.resize((size_t)N * d.Cq);
       c.w_pre.resize((size_t)N * d.H);
       be.gemm(X, false, P_[sl_.werase], true, tv(c.b_pre, {N, d.Cq}));
       be.gemm(X, false, P_[sl_.wwrite], true, tv(c.w_pre, {N, d.H}));
-    } else if (d.mixer == lk::Mixer::gdn2) {
+    } else if (md_.gated()) {
       c.b_pre.resize((size_t)N * d.Cq);
       c.w_pre.resize((size_t)N * d.Cv);
       be.gemm(X, false, P_[sl_.werase], true, tv(c.b_pre, {N, d.Cq}));
@@ -649,10 +645,11 @@ class Impl {
   // derivative with respect to the pre-activation, the bias and A_log.
   T gate_value(int n, int ch) const {
     const Cache<T>& c = c_;
-    const int h = dm_.mixer == lk::Mixer::gdn ? ch : ch / dm_.dk;
-    const int C = dm_.mixer == lk::Mixer::gdn ? dm_.H : dm_.Cq;
+    const bool per_head = md_.decay == Decay::head;
+    const int h = per_head ? ch : ch / dm_.dk;
+    const int C = per_head ? dm_.H : dm_.Cq;
     const T f = c.gpre[(size_t)n * C + ch];
-    if (dm_.mixer == lk::Mixer::gla) return -softplus(-(f + par(sl_.gb)[ch])) / T(16);
+    if (md_.decay == Decay::logsig) return -softplus(-(f + par(sl_.gb)[ch])) / T(16);
     return -std::exp(par(sl_.A_log)[h]) * softplus(f + par(sl_.dt_bias)[ch]);
   }
 
@@ -668,12 +665,12 @@ class Impl {
     c.rk.assign((size_t)N * d.H, T(1));
     const lk::GateKind gk = lk::gate_kind(d.mixer);
     c.hg.resize(gk == lk::GateKind::none ? 0 : BH * len * (gk == lk::GateKind::scalar ? 1 : d.dk));
-    c.hbeta.resize(lk::uses_beta(d.mixer) ? BH * len : 0);
-    const bool g2 = d.mixer == lk::Mixer::gdn2 && !d.carve;
+    c.hbeta.resize(md_.beta() ? BH * len : 0);
+    const bool g2 = md_.gated() && !d.carve.on;
     c.hb.resize(g2 ? BH * len * d.dk : 0);
     c.hw.resize(g2 ? BH * len * d.dv : 0);
-    c.hbx.resize(d.carve ? BH * len * d.dk : 0);
-    c.hws.resize(d.carve ? BH * len : 0);
+    c.hbx.resize(d.carve.on ? BH * len * d.dk : 0);
+    c.hws.resize(d.carve.on ? BH * len : 0);
     const int grp = d.H / d.Hk;
     for (int b = 0; b < B; ++b)
       for (int h = 0; h < d.H; ++h)
@@ -699,7 +696,7 @@ class Impl {
           if (gk == lk::GateKind::channel)
             for (int i = 0; i < d.dk; ++i) c.hg[hi * d.dk + i] = gate_value((int)n, h * d.dk + i);
           if (!c.hbeta.empty()) c.hbeta[hi] = sigmoid(c.beta_pre[n * d.H + h]);
-          if (d.carve) {  // erase logits go to the kernel raw (it adds the content term)
+          if (d.carve.on) {  // erase logits go to the kernel raw (it adds the content term)
             std::copy_n(&c.b_pre[n * d.Cq + h * d.dk], d.dk, &c.hbx[hi * d.dk]);
             c.hws[hi] = sigmoid(c.w_pre[n * d.H + h]);
           }
@@ -743,7 +740,7 @@ class Impl {
               const T gval = c.hg[hi * nch + i], dgv = dg[hi * nch + i];
               const T f = c.gpre[n * C + ch];
               T dfv;
-              if (d.mixer == lk::Mixer::gla) {
+              if (md_.decay == Decay::logsig) {
                 // g = logsigmoid(f + b)/16: dg/df = σ(−(f + b))/16
                 dfv = dgv * sigmoid(-(f + par(sl_.gb)[ch])) / T(16);
                 grad(sl_.gb)[ch] += dfv;
@@ -757,7 +754,7 @@ class Impl {
               df[n * C + ch] = dfv;
             }
           }
-      if (d.mixer == lk::Mixer::gdn) {
+      if (md_.decay == Decay::head) {
         be.gemm(tv(df, {N, d.H}), true, X, false, G_[sl_.wa], 1.0, 1.0);
         be.gemm(tv(df, {N, d.H}), false, P_[sl_.wa], false, dX, 1.0, 1.0);
       } else {
@@ -776,7 +773,7 @@ class Impl {
       be.gemm(tv(dpre, {N, d.H}), true, X, false, G_[sl_.wbeta], 1.0, 1.0);
       be.gemm(tv(dpre, {N, d.H}), false, P_[sl_.wbeta], false, dX, 1.0, 1.0);
     }
-    if (d.carve) {
+    if (d.carve.on) {
       std::vector<T> dbp((size_t)N * d.Cq), dwp((size_t)N * d.H);
       for (int b = 0; b < B; ++b)
         for (int h = 0; h < d.H; ++h)
@@ -814,98 +811,20 @@ class Impl {
   }
 
   Dims dm_;
+  MixerDesc md_ = dm_.desc();
   Slots sl_;
   std::vector<Tensor> P_, G_;
   Cache<T> c_;
-  std::vector<T> zeros_ = std::vector<T>((size_t)std::max(dm_.crank * dm_.dv, dm_.dk * dm_.crank), T(0));
+  std::vector<T> zeros_ = std::vector<T>((size_t)std::max(dm_.carve.rank * dm_.dv, dm_.dk * dm_.carve.rank), T(0));
 };
-
-// softplus⁻¹(y) = log(expm1(y)): dt_bias is initialised uniform between softplus⁻¹(1e-3)
-// and softplus⁻¹(1e-1), which makes dt = softplus(dt_bias) (almost exactly) log-uniform
-// in [1e-3, 1e-1] as in Mamba-2 / fla.
-double softplus_inv(double y) { return std::log(std::expm1(y)); }
 
 class LinearMixer final : public Mixer {
  public:
-  explicit LinearMixer(const MixerConfig& cfg) : cfg_(cfg) {
-    auto m = cfg.kind == "carve" ? std::optional<lk::Mixer>(lk::Mixer::gdn2) : lk::parse_mixer(cfg.kind);
-    if (!m) throw UserError("linear mixer: unknown architecture '" + cfg.kind + "'");
-    dm_.mixer = *m;
-    dm_.carve = cfg.kind == "carve";
-    dm_.d = cfg.d_model;
-    dm_.Hk = cfg.n_heads;
-    dm_.H = cfg.n_v_heads > 0 ? cfg.n_v_heads : cfg.n_heads;
-    if (dm_.Hk < 1 || dm_.H % dm_.Hk != 0)
-      throw UserError("model.n_v_heads: " + std::to_string(dm_.H) + " value heads are not a multiple of the " +
-                      std::to_string(dm_.Hk) + " query/key heads");
-    dm_.dk = cfg.head_dim;
-    dm_.dv = cfg.value_dim;
-    dm_.Cqk = dm_.Hk * dm_.dk;
-    dm_.Cq = dm_.H * dm_.dk;
-    dm_.Cv = dm_.H * dm_.dv;
-    const json& mo = cfg.model;
-    dm_.conv = mo.value("short_conv", true);
-    dm_.W = mo.value("conv_size", 4);
-    dm_.rank = mo.value("gate_rank", 16);
-    dm_.chunk = mo.value("chunk_size", 64);
-    if (mo.contains("ccq") && mo["ccq"].is_object()) {
-      const json& cq = mo["ccq"];
-      dm_.ccq = cq.value("enabled", false);
-      dm_.ccq_centered = cq.value("centered", true);
-      dm_.ccq_disable_eval = cq.value("disable_at_eval", false);
-      dm_.ccq_lambda = cq.value("lambda_init", 0.01);
-      if (cq.contains("lambda") && cq["lambda"].is_number()) {
-        dm_.ccq_learned = false;
-        dm_.ccq_lambda = cq["lambda"].get<double>();
-      } else if (cq.contains("lambda") && cq["lambda"] != "learned") {
-        throw UserError("model.ccq.lambda: expected 'learned' or a number, got " + cq["lambda"].dump());
-      }
-      if (dm_.ccq && !(dm_.ccq_lambda > 0.0 && dm_.ccq_lambda < 1.0) && dm_.ccq_learned)
-        throw UserError("model.ccq.lambda_init: must lie in (0, 1), got " +
-                        std::to_string(dm_.ccq_lambda));
-    }
-    if (dm_.carve && mo.contains("carve") && mo["carve"].is_object()) {
-      const json& cv = mo["carve"];
-      dm_.crank = cv.value("content_rank", 16);
-      dm_.L = cv.value("content_chunk", 0);
-      dm_.content_grad = cv.value("content_grad", true);
-      dm_.freeze_content = cv.value("freeze_content", false);
-      const std::string qkv = cv.value("qkv", "gdn2");
-      if (qkv != "gdn2" && qkv != "paper")
-        throw UserError("model.carve.qkv: unknown value '" + qkv + "' (choices: gdn2, paper)");
-      if (qkv == "paper") {
-        dm_.conv = false;
-        dm_.silu_only = true;
-      }
-    }
-    if (dm_.carve && dm_.L <= 0) dm_.L = dm_.chunk;
-    if (dm_.carve && (dm_.crank < 1 || dm_.crank > 32))
-      throw UserError("model.carve.content_rank: must be in 1..32, got " + std::to_string(dm_.crank));
-    dm_.l2 = (lk::is_delta_rule(dm_.mixer) && !dm_.silu_only) || dm_.ccq || mo.value("qk_l2norm", false);
-    if (dm_.conv && dm_.W < 1)
-      throw UserError("model.conv_size: must be ≥ 1, got " + std::to_string(dm_.W));
-    if (dm_.chunk < 1)
-      throw UserError("model.chunk_size: must be ≥ 1, got " + std::to_string(dm_.chunk));
-    if (dm_.rank < 1)
-      throw UserError("model.gate_rank: must be ≥ 1, got " + std::to_string(dm_.rank));
-    if (cfg.routing == "cler") dm_.route = Dims::Route::cler;
-    else if (cfg.routing == "cler_h") dm_.route = Dims::Route::cler_h;
-    else if (cfg.routing == "clvr") dm_.route = Dims::Route::clvr;
-    else if (cfg.routing != "none" && !cfg.routing.empty())
-      throw UserError("model.routing: unknown value '" + cfg.routing + "'");
-    const std::string signal = mo.value("routing_signal", "residual");
-    if (signal != "residual" && signal != "update")
-      throw UserError("model.routing_signal: unknown value '" + signal + "' (choices: residual, update)");
-    dm_.resid_update = signal == "update" && lk::uses_beta(dm_.mixer) && !dm_.carve &&
-                       (dm_.route == Dims::Route::cler || dm_.route == Dims::Route::cler_h);
-    if (dm_.route != Dims::Route::none && !lk::is_delta_rule(dm_.mixer))
-      throw UserError("model.routing: '" + cfg.routing + "' needs a delta-rule mixer (deltanet, gdn, "
-                      "kda, gdn2, carve); '" + cfg.kind + "' has no write residual");
-    build_specs();
-  }
+  explicit LinearMixer(const MixerConfig& cfg)
+      : cfg_(cfg), dm_(linear_dims(cfg)), specs_(linear_params(dm_, cfg.init_std, sl_)) {}
 
   std::string kind() const override { return cfg_.kind; }
-  bool publishes() const override { return dm_.route != Dims::Route::none; }
+  bool publishes() const override { return dm_.route.kind != Route::none; }
   int64_t side_dim() const override { return publishes() ? dm_.Cv : 0; }
   std::vector<ParamSpec> params() const override { return specs_; }
   void bind(std::vector<Tensor> params, std::vector<Tensor> grads) override {
@@ -1008,73 +927,6 @@ class LinearMixer final : public Mixer {
     }
   }
 
-  int add(ParamSpec s) {
-    specs_.push_back(std::move(s));
-    return (int)specs_.size() - 1;
-  }
-
-  void build_specs() {
-    const Dims& d = dm_;
-    const double sd = cfg_.init_std;
-    auto mat = [&](const char* name, int64_t rows, int64_t cols) {
-      return add({name, {rows, cols}, ParamKind::matrix_hidden, InitRule::Normal(sd)});
-    };
-    sl_.wq = mat("wq", d.Cqk, d.d);
-    sl_.wk = mat("wk", d.Cqk, d.d);
-    sl_.wv = mat("wv", d.Cv, d.d);
-    if (d.conv) {
-      // PyTorch's Conv1d default for a depthwise conv: U(±1/sqrt(width)).
-      const double bound = 1.0 / std::sqrt((double)d.W);
-      auto conv = [&](const char* name, int64_t C) {
-        return add({name, {C, d.W}, ParamKind::scalar, InitRule::Uniform(-bound, bound)});
-      };
-      sl_.cq = conv("conv_q", d.Cqk);
-      sl_.ck = conv("conv_k", d.Cqk);
-      sl_.cv = conv("conv_v", d.Cv);
-    }
-    const lk::Mixer m = d.mixer;
-    if (m == lk::Mixer::gla || m == lk::Mixer::kda || m == lk::Mixer::gdn2) {
-      sl_.g1 = mat("gate_w1", d.rank, d.d);
-      sl_.g2 = mat("gate_w2", d.Cq, d.rank);
-    }
-    if (m == lk::Mixer::gla)
-      sl_.gb = add({"gate_bias", {d.Cq}, ParamKind::bias, InitRule::Constant(0.0)});
-    if (lk::uses_beta(m)) sl_.wbeta = mat("w_beta", d.H, d.d);
-    if (m == lk::Mixer::gdn) sl_.wa = mat("w_a", d.H, d.d);
-    if (m == lk::Mixer::gdn || m == lk::Mixer::kda || m == lk::Mixer::gdn2) {
-      sl_.A_log = add({"A_log", {d.H}, ParamKind::scalar, InitRule::Uniform(0.0, std::log(16.0))});
-      const int64_t n = m == lk::Mixer::gdn ? d.H : d.Cq;
-      sl_.dt_bias = add({"dt_bias", {n}, ParamKind::scalar,
-                         InitRule::Uniform(softplus_inv(1e-3), softplus_inv(1e-1))});
-    }
-    if (d.carve) {
-      sl_.werase = mat("w_erase", d.Cq, d.d);
-      sl_.wwrite = mat("w_write", d.H, d.d);  // one scalar write gate per head
-      if (!d.freeze_content) {
-        // U_b(m) = U2 tanh(U1 m) per head; U2 starts at zero so CARVE starts as gdn2 with a
-        // scalar write gate.
-        sl_.U1 = add({"content_u1", {(int64_t)d.H * d.crank, d.dv}, ParamKind::matrix_hidden,
-                      InitRule::Normal(1.0 / std::sqrt((double)d.dv))});
-        sl_.U2 = add({"content_u2", {(int64_t)d.H * d.dk, d.crank}, ParamKind::matrix_hidden,
-                      InitRule::Constant(0.0)});
-      }
-    } else if (m == lk::Mixer::gdn2) {
-      sl_.werase = mat("w_erase", d.Cq, d.d);
-      sl_.wwrite = mat("w_write", d.Cv, d.d);
-    }
-    if (d.route == Dims::Route::cler)  // Γ_l, zero so that the layer starts as without routing
-      sl_.gamma = add({"cler_gamma", {1}, ParamKind::scalar, InitRule::Constant(0.0)});
-    if (d.ccq && d.ccq_learned) {
-      // λ = σ(W_λ p_q + b_λ): W_λ zero, b_λ = logit(lambda_init) so λ starts at lambda_init.
-      sl_.wlam = add({"ccq_w_lambda", {d.H, d.Cqk}, ParamKind::matrix_hidden, InitRule::Constant(0.0)});
-      sl_.blam = add({"ccq_b_lambda", {d.H}, ParamKind::bias,
-                      InitRule::Constant(std::log(d.ccq_lambda / (1.0 - d.ccq_lambda)))});
-    }
-    sl_.onorm = add({"o_norm", {d.dv}, ParamKind::norm, InitRule::Constant(1.0)});
-    sl_.wgate = mat("w_gate", d.Cv, d.d);
-    sl_.wo = mat("wo", d.d, d.Cv);
-  }
-
   MixerConfig cfg_;
   Dims dm_;
   Slots sl_;
@@ -1098,63 +950,5 @@ const MixerRegistration reg_gdn2{"gdn2", factory()};
 const MixerRegistration reg_carve{"carve", factory()};
 
 }  // namespace
-
-namespace {
-
-namespace kc = kernels::cuda::linear;  // the CUDA kernels' shape contracts (CUDA-free)
-
-// Whether the CUDA kernels of this mixer's family take these heads: gdn and deltanet run on the
-// delta rule, linear, gla, kda and gdn2 on the channel rule; CCQ and CARVE add their own.
-bool family_supports(const Dims& d, kc::HeadDims h) {
-  const bool delta = d.mixer == lk::Mixer::gdn || d.mixer == lk::Mixer::deltanet;
-  if (!(delta ? kc::delta_rule_supports(h) : kc::channel_rule_supports(h))) return false;
-  return !d.ccq || kc::ccq_supports(h.dk);
-}
-
-}  // namespace
-
-std::string cuda_linear_decode_unsupported(const Dims& d) {
-  // CARVE's CUDA decode (carve_decode) is 64-wide; the wide kernels have no per-token form yet.
-  if (d.carve && !kc::carve_decode_supports({d.dk, 64}))
-    return "model.head_dim: CARVE decode on CUDA takes key heads of 64 only, got " + std::to_string(d.dk);
-  if (d.carve && !kc::carve_decode_supports({64, d.dv}))
-    return "model.value_dim: CARVE decode on CUDA takes value heads of 64 only, got " + std::to_string(d.dv);
-  // The decode's readout subtracts the token's own o2 after route_residual (T = 1), which would
-  // scale z alone by β: the β-scaled update has no CUDA decode.
-  if (d.resid_update) return "model.routing_signal: 'update' (the β-scaled write residual) has no CUDA decode yet";
-  return "";
-}
-
-std::string cuda_linear_unsupported(const Dims& d) {
-  // The CUDA CARVE kernel's content chunk is its 64-token chunk; the cler/cler_h readout
-  // (a second kernel pass with the shifted query) would need CARVE's content-gated erase
-  // gates, which exist only inside carve_fwd.
-  if (d.carve && d.L != kc::kCarveContentChunk)
-    return "model.carve.content_chunk: the CUDA CARVE kernel uses content chunks of 64, got " + std::to_string(d.L);
-  if (d.carve && (d.route == Dims::Route::cler || d.route == Dims::Route::cler_h))
-    return "model.routing: cler/cler_h with CARVE have no CUDA path (clvr has)";
-  if (d.resid_update && !laa_routing_cuda_open())
-    return laa_routing_cuda_gate("model.routing_signal: 'update' (the β-scaled write residual)");
-  if (d.silu_only) return "model.carve.qkv: 'paper' has no CUDA path yet";
-  // key heads of 128 and 256: the recurrent wide-key kernels (kernels/linear/wide_key.hpp,
-  // CCQ included), without the cler/cler_h readouts (64-wide kernels only); CARVE at key or value
-  // heads of 128 through wide_carve_fwd/bwd, gated until verified (kCarveWideCudaVerified)
-  if (!family_supports(d, {d.dk, 64}))
-    return "model.head_dim: the CUDA kernels take 64, 128 or 256, got " + std::to_string(d.dk);
-  if (d.carve && !kc::carve_supports({d.dk, 64}))
-    return "model.head_dim: CARVE runs on CUDA with key heads of 64 or 128, got " + std::to_string(d.dk);
-  if (d.carve && !kc::carve_supports({64, d.dv}))
-    return "model.value_dim: CARVE runs on CUDA with value heads of 64 or 128, got " + std::to_string(d.dv);
-  if (d.carve && (d.dk != 64 || d.dv != 64) && !kCarveWideCudaVerified && !carve_wide_cuda_unverified_allowed())
-    return carve_wide_gate_message(d.dk, d.dv);
-  if (d.dk != 64 && (d.route == Dims::Route::cler || d.route == Dims::Route::cler_h))
-    return "model.head_dim: the cler/cler_h readouts run on CUDA with key heads of 64 only, got " + std::to_string(d.dk);
-  if (!family_supports(d, {64, d.dv}))
-    return "model.value_dim: the CUDA kernels need a multiple of 64 up to 512, got " + std::to_string(d.dv);
-  if (d.dv != 64 && (d.route == Dims::Route::cler || d.route == Dims::Route::cler_h) && !laa_routing_cuda_open())
-    return laa_routing_cuda_gate("model.value_dim: " + std::to_string(d.dv) + " with the cler/cler_h readouts");
-  if (d.conv && d.W > 8) return "model.conv_size: the CUDA conv is at most 8 wide, got " + std::to_string(d.W);
-  return "";
-}
 
 }  // namespace lar::trainer::mixers

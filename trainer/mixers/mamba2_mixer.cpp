@@ -263,7 +263,7 @@ class Impl {
   Cache<T> c_;
 };
 
-class Mamba2Mixer final : public ssm::DtypeMixer<Mamba2Mixer, Impl, State> {
+class Mamba2Mixer final : public ssm::DtypeMixer<Mamba2Mixer, Impl, State, CudaMamba2> {
  public:
   explicit Mamba2Mixer(const MixerConfig& cfg) : DtypeMixer(cfg), s_(mamba_shape(cfg)) {
     check_no_routing(cfg);
@@ -307,51 +307,18 @@ class Mamba2Mixer final : public ssm::DtypeMixer<Mamba2Mixer, Impl, State> {
     return std::make_unique<Impl<T>>(s_, W_, sl_, pt_);
   }
 
-  void bind(std::vector<Tensor> params, std::vector<Tensor> grads) override {
-    DtypeMixer::bind(std::move(params), std::move(grads));
-    cuda_.reset();
+  std::string cuda_refusal(const kernels::Backend& be) const {
+    const std::string why = cuda_mamba2_unsupported(s_, W_);
+    return why.empty() ? "" : "mamba2 mixer (layer " + std::to_string(cfg_.layer) + ") on " + be.name() + ": " + why;
   }
-  void forward(ForwardContext& ctx, const Tensor& x, const Tensor& y, Routing& r) override {
-    if (ctx.be.device() == kernels::Device::cuda) return cuda(ctx.be).forward(ctx, x, y);
-    DtypeMixer::forward(ctx, x, y, r);
-  }
-  void backward(ForwardContext& ctx, const Tensor& dy, const Tensor& dx, Routing& r) override {
-    if (ctx.be.device() == kernels::Device::cuda) return cuda(ctx.be).backward(ctx, dy, dx);
-    DtypeMixer::backward(ctx, dy, dx, r);
-  }
-  // Decode: on CUDA the device implementation (while ssm_decode_cuda_gate allows it).
-  std::unique_ptr<MixerState> init_state(kernels::Backend& be, int batch, int max_len) const override {
-    if (be.device() == kernels::Device::cuda)
-      return const_cast<Mamba2Mixer*>(this)->cuda_decode(be).init_state(be, batch);
-    return DtypeMixer::init_state(be, batch, max_len);
-  }
-  void step(ForwardContext& ctx, const Tensor& x, const Tensor& y, MixerState& state, Routing& r) override {
-    if (ctx.be.device() == kernels::Device::cuda) return cuda_decode(ctx.be).step(ctx, x, y, state);
-    DtypeMixer::step(ctx, x, y, state, r);
+  std::unique_ptr<CudaMamba2> make_cuda() const {
+    return cuda_mamba2_factory() ? cuda_mamba2_factory()(s_, W_, sl_, pt_.P, pt_.G) : nullptr;
   }
 
  private:
-  CudaMamba2& cuda_decode(const kernels::Backend& be) {
-    if (const std::string why = ssm_decode_cuda_gate(cfg_.kind, be.name()); !why.empty()) throw UserError(why);
-    return cuda(be);
-  }
-  // The CUDA implementation, built on first use after bind().
-  CudaMamba2& cuda(const kernels::Backend& be) {
-    if (const std::string why = cuda_mamba2_unsupported(s_, W_); !why.empty())
-      throw UserError("mamba2 mixer (layer " + std::to_string(cfg_.layer) + ") on " + be.name() + ": " + why);
-    if (!pt_.bound()) throw RuntimeError("mamba2 mixer: used before bind()");
-    if (!cuda_) {
-      if (!cuda_mamba2_factory())
-        throw UserError("mamba2 mixer: this build has no CUDA support (backend " + be.name() + ")");
-      cuda_ = cuda_mamba2_factory()(s_, W_, sl_, pt_.P, pt_.G);
-    }
-    return *cuda_;
-  }
-
   MambaShape s_;
   int W_ = 4;
   Slots sl_;
-  std::unique_ptr<CudaMamba2> cuda_;
 };
 
 const MixerRegistration reg_mamba2{"mamba2", [](const MixerConfig& c) { return std::make_unique<Mamba2Mixer>(c); }};

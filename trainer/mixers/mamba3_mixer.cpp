@@ -422,7 +422,7 @@ class Impl {
   std::vector<T> wz_, yv_;  // the core's written values c·v; the gated output
 };
 
-class Mamba3Mixer final : public ssm::DtypeMixer<Mamba3Mixer, Impl, State> {
+class Mamba3Mixer final : public ssm::DtypeMixer<Mamba3Mixer, Impl, State, CudaMamba3> {
  public:
   explicit Mamba3Mixer(const MixerConfig& cfg) : DtypeMixer(cfg), s_(mamba_shape(cfg)) {
     check_no_routing(cfg);
@@ -482,52 +482,20 @@ class Mamba3Mixer final : public ssm::DtypeMixer<Mamba3Mixer, Impl, State> {
     return std::make_unique<Impl<T>>(s_, na_, R_, sl_, pt_);
   }
 
-  void bind(std::vector<Tensor> params, std::vector<Tensor> grads) override {
-    DtypeMixer::bind(std::move(params), std::move(grads));
-    cuda_.reset();
+  std::string cuda_refusal(const kernels::Backend& be) const {
+    const std::string who = "mamba3 mixer (layer " + std::to_string(cfg_.layer) + ") on " + be.name() + ": ";
+    if (const std::string why = mamba3_cuda_gate(); !why.empty()) return who + why;
+    if (const std::string why = cuda_mamba3_unsupported(s_, R_); !why.empty()) return who + why;
+    return "";
   }
-  void forward(ForwardContext& ctx, const Tensor& x, const Tensor& y, Routing& r) override {
-    if (ctx.be.device() == kernels::Device::cuda) return cuda(ctx.be).forward(ctx, x, y);
-    DtypeMixer::forward(ctx, x, y, r);
-  }
-  void backward(ForwardContext& ctx, const Tensor& dy, const Tensor& dx, Routing& r) override {
-    if (ctx.be.device() == kernels::Device::cuda) return cuda(ctx.be).backward(ctx, dy, dx);
-    DtypeMixer::backward(ctx, dy, dx, r);
-  }
-  // Decode: on CUDA the device implementation (while ssm_decode_cuda_gate allows it).
-  std::unique_ptr<MixerState> init_state(kernels::Backend& be, int batch, int max_len) const override {
-    if (be.device() == kernels::Device::cuda)
-      return const_cast<Mamba3Mixer*>(this)->cuda_decode(be).init_state(be, batch);
-    return DtypeMixer::init_state(be, batch, max_len);
-  }
-  void step(ForwardContext& ctx, const Tensor& x, const Tensor& y, MixerState& state, Routing& r) override {
-    if (ctx.be.device() == kernels::Device::cuda) return cuda_decode(ctx.be).step(ctx, x, y, state);
-    DtypeMixer::step(ctx, x, y, state, r);
+  std::unique_ptr<CudaMamba3> make_cuda() const {
+    return cuda_mamba3_factory() ? cuda_mamba3_factory()(s_, na_, R_, sl_, pt_.P, pt_.G) : nullptr;
   }
 
  private:
-  CudaMamba3& cuda_decode(const kernels::Backend& be) {
-    if (const std::string why = ssm_decode_cuda_gate(cfg_.kind, be.name()); !why.empty()) throw UserError(why);
-    return cuda(be);
-  }
-  // The CUDA implementation, built on first use after bind().
-  CudaMamba3& cuda(const kernels::Backend& be) {
-    const std::string who = "mamba3 mixer (layer " + std::to_string(cfg_.layer) + ") on " + be.name() + ": ";
-    if (const std::string why = mamba3_cuda_gate(); !why.empty()) throw UserError(who + why);
-    if (const std::string why = cuda_mamba3_unsupported(s_, R_); !why.empty()) throw UserError(who + why);
-    if (!pt_.bound()) throw RuntimeError("mamba3 mixer: used before bind()");
-    if (!cuda_) {
-      if (!cuda_mamba3_factory())
-        throw UserError("mamba3 mixer: this build has no CUDA support (backend " + be.name() + ")");
-      cuda_ = cuda_mamba3_factory()(s_, na_, R_, sl_, pt_.P, pt_.G);
-    }
-    return *cuda_;
-  }
-
   MambaShape s_;
   int na_ = 1, R_ = 1;
   Slots sl_;
-  std::unique_ptr<CudaMamba3> cuda_;
 };
 
 const MixerRegistration reg_mamba3{"mamba3", [](const MixerConfig& c) { return std::make_unique<Mamba3Mixer>(c); }};

@@ -1,7 +1,8 @@
 #pragma once
-// Internal to trainer/mixers: host helpers shared by the state-space style mixers
-// (mamba2_mixer.cpp, mamba3_mixer.cpp, hedgehog_mixer.cpp) on the CPU backend. Layouts are
-// token-major [N = B·T, C]; per-(batch, head) sequences are gathered by the callers.
+// Internal to trainer/mixers: what the state-space style mixers (mamba2_mixer.cpp,
+// mamba3_mixer.cpp, hedgehog_mixer.cpp) share — host helpers of their CPU layers (layouts
+// token-major [N = B·T, C]; per-(batch, head) sequences are gathered by the callers) and the
+// Mixer interface over their CPU and CUDA layers (DtypeMixer).
 #include <cmath>
 #include <cstddef>
 #include <initializer_list>
@@ -12,6 +13,32 @@
 #include "core/error.hpp"
 #include "kernels/backend.hpp"
 #include "trainer/mixer.hpp"
+
+namespace lar::trainer::mixers {
+
+// The recurrent decode (init_state/step) of the mamba2, mamba3 and gla_hedgehog mixers on the
+// CUDA backend (cuda_layers/{mamba2,mamba3,hedgehog}_layer_cuda.cpp: the forward's projections
+// and conv over a window of the last W projection rows, the per-token kernels on the device
+// state): verified on the H200 by `test_ssm_decode_cuda` (each layer against the CPU layer and
+// its own forward, whole models against the CPU decoder). While false the CUDA backend refuses
+// it (ssm_decode_cuda_gate); UnverifiedDecodeIsAClearError expects either value.
+constexpr bool kSsmDecodeCudaVerified = true;
+
+// Tests only: tests/gpu/test_ssm_decode_cuda.cpp runs the unverified CUDA decode.
+inline bool& ssm_decode_cuda_unverified_allowed() {
+  static bool allowed = false;
+  return allowed;
+}
+
+// "" when the CUDA decode of mixer `kind` may run, else the refusal (the key and value named).
+inline std::string ssm_decode_cuda_gate(const std::string& kind, const std::string& backend) {
+  if (kSsmDecodeCudaVerified || ssm_decode_cuda_unverified_allowed()) return "";
+  return "model.architecture: '" + kind + "' decode (step) on backend " + backend +
+         " has a CUDA path that is not yet verified on a GPU (tests/gpu/test_ssm_decode_cuda.cpp); decode with "
+         "backend: cpu";
+}
+
+}  // namespace lar::trainer::mixers
 
 namespace lar::trainer::mixers::ssm {
 
@@ -172,12 +199,16 @@ inline void check_cpu(const kernels::Backend& be, const std::string& kind) {
                     be.name() + "; use backend: cpu or auto)");
 }
 
-// The Mixer interface of a CPU-only mixer over its Impl<T>, one per dtype (f32 in training,
-// f64 in gradient checks), built on first use after bind(). `Derived` provides
+// The Mixer interface of a routing-free mixer over its CPU Impl<T>, one per dtype (f32 in
+// training, f64 in gradient checks), and its CUDA layer (the interface Cuda, made by the layer's
+// factory in cuda_layers/), each built on first use after bind(); the backend's device picks
+// one. `Derived` provides
 //   template <class T> std::unique_ptr<Impl<T>> make_impl() const;
+//   std::string cuda_refusal(const kernels::Backend&) const;  // "" or why the CUDA layer cannot run it
+//   std::unique_ptr<Cuda> make_cuda() const;                  // null in a build without CUDA
 // and Impl<T> provides forward(be, x, y, B, len, State<T>* or nullptr), backward(be, dy, dx)
 // and make_state(batch) (a State<T>, which derives from MixerState).
-template <class Derived, template <class> class Impl, template <class> class State>
+template <class Derived, template <class> class Impl, template <class> class State, class Cuda>
 class DtypeMixer : public Mixer {
  public:
   explicit DtypeMixer(const MixerConfig& cfg) : cfg_(cfg) {}
@@ -188,8 +219,10 @@ class DtypeMixer : public Mixer {
     pt_.bind(who().c_str(), std::move(params), std::move(grads));
     f32_.reset();
     f64_.reset();
+    cuda_.reset();
   }
   void forward(ForwardContext& ctx, const kernels::Tensor& x, const kernels::Tensor& y, Routing&) override {
+    if (ctx.be.device() == kernels::Device::cuda) return cuda(ctx.be).forward(ctx, x, y);
     check_cpu(ctx.be, cfg_.kind);
     const int B = (int)x.size(0), len = (int)x.size(1);
     if (ctx.be.dtype() == kernels::DType::f32)
@@ -198,20 +231,24 @@ class DtypeMixer : public Mixer {
       impl<double>().forward(ctx.be, x.ptr<double>(), y.ptr<double>(), B, len, nullptr);
   }
   void backward(ForwardContext& ctx, const kernels::Tensor& dy, const kernels::Tensor& dx, Routing&) override {
+    if (ctx.be.device() == kernels::Device::cuda) return cuda(ctx.be).backward(ctx, dy, dx);
     check_cpu(ctx.be, cfg_.kind);
     if (ctx.be.dtype() == kernels::DType::f32)
       impl<float>().backward(ctx.be, dy.ptr<float>(), dx.ptr<float>());
     else
       impl<double>().backward(ctx.be, dy.ptr<double>(), dx.ptr<double>());
   }
+  // Decode: on CUDA the device implementation (while ssm_decode_cuda_gate allows it).
   std::unique_ptr<MixerState> init_state(kernels::Backend& be, int batch, int) const override {
-    check_cpu(be, cfg_.kind);
     auto* self = const_cast<DtypeMixer*>(this);
+    if (be.device() == kernels::Device::cuda) return self->cuda_decode(be).init_state(be, batch);
+    check_cpu(be, cfg_.kind);
     if (be.dtype() == kernels::DType::f32) return self->template impl<float>().make_state(batch);
     return self->template impl<double>().make_state(batch);
   }
   void step(ForwardContext& ctx, const kernels::Tensor& x, const kernels::Tensor& y, MixerState& state,
             Routing&) override {
+    if (ctx.be.device() == kernels::Device::cuda) return cuda_decode(ctx.be).step(ctx, x, y, state);
     check_cpu(ctx.be, cfg_.kind);
     if (ctx.be.dtype() == kernels::DType::f32)
       step_as<float>(ctx, x, y, state);
@@ -243,8 +280,23 @@ class DtypeMixer : public Mixer {
     if (!slot) slot = static_cast<const Derived*>(this)->template make_impl<T>();
     return *slot;
   }
+  Cuda& cuda_decode(const kernels::Backend& be) {
+    if (const std::string why = ssm_decode_cuda_gate(cfg_.kind, be.name()); !why.empty()) throw UserError(why);
+    return cuda(be);
+  }
+  Cuda& cuda(const kernels::Backend& be) {
+    if (const std::string why = static_cast<const Derived*>(this)->cuda_refusal(be); !why.empty())
+      throw UserError(why);
+    if (!pt_.bound()) throw RuntimeError(who() + ": used before bind()");
+    if (!cuda_) {
+      cuda_ = static_cast<const Derived*>(this)->make_cuda();
+      if (!cuda_) throw UserError(who() + ": this build has no CUDA support (backend " + be.name() + ")");
+    }
+    return *cuda_;
+  }
   std::unique_ptr<Impl<float>> f32_;
   std::unique_ptr<Impl<double>> f64_;
+  std::unique_ptr<Cuda> cuda_;
 };
 
 // These mixers publish no write residual: routing needs a delta-rule mixer.
@@ -264,29 +316,3 @@ void proj_bwd(kernels::Backend& be, const kernels::Tensor& X, const kernels::Ten
 }
 
 }  // namespace lar::trainer::mixers::ssm
-
-namespace lar::trainer::mixers {
-
-// The recurrent decode (init_state/step) of the mamba2, mamba3 and gla_hedgehog mixers on the
-// CUDA backend (cuda_layers/{mamba2,mamba3,hedgehog}_layer_cuda.cpp: the forward's projections
-// and conv over a window of the last W projection rows, the per-token kernels on the device
-// state): verified on the H200 by `test_ssm_decode_cuda` (each layer against the CPU layer and
-// its own forward, whole models against the CPU decoder). While false the CUDA backend refuses
-// it (ssm_decode_cuda_gate); UnverifiedDecodeIsAClearError expects either value.
-constexpr bool kSsmDecodeCudaVerified = true;
-
-// Tests only: tests/gpu/test_ssm_decode_cuda.cpp runs the unverified CUDA decode.
-inline bool& ssm_decode_cuda_unverified_allowed() {
-  static bool allowed = false;
-  return allowed;
-}
-
-// "" when the CUDA decode of mixer `kind` may run, else the refusal (the key and value named).
-inline std::string ssm_decode_cuda_gate(const std::string& kind, const std::string& backend) {
-  if (kSsmDecodeCudaVerified || ssm_decode_cuda_unverified_allowed()) return "";
-  return "model.architecture: '" + kind + "' decode (step) on backend " + backend +
-         " has a CUDA path that is not yet verified on a GPU (tests/gpu/test_ssm_decode_cuda.cpp); decode with "
-         "backend: cpu";
-}
-
-}  // namespace lar::trainer::mixers
