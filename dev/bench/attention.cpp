@@ -202,11 +202,11 @@ int bench_attention(const Options& o) {
   for (size_t i = 0; i < paths.size(); ++i) std::cout << (i ? "; " : "") << paths[i];
   std::cout << "\n";
   if (o.sdpa.empty())
-    std::cout << "SDPA: not given (--sdpa FILE: PyTorch SDPA ms timed in the same device call); issue 7's goal: "
+    std::cout << "SDPA: not given (--sdpa FILE: PyTorch SDPA ms timed in the same device call); goal: "
                  "fwd+bwd ≤ 1.2× SDPA\n";
   else
     std::cout << "SDPA: PyTorch F.scaled_dot_product_attention(is_causal=True) timed in this session (" << o.sdpa
-              << "); issue 7's goal: fwd+bwd ≤ 1.2× SDPA\n";
+              << "); goal: fwd+bwd ≤ 1.2× SDPA\n";
   return 0;
 }
 

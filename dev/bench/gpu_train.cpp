@@ -1,12 +1,12 @@
 // `lar-bench gpu-train` — end-to-end training throughput on the CUDA backend: the
-// 350M-class dense model of issue 7 (20 layers, d=1024, 16 heads, 4 kv groups, FFN 2816,
+// 350M-class dense model of the performance goal (20 layers, d=1024, 16 heads, 4 kv groups, FFN 2816,
 // vocab 32000) at B=8 × T=4096 by default; forward + backward + global-norm clip + AdamW
 // (or --optimizer muon/normuon) per step, all on the device. Prints tokens/s, s/step,
 // device memory high-water mark and MFU (6·params·tokens over the measured 790 TFLOP/s
 // bf16 matrix rate of the H200 — the convention of the issue's PyTorch anchor).
 // With LAR_CUDA_PROFILE=1 it adds device milliseconds per step for each op kind.
 // --arch/--stack/--hybrid-ratio pick the token mixers (default: the dense softmax model);
-// e.g. `--arch gdn --stack pure` is the 344M GDN model of issue 8 (heads of 64), whose
+// e.g. `--arch gdn --stack pure` is the 344M GDN model of the kernel goal (heads of 64), whose
 // linear layers add their own per-op times (kernels/linear/layer_ops.hpp) to the profile.
 // Only in CUDA builds (LAR_HAVE_CUDA comes from kernels/cuda/CMakeLists.txt).
 #ifdef LAR_HAVE_CUDA

@@ -488,7 +488,7 @@ int bench_linear(const Options& o) {
   std::cout << (o.fla.empty() ? std::string("anchors: no fla times given (--fla FILE: dev/fla/fla_check.py --time --json "
                                             "FILE in the same device call)")
                               : "anchors: fla's chunk kernels fwd+bwd timed in the same call (" + o.fla + ")")
-            << "; goal fla/ours >= 1.5x (issue 8); carve vs our gdn2 (goal >= 0.91x: within 10%); +ccq vs its "
+            << "; goal fla/ours >= 1.5x; carve vs our gdn2 (goal >= 0.91x: within 10%); +ccq vs its "
                "backbone (goal >= 0.83x: CCQ adds <= 20%)\n";
   return 0;
 }

@@ -1,6 +1,6 @@
 // `lar-bench linear-layer` — one whole linear-mixer layer of the trainer (trainer/mixers,
 // cuda_layers/linear_layer_cuda.cpp) forward and forward+backward on the GPU, with and without CCQ: the
-// measure of issue 8's "CCQ adds at most 20% to its backbone's layer time". It is the CCQ
+// measure of the goal "CCQ adds at most 20% to its backbone's layer time". It is the CCQ
 // paper's own measure (its Table 5: one layer, batch 1, hidden 2048, T = 4K, fwd+bwd; GLA
 // 2.28 → 3.50 ms = +53.5%, Gated DeltaNet 6.26 → 8.06 ms = +28.8%): the layer is everything
 // between the block's norm and its residual add — the projections (GEMMs), the short convs,
@@ -155,7 +155,7 @@ int bench_layer(const Options& o) {
   }
   std::cerr << "\n";
   std::cout << table.to_table();
-  std::cout << "goal (issue 8): CCQ adds at most 20% to its backbone's layer time (fwd+bwd)\n";
+  std::cout << "goal: CCQ adds at most 20% to its backbone's layer time (fwd+bwd)\n";
   return 0;
 }
 

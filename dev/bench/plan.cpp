@@ -1,5 +1,5 @@
 // `lar-bench plan` — load, validate, expand and hash a 100,000-cell matrix.
-// Goal (issue 2): under 1 s on the 2-core development machine.
+// Goal: under 1 s on the 2-core development machine.
 #include <time.h>
 #include <unistd.h>
 

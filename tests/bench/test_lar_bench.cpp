@@ -28,7 +28,7 @@ TEST(LarBench, IsNoLongerALarSubcommand) {
   EXPECT_EQ(r.rc, 2) << r.out;
 }
 
-// `lar-bench linear-layer` (issue 8's CCQ layer-time measure) on the CPU backend: the bench
+// `lar-bench linear-layer` (the CCQ layer-time measure) on the CPU backend: the bench
 // drives one whole mixer layer through the Mixer interface with and without CCQ and prints a
 // row per backbone with the paper's overhead beside ours; a bad option changes nothing.
 TEST(LarBench, LinearLayerRunsOnTheCpuAndRejectsBadShapes) {
