@@ -13,6 +13,7 @@
 
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/ssm/mamba3_ops.hpp"
+#include "kernels/ssm/supports.hpp"
 #include "kernels/linear/op_common.cuh"
 
 namespace lar::kernels::cuda::linear {
@@ -584,8 +585,9 @@ void with_shape(const Mamba3Args& a, F&& f) {
 
 void check(const Mamba3Args& a, bool work = true) {
   require(a.B > 0 && a.T > 0 && a.H > 0 && a.Pd > 0 && a.G > 0 && a.na > 0, "empty shape");
-  require(a.S == 128 || a.S == 256, "state size " + std::to_string(a.S) + " (128 or 256)");
-  require(a.R >= 1 && a.R <= 4, "rank " + std::to_string(a.R) + " (1 to 4)");
+  require(ssm_state_supported(a.S), "state size " + std::to_string(a.S) + " (128 or 256)");
+  static_assert(kMamba3MaxRank == 4, "the rank switch instantiates the kernels for ranks 1 to 4");
+  require(mamba3_rank_supported(a.R), "rank " + std::to_string(a.R) + " (1 to " + std::to_string(kMamba3MaxRank) + ")");
   require(a.H % a.G == 0, std::to_string(a.G) + " groups do not divide " + std::to_string(a.H) + " heads");
   require(2 * a.na <= a.S, "more rotated pairs than the state holds");
   require(a.ldp >= 2 * di(a) + 2 * (int64_t)a.R * a.G * a.S, "P's row stride below its width");
