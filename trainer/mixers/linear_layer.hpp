@@ -90,7 +90,7 @@ struct RouteAddon {
 
 // Shapes and switches of one layer, resolved from the MixerConfig.
 struct Dims {
-  kernels::cpu::linear::Mixer mixer;
+  kernels::cpu::linear::Mixer mixer = kernels::cpu::linear::Mixer::linear;
   MixerDesc desc() const { return describe(mixer); }
   // H: heads of the recurrence (the value heads); Hk: query/key heads, H a multiple of Hk
   // (grouped value heads: head h reads the q, k of key head h / (H / Hk)). Cqk = Hk·dk is
