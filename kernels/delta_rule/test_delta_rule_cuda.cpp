@@ -19,6 +19,7 @@
 #include "kernels/delta_rule/delta_rule.hpp"
 #include "kernels/linear/mixers.hpp"
 #include "tests/gpu/device_buffer.hpp"
+#include "tests/gpu/linear_inputs.hpp"
 
 namespace cl = lar::kernels::cpu::linear;
 namespace gl = lar::kernels::cuda::linear;
@@ -139,10 +140,7 @@ Ref reference(const Inputs& in, bool gated) {
   return r;
 }
 
-// The path a test forces ("fused" or "chunked", as the run's cuda.linear_path).
-gl::PathChoice forced_path(const char* path) {
-  return gl::kernel_choice(path, "auto", "auto", 0).path;
-}
+using lar::gpu_test::forced_path;
 
 // The device side of one case: inputs uploaded, every output poisoned with NaN.
 struct Buffers {
@@ -176,7 +174,7 @@ std::string name(const Case& c) {
 }  // namespace
 
 // Both implementations (kernels/delta_rule/delta_rule.cu picks one per pass from the shape;
-// LAR_DELTA_PATH forces it): the fused one-CTA-per-(b, h) kernels (T⁻¹ = (I + diag(β) Aw)⁻¹
+// the run's cuda.linear_path forces it): the fused one-CTA-per-(b, h) kernels (T⁻¹ = (I + diag(β) Aw)⁻¹
 // built on tensor cores, applied by GEMM) and the two-phase path (chunk-parallel prep that
 // builds T⁻¹ the same way, sequential state pass, chunk-parallel main kernel that loads T⁻¹ from
 // the prep). The "corr" cases give

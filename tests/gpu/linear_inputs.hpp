@@ -1,6 +1,6 @@
 #pragma once
-// Fresh random inputs of the linear families' 64-wide kernel tests (CARVE, CCQ, the decodes),
-// shared so that each family's test file draws them in the same order from its seed.
+// Fresh random inputs of the linear families' 64-wide kernel tests (channel rule, CARVE, CCQ,
+// the decodes), shared so that each family's test file draws them the same way.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -8,22 +8,57 @@
 #include <random>
 #include <vector>
 
+#include "kernels/linear/shape.hpp"
 #include "tests/gpu/device_buffer.hpp"
 
 namespace lar::gpu_test {
 
 inline constexpr int kHeadDim = 64;
 
+// The path a case forces ("fused", "chunked", or "" / "auto": the cost model), as the run's
+// cuda.linear_path.
+inline kernels::cuda::linear::PathChoice forced_path(const char* path) {
+  return kernels::cuda::linear::kernel_choice(path, "auto", "auto", 0).path;
+}
+
+// Per-channel log-decays [B,T,H,64]. Mild: mostly log(0.5..1)·0.3 per token, 5% of the
+// elements ×4 (as a trained gate). Strong: a tenth of every head's channels draw log-decays
+// down to −16 per token, the rest mild. Extreme: a tenth down to −200 per token, another
+// tenth exactly 0 (no decay), the rest mild — in-chunk spans far beyond any fp32 exponent.
+enum class Gates { mild, strong, extreme };
+inline const char* gates_name(Gates g) {
+  return g == Gates::mild ? "" : g == Gates::strong ? " strong-gates" : " extreme-gates";
+}
+inline std::vector<double> make_gates(std::mt19937_64& rng, Gates kind, int B, int T, int H) {
+  std::uniform_real_distribution<double> ud(0.0, 1.0);
+  std::vector<int> cls(static_cast<size_t>(H) * 64, 0);  // per (h, c): 0 mild, 1 steep, 2 none
+  if (kind != Gates::mild)
+    for (auto& c : cls) {
+      const double u = ud(rng);
+      c = u < 0.1 ? 1 : (kind == Gates::extreme && u < 0.2) ? 2 : 0;
+    }
+  const double steep = kind == Gates::extreme ? 200.0 : 16.0;
+  std::vector<double> g(static_cast<size_t>(B) * T * H * 64);
+  for (size_t i = 0; i < g.size(); ++i) {
+    const int hc = static_cast<int>(i % (static_cast<size_t>(H) * 64));
+    const double mild = std::log(0.5 + 0.5 * ud(rng)) * (ud(rng) < 0.05 ? 4.0 : 0.3);
+    g[i] = static_cast<float>(cls[hc] == 1 ? -steep * ud(rng) : cls[hc] == 2 ? 0.0 : mild);
+  }
+  return g;
+}
+
 // Per-head slice of a [B,T,H,w] array into [T,w], and back.
 inline std::vector<double> head(const std::vector<double>& x, int b, int h, int w, int T, int H) {
   std::vector<double> out(static_cast<size_t>(T) * w);
   for (int t = 0; t < T; ++t)
-    for (int i = 0; i < w; ++i) out[static_cast<size_t>(t) * w + i] = x[((static_cast<size_t>(b) * T + t) * H + h) * w + i];
+    for (int i = 0; i < w; ++i)
+      out[static_cast<size_t>(t) * w + i] = x[((static_cast<size_t>(b) * T + t) * H + h) * w + i];
   return out;
 }
 inline void unhead(std::vector<double>& x, const std::vector<double>& part, int b, int h, int w, int T, int H) {
   for (int t = 0; t < T; ++t)
-    for (int i = 0; i < w; ++i) x[((static_cast<size_t>(b) * T + t) * H + h) * w + i] = part[static_cast<size_t>(t) * w + i];
+    for (int i = 0; i < w; ++i)
+      x[((static_cast<size_t>(b) * T + t) * H + h) * w + i] = part[static_cast<size_t>(t) * w + i];
 }
 
 // Fresh random layer-like inputs: unit q, k rows, normal v and dO, per-channel log-decays
