@@ -63,7 +63,6 @@ namespace lar::trainer::mixers {
 
 namespace {
 
-namespace lk = lar::kernels::cpu::linear;
 namespace cl = lar::kernels::cuda::linear;
 using bf16 = __nv_bfloat16;
 using kernels::DType;

@@ -20,12 +20,21 @@ namespace lar::trainer::mixers {
 namespace {
 
 namespace lk = lar::kernels::cpu::linear;
+namespace kc = lar::kernels::cuda::linear;  // the CUDA kernels' shape contracts (CUDA-free)
 using Decay = MixerDesc::Decay;
 
 // softplus⁻¹(y) = log(expm1(y)): dt_bias is initialised uniform between softplus⁻¹(1e-3)
 // and softplus⁻¹(1e-1), which makes dt = softplus(dt_bias) (almost exactly) log-uniform
 // in [1e-3, 1e-1] as in Mamba-2 / fla.
 double softplus_inv(double y) { return std::log(std::expm1(y)); }
+
+// Whether the CUDA kernels of this mixer's family take these heads: gdn and deltanet run on the
+// delta rule, linear, gla, kda and gdn2 on the channel rule; CCQ and CARVE add their own.
+bool family_supports(const Dims& d, kc::HeadDims h) {
+  const bool delta = d.desc().family == MixerDesc::Family::delta_rule;
+  if (!(delta ? kc::delta_rule_supports(h) : kc::channel_rule_supports(h))) return false;
+  return !d.ccq.on || kc::ccq_supports(h.dk);
+}
 
 }  // namespace
 
@@ -175,20 +184,6 @@ std::vector<ParamSpec> linear_params(const Dims& d, double init_std, Slots& sl) 
   sl.wo = mat("wo", d.d, d.Cv);
   return specs;
 }
-
-namespace {
-
-namespace kc = kernels::cuda::linear;  // the CUDA kernels' shape contracts (CUDA-free)
-
-// Whether the CUDA kernels of this mixer's family take these heads: gdn and deltanet run on the
-// delta rule, linear, gla, kda and gdn2 on the channel rule; CCQ and CARVE add their own.
-bool family_supports(const Dims& d, kc::HeadDims h) {
-  const bool delta = d.desc().family == MixerDesc::Family::delta_rule;
-  if (!(delta ? kc::delta_rule_supports(h) : kc::channel_rule_supports(h))) return false;
-  return !d.ccq.on || kc::ccq_supports(h.dk);
-}
-
-}  // namespace
 
 std::string cuda_linear_decode_unsupported(const Dims& d) {
   // CARVE's CUDA decode (carve_decode) is 64-wide; the wide kernels have no per-token form yet.
